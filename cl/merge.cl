@@ -1,0 +1,88 @@
+/* Merging partial attention results over disjoint key ranges:
+ *   lse = log Σ_p exp(lse_p),  out = Σ_p exp(lse_p - lse) · out_p
+ * A part with lse = -inf (no visible key) contributes nothing; all -inf gives 0 and -inf.
+ *
+ * merge_strided: the parts lie in one f32 buffer at a fixed stride (flash-decoding splits).
+ * merge_pair:    folds one more part (any storage type) into an accumulator; clattn_merge chains
+ *                it over the caller's parts, which may live in separate buffers.
+ * One work-item per (row, column); grid x = ceil(DV / WG)·WG, y = batch·heads·seq. */
+
+#ifndef WG
+#define WG 64
+#endif
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
+merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulong p_ss,
+              __global const float *PL, ulong pl_off, ulong pl_sb, ulong pl_sh, ulong pl_ss,
+              __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,
+              __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
+              ulong p_split, ulong pl_split, int parts, int heads, int seq, int DV, int has_lse)
+{
+    const int c = get_global_id(0);
+    const int row = get_global_id(1);
+    const int i = row % seq, bh = row / seq, h = bh % heads, b = bh / heads;
+    const ulong lrow = pl_off + (ulong)b * pl_sb + (ulong)h * pl_sh + (ulong)i * pl_ss;
+    const ulong prow = p_off + (ulong)b * p_sb + (ulong)h * p_sh + (ulong)i * p_ss;
+
+    float mx = NEG_INF;
+    for (int p = 0; p < parts; p++)
+        mx = fmax(mx, PL[lrow + p * pl_split]);
+    float sum = 0.0f, acc = 0.0f;
+    if (mx != NEG_INF) {
+        for (int p = 0; p < parts; p++) {
+            const float lp = PL[lrow + p * pl_split];
+            if (lp == NEG_INF)
+                continue;
+            const float w = exp(lp - mx);
+            sum += w;
+            if (c < DV)
+                acc += w * P[prow + p * p_split + c];
+        }
+    }
+    if (c < DV)
+        ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)i * o_ss + c,
+               mx == NEG_INF ? 0.0f : acc / sum);
+    if (has_lse && c == 0)
+        LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] =
+            mx == NEG_INF ? NEG_INF : mx + log(sum);
+}
+
+#if defined(DT_A) && defined(DT_IN) /* merge_pair is built with its own storage types */
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
+merge_pair(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
+           __global const float *XL, ulong xl_off, ulong xl_sb, ulong xl_sh, ulong xl_ss,
+           __global const T_IN *Y, ulong y_off, ulong y_sb, ulong y_sh, ulong y_ss,
+           __global const float *YL, ulong yl_off, ulong yl_sb, ulong yl_sh, ulong yl_ss,
+           __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,
+           __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
+           int heads, int seq, int DV, int has_lse)
+{
+    const int c = get_global_id(0);
+    const int row = get_global_id(1);
+    const int i = row % seq, bh = row / seq, h = bh % heads, b = bh / heads;
+    const float lx = XL[xl_off + (ulong)b * xl_sb + (ulong)h * xl_sh + (ulong)i * xl_ss];
+    const float ly = YL[yl_off + (ulong)b * yl_sb + (ulong)h * yl_sh + (ulong)i * yl_ss];
+    const float mx = fmax(lx, ly);
+    float wx = 0.0f, wy = 0.0f, lse = NEG_INF;
+    if (mx != NEG_INF) {
+        wx = lx == NEG_INF ? 0.0f : exp(lx - mx);
+        wy = ly == NEG_INF ? 0.0f : exp(ly - mx);
+        lse = mx + log(wx + wy);
+        const float inv = 1.0f / (wx + wy);
+        wx *= inv;
+        wy *= inv;
+    }
+    /* O may be X (each element is read, then written, by one work-item); LSE must not be XL,
+     * since column 0 would overwrite it while other work-groups of the row still read it. */
+    if (c < DV) {
+        float x = 0.0f;
+        if (wx != 0.0f)
+            x += wx * LD_A(X, x_off + (ulong)b * x_sb + (ulong)h * x_sh + (ulong)i * x_ss + c);
+        if (wy != 0.0f)
+            x += wy * LD_IN(Y, y_off + (ulong)b * y_sb + (ulong)h * y_sh + (ulong)i * y_ss + c);
+        ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)i * o_ss + c, x);
+    }
+    if (has_lse && c == 0)
+        LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] = lse;
+}
+#endif

@@ -1,0 +1,250 @@
+/*
+ * clattn — transformer attention on any OpenCL 1.2+ device.
+ *
+ * Computes softmax(Q·Kᵀ·scale + mask)·V with fp32 arithmetic on f32, f16 or bf16 storage.
+ *
+ * Threading: a clattn_context is used by one thread at a time. Separate contexts may be used
+ * from separate threads at once (they may share an OpenCL device, a cache directory and a
+ * tuning directory).
+ *
+ * Asynchrony: every operation validates its arguments, enqueues its kernels on the context's
+ * in-order queue after the caller's wait list, and returns without waiting. `done`, when not
+ * NULL, receives the event of the last enqueued command (the caller releases it). On failure
+ * nothing is enqueued, nothing the caller owns is modified, `*done` is set to NULL and
+ * clattn_last_error() names the argument and the value.
+ *
+ * Tensors are [batch][heads][seq][dim] views on a cl_mem: element offset, shape and element
+ * strides for batch, head and seq; the last dimension is contiguous. Stride 0 broadcasts.
+ */
+#ifndef CLATTN_H
+#define CLATTN_H
+
+#ifndef CL_TARGET_OPENCL_VERSION
+#define CL_TARGET_OPENCL_VERSION 120
+#endif
+#ifdef __APPLE__
+#include <OpenCL/cl.h>
+#else
+#include <CL/cl.h>
+#endif
+#include <stddef.h>
+#include <stdint.h>
+
+#include "clattn_export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CLATTN_VERSION_MAJOR 0
+#define CLATTN_VERSION_MINOR 1
+#define CLATTN_VERSION_PATCH 0
+#define CLATTN_VERSION_NUMBER \
+    (CLATTN_VERSION_MAJOR * 10000 + CLATTN_VERSION_MINOR * 100 + CLATTN_VERSION_PATCH)
+
+/** Largest head_dim and head_dim_v accepted by every operation. */
+#define CLATTN_MAX_HEAD_DIM 256
+
+/** @return CLATTN_VERSION_NUMBER of the library actually linked. */
+CLATTN_API unsigned clattn_version_number(void);
+/** @return "MAJOR.MINOR.PATCH" of the library actually linked. */
+CLATTN_API const char *clattn_version_string(void);
+
+/* Status codes and their strings come from this one list, so they cannot drift apart. */
+#define CLATTN_STATUS_LIST(X)                                                         \
+    X(SUCCESS, 0, "success")                                                          \
+    X(INVALID_ARGUMENT, 1, "invalid argument")                                        \
+    X(UNSUPPORTED, 2, "unsupported on this device or with these parameters")          \
+    X(NO_DEVICE, 3, "no matching OpenCL device")                                      \
+    X(BUILD_FAILED, 4, "OpenCL kernel build failed")                                  \
+    X(OPENCL_ERROR, 5, "OpenCL call failed")                                          \
+    X(OUT_OF_MEMORY, 6, "out of memory")                                              \
+    X(IO_ERROR, 7, "file input/output failed")
+
+typedef enum clattn_status {
+#define CLATTN_STATUS_ENUM_(name, value, text) CLATTN_##name = value,
+    CLATTN_STATUS_LIST(CLATTN_STATUS_ENUM_)
+#undef CLATTN_STATUS_ENUM_
+} clattn_status;
+
+/** @return a static English description of `status` ("unknown status" for values outside the list). */
+CLATTN_API const char *clattn_status_string(clattn_status status);
+/** @return the symbolic name of `status`, e.g. "CLATTN_INVALID_ARGUMENT". */
+CLATTN_API const char *clattn_status_name(clattn_status status);
+
+typedef enum clattn_dtype {
+    CLATTN_F32 = 0,  /* IEEE binary32 */
+    CLATTN_F16 = 1,  /* IEEE binary16, read and written with vload_half/vstore_half (no cl_khr_fp16 needed) */
+    CLATTN_BF16 = 2  /* upper 16 bits of binary32, rounded to nearest even on store */
+} clattn_dtype;
+
+/** @return bytes per element of `dtype`, or 0 for an unknown value. */
+CLATTN_API size_t clattn_dtype_size(clattn_dtype dtype);
+
+typedef enum clattn_algorithm {
+    CLATTN_ALGORITHM_AUTO = 0,    /* fused whenever valid; unfused when probabilities are asked for */
+    CLATTN_ALGORITHM_FUSED = 1,   /* online softmax, O(seq) memory, never materialises scores */
+    CLATTN_ALGORITHM_UNFUSED = 2  /* scores -> softmax -> P·V through a workspace of B·H·Sq·Skv floats */
+} clattn_algorithm;
+
+/**
+ * A [batch][heads][seq][dim] view on an OpenCL buffer. All counts are in elements.
+ * Element (b, h, s, d) lives at offset + b*stride[0] + h*stride[1] + s*stride[2] + d.
+ * Input strides may be 0 (broadcast); output views must not overlap themselves.
+ */
+typedef struct clattn_tensor {
+    cl_mem buffer;
+    clattn_dtype dtype;
+    int64_t offset;    /* element index of (0, 0, 0, 0) */
+    int64_t shape[4];  /* batch, heads, seq, dim */
+    int64_t stride[3]; /* batch, head, seq */
+} clattn_tensor;
+
+/** @return a contiguous [b][h][s][d] view of `buffer` starting at element 0. */
+CLATTN_API clattn_tensor clattn_tensor_bhsd(cl_mem buffer, clattn_dtype dtype, int64_t b, int64_t h,
+                                            int64_t s, int64_t d);
+/** @return a [b][h][s][d] view of a buffer laid out as [b][s][h][d] (the "BSHD" layout). */
+CLATTN_API clattn_tensor clattn_tensor_bshd(cl_mem buffer, clattn_dtype dtype, int64_t b, int64_t s,
+                                            int64_t h, int64_t d);
+
+/**
+ * What to compute. Shapes: q [batch][heads_q][seq_q][head_dim], k [batch][heads_kv][seq_kv][head_dim],
+ * v [batch][heads_kv][seq_kv][head_dim_v], out [batch][heads_q][seq_q][head_dim_v].
+ */
+typedef struct clattn_attention_desc {
+    int64_t batch;
+    int64_t heads_q;
+    int64_t heads_kv;   /* divides heads_q; query head h reads kv head h / (heads_q / heads_kv) */
+    int64_t seq_q;
+    int64_t seq_kv;
+    int64_t head_dim;   /* 1 .. CLATTN_MAX_HEAD_DIM */
+    int64_t head_dim_v; /* 1 .. CLATTN_MAX_HEAD_DIM; 0 means head_dim */
+    float scale;        /* 0 means 1/sqrt(head_dim) */
+    int causal;         /* bottom-right aligned: row i sees key j iff j <= i + (L - seq_q), L = keys of the batch */
+    /* Optional additive mask (f32 or f16), shape [batch|1][heads_q|1][seq_q|1][seq_kv]; a dimension
+     * of extent 1 broadcasts. -inf hides a key. NULL: none. */
+    const clattn_tensor *mask;
+    /* Optional int32[batch]: keys visible to each batch (clamped to 0..seq_kv). NULL: seq_kv. */
+    cl_mem kv_lengths;
+    /* Optional output, f32, shape [batch][heads_q][seq_q][1]: natural-log log-sum-exp of each row of
+     * scale·QKᵀ + mask over its visible keys; -inf for a row with none. NULL: not written. */
+    const clattn_tensor *lse;
+    /* Optional output (unfused path only), shape [batch][heads_q][seq_q][seq_kv]: the softmax
+     * probabilities, 0 where masked. NULL: not written. */
+    const clattn_tensor *probabilities;
+    clattn_algorithm algorithm;
+} clattn_attention_desc;
+
+/** Row-wise softmax description. Tensors are [batch][heads][rows][cols]. */
+typedef struct clattn_softmax_desc {
+    int64_t batch;
+    int64_t heads;
+    int64_t rows;
+    int64_t cols;
+    float scale;  /* inputs are multiplied by scale before the softmax; 0 means 1 */
+    int causal;   /* bottom-right aligned: row i sees column j iff j <= i + (L - rows) */
+    const clattn_tensor *mask; /* additive, shape [batch|1][heads|1][rows|1][cols]; NULL: none */
+    cl_mem kv_lengths;         /* int32[batch]: visible columns per batch (clamped); NULL: cols */
+} clattn_softmax_desc;
+
+typedef struct clattn_context clattn_context;
+
+/**
+ * Creates a context on a device chosen by `device`: NULL or "" reads the CLATTN_DEVICE environment
+ * variable; then "gpu", "cpu", "P:D" (platform and device index), or a case-insensitive substring of
+ * the platform or device name. With no spec the first GPU is chosen, else the first device of any type.
+ * @return CLATTN_SUCCESS and *ctx, or a failure status with *ctx set to NULL
+ *         (clattn_last_error(NULL) then gives the message).
+ */
+CLATTN_API clattn_status clattn_create(const char *device, clattn_context **ctx);
+
+/**
+ * Creates a context that enqueues on the caller's in-order queue (retained, released by
+ * clattn_release). Out-of-order queues are refused with CLATTN_UNSUPPORTED.
+ */
+CLATTN_API clattn_status clattn_create_from_queue(cl_command_queue queue, clattn_context **ctx);
+
+/** Releases everything the context owns. NULL is a no-op. */
+CLATTN_API void clattn_release(clattn_context *ctx);
+
+/**
+ * @return the one-line message of the last failure on `ctx` (with the build log appended after a
+ * newline for CLATTN_BUILD_FAILED), valid until the next call on `ctx`; "" when the last call
+ * succeeded. With ctx NULL: the last failure of clattn_create/clattn_create_from_queue on this thread.
+ */
+CLATTN_API const char *clattn_last_error(const clattn_context *ctx);
+/** @return the raw cl_int of the last failing OpenCL call on `ctx` (CL_SUCCESS if none). */
+CLATTN_API cl_int clattn_last_cl_error(const clattn_context *ctx);
+/** @return the build log of the last failed kernel build on `ctx`, or "" . */
+CLATTN_API const char *clattn_last_build_log(const clattn_context *ctx);
+
+/**
+ * Resolves a device spec exactly as clattn_create does, without creating anything.
+ * `why` (may be NULL) receives one line explaining the choice, e.g. "first GPU (no spec given)".
+ * @return CLATTN_SUCCESS with *platform and *device set, NO_DEVICE or INVALID_ARGUMENT otherwise.
+ */
+CLATTN_API clattn_status clattn_select_device(const char *spec, cl_platform_id *platform,
+                                              cl_device_id *device, char *why, size_t why_size);
+
+/**
+ * Writes the tuning-store key of `device` into buf: "vendorid:name:compute_units:local_mem_kib",
+ * with characters outside [A-Za-z0-9._-] in the name replaced by '_'. The driver version is not part
+ * of the key (it is kept as a tag in tuning files). @return INVALID_ARGUMENT if buf is too small.
+ */
+CLATTN_API clattn_status clattn_device_key(cl_device_id device, char *buf, size_t size);
+
+CLATTN_API cl_command_queue clattn_queue(const clattn_context *ctx);
+CLATTN_API cl_context clattn_cl_context(const clattn_context *ctx);
+CLATTN_API cl_device_id clattn_device(const clattn_context *ctx);
+
+/**
+ * softmax(Q·Kᵀ·scale + mask)·V into `out`; see clattn_attention_desc.
+ * @return CLATTN_SUCCESS once enqueued; INVALID_ARGUMENT / UNSUPPORTED with a message otherwise.
+ */
+CLATTN_API clattn_status clattn_attention(clattn_context *ctx, const clattn_attention_desc *desc,
+                                          const clattn_tensor *q, const clattn_tensor *k,
+                                          const clattn_tensor *v, const clattn_tensor *out,
+                                          cl_uint num_wait, const cl_event *wait, cl_event *done);
+
+/**
+ * scale·Q·Kᵀ + mask into `scores` [batch][heads_q][seq_q][seq_kv]; keys hidden by causal or
+ * kv_lengths become -inf. desc->lse, probabilities and algorithm are ignored.
+ */
+CLATTN_API clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *desc,
+                                       const clattn_tensor *q, const clattn_tensor *k,
+                                       const clattn_tensor *scores, cl_uint num_wait,
+                                       const cl_event *wait, cl_event *done);
+
+/**
+ * Row-wise numerically stable softmax of scale·in + mask into `out`. In place when `out` is the
+ * same view as `in`; a different view of the same buffer is refused. A row with no visible finite
+ * entry is all zeros; NaN in a visible entry makes its row NaN.
+ */
+CLATTN_API clattn_status clattn_softmax(clattn_context *ctx, const clattn_softmax_desc *desc,
+                                        const clattn_tensor *in, const clattn_tensor *out,
+                                        cl_uint num_wait, const cl_event *wait, cl_event *done);
+
+/**
+ * Combines partial attention results over disjoint key ranges into the exact whole:
+ * out = Σ_i exp(lse_i - lse) · out_i with lse = log Σ_i exp(lse_i). Each part_out[i] has out's
+ * shape [B][H][S][Dv]; each part_lse[i] and `lse` are f32 [B][H][S][1]. A part whose lse is -inf
+ * contributes nothing; a row where every part is -inf gives 0 and -inf. `lse` may be NULL.
+ */
+CLATTN_API clattn_status clattn_merge(clattn_context *ctx, int num_parts,
+                                      const clattn_tensor *part_out, const clattn_tensor *part_lse,
+                                      const clattn_tensor *out, const clattn_tensor *lse,
+                                      cl_uint num_wait, const cl_event *wait, cl_event *done);
+
+/**
+ * Host-memory convenience for small programs: contiguous [B][H][S][D] arrays of `dtype` elements
+ * (lse: float, [B][Hq][Sq], may be NULL), copied to the device, computed, read back. Blocks.
+ * desc->mask must be NULL and desc->kv_lengths NULL; use clattn_attention for those.
+ */
+CLATTN_API clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_desc *desc,
+                                               clattn_dtype dtype, const void *q, const void *k,
+                                               const void *v, void *out, float *lse);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CLATTN_H */

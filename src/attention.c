@@ -1,0 +1,60 @@
+/* clattn_attention: validation, choice of algorithm, and the unfused path (scores -> softmax -> P·V). */
+#include "internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static clattn_status run_unfused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
+                                 const cl_event *wait, cl_event *done)
+{
+    const uint64_t elems = (uint64_t)p->batch * (uint64_t)p->heads_q * (uint64_t)p->seq_q *
+                           (uint64_t)p->seq_kv;
+    if (elems > (uint64_t)SIZE_MAX / 4 || elems * 4 > ctx->dev.max_alloc)
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                            "the unfused path needs a %llu-byte scores matrix (batch x heads_q x "
+                            "seq_q x seq_kv floats), more than the device's max allocation of %llu "
+                            "bytes; use CLATTN_ALGORITHM_FUSED (O(seq) memory)",
+                            (unsigned long long)(elems * 4), (unsigned long long)ctx->dev.max_alloc);
+    cl_mem ws;
+    clattn_status st = clattn__workspace(ctx, (size_t)elems * 4, &ws);
+    if (st)
+        return st;
+    const cl_ulong skv = (cl_ulong)p->seq_kv, sq = (cl_ulong)p->seq_q, hq = (cl_ulong)p->heads_q;
+    const clattn_view scores = {ws, CLATTN_F32, 0, {hq * sq * skv, sq * skv, skv}};
+    /* The scale and the mask are applied once, by the scores kernel. Probabilities go to the
+     * caller's tensor when asked for (and P·V reads them there), else in place. */
+    const clattn_view *probs = p->probs.buffer ? &p->probs : &scores;
+    if ((st = clattn__run_scores(ctx, p, &scores, num_wait, wait, NULL)) ||
+        (st = clattn__run_softmax(ctx, p->batch, p->heads_q, 1, p->seq_q, p->seq_kv, 1.0f, 0, NULL,
+                                  NULL, &scores, probs, p->lse.buffer ? &p->lse : NULL, CLATTN_F32, 0,
+                                  NULL, NULL)))
+        return st;
+    return clattn__run_pv(ctx, p, probs, 0, NULL, done);
+}
+
+clattn_status clattn_attention(clattn_context *ctx, const clattn_attention_desc *desc,
+                               const clattn_tensor *q, const clattn_tensor *k, const clattn_tensor *v,
+                               const clattn_tensor *out, cl_uint num_wait, const cl_event *wait,
+                               cl_event *done)
+{
+    if (done)
+        *done = NULL;
+    if (!ctx)
+        return CLATTN_INVALID_ARGUMENT;
+    clattn__clear_error(ctx);
+    clattn_problem p;
+    clattn_status st = clattn__check_attention(ctx, desc, q, k, v, out, 1, &p);
+    if (st || (st = clattn__check_wait(ctx, num_wait, wait)))
+        return st;
+    clattn_algorithm algo = desc->algorithm;
+    if (desc->probabilities) {
+        if (algo == CLATTN_ALGORITHM_FUSED)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                "desc->probabilities needs CLATTN_ALGORITHM_UNFUSED or AUTO (the fused "
+                                "path never forms them)");
+        algo = CLATTN_ALGORITHM_UNFUSED;
+    }
+    if (algo == CLATTN_ALGORITHM_UNFUSED)
+        return run_unfused(ctx, &p, num_wait, wait, done);
+    return clattn__run_fused(ctx, &p, num_wait, wait, done);
+}

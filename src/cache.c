@@ -1,0 +1,147 @@
+/* On-disk cache of built program binaries.
+ *
+ * File <dir>/<key>.clbin: 16-byte magic, the 32-hex-digit key again (so a renamed or swapped file
+ * is recognised as foreign), payload size and payload hash as 8 little-endian bytes each, then the
+ * payload. Written to a unique temporary name and renamed, so readers see a whole file or none,
+ * also with several processes writing the same entry. Anything that does not check out is ignored
+ * and rebuilt: the cache can make a build faster, never make it fail. */
+#define _POSIX_C_SOURCE 200809L
+#include "internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char MAGIC[16] = "CLATTN-BINARY-1";
+#define HEADER_SIZE (16 + 32 + 8 + 8)
+#define MAX_BINARY (512u << 20)
+
+static void put64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static uint64_t payload_hash(const unsigned char *p, size_t n)
+{
+    clattn_hash h;
+    clattn__hash_init(&h);
+    clattn__hash_bytes(&h, p, n);
+    return h.a ^ (h.b << 1);
+}
+
+/* mkdir -p; returns 0 when the directory exists afterwards. */
+static int make_dirs(const char *path)
+{
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf)
+        return -1;
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char c = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+                return -1;
+            buf[i] = c;
+        }
+    }
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+void clattn__cache_init(clattn_context *ctx)
+{
+    ctx->cache_enabled = clattn__env_flag("CLATTN_CACHE", 1);
+    const char *dir = getenv("CLATTN_CACHE_DIR");
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    int n;
+    if (dir && *dir)
+        n = snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s", dir);
+    else if (xdg && *xdg)
+        n = snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s/clattn", xdg);
+    else if (home && *home)
+        n = snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s/.cache/clattn", home);
+    else
+        n = -1;
+    if (n < 0 || (size_t)n >= sizeof ctx->cache_dir)
+        ctx->cache_enabled = 0;
+}
+
+static int entry_path(const clattn_context *ctx, const char *hex, char *buf, size_t size)
+{
+    int n = snprintf(buf, size, "%s/%s.clbin", ctx->cache_dir, hex);
+    return n > 0 && (size_t)n < size;
+}
+
+unsigned char *clattn__cache_load(clattn_context *ctx, const char *hex, size_t *size)
+{
+    char path[4200];
+    if (!entry_path(ctx, hex, path, sizeof path))
+        return NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    unsigned char head[HEADER_SIZE];
+    unsigned char *bin = NULL;
+    int ok = fread(head, 1, HEADER_SIZE, f) == HEADER_SIZE && memcmp(head, MAGIC, 16) == 0 &&
+             memcmp(head + 16, hex, 32) == 0;
+    uint64_t n = ok ? get64(head + 48) : 0;
+    ok = ok && n > 0 && n <= MAX_BINARY;
+    if (ok) {
+        bin = malloc((size_t)n);
+        char extra;
+        ok = bin && fread(bin, 1, (size_t)n, f) == n && fread(&extra, 1, 1, f) == 0 &&
+             payload_hash(bin, (size_t)n) == get64(head + 56);
+    }
+    fclose(f);
+    if (!ok) {
+        free(bin);
+        ctx->stats.disk_rejects++;
+        return NULL;
+    }
+    *size = (size_t)n;
+    return bin;
+}
+
+void clattn__cache_store(clattn_context *ctx, const char *hex, const unsigned char *bin, size_t size)
+{
+    if (size == 0 || size > MAX_BINARY || make_dirs(ctx->cache_dir) != 0)
+        return; /* unwritable directory: no disk cache, not an error */
+    char path[4200], tmp[4300];
+    if (!entry_path(ctx, hex, path, sizeof path))
+        return;
+    static _Thread_local unsigned counter;
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    snprintf(tmp, sizeof tmp, "%s.%ld.%lx.%u.tmp", path, (long)getpid(),
+             (unsigned long)ts.tv_nsec, counter++);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return;
+    unsigned char head[HEADER_SIZE];
+    memcpy(head, MAGIC, 16);
+    memcpy(head + 16, hex, 32);
+    put64(head + 48, size);
+    put64(head + 56, payload_hash(bin, size));
+    int ok = fwrite(head, 1, HEADER_SIZE, f) == HEADER_SIZE && fwrite(bin, 1, size, f) == size;
+    ok = (fclose(f) == 0) && ok;
+    if (ok && rename(tmp, path) == 0)
+        ctx->stats.disk_writes++;
+    else
+        remove(tmp);
+}

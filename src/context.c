@@ -1,0 +1,140 @@
+/* Context lifetime: device choice, OpenCL context and queue, error accessors. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static clattn_status finish_create(clattn_context *c, clattn_context **out)
+{
+    if (clattn__read_devinfo(c->platform, c->device, &c->dev) != CLATTN_SUCCESS) {
+        clattn__fail(NULL, CLATTN_OPENCL_ERROR, "could not read the properties of the device");
+        clattn_release(c);
+        return CLATTN_OPENCL_ERROR;
+    }
+    clattn__cache_init(c);
+    *out = c;
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn_create(const char *device, clattn_context **ctx)
+{
+    if (!ctx)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_create: ctx must not be NULL");
+    *ctx = NULL;
+    cl_platform_id p;
+    cl_device_id d;
+    clattn_status st = clattn_select_device(device, &p, &d, NULL, 0);
+    if (st != CLATTN_SUCCESS)
+        return st;
+
+    clattn_context *c = calloc(1, sizeof *c);
+    if (!c)
+        return clattn__fail(NULL, CLATTN_OUT_OF_MEMORY, "clattn_create: out of host memory");
+    c->platform = p;
+    c->device = d;
+    cl_int err;
+    cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)p, 0};
+    c->context = clCreateContext(props, 1, &d, NULL, NULL, &err);
+    if (!c->context || err != CL_SUCCESS) {
+        clattn__cl_fail(NULL, err, "clCreateContext");
+        free(c);
+        return err == CL_OUT_OF_HOST_MEMORY ? CLATTN_OUT_OF_MEMORY : CLATTN_OPENCL_ERROR;
+    }
+    /* Profiling is on so that clattn-bench and clattn-tune can time kernels from events. */
+    c->queue = clCreateCommandQueue(c->context, d, CL_QUEUE_PROFILING_ENABLE, &err);
+    if (!c->queue || err != CL_SUCCESS) {
+        clattn__cl_fail(NULL, err, "clCreateCommandQueue");
+        clReleaseContext(c->context);
+        free(c);
+        return CLATTN_OPENCL_ERROR;
+    }
+    return finish_create(c, ctx);
+}
+
+clattn_status clattn_create_from_queue(cl_command_queue queue, clattn_context **ctx)
+{
+    if (!ctx)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT,
+                            "clattn_create_from_queue: ctx must not be NULL");
+    *ctx = NULL;
+    if (!queue)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT,
+                            "clattn_create_from_queue: queue must not be NULL");
+    cl_context context;
+    cl_device_id device;
+    cl_command_queue_properties props = 0;
+    cl_int err = clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof context, &context, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof device, &device, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetCommandQueueInfo(queue, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL);
+    if (err != CL_SUCCESS)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT,
+                            "clattn_create_from_queue: queue is not a valid command queue (%s)",
+                            clattn__cl_error_name(err));
+    /* The workspace is shared between consecutive calls; only an in-order queue orders them. */
+    if (props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)
+        return clattn__fail(NULL, CLATTN_UNSUPPORTED,
+                            "clattn_create_from_queue: out-of-order queues are not supported");
+    cl_platform_id platform;
+    if (clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL) != CL_SUCCESS)
+        return clattn__fail(NULL, CLATTN_OPENCL_ERROR,
+                            "clattn_create_from_queue: cannot read the queue's platform");
+    clattn_context *c = calloc(1, sizeof *c);
+    if (!c)
+        return clattn__fail(NULL, CLATTN_OUT_OF_MEMORY, "clattn_create_from_queue: out of host memory");
+    clRetainCommandQueue(queue);
+    clRetainContext(context);
+    c->queue = queue;
+    c->context = context;
+    c->device = device;
+    c->platform = platform;
+    return finish_create(c, ctx);
+}
+
+void clattn_release(clattn_context *ctx)
+{
+    if (!ctx)
+        return;
+    clattn__release_programs(ctx);
+    if (ctx->workspace)
+        clReleaseMemObject(ctx->workspace);
+    if (ctx->queue)
+        clReleaseCommandQueue(ctx->queue);
+    if (ctx->context)
+        clReleaseContext(ctx->context);
+    free(ctx->build_log);
+    free(ctx->error_full);
+    free(ctx);
+}
+
+const char *clattn_last_error(const clattn_context *ctx)
+{
+    extern const char *clattn__create_error(void);
+    if (!ctx)
+        return clattn__create_error();
+    if (ctx->build_log && ctx->build_log[0] && ctx->error[0]) {
+        /* Built lazily so that the hot path never formats more than the one-line message. */
+        clattn_context *c = (clattn_context *)ctx;
+        size_t n = strlen(c->error) + strlen(c->build_log) + 2;
+        char *full = realloc(c->error_full, n);
+        if (full) {
+            snprintf(full, n, "%s\n%s", c->error, c->build_log);
+            c->error_full = full;
+            return full;
+        }
+    }
+    return ctx->error;
+}
+
+cl_int clattn_last_cl_error(const clattn_context *ctx) { return ctx ? ctx->cl_error : CL_SUCCESS; }
+
+const char *clattn_last_build_log(const clattn_context *ctx)
+{
+    return ctx && ctx->build_log ? ctx->build_log : "";
+}
+
+cl_command_queue clattn_queue(const clattn_context *ctx) { return ctx ? ctx->queue : NULL; }
+cl_context clattn_cl_context(const clattn_context *ctx) { return ctx ? ctx->context : NULL; }
+cl_device_id clattn_device(const clattn_context *ctx) { return ctx ? ctx->device : NULL; }

@@ -1,0 +1,226 @@
+/* Device discovery and selection ("gpu", "cpu", "P:D", name substring), device facts, device key. */
+#include "internal.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_PLATFORMS 16
+#define MAX_DEVICES 64
+
+static void get_str(cl_device_id d, cl_device_info what, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    if (clGetDeviceInfo(d, what, size, buf, NULL) != CL_SUCCESS)
+        buf[0] = '\0';
+    buf[size - 1] = '\0';
+}
+
+static void get_pstr(cl_platform_id p, cl_platform_info what, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    if (clGetPlatformInfo(p, what, size, buf, NULL) != CL_SUCCESS)
+        buf[0] = '\0';
+    buf[size - 1] = '\0';
+}
+
+clattn_status clattn__read_devinfo(cl_platform_id p, cl_device_id d, clattn_devinfo *info)
+{
+    memset(info, 0, sizeof *info);
+    get_pstr(p, CL_PLATFORM_NAME, info->platform_name, sizeof info->platform_name);
+    get_pstr(p, CL_PLATFORM_VERSION, info->platform_version, sizeof info->platform_version);
+    get_str(d, CL_DEVICE_NAME, info->name, sizeof info->name);
+    get_str(d, CL_DEVICE_VENDOR, info->vendor, sizeof info->vendor);
+    get_str(d, CL_DEVICE_VERSION, info->version, sizeof info->version);
+    get_str(d, CL_DRIVER_VERSION, info->driver, sizeof info->driver);
+    cl_int err = clGetDeviceInfo(d, CL_DEVICE_TYPE, sizeof info->type, &info->type, NULL);
+    err |= clGetDeviceInfo(d, CL_DEVICE_VENDOR_ID, sizeof info->vendor_id, &info->vendor_id, NULL);
+    err |= clGetDeviceInfo(d, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof info->compute_units,
+                           &info->compute_units, NULL);
+    err |= clGetDeviceInfo(d, CL_DEVICE_LOCAL_MEM_SIZE, sizeof info->local_mem, &info->local_mem, NULL);
+    err |= clGetDeviceInfo(d, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof info->global_mem, &info->global_mem,
+                           NULL);
+    err |= clGetDeviceInfo(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof info->max_alloc, &info->max_alloc,
+                           NULL);
+    err |= clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof info->max_wg, &info->max_wg, NULL);
+    err |= clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof info->max_item, info->max_item,
+                           NULL);
+    err |= clGetDeviceInfo(d, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof info->mem_align_bits,
+                           &info->mem_align_bits, NULL);
+    if (err != CL_SUCCESS)
+        return CLATTN_OPENCL_ERROR;
+    if (info->compute_units == 0)
+        info->compute_units = 1;
+    return clattn_device_key(d, info->key, sizeof info->key);
+}
+
+clattn_status clattn_device_key(cl_device_id device, char *buf, size_t size)
+{
+    if (!buf || size == 0)
+        return CLATTN_INVALID_ARGUMENT;
+    buf[0] = '\0';
+    char name[256];
+    cl_uint vendor = 0, cus = 0;
+    cl_ulong local = 0;
+    if (!device || clGetDeviceInfo(device, CL_DEVICE_NAME, sizeof name, name, NULL) != CL_SUCCESS ||
+        clGetDeviceInfo(device, CL_DEVICE_VENDOR_ID, sizeof vendor, &vendor, NULL) != CL_SUCCESS ||
+        clGetDeviceInfo(device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL) != CL_SUCCESS ||
+        clGetDeviceInfo(device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL) != CL_SUCCESS)
+        return CLATTN_INVALID_ARGUMENT;
+    name[sizeof name - 1] = '\0';
+    /* Names carry spaces and punctuation; the key is also a file name, so keep it tame. */
+    for (char *c = name; *c; c++)
+        if (!(isalnum((unsigned char)*c) || *c == '.' || *c == '-' || *c == '_'))
+            *c = '_';
+    int n = snprintf(buf, size, "%04x:%s:%u:%llu", vendor, name, cus,
+                     (unsigned long long)(local / 1024));
+    if (n < 0 || (size_t)n >= size) {
+        buf[0] = '\0';
+        return CLATTN_INVALID_ARGUMENT;
+    }
+    return CLATTN_SUCCESS;
+}
+
+static int contains_ci(const char *hay, const char *needle)
+{
+    size_t n = strlen(needle);
+    for (; *hay; hay++) {
+        size_t i = 0;
+        while (i < n && hay[i] &&
+               tolower((unsigned char)hay[i]) == tolower((unsigned char)needle[i]))
+            i++;
+        if (i == n)
+            return 1;
+    }
+    return n == 0;
+}
+
+static void say(char *why, size_t size, const char *fmt, const char *a, const char *b,
+                unsigned p, unsigned d)
+{
+    if (why && size)
+        snprintf(why, size, fmt, a, b, p, d);
+}
+
+clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, cl_device_id *device,
+                                   char *why, size_t why_size)
+{
+    if (platform)
+        *platform = NULL;
+    if (device)
+        *device = NULL;
+    if (why && why_size)
+        why[0] = '\0';
+    if (!platform || !device)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT,
+                            "clattn_select_device: platform and device must not be NULL");
+
+    const char *source = "argument";
+    if (!spec || !*spec) {
+        spec = getenv("CLATTN_DEVICE");
+        source = "CLATTN_DEVICE";
+        if (spec && !*spec)
+            spec = NULL;
+    }
+
+    cl_platform_id plats[MAX_PLATFORMS];
+    cl_uint nplat = 0;
+    cl_int err = clGetPlatformIDs(MAX_PLATFORMS, plats, &nplat);
+    if (err != CL_SUCCESS || nplat == 0)
+        return clattn__fail(NULL, CLATTN_NO_DEVICE,
+                            "no OpenCL platform found (clGetPlatformIDs: %s); install an OpenCL "
+                            "driver (ICD), e.g. pocl-opencl-icd",
+                            clattn__cl_error_name(err));
+    if (nplat > MAX_PLATFORMS)
+        nplat = MAX_PLATFORMS;
+
+    /* Parse the spec once: a type word, an index pair, or a name substring. */
+    enum { ANY, TYPE, INDEX, NAME } kind = ANY;
+    cl_device_type want_type = CL_DEVICE_TYPE_ALL;
+    unsigned want_p = 0, want_d = 0;
+    if (spec) {
+        char tail;
+        if (strcmp(spec, "gpu") == 0 || strcmp(spec, "GPU") == 0) {
+            kind = TYPE;
+            want_type = CL_DEVICE_TYPE_GPU;
+        } else if (strcmp(spec, "cpu") == 0 || strcmp(spec, "CPU") == 0) {
+            kind = TYPE;
+            want_type = CL_DEVICE_TYPE_CPU;
+        } else if (strcmp(spec, "accelerator") == 0) {
+            kind = TYPE;
+            want_type = CL_DEVICE_TYPE_ACCELERATOR;
+        } else if (sscanf(spec, "%u:%u%c", &want_p, &want_d, &tail) == 2 && isdigit((unsigned char)spec[0])) {
+            kind = INDEX;
+        } else {
+            kind = NAME;
+        }
+    }
+
+    cl_platform_id first_p = NULL;
+    cl_device_id first_d = NULL;
+    unsigned first_pi = 0, first_di = 0;
+    for (cl_uint pi = 0; pi < nplat; pi++) {
+        cl_device_id devs[MAX_DEVICES];
+        cl_uint ndev = 0;
+        if (clGetDeviceIDs(plats[pi], CL_DEVICE_TYPE_ALL, MAX_DEVICES, devs, &ndev) != CL_SUCCESS)
+            continue;
+        if (ndev > MAX_DEVICES)
+            ndev = MAX_DEVICES;
+        char pname[256];
+        get_pstr(plats[pi], CL_PLATFORM_NAME, pname, sizeof pname);
+        for (cl_uint di = 0; di < ndev; di++) {
+            char dname[256];
+            cl_device_type type = 0;
+            get_str(devs[di], CL_DEVICE_NAME, dname, sizeof dname);
+            clGetDeviceInfo(devs[di], CL_DEVICE_TYPE, sizeof type, &type, NULL);
+            int match = 0;
+            switch (kind) {
+            case ANY:
+                match = (type & CL_DEVICE_TYPE_GPU) != 0;
+                if (!first_d) {
+                    first_p = plats[pi];
+                    first_d = devs[di];
+                    first_pi = pi;
+                    first_di = di;
+                }
+                break;
+            case TYPE:
+                match = (type & want_type) != 0;
+                break;
+            case INDEX:
+                match = pi == want_p && di == want_d;
+                break;
+            case NAME:
+                match = contains_ci(dname, spec) || contains_ci(pname, spec);
+                break;
+            }
+            if (match) {
+                *platform = plats[pi];
+                *device = devs[di];
+                if (kind == ANY)
+                    say(why, why_size, "first GPU: %s on %s (%u:%u; no device spec given)", dname,
+                        pname, pi, di);
+                else if (why && why_size)
+                    snprintf(why, why_size, "%s on %s (%u:%u) matches %s \"%s\"", dname, pname,
+                             (unsigned)pi, (unsigned)di, source, spec);
+                return CLATTN_SUCCESS;
+            }
+        }
+    }
+    if (kind == ANY && first_d) {
+        char dname[256], pname[256];
+        get_str(first_d, CL_DEVICE_NAME, dname, sizeof dname);
+        get_pstr(first_p, CL_PLATFORM_NAME, pname, sizeof pname);
+        *platform = first_p;
+        *device = first_d;
+        say(why, why_size, "first device: %s on %s (%u:%u; no GPU present, no device spec given)",
+            dname, pname, first_pi, first_di);
+        return CLATTN_SUCCESS;
+    }
+    if (kind == ANY)
+        return clattn__fail(NULL, CLATTN_NO_DEVICE, "no OpenCL device found on %u platform(s)",
+                            (unsigned)nplat);
+    return clattn__fail(NULL, CLATTN_NO_DEVICE, "device spec \"%s\" (from %s) matches no OpenCL device",
+                        spec, source);
+}

@@ -1,0 +1,161 @@
+/* Fused attention (fused.cl) for prefill and decode, with flash-decoding key splits merged by
+ * merge.cl when one work-group per (row tile, kv head) would leave the device idle. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const clattn_view no_view = {NULL, CLATTN_F32, 0, {0, 0, 0}};
+
+typedef struct fused_cfg {
+    int wgx, wgy, rm, ns, nv, dp;
+} fused_cfg;
+
+static size_t fused_local_bytes(const fused_cfg *c)
+{
+    const size_t bm = (size_t)c->wgy * c->rm, bn = (size_t)c->wgx * 4 * c->ns,
+                 dvp = (size_t)c->wgx * 4 * c->nv;
+    return 4 * (c->dp * bm + c->dp * bn + bn * dvp + bn * bm + bm * c->wgx);
+}
+
+static int pow2_at_least(int x)
+{
+    int p = 1;
+    while (p < x)
+        p *= 2;
+    return p;
+}
+
+/* Makes the configuration fit the device: work-group size and local memory. */
+static int fit(const clattn_context *ctx, fused_cfg *c, int dv)
+{
+    for (int guard = 0; guard < 64; guard++) {
+        c->nv = (dv + 4 * c->wgx - 1) / (4 * c->wgx);
+        if ((size_t)c->wgx * c->wgy <= ctx->dev.max_wg && (size_t)c->wgx <= ctx->dev.max_item[0] &&
+            (size_t)c->wgy <= ctx->dev.max_item[1] && fused_local_bytes(c) <= ctx->dev.local_mem)
+            return 1;
+        if (c->ns > 1)
+            c->ns /= 2;
+        else if (c->rm > 1)
+            c->rm /= 2;
+        else if (c->wgy > 1)
+            c->wgy /= 2;
+        else if (c->wgx > 1)
+            c->wgx /= 2;
+        else
+            return 0;
+    }
+    return 0;
+}
+
+clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
+                                const cl_event *wait, cl_event *done)
+{
+    const int group = (int)(p->heads_q / p->heads_kv);
+    const int R = group * (int)p->seq_q;
+    const int decode = p->seq_q <= 16;
+    clattn_bucket bucket = {decode ? CLATTN_OP_DECODE : CLATTN_OP_FUSED, p->dtype, (int)p->head_dim,
+                            clattn__seq_q_class(p->seq_q), clattn__log2_ceil(p->seq_kv)};
+    clattn_params pp;
+    clattn__default_params(ctx, &bucket, &pp);
+    fused_cfg c = {pp.v[0] > 0 ? pp.v[0] : 8, pp.v[1] > 0 ? pp.v[1] : 1, pp.v[2], pp.v[3] > 0 ? pp.v[3] : 1,
+                   1, (int)((p->head_dim + 3) / 4 * 4)};
+    if (c.rm <= 0) /* decode: one work-group row covers the packed rows, up to 16 */
+        c.rm = pow2_at_least(R < 16 ? R : 16);
+    if (!fit(ctx, &c, (int)p->head_dim_v))
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                            "fused attention with head_dim %lld / head_dim_v %lld does not fit the "
+                            "device's %llu bytes of local memory",
+                            (long long)p->head_dim, (long long)p->head_dim_v,
+                            (unsigned long long)ctx->dev.local_mem);
+    const int bm = c.wgy * c.rm, bn = c.wgx * 4 * c.ns;
+    const int row_tiles = (R + bm - 1) / bm;
+    const long long tiles = (long long)row_tiles * p->batch * p->heads_kv;
+
+    /* Splits: enough work-groups to fill the device (4 per compute unit), each split keeping at
+     * least 4 key tiles, and the partials within a modest workspace. */
+    int splits = pp.v[4] > 0 && decode ? pp.v[4] : 1;
+    const long long target = 4LL * ctx->dev.compute_units;
+    if (splits == 1 && tiles < target)
+        splits = (int)((target + tiles - 1) / tiles);
+    const long long max_by_len = (p->seq_kv + 4LL * bn - 1) / (4LL * bn);
+    if (splits > max_by_len)
+        splits = (int)max_by_len;
+    if (splits > 256)
+        splits = 256;
+    const size_t part_rows = (size_t)(p->batch * p->heads_q * p->seq_q);
+    const size_t part_bytes = part_rows * (size_t)(p->head_dim_v + 1) * 4;
+    while (splits > 1 && (size_t)splits * part_bytes > ((size_t)256 << 20))
+        splits /= 2;
+    if (splits < 1)
+        splits = 1;
+    int split_len = (int)((p->seq_kv + splits - 1) / splits);
+    split_len = (split_len + bn - 1) / bn * bn;
+    splits = (int)((p->seq_kv + split_len - 1) / split_len);
+
+    clattn_view out = p->out, lse = p->lse;
+    int has_lse = p->lse.buffer != NULL;
+    cl_ulong o_split = 0, l_split = 0;
+    clattn_dtype out_dt = p->out.dtype;
+    if (splits > 1) {
+        cl_mem ws;
+        clattn_status st = clattn__workspace(ctx, (size_t)splits * part_bytes, &ws);
+        if (st)
+            return st;
+        /* Partials: O as f32 [split][B][Hq][Sq][Dv], then LSE [split][B][Hq][Sq]. */
+        const cl_ulong dv = (cl_ulong)p->head_dim_v, sq = (cl_ulong)p->seq_q, hq = (cl_ulong)p->heads_q;
+        out = (clattn_view){ws, CLATTN_F32, 0, {hq * sq * dv, sq * dv, dv}};
+        lse = (clattn_view){ws, CLATTN_F32, (cl_ulong)splits * part_rows * dv, {hq * sq, sq, 1}};
+        o_split = part_rows * dv;
+        l_split = part_rows;
+        has_lse = 1;
+        out_dt = CLATTN_F32;
+    }
+
+    char opts[256];
+    snprintf(opts, sizeof opts,
+             "-cl-std=CL1.2 -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=%d -DWGY=%d -DRM=%d -DNS=%d "
+             "-DNV=%d -DDP=%d",
+             (int)p->dtype, (int)out_dt, p->has_mask ? (int)p->mask.dtype : 0, c.wgx, c.wgy, c.rm,
+             c.ns, c.nv, c.dp);
+    cl_kernel k;
+    clattn_status st = clattn__get_kernel(ctx, "fused.cl", opts, "fused", &k);
+    if (st)
+        return st;
+    const int seq_q = (int)p->seq_q, seq_kv = (int)p->seq_kv, hkv = (int)p->heads_kv,
+              D = (int)p->head_dim, DV = (int)p->head_dim_v, causal = p->causal,
+              has_mask = p->has_mask;
+    const float qscale = p->scale * 1.4426950408889634f;
+    clattn_args a = {k, 0, CL_SUCCESS};
+    clattn__arg_view(&a, &p->q);
+    clattn__arg_view(&a, &p->k);
+    clattn__arg_view(&a, &p->v);
+    clattn__arg_view(&a, &out);
+    clattn__arg_view(&a, has_lse ? &lse : &no_view);
+    clattn__arg_view(&a, has_mask ? &p->mask : &no_view);
+    clattn__arg(&a, sizeof(cl_mem), p->kv_lengths ? &p->kv_lengths : NULL);
+    clattn__arg(&a, sizeof(cl_ulong), &o_split);
+    clattn__arg(&a, sizeof(cl_ulong), &l_split);
+    clattn__arg(&a, sizeof(int), &seq_q);
+    clattn__arg(&a, sizeof(int), &seq_kv);
+    clattn__arg(&a, sizeof(int), &hkv);
+    clattn__arg(&a, sizeof(int), &group);
+    clattn__arg(&a, sizeof(int), &D);
+    clattn__arg(&a, sizeof(int), &DV);
+    clattn__arg(&a, sizeof(int), &causal);
+    clattn__arg(&a, sizeof(int), &has_mask);
+    clattn__arg(&a, sizeof(int), &has_lse);
+    clattn__arg(&a, sizeof(int), &splits);
+    clattn__arg(&a, sizeof(int), &split_len);
+    clattn__arg(&a, sizeof(float), &qscale);
+    const size_t local[3] = {(size_t)c.wgx, (size_t)c.wgy, 1};
+    const size_t global[3] = {(size_t)c.wgx, (size_t)row_tiles * c.wgy,
+                              (size_t)(p->batch * p->heads_kv) * (size_t)splits};
+    if (splits == 1)
+        return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, "fused");
+    st = clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, NULL, "fused (split)");
+    if (st)
+        return st;
+    return clattn__run_merge(ctx, splits, p->batch, p->heads_q, p->seq_q, p->head_dim_v, &out, &lse,
+                             &p->out, p->lse.buffer ? &p->lse : NULL, 0, NULL, done);
+}

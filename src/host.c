@@ -1,0 +1,104 @@
+/* Host-memory convenience: copy in, compute, copy out, for small programs and the run script. */
+#include "internal.h"
+
+#include <string.h>
+
+clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_desc *desc,
+                                    clattn_dtype dtype, const void *q, const void *k, const void *v,
+                                    void *out, float *lse)
+{
+    if (!ctx)
+        return CLATTN_INVALID_ARGUMENT;
+    clattn__clear_error(ctx);
+    if (!desc)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc must not be NULL");
+    if (!q || !k || !v || !out)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "q, k, v and out must not be NULL");
+    if (desc->mask || desc->kv_lengths || desc->lse || desc->probabilities)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "clattn_attention_host takes no mask, kv_lengths, lse or probabilities "
+                            "tensors in desc (use clattn_attention)");
+    const size_t es = clattn_dtype_size(dtype);
+    if (es == 0)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "dtype %d is not a clattn_dtype", (int)dtype);
+    /* Sizes are checked by clattn_attention; here only that the products fit size_t. */
+    const int64_t B = desc->batch, HQ = desc->heads_q, HK = desc->heads_kv, SQ = desc->seq_q,
+                  SK = desc->seq_kv, D = desc->head_dim,
+                  DV = desc->head_dim_v ? desc->head_dim_v : desc->head_dim;
+    if (B <= 0 || HQ <= 0 || HK <= 0 || SQ <= 0 || SK <= 0 || D <= 0 || DV <= 0 ||
+        D > CLATTN_MAX_HEAD_DIM || DV > CLATTN_MAX_HEAD_DIM || B > 65536 || HQ > 65536 || HK > 65536)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc sizes out of range for clattn_attention_host");
+    const double nq = (double)B * HQ * SQ * D, nk = (double)B * HK * SK * D,
+                 nv = (double)B * HK * SK * DV, no = (double)B * HQ * SQ * DV;
+    if (nq * es > 1e15 || nk * es > 1e15 || nv * es > 1e15 || no * es > 1e15)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc sizes too large for host buffers");
+    const size_t bq = (size_t)nq * es, bk = (size_t)nk * es, bv = (size_t)nv * es, bo = (size_t)no * es,
+                 bl = (size_t)(B * HQ * SQ) * 4;
+    cl_int err = CL_SUCCESS;
+    cl_mem m[5] = {NULL, NULL, NULL, NULL, NULL};
+    const size_t sizes[5] = {bq, bk, bv, bo, bl};
+    const void *src[3] = {q, k, v};
+    clattn_status st = CLATTN_SUCCESS;
+    for (int i = 0; i < (lse ? 5 : 4) && !st; i++) {
+        cl_mem_flags f = i < 3 ? (CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR) : CL_MEM_WRITE_ONLY;
+        m[i] = clCreateBuffer(ctx->context, f, sizes[i], i < 3 ? (void *)src[i] : NULL, &err);
+        if (!m[i] || err != CL_SUCCESS)
+            st = clattn__cl_fail(ctx, err ? err : CL_MEM_OBJECT_ALLOCATION_FAILURE, "clCreateBuffer");
+    }
+    if (!st) {
+        clattn_tensor tq = clattn_tensor_bhsd(m[0], dtype, B, HQ, SQ, D);
+        clattn_tensor tk = clattn_tensor_bhsd(m[1], dtype, B, HK, SK, D);
+        clattn_tensor tv = clattn_tensor_bhsd(m[2], dtype, B, HK, SK, DV);
+        clattn_tensor to = clattn_tensor_bhsd(m[3], dtype, B, HQ, SQ, DV);
+        clattn_tensor tl = clattn_tensor_bhsd(m[4], CLATTN_F32, B, HQ, SQ, 1);
+        clattn_attention_desc d = *desc;
+        d.lse = lse ? &tl : NULL;
+        st = clattn_attention(ctx, &d, &tq, &tk, &tv, &to, 0, NULL, NULL);
+        if (!st) {
+            err = clEnqueueReadBuffer(ctx->queue, m[3], CL_TRUE, 0, bo, out, 0, NULL, NULL);
+            if (err == CL_SUCCESS && lse)
+                err = clEnqueueReadBuffer(ctx->queue, m[4], CL_TRUE, 0, bl, lse, 0, NULL, NULL);
+            if (err != CL_SUCCESS)
+                st = clattn__cl_fail(ctx, err, "clEnqueueReadBuffer");
+        }
+    }
+    for (int i = 0; i < 5; i++)
+        if (m[i])
+            clReleaseMemObject(m[i]);
+    return st;
+}
+
+clattn_tensor clattn_tensor_bhsd(cl_mem buffer, clattn_dtype dtype, int64_t b, int64_t h, int64_t s,
+                                 int64_t d)
+{
+    clattn_tensor t;
+    memset(&t, 0, sizeof t);
+    t.buffer = buffer;
+    t.dtype = dtype;
+    t.shape[0] = b;
+    t.shape[1] = h;
+    t.shape[2] = s;
+    t.shape[3] = d;
+    t.stride[2] = d;
+    t.stride[1] = s * d;
+    t.stride[0] = h * s * d;
+    return t;
+}
+
+clattn_tensor clattn_tensor_bshd(cl_mem buffer, clattn_dtype dtype, int64_t b, int64_t s, int64_t h,
+                                 int64_t d)
+{
+    clattn_tensor t;
+    memset(&t, 0, sizeof t);
+    t.buffer = buffer;
+    t.dtype = dtype;
+    t.shape[0] = b;
+    t.shape[1] = h;
+    t.shape[2] = s;
+    t.shape[3] = d;
+    t.stride[1] = d;
+    t.stride[2] = h * d;
+    t.stride[0] = s * h * d;
+    return t;
+}

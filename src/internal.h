@@ -1,0 +1,228 @@
+/* Private to the library: the context, error helpers and the pieces each source file provides. */
+#ifndef CLATTN_INTERNAL_H
+#define CLATTN_INTERNAL_H
+
+#define CL_USE_DEPRECATED_OPENCL_1_2_APIS
+#include "clattn.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#define CLATTN_MSG_MAX 1024
+
+/* What the kernels and the tuning store need to know about a device, read once at creation. */
+typedef struct clattn_devinfo {
+    char platform_name[256];
+    char platform_version[256];
+    char name[256];
+    char vendor[256];
+    char version[256];
+    char driver[256];
+    cl_device_type type;
+    cl_uint vendor_id;
+    cl_uint compute_units;
+    cl_ulong local_mem;
+    cl_ulong global_mem;
+    cl_ulong max_alloc;
+    size_t max_wg;
+    size_t max_item[3];
+    cl_uint mem_align_bits;
+    char key[512];
+} clattn_devinfo;
+
+/* A built program and the kernels created from it, keyed by (source file, build options). */
+typedef struct clattn_program_entry {
+    char *file;
+    char *options;
+    cl_program program;
+    int nkernels;
+    char *kernel_names[8];
+    cl_kernel kernels[8];
+} clattn_program_entry;
+
+/* Program-cache counters, read by tests and clattn-bench to tell hits from builds. */
+typedef struct clattn_cache_stats {
+    unsigned memory_hits;
+    unsigned disk_hits;
+    unsigned disk_rejects; /* corrupt, truncated or foreign cache files ignored */
+    unsigned disk_writes;
+    unsigned builds;
+} clattn_cache_stats;
+
+struct clattn_context {
+    cl_platform_id platform;
+    cl_device_id device;
+    cl_context context;
+    cl_command_queue queue;
+    clattn_devinfo dev;
+
+    char error[CLATTN_MSG_MAX + 1];
+    char *build_log;
+    char *error_full; /* error + "\n" + build log, built on demand by clattn_last_error */
+    cl_int cl_error;
+
+    clattn_program_entry *programs;
+    int nprograms;
+    int cap_programs;
+    clattn_cache_stats stats;
+
+    int cache_enabled;
+    char cache_dir[4096];
+
+    cl_mem workspace;
+    size_t workspace_size;
+};
+
+/* ---- errors (util.c) ---- */
+clattn_status clattn__fail(clattn_context *ctx, clattn_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Maps an OpenCL error to a status (allocation failures -> OUT_OF_MEMORY) and records it. */
+clattn_status clattn__cl_fail(clattn_context *ctx, cl_int err, const char *what);
+void clattn__clear_error(clattn_context *ctx);
+const char *clattn__cl_error_name(cl_int err);
+void clattn__set_create_error(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+char *clattn__strdup(const char *s);
+int clattn__env_flag(const char *name, int dflt); /* "0"/"1"/unset */
+
+/* ---- hashing (hash.c): 128-bit FNV-1a style digest for cache keys ---- */
+typedef struct clattn_hash {
+    uint64_t a, b;
+} clattn_hash;
+void clattn__hash_init(clattn_hash *h);
+void clattn__hash_bytes(clattn_hash *h, const void *data, size_t n);
+void clattn__hash_str(clattn_hash *h, const char *s); /* includes the terminator as a separator */
+void clattn__hash_hex(const clattn_hash *h, char out[33]);
+
+/* ---- device (device.c) ---- */
+clattn_status clattn__read_devinfo(cl_platform_id p, cl_device_id d, clattn_devinfo *info);
+
+/* ---- programs (program.c, cache.c) ---- */
+typedef struct clattn_kernel_source {
+    const char *name;
+    const char *text;
+    size_t length;
+} clattn_kernel_source;
+/* Builds (or finds) the program of cl/<file> + cl/common.cl with `options` and returns one kernel,
+ * owned by the context. */
+clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const char *options,
+                                 const char *kernel_name, cl_kernel *out);
+/* Source text for a file (embedded, or from CLATTN_KERNEL_DIR during development). Caller frees. */
+char *clattn__load_source(const char *file, size_t *len);
+void clattn__release_programs(clattn_context *ctx);
+void clattn__cache_init(clattn_context *ctx);
+/* Returns a malloc'ed binary for the key or NULL (missing, corrupt, foreign: never fatal). */
+unsigned char *clattn__cache_load(clattn_context *ctx, const char *hex, size_t *size);
+void clattn__cache_store(clattn_context *ctx, const char *hex, const unsigned char *bin, size_t size);
+
+/* ---- validation (validate.c) ---- */
+/* A checked tensor view in the form kernels take: byte-free element offset and strides. */
+typedef struct clattn_view {
+    cl_mem buffer;
+    clattn_dtype dtype;
+    cl_ulong offset;
+    cl_ulong stride[3];
+} clattn_view;
+
+enum {
+    CLATTN_VIEW_INPUT = 0,
+    CLATTN_VIEW_OUTPUT = 1,      /* must not overlap itself */
+    CLATTN_VIEW_BROADCAST = 2    /* dims 0..2 may have extent 1 where the shape wants more */
+};
+#define CLATTN_DTYPES_ALL 7u
+#define CLATTN_DTYPE_BIT(d) (1u << (unsigned)(d))
+
+clattn_status clattn__check_view(clattn_context *ctx, const char *name, const clattn_tensor *t,
+                                 const int64_t want[4], unsigned flags, unsigned dtypes,
+                                 clattn_view *out);
+clattn_status clattn__check_wait(clattn_context *ctx, cl_uint num_wait, const cl_event *wait);
+clattn_status clattn__check_kvlen(clattn_context *ctx, cl_mem kvlen, int64_t batch);
+int clattn__same_view(const clattn_tensor *a, const clattn_tensor *b);
+int clattn__views_overlap(const clattn_tensor *a, const clattn_tensor *b);
+
+/* Resolved attention problem shared by the scores, unfused and fused paths. */
+typedef struct clattn_problem {
+    int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, head_dim_v;
+    float scale;
+    int causal;
+    clattn_dtype dtype;
+    int has_mask;
+    clattn_view q, k, v, out, mask, lse, probs;
+    cl_mem kv_lengths;
+} clattn_problem;
+/* Checks desc + q/k (+ v/out when `need_v`) and fills `p`. */
+clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attention_desc *desc,
+                                      const clattn_tensor *q, const clattn_tensor *k,
+                                      const clattn_tensor *v, const clattn_tensor *out,
+                                      int need_v, clattn_problem *p);
+
+/* ---- kernel launch helpers (util.c) ---- */
+typedef struct clattn_args {
+    cl_kernel kernel;
+    cl_uint index;
+    cl_int err;
+} clattn_args;
+void clattn__arg(clattn_args *a, size_t size, const void *value);
+void clattn__arg_view(clattn_args *a, const clattn_view *v); /* buffer, offset, 3 strides */
+clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims, const size_t *global,
+                              const size_t *local, cl_uint num_wait, const cl_event *wait,
+                              cl_event *done, const char *what);
+
+/* Workspace that grows on demand; freed by clattn_release. */
+clattn_status clattn__workspace(clattn_context *ctx, size_t bytes, cl_mem *out);
+
+/* ---- tuning (tuning.c) ---- */
+typedef enum clattn_op {
+    CLATTN_OP_SCORES = 0,
+    CLATTN_OP_PV,
+    CLATTN_OP_SOFTMAX,
+    CLATTN_OP_FUSED,
+    CLATTN_OP_DECODE,
+    CLATTN_OP_MERGE,
+    CLATTN_OP_COUNT
+} clattn_op;
+
+/* Integer parameters of one kernel launch; meaning depends on the op (see tuning.c). */
+#define CLATTN_MAX_PARAMS 8
+typedef struct clattn_params {
+    int v[CLATTN_MAX_PARAMS];
+} clattn_params;
+
+typedef struct clattn_bucket {
+    clattn_op op;
+    clattn_dtype dtype;
+    int head_dim;
+    int seq_q_class; /* 1, <=16, <=128, more -> 0..3 */
+    int log2_seq_kv;
+} clattn_bucket;
+
+void clattn__default_params(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p);
+const char *clattn__op_name(clattn_op op);
+int clattn__seq_q_class(int64_t seq_q);
+int clattn__log2_ceil(int64_t x);
+
+/* ---- operations ---- */
+clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
+                                 cl_uint num_wait, const cl_event *wait, cl_event *done);
+clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t heads, int64_t heads_kv_div,
+                                  int64_t rows, int64_t cols, float scale, int causal,
+                                  const clattn_view *mask, cl_mem kvlen, const clattn_view *in,
+                                  const clattn_view *out, const clattn_view *lse, clattn_dtype in_dt,
+                                  cl_uint num_wait, const cl_event *wait, cl_event *done);
+clattn_status clattn__run_pv(clattn_context *ctx, const clattn_problem *p, const clattn_view *probs,
+                             cl_uint num_wait, const cl_event *wait, cl_event *done);
+clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
+                                const cl_event *wait, cl_event *done);
+clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,
+                                int64_t seq, int64_t dv, const clattn_view *part_out,
+                                const clattn_view *part_lse, const clattn_view *out,
+                                const clattn_view *lse, cl_uint num_wait, const cl_event *wait,
+                                cl_event *done);
+
+#endif

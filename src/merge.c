@@ -1,0 +1,188 @@
+/* Merging partial (O, LSE) results (merge.cl): flash-decoding splits and the public clattn_merge. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const clattn_view no_view = {NULL, CLATTN_F32, 0, {0, 0, 0}};
+
+static int merge_wg(clattn_context *ctx)
+{
+    clattn_bucket b = {CLATTN_OP_MERGE, CLATTN_F32, 0, 0, 0};
+    clattn_params pp;
+    clattn__default_params(ctx, &b, &pp);
+    int wg = pp.v[0] > 0 ? pp.v[0] : 64;
+    if ((size_t)wg > ctx->dev.max_wg)
+        wg = (int)ctx->dev.max_wg;
+    return wg;
+}
+
+/* Parts lie contiguously as f32 [part][B][H][S][DV] and LSE [part][B][H][S] (see fused.c). */
+clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,
+                                int64_t seq, int64_t dv, const clattn_view *part_out,
+                                const clattn_view *part_lse, const clattn_view *out,
+                                const clattn_view *lse, cl_uint num_wait, const cl_event *wait,
+                                cl_event *done)
+{
+    const int wg = merge_wg(ctx);
+    char opts[128];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_OUT=%d -DWG=%d", (int)out->dtype, wg);
+    cl_kernel k;
+    clattn_status st = clattn__get_kernel(ctx, "merge.cl", opts, "merge_strided", &k);
+    if (st)
+        return st;
+    const cl_ulong rows = (cl_ulong)(batch * heads * seq);
+    const cl_ulong p_split = rows * (cl_ulong)dv, pl_split = rows;
+    const int h = (int)heads, s = (int)seq, d = (int)dv, has_lse = lse != NULL;
+    clattn_args a = {k, 0, CL_SUCCESS};
+    clattn__arg_view(&a, part_out);
+    clattn__arg_view(&a, part_lse);
+    clattn__arg_view(&a, out);
+    clattn__arg_view(&a, lse ? lse : &no_view);
+    clattn__arg(&a, sizeof(cl_ulong), &p_split);
+    clattn__arg(&a, sizeof(cl_ulong), &pl_split);
+    clattn__arg(&a, sizeof(int), &parts);
+    clattn__arg(&a, sizeof(int), &h);
+    clattn__arg(&a, sizeof(int), &s);
+    clattn__arg(&a, sizeof(int), &d);
+    clattn__arg(&a, sizeof(int), &has_lse);
+    const size_t local[2] = {(size_t)wg, 1};
+    const size_t global[2] = {(size_t)((dv + wg - 1) / wg * wg), (size_t)rows};
+    return clattn__enqueue(ctx, &a, 2, global, local, num_wait, wait, done, "merge_strided");
+}
+
+static clattn_status merge_pair(clattn_context *ctx, int wg, const clattn_view *x, const clattn_view *xl,
+                                const clattn_view *y, const clattn_view *yl, const clattn_view *o,
+                                const clattn_view *ol, int64_t batch, int64_t heads, int64_t seq,
+                                int64_t dv, cl_uint num_wait, const cl_event *wait, cl_event *done)
+{
+    char opts[160];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d -DWG=%d",
+             (int)x->dtype, (int)y->dtype, (int)o->dtype, wg);
+    cl_kernel k;
+    clattn_status st = clattn__get_kernel(ctx, "merge.cl", opts, "merge_pair", &k);
+    if (st)
+        return st;
+    const int h = (int)heads, s = (int)seq, d = (int)dv, has_lse = ol != NULL;
+    clattn_args a = {k, 0, CL_SUCCESS};
+    clattn__arg_view(&a, x);
+    clattn__arg_view(&a, xl);
+    clattn__arg_view(&a, y);
+    clattn__arg_view(&a, yl);
+    clattn__arg_view(&a, o);
+    clattn__arg_view(&a, ol ? ol : &no_view);
+    clattn__arg(&a, sizeof(int), &h);
+    clattn__arg(&a, sizeof(int), &s);
+    clattn__arg(&a, sizeof(int), &d);
+    clattn__arg(&a, sizeof(int), &has_lse);
+    const size_t local[2] = {(size_t)wg, 1};
+    const size_t global[2] = {(size_t)((dv + wg - 1) / wg * wg), (size_t)(batch * heads * seq)};
+    return clattn__enqueue(ctx, &a, 2, global, local, num_wait, wait, done, "merge_pair");
+}
+
+clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tensor *part_out,
+                           const clattn_tensor *part_lse, const clattn_tensor *out,
+                           const clattn_tensor *lse, cl_uint num_wait, const cl_event *wait,
+                           cl_event *done)
+{
+    if (done)
+        *done = NULL;
+    if (!ctx)
+        return CLATTN_INVALID_ARGUMENT;
+    clattn__clear_error(ctx);
+    if (num_parts < 1 || num_parts > 4096)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "num_parts must be 1..4096 (got %d)", num_parts);
+    if (!part_out || !part_lse)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "part_out and part_lse must not be NULL");
+    if (!out)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out must not be NULL");
+    for (int i = 0; i < 4; i++)
+        if (out->shape[i] <= 0 || out->shape[i] > 0x7fffffffLL)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out->shape[%d] is out of range (%lld)",
+                                i, (long long)out->shape[i]);
+    if (out->shape[3] > CLATTN_MAX_HEAD_DIM)
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED, "out->shape[3] (%lld) exceeds %d",
+                            (long long)out->shape[3], CLATTN_MAX_HEAD_DIM);
+    if ((uint64_t)out->shape[0] * (uint64_t)out->shape[1] * (uint64_t)out->shape[2] > 0x7fffffffULL)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out: batch x heads x seq is too large");
+    const int64_t B = out->shape[0], H = out->shape[1], S = out->shape[2], DV = out->shape[3];
+    const int64_t os[4] = {B, H, S, DV}, ls[4] = {B, H, S, 1};
+    clattn_view vo, vl;
+    clattn_status st;
+    if ((st = clattn__check_view(ctx, "out", out, os, CLATTN_VIEW_OUTPUT, CLATTN_DTYPES_ALL, &vo)))
+        return st;
+    if (lse && (st = clattn__check_view(ctx, "lse", lse, ls, CLATTN_VIEW_OUTPUT,
+                                        CLATTN_DTYPE_BIT(CLATTN_F32), &vl)))
+        return st;
+    if (lse && clattn__views_overlap(lse, out))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "lse overlaps out");
+    clattn_view *vpo = malloc(sizeof(clattn_view) * 2 * (size_t)num_parts);
+    if (!vpo)
+        return clattn__fail(ctx, CLATTN_OUT_OF_MEMORY, "out of host memory");
+    clattn_view *vpl = vpo + num_parts;
+    for (int i = 0; i < num_parts && st == CLATTN_SUCCESS; i++) {
+        char name[48], lname[48];
+        snprintf(name, sizeof name, "part_out[%d]", i);
+        snprintf(lname, sizeof lname, "part_lse[%d]", i);
+        if ((st = clattn__check_view(ctx, name, &part_out[i], os, CLATTN_VIEW_INPUT, CLATTN_DTYPES_ALL,
+                                     &vpo[i])) ||
+            (st = clattn__check_view(ctx, lname, &part_lse[i], ls, CLATTN_VIEW_INPUT,
+                                     CLATTN_DTYPE_BIT(CLATTN_F32), &vpl[i])))
+            break;
+        if (clattn__views_overlap(&part_out[i], out) || clattn__views_overlap(&part_lse[i], out) ||
+            (lse && (clattn__views_overlap(&part_out[i], lse) || clattn__views_overlap(&part_lse[i], lse))))
+            st = clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "part %d overlaps out or lse", i);
+    }
+    if (!st)
+        st = clattn__check_wait(ctx, num_wait, wait);
+    if (st) {
+        free(vpo);
+        return st;
+    }
+
+    /* Fold the parts pairwise into an f32 accumulator; the LSE accumulator alternates between two
+     * slots because merge_pair must not overwrite an LSE other work-groups still read. */
+    const int wg = merge_wg(ctx);
+    const cl_ulong rows = (cl_ulong)(B * H * S);
+    const cl_ulong dv = (cl_ulong)DV;
+    cl_mem ws = NULL;
+    if (num_parts != 2) {
+        st = clattn__workspace(ctx, (size_t)(rows * dv + 3 * rows) * 4, &ws);
+        if (st) {
+            free(vpo);
+            return st;
+        }
+    }
+    const clattn_view acc = {ws, CLATTN_F32, 0, {(cl_ulong)(H * S) * dv, (cl_ulong)S * dv, dv}};
+    clattn_view accl[3];
+    for (int i = 0; i < 3; i++)
+        accl[i] = (clattn_view){ws, CLATTN_F32, rows * dv + (cl_ulong)i * rows, {(cl_ulong)(H * S), (cl_ulong)S, 1}};
+
+    if (num_parts == 1) {
+        /* One part: pair it with an all -inf LSE slot, whose weight is exactly zero. */
+        float ninf = -1.0f / 0.0f;
+        cl_int err = clEnqueueFillBuffer(ctx->queue, ws, &ninf, sizeof ninf, (size_t)accl[2].offset * 4,
+                                         (size_t)rows * 4, num_wait, num_wait ? wait : NULL, NULL);
+        if (err != CL_SUCCESS) {
+            free(vpo);
+            return clattn__cl_fail(ctx, err, "clEnqueueFillBuffer(merge)");
+        }
+        st = merge_pair(ctx, wg, &vpo[0], &vpl[0], &vpo[0], &accl[2], &vo, lse ? &vl : NULL, B, H, S,
+                        DV, 0, NULL, done);
+        free(vpo);
+        return st;
+    }
+    const clattn_view *x = &vpo[0], *xl = &vpl[0];
+    for (int i = 1; i < num_parts && !st; i++) {
+        const int last = i == num_parts - 1;
+        const clattn_view *o = last ? &vo : &acc;
+        const clattn_view *ol = last ? (lse ? &vl : NULL) : &accl[i % 2];
+        st = merge_pair(ctx, wg, x, xl, &vpo[i], &vpl[i], o, ol, B, H, S, DV, i == 1 ? num_wait : 0,
+                        i == 1 ? wait : NULL, last ? done : NULL);
+        x = &acc;
+        xl = &accl[i % 2];
+    }
+    free(vpo);
+    return st;
+}

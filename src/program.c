@@ -1,0 +1,249 @@
+/* Program assembly (common.cl + the operation's file), build, in-memory program/kernel cache. */
+#define _POSIX_C_SOURCE 200809L
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern const clattn_kernel_source clattn_kernel_sources[];
+extern const int clattn_kernel_source_count;
+
+char *clattn__load_source(const char *file, size_t *len)
+{
+    /* Development override: edit the kernels in cl/ and rerun without rebuilding the library. */
+    const char *dir = getenv("CLATTN_KERNEL_DIR");
+    if (dir && *dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            char *buf = NULL;
+            long n = -1;
+            if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+                (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
+                buf[n] = '\0';
+                fclose(f);
+                *len = (size_t)n;
+                return buf;
+            }
+            free(buf);
+            fclose(f);
+        }
+    }
+    for (int i = 0; i < clattn_kernel_source_count; i++)
+        if (strcmp(clattn_kernel_sources[i].name, file) == 0) {
+            char *buf = malloc(clattn_kernel_sources[i].length + 1);
+            if (!buf)
+                return NULL;
+            memcpy(buf, clattn_kernel_sources[i].text, clattn_kernel_sources[i].length);
+            buf[clattn_kernel_sources[i].length] = '\0';
+            *len = clattn_kernel_sources[i].length;
+            return buf;
+        }
+    return NULL;
+}
+
+/* "#line 1" markers make build-log lines point into the right file. */
+static char *assemble(const char *file)
+{
+    size_t nc = 0, nf = 0;
+    char *common = clattn__load_source("common.cl", &nc);
+    char *body = strcmp(file, "common.cl") == 0 ? NULL : clattn__load_source(file, &nf);
+    if (!common || (!body && strcmp(file, "common.cl") != 0)) {
+        free(common);
+        free(body);
+        return NULL;
+    }
+    size_t cap = nc + nf + strlen(file) + 64;
+    char *src = malloc(cap);
+    if (src)
+        snprintf(src, cap, "#line 1 \"common.cl\"\n%s\n#line 1 \"%s\"\n%s", common, file,
+                 body ? body : "");
+    free(common);
+    free(body);
+    return src;
+}
+
+static void cache_key(const clattn_context *ctx, const char *src, const char *options, char hex[33])
+{
+    clattn_hash h;
+    clattn__hash_init(&h);
+    clattn__hash_str(&h, CLATTN_VERSION_STRING);
+    clattn__hash_str(&h, src);
+    clattn__hash_str(&h, options);
+    clattn__hash_str(&h, ctx->dev.platform_name);
+    clattn__hash_str(&h, ctx->dev.platform_version);
+    clattn__hash_str(&h, ctx->dev.name);
+    clattn__hash_str(&h, ctx->dev.version);
+    clattn__hash_str(&h, ctx->dev.driver);
+    clattn__hash_bytes(&h, &ctx->dev.vendor_id, sizeof ctx->dev.vendor_id);
+    clattn__hash_hex(&h, hex);
+}
+
+static void keep_build_log(clattn_context *ctx, cl_program prog)
+{
+    size_t n = 0;
+    if (clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &n) != CL_SUCCESS)
+        return;
+    char *log = malloc(n + 1);
+    if (!log)
+        return;
+    if (clGetProgramBuildInfo(prog, ctx->device, CL_PROGRAM_BUILD_LOG, n, log, NULL) != CL_SUCCESS)
+        n = 0;
+    log[n] = '\0';
+    free(ctx->build_log);
+    ctx->build_log = log;
+}
+
+static cl_program from_binary(clattn_context *ctx, const char *hex, const char *options)
+{
+    size_t size = 0;
+    unsigned char *bin = clattn__cache_load(ctx, hex, &size);
+    if (!bin)
+        return NULL;
+    cl_int status = CL_SUCCESS, err;
+    const unsigned char *bins[1] = {bin};
+    cl_program prog =
+        clCreateProgramWithBinary(ctx->context, 1, &ctx->device, &size, bins, &status, &err);
+    free(bin);
+    if (!prog || err != CL_SUCCESS || status != CL_SUCCESS ||
+        clBuildProgram(prog, 1, &ctx->device, options, NULL, NULL) != CL_SUCCESS) {
+        /* A binary the driver refuses (other driver build, damaged file) is rebuilt from source. */
+        if (prog)
+            clReleaseProgram(prog);
+        ctx->stats.disk_rejects++;
+        return NULL;
+    }
+    ctx->stats.disk_hits++;
+    return prog;
+}
+
+static void to_disk(clattn_context *ctx, cl_program prog, const char *hex)
+{
+    size_t size = 0;
+    if (clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL) != CL_SUCCESS ||
+        size == 0)
+        return;
+    unsigned char *bin = malloc(size);
+    if (!bin)
+        return;
+    unsigned char *bins[1] = {bin};
+    if (clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL) == CL_SUCCESS)
+        clattn__cache_store(ctx, hex, bin, size);
+    free(bin);
+}
+
+static clattn_status build(clattn_context *ctx, const char *file, const char *options,
+                           cl_program *out)
+{
+    char *src = assemble(file);
+    if (!src)
+        return clattn__fail(ctx, CLATTN_BUILD_FAILED, "kernel source \"%s\" is missing", file);
+    char hex[33];
+    cache_key(ctx, src, options, hex);
+    cl_program prog = ctx->cache_enabled ? from_binary(ctx, hex, options) : NULL;
+    if (prog) {
+        free(src);
+        *out = prog;
+        return CLATTN_SUCCESS;
+    }
+    cl_int err;
+    const char *srcs[1] = {src};
+    prog = clCreateProgramWithSource(ctx->context, 1, srcs, NULL, &err);
+    free(src);
+    if (!prog || err != CL_SUCCESS)
+        return clattn__cl_fail(ctx, err, "clCreateProgramWithSource");
+    ctx->stats.builds++;
+    err = clBuildProgram(prog, 1, &ctx->device, options, NULL, NULL);
+    if (err != CL_SUCCESS) {
+        keep_build_log(ctx, prog);
+        clReleaseProgram(prog);
+        ctx->cl_error = err;
+        return clattn__fail(ctx, CLATTN_BUILD_FAILED, "building %s with \"%s\" failed: %s (%d)",
+                            file, options, clattn__cl_error_name(err), (int)err);
+    }
+    if (ctx->cache_enabled)
+        to_disk(ctx, prog, hex);
+    *out = prog;
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const char *options,
+                                 const char *kernel_name, cl_kernel *out)
+{
+    *out = NULL;
+    clattn_program_entry *e = NULL;
+    for (int i = 0; i < ctx->nprograms; i++)
+        if (strcmp(ctx->programs[i].file, file) == 0 && strcmp(ctx->programs[i].options, options) == 0) {
+            e = &ctx->programs[i];
+            break;
+        }
+    if (e) {
+        ctx->stats.memory_hits++;
+    } else {
+        if (ctx->nprograms == ctx->cap_programs) {
+            int cap = ctx->cap_programs ? 2 * ctx->cap_programs : 16;
+            clattn_program_entry *p = realloc(ctx->programs, (size_t)cap * sizeof *p);
+            if (!p)
+                return clattn__fail(ctx, CLATTN_OUT_OF_MEMORY, "out of host memory (program cache)");
+            ctx->programs = p;
+            ctx->cap_programs = cap;
+        }
+        cl_program prog = NULL;
+        clattn_status st = build(ctx, file, options, &prog);
+        if (st != CLATTN_SUCCESS)
+            return st;
+        e = &ctx->programs[ctx->nprograms];
+        memset(e, 0, sizeof *e);
+        e->file = clattn__strdup(file);
+        e->options = clattn__strdup(options);
+        e->program = prog;
+        if (!e->file || !e->options) {
+            free(e->file);
+            free(e->options);
+            clReleaseProgram(prog);
+            return clattn__fail(ctx, CLATTN_OUT_OF_MEMORY, "out of host memory (program cache)");
+        }
+        ctx->nprograms++;
+    }
+    for (int i = 0; i < e->nkernels; i++)
+        if (strcmp(e->kernel_names[i], kernel_name) == 0) {
+            *out = e->kernels[i];
+            return CLATTN_SUCCESS;
+        }
+    if (e->nkernels == (int)(sizeof e->kernels / sizeof e->kernels[0]))
+        return clattn__fail(ctx, CLATTN_BUILD_FAILED, "too many kernels requested from %s", file);
+    cl_int err;
+    cl_kernel k = clCreateKernel(e->program, kernel_name, &err);
+    if (!k || err != CL_SUCCESS) {
+        char what[128];
+        snprintf(what, sizeof what, "clCreateKernel(%s)", kernel_name);
+        return clattn__cl_fail(ctx, err, what);
+    }
+    e->kernel_names[e->nkernels] = clattn__strdup(kernel_name);
+    if (!e->kernel_names[e->nkernels]) {
+        clReleaseKernel(k);
+        return clattn__fail(ctx, CLATTN_OUT_OF_MEMORY, "out of host memory (kernel cache)");
+    }
+    e->kernels[e->nkernels++] = k;
+    *out = k;
+    return CLATTN_SUCCESS;
+}
+
+void clattn__release_programs(clattn_context *ctx)
+{
+    for (int i = 0; i < ctx->nprograms; i++) {
+        clattn_program_entry *e = &ctx->programs[i];
+        for (int j = 0; j < e->nkernels; j++) {
+            clReleaseKernel(e->kernels[j]);
+            free(e->kernel_names[j]);
+        }
+        clReleaseProgram(e->program);
+        free(e->file);
+        free(e->options);
+    }
+    free(ctx->programs);
+    ctx->programs = NULL;
+    ctx->nprograms = ctx->cap_programs = 0;
+}

@@ -1,0 +1,106 @@
+/* Row-wise softmax (softmax.cl): the public entry point and the unfused path's middle step. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const clattn_view no_view = {NULL, CLATTN_F32, 0, {0, 0, 0}};
+
+clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t heads, int64_t heads_kv_div,
+                                  int64_t rows, int64_t cols, float scale, int causal,
+                                  const clattn_view *mask, cl_mem kvlen, const clattn_view *in,
+                                  const clattn_view *out, const clattn_view *lse, clattn_dtype in_dt,
+                                  cl_uint num_wait, const cl_event *wait, cl_event *done)
+{
+    (void)heads_kv_div;
+    clattn_bucket bucket = {CLATTN_OP_SOFTMAX, in_dt, 0, clattn__seq_q_class(rows),
+                            clattn__log2_ceil(cols)};
+    clattn_params pp;
+    clattn__default_params(ctx, &bucket, &pp);
+    int wg = pp.v[0];
+    /* The local reduction halves the group: keep it a power of two the device accepts. */
+    int pow2 = 1;
+    while (pow2 * 2 <= wg && (size_t)(pow2 * 2) <= ctx->dev.max_wg)
+        pow2 *= 2;
+    wg = pow2;
+    char opts[200];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_OUT=%d -DDT_MASK=%d -DWG=%d",
+             (int)in->dtype, (int)out->dtype, mask ? (int)mask->dtype : 0, wg);
+    cl_kernel k;
+    clattn_status st = clattn__get_kernel(ctx, "softmax.cl", opts, "softmax", &k);
+    if (st)
+        return st;
+    const int r = (int)rows, c = (int)cols, h = (int)heads, has_mask = mask != NULL,
+              has_lse = lse != NULL;
+    clattn_args a = {k, 0, CL_SUCCESS};
+    clattn__arg_view(&a, in);
+    clattn__arg_view(&a, out);
+    clattn__arg_view(&a, mask ? mask : &no_view);
+    clattn__arg_view(&a, lse ? lse : &no_view);
+    clattn__arg(&a, sizeof(cl_mem), kvlen ? &kvlen : NULL);
+    clattn__arg(&a, sizeof(int), &r);
+    clattn__arg(&a, sizeof(int), &c);
+    clattn__arg(&a, sizeof(int), &h);
+    clattn__arg(&a, sizeof(int), &causal);
+    clattn__arg(&a, sizeof(int), &has_mask);
+    clattn__arg(&a, sizeof(int), &has_lse);
+    clattn__arg(&a, sizeof(float), &scale);
+    const size_t local[2] = {(size_t)wg, 1};
+    const size_t global[2] = {(size_t)rows * (size_t)wg, (size_t)(batch * heads)};
+    return clattn__enqueue(ctx, &a, 2, global, local, num_wait, wait, done, "softmax");
+}
+
+clattn_status clattn_softmax(clattn_context *ctx, const clattn_softmax_desc *desc,
+                             const clattn_tensor *in, const clattn_tensor *out, cl_uint num_wait,
+                             const cl_event *wait, cl_event *done)
+{
+    if (done)
+        *done = NULL;
+    if (!ctx)
+        return CLATTN_INVALID_ARGUMENT;
+    clattn__clear_error(ctx);
+    if (!desc)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc must not be NULL");
+    const struct {
+        const char *name;
+        int64_t v;
+    } counts[4] = {{"batch", desc->batch}, {"heads", desc->heads}, {"rows", desc->rows}, {"cols", desc->cols}};
+    for (int i = 0; i < 4; i++) {
+        if (counts[i].v <= 0)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->%s must be positive (got %lld)",
+                                counts[i].name, (long long)counts[i].v);
+        if (counts[i].v > 0x7fffffffLL)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->%s is too large (%lld)",
+                                counts[i].name, (long long)counts[i].v);
+    }
+    if ((uint64_t)desc->batch * (uint64_t)desc->heads > 0x7fffffffULL)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->batch x heads is too large");
+    if (!isfinite(desc->scale))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->scale is not finite (%g)",
+                            (double)desc->scale);
+    const int64_t shape[4] = {desc->batch, desc->heads, desc->rows, desc->cols};
+    clattn_view vin, vout, vmask;
+    clattn_status st;
+    if ((st = clattn__check_view(ctx, "in", in, shape, CLATTN_VIEW_INPUT, CLATTN_DTYPES_ALL, &vin)) ||
+        (st = clattn__check_view(ctx, "out", out, shape, CLATTN_VIEW_OUTPUT, CLATTN_DTYPES_ALL, &vout)))
+        return st;
+    if (out->buffer == in->buffer && !clattn__same_view(in, out) && clattn__views_overlap(in, out))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "out overlaps in without being the same view (in place needs identical views)");
+    if (desc->mask) {
+        if ((st = clattn__check_view(ctx, "desc->mask", desc->mask, shape, CLATTN_VIEW_BROADCAST,
+                                     CLATTN_DTYPE_BIT(CLATTN_F32) | CLATTN_DTYPE_BIT(CLATTN_F16),
+                                     &vmask)))
+            return st;
+        if (clattn__views_overlap(desc->mask, out))
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->mask overlaps out");
+    }
+    if ((st = clattn__check_kvlen(ctx, desc->kv_lengths, desc->batch)) ||
+        (st = clattn__check_wait(ctx, num_wait, wait)))
+        return st;
+    const float scale = desc->scale != 0.0f ? desc->scale : 1.0f;
+    return clattn__run_softmax(ctx, desc->batch, desc->heads, 1, desc->rows, desc->cols, scale,
+                               desc->causal != 0, desc->mask ? &vmask : NULL, desc->kv_lengths, &vin,
+                               &vout, NULL, in->dtype, num_wait, wait, done);
+}

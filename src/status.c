@@ -1,0 +1,42 @@
+/* Status strings and the runtime version, both generated from the lists in clattn.h. */
+#include "internal.h"
+
+const char *clattn_status_string(clattn_status status)
+{
+    switch (status) {
+#define CLATTN_STATUS_TEXT_(name, value, text) \
+    case CLATTN_##name:                        \
+        return text;
+        CLATTN_STATUS_LIST(CLATTN_STATUS_TEXT_)
+#undef CLATTN_STATUS_TEXT_
+    }
+    return "unknown status";
+}
+
+const char *clattn_status_name(clattn_status status)
+{
+    switch (status) {
+#define CLATTN_STATUS_NAME_(name, value, text) \
+    case CLATTN_##name:                        \
+        return "CLATTN_" #name;
+        CLATTN_STATUS_LIST(CLATTN_STATUS_NAME_)
+#undef CLATTN_STATUS_NAME_
+    }
+    return "CLATTN_UNKNOWN";
+}
+
+unsigned clattn_version_number(void) { return CLATTN_VERSION_NUMBER; }
+
+const char *clattn_version_string(void) { return CLATTN_VERSION_STRING; }
+
+size_t clattn_dtype_size(clattn_dtype dtype)
+{
+    switch (dtype) {
+    case CLATTN_F32:
+        return 4;
+    case CLATTN_F16:
+    case CLATTN_BF16:
+        return 2;
+    }
+    return 0;
+}

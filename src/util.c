@@ -1,0 +1,164 @@
+/* Error recording, OpenCL error names, kernel-argument and launch helpers, the workspace. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* clattn_create has no context to hold its message yet: keep it per thread. */
+static _Thread_local char create_error[CLATTN_MSG_MAX + 1];
+
+void clattn__set_create_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(create_error, sizeof create_error, fmt, ap);
+    va_end(ap);
+}
+
+clattn_status clattn__fail(clattn_context *ctx, clattn_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (ctx)
+        vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+    else
+        vsnprintf(create_error, sizeof create_error, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *clattn__cl_error_name(cl_int err)
+{
+    switch (err) {
+#define E(x) \
+    case x:  \
+        return #x;
+        E(CL_SUCCESS) E(CL_DEVICE_NOT_FOUND) E(CL_DEVICE_NOT_AVAILABLE) E(CL_COMPILER_NOT_AVAILABLE)
+        E(CL_MEM_OBJECT_ALLOCATION_FAILURE) E(CL_OUT_OF_RESOURCES) E(CL_OUT_OF_HOST_MEMORY)
+        E(CL_PROFILING_INFO_NOT_AVAILABLE) E(CL_MEM_COPY_OVERLAP) E(CL_BUILD_PROGRAM_FAILURE)
+        E(CL_MAP_FAILURE) E(CL_MISALIGNED_SUB_BUFFER_OFFSET)
+        E(CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST) E(CL_INVALID_VALUE)
+        E(CL_INVALID_DEVICE_TYPE) E(CL_INVALID_PLATFORM) E(CL_INVALID_DEVICE) E(CL_INVALID_CONTEXT)
+        E(CL_INVALID_QUEUE_PROPERTIES) E(CL_INVALID_COMMAND_QUEUE) E(CL_INVALID_HOST_PTR)
+        E(CL_INVALID_MEM_OBJECT) E(CL_INVALID_BINARY) E(CL_INVALID_BUILD_OPTIONS)
+        E(CL_INVALID_PROGRAM) E(CL_INVALID_PROGRAM_EXECUTABLE) E(CL_INVALID_KERNEL_NAME)
+        E(CL_INVALID_KERNEL) E(CL_INVALID_ARG_INDEX) E(CL_INVALID_ARG_VALUE) E(CL_INVALID_ARG_SIZE)
+        E(CL_INVALID_KERNEL_ARGS) E(CL_INVALID_WORK_DIMENSION) E(CL_INVALID_WORK_GROUP_SIZE)
+        E(CL_INVALID_WORK_ITEM_SIZE) E(CL_INVALID_GLOBAL_OFFSET) E(CL_INVALID_EVENT_WAIT_LIST)
+        E(CL_INVALID_EVENT) E(CL_INVALID_OPERATION) E(CL_INVALID_BUFFER_SIZE)
+        E(CL_INVALID_GLOBAL_WORK_SIZE)
+#undef E
+    case -1001:
+        return "CL_PLATFORM_NOT_FOUND_KHR";
+    }
+    return "unknown OpenCL error";
+}
+
+clattn_status clattn__cl_fail(clattn_context *ctx, cl_int err, const char *what)
+{
+    clattn_status st = CLATTN_OPENCL_ERROR;
+    if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_HOST_MEMORY ||
+        err == CL_OUT_OF_RESOURCES || err == CL_INVALID_BUFFER_SIZE)
+        st = CLATTN_OUT_OF_MEMORY;
+    if (ctx)
+        ctx->cl_error = err;
+    return clattn__fail(ctx, st, "%s failed: %s (%d)", what, clattn__cl_error_name(err), (int)err);
+}
+
+void clattn__clear_error(clattn_context *ctx)
+{
+    ctx->error[0] = '\0';
+    ctx->cl_error = CL_SUCCESS;
+    if (ctx->build_log)
+        ctx->build_log[0] = '\0';
+}
+
+char *clattn__strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+int clattn__env_flag(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    return !(strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0 ||
+             strcmp(v, "no") == 0);
+}
+
+void clattn__arg(clattn_args *a, size_t size, const void *value)
+{
+    if (a->err == CL_SUCCESS)
+        a->err = clSetKernelArg(a->kernel, a->index, size, value);
+    a->index++;
+}
+
+void clattn__arg_view(clattn_args *a, const clattn_view *v)
+{
+    clattn__arg(a, sizeof(cl_mem), v->buffer ? &v->buffer : NULL);
+    clattn__arg(a, sizeof(cl_ulong), &v->offset);
+    for (int i = 0; i < 3; i++)
+        clattn__arg(a, sizeof(cl_ulong), &v->stride[i]);
+}
+
+clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims, const size_t *global,
+                              const size_t *local, cl_uint num_wait, const cl_event *wait,
+                              cl_event *done, const char *what)
+{
+    char where[160];
+    if (a->err != CL_SUCCESS) {
+        snprintf(where, sizeof where, "clSetKernelArg(%s, arg %u)", what, a->index - 1);
+        return clattn__cl_fail(ctx, a->err, where);
+    }
+    for (cl_uint i = 0; i < dims; i++)
+        if (global[i] == 0)
+            return CLATTN_SUCCESS; /* nothing to do: callers filter empty launches earlier */
+    cl_int err = clEnqueueNDRangeKernel(ctx->queue, a->kernel, dims, NULL, global, local, num_wait,
+                                        num_wait ? wait : NULL, done);
+    if (err != CL_SUCCESS) {
+        snprintf(where, sizeof where, "clEnqueueNDRangeKernel(%s)", what);
+        return clattn__cl_fail(ctx, err, where);
+    }
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__workspace(clattn_context *ctx, size_t bytes, cl_mem *out)
+{
+    if (bytes == 0)
+        bytes = 4;
+    if (ctx->workspace && ctx->workspace_size >= bytes) {
+        *out = ctx->workspace;
+        return CLATTN_SUCCESS;
+    }
+    if (bytes > ctx->dev.max_alloc)
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                            "workspace of %zu bytes exceeds the device's max allocation of %llu bytes",
+                            bytes, (unsigned long long)ctx->dev.max_alloc);
+    /* Grow by at least 1.5x so a slowly growing sequence does not reallocate every call. Releasing
+     * the old buffer is safe while kernels still use it: OpenCL frees it after they finish. */
+    size_t want = bytes;
+    if (ctx->workspace_size && want < ctx->workspace_size + ctx->workspace_size / 2)
+        want = ctx->workspace_size + ctx->workspace_size / 2;
+    if (want > ctx->dev.max_alloc)
+        want = bytes;
+    cl_int err;
+    cl_mem m = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, want, NULL, &err);
+    if (!m || err != CL_SUCCESS)
+        return clattn__cl_fail(ctx, err == CL_SUCCESS ? CL_MEM_OBJECT_ALLOCATION_FAILURE : err,
+                               "clCreateBuffer(workspace)");
+    if (ctx->workspace)
+        clReleaseMemObject(ctx->workspace);
+    ctx->workspace = m;
+    ctx->workspace_size = want;
+    *out = m;
+    return CLATTN_SUCCESS;
+}
+
+const char *clattn__create_error(void);
+const char *clattn__create_error(void) { return create_error; }

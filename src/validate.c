@@ -1,0 +1,307 @@
+/* Argument validation shared by every entry point. Runs before anything is enqueued, so a failure
+ * leaves the caller's buffers untouched; every message names the argument and its value. */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char *dtype_name(clattn_dtype d)
+{
+    switch (d) {
+    case CLATTN_F32:
+        return "f32";
+    case CLATTN_F16:
+        return "f16";
+    case CLATTN_BF16:
+        return "bf16";
+    }
+    return "unknown";
+}
+
+static int mul_ok(uint64_t a, uint64_t b, uint64_t *r)
+{
+    if (a != 0 && b > UINT64_MAX / a)
+        return 0;
+    *r = a * b;
+    return 1;
+}
+
+static int add_ok(uint64_t a, uint64_t b, uint64_t *r)
+{
+    if (b > UINT64_MAX - a)
+        return 0;
+    *r = a + b;
+    return 1;
+}
+
+/* Highest element index the view touches, or 0 with *ok = 0 on overflow. */
+static uint64_t last_index(const clattn_tensor *t, const int64_t shape[4], int *ok)
+{
+    uint64_t hi = (uint64_t)t->offset, term;
+    *ok = 1;
+    for (int i = 0; i < 3; i++)
+        if (!mul_ok((uint64_t)(shape[i] - 1), (uint64_t)t->stride[i], &term) || !add_ok(hi, term, &hi))
+            *ok = 0;
+    if (!add_ok(hi, (uint64_t)(shape[3] - 1), &hi))
+        *ok = 0;
+    return hi;
+}
+
+clattn_status clattn__check_view(clattn_context *ctx, const char *name, const clattn_tensor *t,
+                                 const int64_t want[4], unsigned flags, unsigned dtypes,
+                                 clattn_view *out)
+{
+    static const char *dims[4] = {"batch", "heads", "seq", "dim"};
+    if (!t)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s must not be NULL", name);
+    if (!t->buffer)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s->buffer is NULL", name);
+    if (clattn_dtype_size(t->dtype) == 0)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s->dtype %d is not a clattn_dtype", name,
+                            (int)t->dtype);
+    if (!(dtypes & CLATTN_DTYPE_BIT(t->dtype)))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s->dtype %s is not allowed here", name,
+                            dtype_name(t->dtype));
+    int64_t shape[4];
+    for (int i = 0; i < 4; i++) {
+        int bcast = (flags & CLATTN_VIEW_BROADCAST) && i < 3 && t->shape[i] == 1;
+        if (t->shape[i] != want[i] && !bcast)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                "%s->shape[%d] (%s) is %lld, expected %lld%s", name, i, dims[i],
+                                (long long)t->shape[i], (long long)want[i],
+                                (flags & CLATTN_VIEW_BROADCAST) && i < 3 ? " or 1" : "");
+        shape[i] = t->shape[i];
+    }
+    if (t->offset < 0)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s->offset is negative (%lld)", name,
+                            (long long)t->offset);
+    for (int i = 0; i < 3; i++)
+        if (t->stride[i] < 0)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s->stride[%d] (%s) is negative (%lld)",
+                                name, i, dims[i], (long long)t->stride[i]);
+    int ok;
+    uint64_t hi = last_index(t, shape, &ok), bytes = 0;
+    if (!ok || !add_ok(hi, 1, &bytes) || !mul_ok(bytes, clattn_dtype_size(t->dtype), &bytes))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "%s: offset + strides x shape overflows 64 bits", name);
+    size_t mem_size = 0;
+    cl_context mem_ctx = NULL;
+    if (clGetMemObjectInfo(t->buffer, CL_MEM_SIZE, sizeof mem_size, &mem_size, NULL) != CL_SUCCESS ||
+        clGetMemObjectInfo(t->buffer, CL_MEM_CONTEXT, sizeof mem_ctx, &mem_ctx, NULL) != CL_SUCCESS)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s->buffer is not a valid cl_mem", name);
+    if (mem_ctx != ctx->context)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "%s->buffer belongs to another OpenCL context", name);
+    if (bytes > mem_size)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "%s needs %llu bytes (offset %lld, strides %lld/%lld/%lld, shape "
+                            "%lldx%lldx%lldx%lld, %s) but its buffer has %zu",
+                            name, (unsigned long long)bytes, (long long)t->offset,
+                            (long long)t->stride[0], (long long)t->stride[1], (long long)t->stride[2],
+                            (long long)shape[0], (long long)shape[1], (long long)shape[2],
+                            (long long)shape[3], dtype_name(t->dtype), mem_size);
+    if (flags & CLATTN_VIEW_OUTPUT) {
+        /* Distinct elements must land on distinct addresses: walk the dims by increasing stride. */
+        int order[3] = {0, 1, 2};
+        for (int i = 0; i < 3; i++)
+            for (int j = i + 1; j < 3; j++)
+                if (t->stride[order[j]] < t->stride[order[i]]) {
+                    int tmp = order[i];
+                    order[i] = order[j];
+                    order[j] = tmp;
+                }
+        uint64_t span = (uint64_t)shape[3];
+        for (int i = 0; i < 3; i++) {
+            int d = order[i];
+            if (shape[d] <= 1)
+                continue;
+            if ((uint64_t)t->stride[d] < span)
+                return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                    "%s is an output but its %s stride %lld makes elements overlap",
+                                    name, dims[d], (long long)t->stride[d]);
+            span = (uint64_t)t->stride[d] * (uint64_t)(shape[d] - 1) + span;
+        }
+    }
+    out->buffer = t->buffer;
+    out->dtype = t->dtype;
+    out->offset = (cl_ulong)t->offset;
+    for (int i = 0; i < 3; i++)
+        out->stride[i] = shape[i] == 1 ? 0 : (cl_ulong)t->stride[i];
+    return CLATTN_SUCCESS;
+}
+
+int clattn__same_view(const clattn_tensor *a, const clattn_tensor *b)
+{
+    return a->buffer == b->buffer && a->dtype == b->dtype && a->offset == b->offset &&
+           memcmp(a->shape, b->shape, sizeof a->shape) == 0 &&
+           memcmp(a->stride, b->stride, sizeof a->stride) == 0;
+}
+
+/* Conservative: byte ranges of two views of the same buffer intersect. Call on checked views. */
+int clattn__views_overlap(const clattn_tensor *a, const clattn_tensor *b)
+{
+    if (a->buffer != b->buffer)
+        return 0;
+    int ok1, ok2;
+    uint64_t ea = clattn_dtype_size(a->dtype), eb = clattn_dtype_size(b->dtype);
+    uint64_t a_lo = (uint64_t)a->offset * ea, b_lo = (uint64_t)b->offset * eb;
+    uint64_t a_hi = (last_index(a, a->shape, &ok1) + 1) * ea;
+    uint64_t b_hi = (last_index(b, b->shape, &ok2) + 1) * eb;
+    return a_lo < b_hi && b_lo < a_hi;
+}
+
+clattn_status clattn__check_wait(clattn_context *ctx, cl_uint num_wait, const cl_event *wait)
+{
+    if (num_wait > 0 && !wait)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "wait is NULL but num_wait is %u",
+                            (unsigned)num_wait);
+    for (cl_uint i = 0; i < num_wait; i++)
+        if (!wait[i])
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "wait[%u] is NULL", (unsigned)i);
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__check_kvlen(clattn_context *ctx, cl_mem kvlen, int64_t batch)
+{
+    if (!kvlen)
+        return CLATTN_SUCCESS;
+    size_t size = 0;
+    cl_context mem_ctx = NULL;
+    if (clGetMemObjectInfo(kvlen, CL_MEM_SIZE, sizeof size, &size, NULL) != CL_SUCCESS ||
+        clGetMemObjectInfo(kvlen, CL_MEM_CONTEXT, sizeof mem_ctx, &mem_ctx, NULL) != CL_SUCCESS)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "kv_lengths is not a valid cl_mem");
+    if (mem_ctx != ctx->context)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "kv_lengths belongs to another OpenCL context");
+    if ((uint64_t)size < (uint64_t)batch * 4u)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "kv_lengths has %zu bytes, needs %lld int32 values (batch)", size,
+                            (long long)batch);
+    return CLATTN_SUCCESS;
+}
+
+/* Sequence lengths and counts go into int kernel arguments. */
+#define MAX_EXTENT 0x7fffffffLL
+
+static clattn_status check_count(clattn_context *ctx, const char *name, int64_t v)
+{
+    if (v <= 0)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->%s must be positive (got %lld)",
+                            name, (long long)v);
+    if (v > MAX_EXTENT)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->%s is too large (%lld > %lld)", name,
+                            (long long)v, MAX_EXTENT);
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attention_desc *desc,
+                                      const clattn_tensor *q, const clattn_tensor *k,
+                                      const clattn_tensor *v, const clattn_tensor *out,
+                                      int need_v, clattn_problem *p)
+{
+    memset(p, 0, sizeof *p);
+    if (!desc)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc must not be NULL");
+    clattn_status st;
+    if ((st = check_count(ctx, "batch", desc->batch)) || (st = check_count(ctx, "heads_q", desc->heads_q)) ||
+        (st = check_count(ctx, "heads_kv", desc->heads_kv)) ||
+        (st = check_count(ctx, "seq_q", desc->seq_q)) || (st = check_count(ctx, "seq_kv", desc->seq_kv)) ||
+        (st = check_count(ctx, "head_dim", desc->head_dim)))
+        return st;
+    if (desc->heads_q % desc->heads_kv != 0)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->heads_q (%lld) is not a multiple of desc->heads_kv (%lld)",
+                            (long long)desc->heads_q, (long long)desc->heads_kv);
+    int64_t dv = desc->head_dim_v ? desc->head_dim_v : desc->head_dim;
+    if (desc->head_dim_v < 0)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->head_dim_v is negative (%lld)",
+                            (long long)desc->head_dim_v);
+    if (desc->head_dim > CLATTN_MAX_HEAD_DIM || dv > CLATTN_MAX_HEAD_DIM)
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                            "desc->head_dim %lld / head_dim_v %lld exceeds the maximum of %d",
+                            (long long)desc->head_dim, (long long)dv, CLATTN_MAX_HEAD_DIM);
+    if (!isfinite(desc->scale))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->scale is not finite (%g)",
+                            (double)desc->scale);
+    if (desc->algorithm < CLATTN_ALGORITHM_AUTO || desc->algorithm > CLATTN_ALGORITHM_UNFUSED)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->algorithm %d is not a clattn_algorithm",
+                            (int)desc->algorithm);
+    uint64_t total;
+    if (!mul_ok((uint64_t)desc->batch, (uint64_t)desc->heads_q, &total) ||
+        !mul_ok(total, (uint64_t)desc->seq_q, &total) || total > MAX_EXTENT * 64)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->batch x heads_q x seq_q is too large");
+
+    p->batch = desc->batch;
+    p->heads_q = desc->heads_q;
+    p->heads_kv = desc->heads_kv;
+    p->seq_q = desc->seq_q;
+    p->seq_kv = desc->seq_kv;
+    p->head_dim = desc->head_dim;
+    p->head_dim_v = dv;
+    p->scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)desc->head_dim));
+    p->causal = desc->causal != 0;
+    p->kv_lengths = desc->kv_lengths;
+
+    const int64_t qs[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim};
+    const int64_t ks[4] = {p->batch, p->heads_kv, p->seq_kv, p->head_dim};
+    const int64_t vs[4] = {p->batch, p->heads_kv, p->seq_kv, dv};
+    const int64_t os[4] = {p->batch, p->heads_q, p->seq_q, dv};
+    const int64_t ms[4] = {p->batch, p->heads_q, p->seq_q, p->seq_kv};
+    const int64_t ls[4] = {p->batch, p->heads_q, p->seq_q, 1};
+    if ((st = clattn__check_view(ctx, "q", q, qs, CLATTN_VIEW_INPUT, CLATTN_DTYPES_ALL, &p->q)))
+        return st;
+    p->dtype = q->dtype;
+    unsigned same = CLATTN_DTYPE_BIT(q->dtype);
+    if (k && k->buffer && k->dtype != q->dtype)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "k->dtype (%s) differs from q->dtype (%s)",
+                            dtype_name(k->dtype), dtype_name(q->dtype));
+    if ((st = clattn__check_view(ctx, "k", k, ks, CLATTN_VIEW_INPUT, same, &p->k)))
+        return st;
+    if (need_v) {
+        if (v && v->buffer && v->dtype != q->dtype)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                "v->dtype (%s) differs from q->dtype (%s)", dtype_name(v->dtype),
+                                dtype_name(q->dtype));
+        if (out && out->buffer && out->dtype != q->dtype)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                "out->dtype (%s) differs from q->dtype (%s)", dtype_name(out->dtype),
+                                dtype_name(q->dtype));
+        if ((st = clattn__check_view(ctx, "v", v, vs, CLATTN_VIEW_INPUT, same, &p->v)) ||
+            (st = clattn__check_view(ctx, "out", out, os, CLATTN_VIEW_OUTPUT, same, &p->out)))
+            return st;
+        if (clattn__views_overlap(out, q) || clattn__views_overlap(out, k) ||
+            clattn__views_overlap(out, v))
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out overlaps an input (q, k or v)");
+    }
+    if (desc->mask) {
+        p->has_mask = 1;
+        if ((st = clattn__check_view(ctx, "desc->mask", desc->mask, ms, CLATTN_VIEW_BROADCAST,
+                                     CLATTN_DTYPE_BIT(CLATTN_F32) | CLATTN_DTYPE_BIT(CLATTN_F16),
+                                     &p->mask)))
+            return st;
+    }
+    if ((st = clattn__check_kvlen(ctx, desc->kv_lengths, p->batch)))
+        return st;
+    if (need_v && desc->lse) {
+        if ((st = clattn__check_view(ctx, "desc->lse", desc->lse, ls, CLATTN_VIEW_OUTPUT,
+                                     CLATTN_DTYPE_BIT(CLATTN_F32), &p->lse)))
+            return st;
+        if (clattn__views_overlap(desc->lse, out) || clattn__views_overlap(desc->lse, q) ||
+            clattn__views_overlap(desc->lse, k) || clattn__views_overlap(desc->lse, v))
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->lse overlaps q, k, v or out");
+    }
+    if (need_v && desc->probabilities) {
+        if ((st = clattn__check_view(ctx, "desc->probabilities", desc->probabilities, ms,
+                                     CLATTN_VIEW_OUTPUT, CLATTN_DTYPES_ALL, &p->probs)))
+            return st;
+        if (clattn__views_overlap(desc->probabilities, out) ||
+            clattn__views_overlap(desc->probabilities, q) ||
+            clattn__views_overlap(desc->probabilities, k) ||
+            clattn__views_overlap(desc->probabilities, v) ||
+            (desc->lse && clattn__views_overlap(desc->probabilities, desc->lse)))
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                "desc->probabilities overlaps another tensor");
+    }
+    return CLATTN_SUCCESS;
+}
