@@ -10,9 +10,12 @@
  * splits > 1 each split writes a partial (O normalised by its own sum, LSE) into f32 scratch
  * and merge.cl combines them (flash-decoding).
  *
- * Work-item (tx, ty) owns rows ty·RM .. ty·RM+RM-1; of each BN-key tile the NS float4 key blocks
- * at 4·(tx + WGX·s); of O the NV float4 column blocks at 4·(tx + WGX·c). Q is pre-multiplied by
- * scale·log2(e) when staged, so scores are in log2 units and softmax uses exp2. */
+ * Work-item (tx, ty) owns rows ty·RM .. ty·RM+RM-1; of each BN-key tile the NS key blocks of VW
+ * at VW·(tx + WGX·s); of O the NV column blocks of VW at VW·(tx + WGX·c). Interleaving keeps
+ * neighbouring work-items on neighbouring local-memory words. Q and P are row-major in local
+ * memory (their values are read as broadcast scalars), K is transposed (Ks[d][key]) and V
+ * row-major so both are read as VW-wide vectors. Q is pre-multiplied by scale·log2(e) when
+ * staged, so scores are in log2 units and softmax uses exp2. */
 
 #ifndef WGX
 #define WGX 8 /* work-items across keys (S) and across head_dim_v (O) */
@@ -23,20 +26,37 @@
 #ifndef RM
 #define RM 4 /* query rows per work-item */
 #endif
+#ifndef VW
+#define VW 4 /* vector width of key and O column blocks: 4, 8 or 16 */
+#endif
 #ifndef NS
-#define NS 1 /* float4 key blocks per work-item: BN = WGX·4·NS keys per tile */
+#define NS 1 /* key blocks per work-item: BN = WGX·VW·NS keys per tile */
 #endif
 #ifndef NV
-#define NV 2 /* float4 O column blocks per work-item: covers WGX·4·NV >= head_dim_v */
+#define NV 2 /* O column blocks per work-item: WGX·VW·NV >= head_dim_v */
 #endif
 #ifndef DP
 #define DP 64 /* head_dim rounded up to a multiple of 4 */
 #endif
 
 #define BM (WGY * RM)
-#define BN (WGX * 4 * NS)
-#define DVP (WGX * 4 * NV)
+#define BN (WGX * VW * NS)
+#define DVP (WGX * VW * NV)
 #define NWI (WGX * WGY)
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define floatV CAT(float, VW)
+#define vloadV CAT(vload, VW)
+#define vstoreV CAT(vstore, VW)
+
+/* Loads 4 consecutive elements starting at index i < n of a row, zero beyond n. */
+inline float4 row_load4(__global const T_IN *p, int i, int n)
+{
+    if (i + 3 < n)
+        return LD4_IN(p, i);
+    return (float4)(i < n ? LD_IN(p, i) : 0.0f, i + 1 < n ? LD_IN(p, i + 1) : 0.0f,
+                    i + 2 < n ? LD_IN(p, i + 2) : 0.0f, 0.0f);
+}
 
 __kernel __attribute__((reqd_work_group_size(WGX, WGY, 1))) void
 fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
@@ -49,10 +69,10 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
       int group, int D, int DV, int causal, int has_mask, int has_lse, int splits, int split_len,
       float qscale)
 {
-    __local float Qs[DP][BM];
+    __local float Qs[BM][DP];
     __local float Ks[DP][BN];
     __local float Vs[BN][DVP];
-    __local float Ps[BN][BM];
+    __local float Ps[BM][BN];
     __local float red[BM][WGX];
 
     const int tx = get_local_id(0), ty = get_local_id(1);
@@ -77,23 +97,24 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
     __global const T_IN *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
     __global const T_IN *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
 
-    /* Stage Q (scaled, transposed) once. */
-    for (int e = lid; e < BM * DP; e += NWI) {
-        const int r = e / DP, d = e % DP;
+    /* Stage Q (scaled) once. */
+    for (int e = lid; e < BM * (DP / 4); e += NWI) {
+        const int r = e / (DP / 4), d = 4 * (e % (DP / 4));
         const int row = r0 + r;
-        float x = 0.0f;
-        if (row < R && d < D) {
+        float4 x = (float4)(0.0f);
+        if (row < R) {
             const int hq = hk * group + row / seq_q, i = row % seq_q;
-            x = LD_IN(Q, q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)i * q_ss + d) * qscale;
+            x = row_load4(Q + q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)i * q_ss, d, D) *
+                qscale;
         }
-        Qs[d][r] = x;
+        vstore4(x, 0, &Qs[r][d]);
     }
 
     /* Per-row state of this work-item's rows. */
     float m[RM], l[RM];
     int rend[RM]; /* one past the last key the row may see */
     ulong mrow[RM];
-    float4 o[RM][NV];
+    floatV o[RM][NV];
     for (int i = 0; i < RM; i++) {
         const int row = r0 + ty * RM + i;
         const int pos = row % seq_q, hq = hk * group + row / seq_q;
@@ -102,7 +123,7 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
         rend[i] = row < R ? min(k_hi, causal_end(causal, pos, seq_q, L)) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
         for (int c = 0; c < NV; c++)
-            o[i][c] = (float4)(0.0f);
+            o[i][c] = (floatV)(0.0f);
     }
 
     for (int kt = k_lo; kt < k_hi; kt += BN) {
@@ -110,54 +131,64 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
          * zero probabilities are skipped in P·V so NaN/Inf in hidden K/V rows cannot leak. */
         const int guarded = has_mask || kt + BN > k_all;
 
-        for (int e = lid; e < BN * DP; e += NWI) {
-            const int n = e / DP, d = e % DP;
+        for (int e = lid; e < BN * (DP / 4); e += NWI) {
+            const int n = e / (DP / 4), d = 4 * (e % (DP / 4));
             const int key = kt + n;
-            Ks[d][n] = (key < k_hi && d < D) ? LD_IN(Kb, (ulong)key * k_ss + d) : 0.0f;
+            const float4 x = key < k_hi ? row_load4(Kb + (ulong)key * k_ss, d, D) : (float4)(0.0f);
+            Ks[d][n] = x.s0;
+            Ks[d + 1][n] = x.s1;
+            Ks[d + 2][n] = x.s2;
+            Ks[d + 3][n] = x.s3;
         }
-        for (int e = lid; e < BN * DVP; e += NWI) {
-            const int n = e / DVP, c = e % DVP;
+        for (int e = lid; e < BN * (DVP / 4); e += NWI) {
+            const int n = e / (DVP / 4), c = 4 * (e % (DVP / 4));
             const int key = kt + n;
-            Vs[n][c] = (key < k_hi && c < DV) ? LD_IN(Vb, (ulong)key * v_ss + c) : 0.0f;
+            const float4 x = key < k_hi ? row_load4(Vb + (ulong)key * v_ss, c, DV) : (float4)(0.0f);
+            vstore4(x, 0, &Vs[n][c]);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
-        float4 s[RM][NS];
+        floatV s[RM][NS];
         for (int i = 0; i < RM; i++)
             for (int j = 0; j < NS; j++)
-                s[i][j] = (float4)(0.0f);
+                s[i][j] = (floatV)(0.0f);
         for (int d = 0; d < DP; d++) {
-            float4 kv[NS];
+            floatV kv[NS];
             for (int j = 0; j < NS; j++)
-                kv[j] = vload4(0, &Ks[d][4 * (tx + WGX * j)]);
+                kv[j] = vloadV(0, &Ks[d][VW * (tx + WGX * j)]);
             for (int i = 0; i < RM; i++) {
-                const float qv = Qs[d][ty * RM + i];
+                const float qv = Qs[ty * RM + i][d];
                 for (int j = 0; j < NS; j++)
-                    s[i][j] = mad((float4)(qv), kv[j], s[i][j]);
+                    s[i][j] = mad((floatV)(qv), kv[j], s[i][j]);
             }
         }
 
         if (guarded) {
             for (int i = 0; i < RM; i++)
                 for (int j = 0; j < NS; j++) {
-                    float t[4];
-                    vstore4(s[i][j], 0, t);
-                    for (int e = 0; e < 4; e++) {
-                        const int key = kt + 4 * (tx + WGX * j) + e;
+                    float t[VW];
+                    vstoreV(s[i][j], 0, t);
+                    for (int e = 0; e < VW; e++) {
+                        const int key = kt + VW * (tx + WGX * j) + e;
                         if (key >= rend[i])
                             t[e] = NEG_INF;
                         else if (has_mask)
                             t[e] += LD_MASK(mask, mrow[i] + key) * LOG2E;
                     }
-                    s[i][j] = vload4(0, t);
+                    s[i][j] = vloadV(0, t);
                 }
         }
 
         for (int i = 0; i < RM; i++) {
-            float4 mx = s[i][0];
+            floatV mx = s[i][0];
             for (int j = 1; j < NS; j++)
                 mx = fmax(mx, s[i][j]);
-            red[ty * RM + i][tx] = fmax(fmax(mx.s0, mx.s1), fmax(mx.s2, mx.s3));
+            float t[VW];
+            vstoreV(mx, 0, t);
+            float r = t[0];
+            for (int e = 1; e < VW; e++)
+                r = fmax(r, t[e]);
+            red[ty * RM + i][tx] = r;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -173,42 +204,36 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
             l[i] *= alpha;
             for (int c = 0; c < NV; c++)
                 o[i][c] *= alpha;
-            for (int j = 0; j < NS; j++) {
-                const float4 p = exp2(s[i][j] - mref);
-                const int n = 4 * (tx + WGX * j);
-                Ps[n + 0][ty * RM + i] = p.s0;
-                Ps[n + 1][ty * RM + i] = p.s1;
-                Ps[n + 2][ty * RM + i] = p.s2;
-                Ps[n + 3][ty * RM + i] = p.s3;
-            }
+            for (int j = 0; j < NS; j++)
+                vstoreV(exp2(s[i][j] - mref), 0, &Ps[ty * RM + i][VW * (tx + WGX * j)]);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
-        const int nkeys = min(BN, k_hi - kt);
         if (guarded) {
+            const int nkeys = min(BN, k_hi - kt);
             for (int n = 0; n < nkeys; n++) {
-                float4 vv[NV];
+                floatV vv[NV];
                 for (int c = 0; c < NV; c++)
-                    vv[c] = vload4(0, &Vs[n][4 * (tx + WGX * c)]);
+                    vv[c] = vloadV(0, &Vs[n][VW * (tx + WGX * c)]);
                 for (int i = 0; i < RM; i++) {
-                    const float p = Ps[n][ty * RM + i];
+                    const float p = Ps[ty * RM + i][n];
                     if (p != 0.0f) {
                         l[i] += p;
                         for (int c = 0; c < NV; c++)
-                            o[i][c] = mad((float4)(p), vv[c], o[i][c]);
+                            o[i][c] = mad((floatV)(p), vv[c], o[i][c]);
                     }
                 }
             }
         } else {
             for (int n = 0; n < BN; n++) {
-                float4 vv[NV];
+                floatV vv[NV];
                 for (int c = 0; c < NV; c++)
-                    vv[c] = vload4(0, &Vs[n][4 * (tx + WGX * c)]);
+                    vv[c] = vloadV(0, &Vs[n][VW * (tx + WGX * c)]);
                 for (int i = 0; i < RM; i++) {
-                    const float p = Ps[n][ty * RM + i];
+                    const float p = Ps[ty * RM + i][n];
                     l[i] += p;
                     for (int c = 0; c < NV; c++)
-                        o[i][c] = mad((float4)(p), vv[c], o[i][c]);
+                        o[i][c] = mad((floatV)(p), vv[c], o[i][c]);
                 }
             }
         }
@@ -227,15 +252,16 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
         const float inv = empty ? 0.0f : 1.0f / l[i];
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
         for (int c = 0; c < NV; c++) {
-            const int col = 4 * (tx + WGX * c);
-            const float4 x = empty ? (float4)(0.0f) : o[i][c] * inv;
-            if (col + 3 < DV) {
-                ST4_OUT(orow, col, x);
-            } else {
-                float t[4];
-                vstore4(x, 0, t);
-                for (int e = 0; e < 4 && col + e < DV; e++)
-                    ST_OUT(orow, col + e, t[e]);
+            float t[VW];
+            vstoreV(empty ? (floatV)(0.0f) : o[i][c] * inv, 0, t);
+            for (int q = 0; q < VW; q += 4) {
+                const int col = VW * (tx + WGX * c) + q;
+                if (col + 3 < DV) {
+                    ST4_OUT(orow, col, vload4(0, t + q));
+                } else {
+                    for (int e = 0; e < 4 && col + e < DV; e++)
+                        ST_OUT(orow, col + e, t[q + e]);
+                }
             }
         }
         if (has_lse && tx == 0)

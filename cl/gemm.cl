@@ -7,9 +7,9 @@
  *
  * z = get_group_id(2) = b·heads + h; B is read from kv head h / group.
  * A work-group computes a TM x TN tile of C; work-item (tx, ty) owns rows ty·RM .. ty·RM+RM-1 and
- * the NS float4 column blocks starting at 4·(tx + WGX·s): interleaved so that neighbouring
+ * the NS column blocks of VW floats starting at VW·(tx + WGX·s): interleaved so that neighbouring
  * work-items read neighbouring local-memory words. K is walked in chunks of TK staged in local
- * memory, A and B both stored k-major (As[k][m], Bs[k][n]) for vector reads. */
+ * memory: B k-major (Bs[k][n]) for vector reads along n, A row-major (its values are broadcast). */
 
 #ifndef WGX
 #define WGX 16 /* work-items along C's columns */
@@ -21,17 +21,25 @@
 #define RM 4 /* rows of C per work-item */
 #endif
 #ifndef NS
-#define NS 1 /* float4 column blocks of C per work-item */
+#define NS 1 /* VW-wide column blocks of C per work-item */
+#endif
+#ifndef VW
+#define VW 4 /* vector width of the column blocks: 4, 8 or 16 (16 fills an AVX-512 register) */
 #endif
 #ifndef TK
-#define TK 32 /* reduction (k) elements staged per step */
+#define TK 32 /* reduction (k) elements staged per step; a multiple of 4 */
 #endif
 #ifndef MODE
 #define MODE 0
 #endif
 
 #define TM (WGY * RM)
-#define TN (WGX * 4 * NS)
+#define TN (WGX * VW * NS)
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define floatV CAT(float, VW)
+#define vloadV CAT(vload, VW)
+#define vstoreV CAT(vstore, VW)
 #define NWI (WGX * WGY)
 
 __kernel __attribute__((reqd_work_group_size(WGX, WGY, 1))) void
@@ -42,7 +50,7 @@ gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
      __global const int *kvlen, int M, int N, int K, int heads, int group, int seq_q, int seq_kv,
      int causal, int has_mask, float alpha)
 {
-    __local float As[TK][TM];
+    __local float As[TM][TK + 4]; /* row-major: A values are read as broadcast scalars */
     __local float Bs[TK][TN];
 
     const int tx = get_local_id(0), ty = get_local_id(1);
@@ -64,28 +72,59 @@ gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
     const int kend = K;
 #endif
 
-    float4 acc[RM][NS];
+    floatV acc[RM][NS];
     for (int i = 0; i < RM; i++)
         for (int s = 0; s < NS; s++)
-            acc[i][s] = (float4)(0.0f);
+            acc[i][s] = (floatV)(0.0f);
 
     for (int k0 = 0; k0 < kend; k0 += TK) {
-        for (int e = lid; e < TM * TK; e += NWI) {
-            const int r = e / TK, c = e % TK;
+        /* Tiles are loaded 4 consecutive elements at a time (TK and TN are multiples of 4). */
+        for (int e = lid; e < TM * (TK / 4); e += NWI) {
+            const int r = e / (TK / 4), c = 4 * (e % (TK / 4));
             const int m = m0 + r, k = k0 + c;
-            As[c][r] = (m < M && k < kend) ? LD_A(Ab, (ulong)m * a_ss + k) : 0.0f;
+            float4 x = (float4)(0.0f);
+            if (m < M) {
+                __global const T_A *src = Ab + (ulong)m * a_ss + k;
+                if (k + 3 < kend)
+                    x = LD4_A(src, 0);
+                else
+                    x = (float4)(k < kend ? LD_A(src, 0) : 0.0f, k + 1 < kend ? LD_A(src, 1) : 0.0f,
+                                 k + 2 < kend ? LD_A(src, 2) : 0.0f, 0.0f);
+            }
+            vstore4(x, 0, &As[r][c]);
         }
 #if MODE == 0
-        for (int e = lid; e < TN * TK; e += NWI) {
-            const int r = e / TK, c = e % TK;
+        for (int e = lid; e < TN * (TK / 4); e += NWI) {
+            const int r = e / (TK / 4), c = 4 * (e % (TK / 4));
             const int n = n0 + r, k = k0 + c;
-            Bs[c][r] = (n < N && k < K) ? LD_IN(Bb, (ulong)n * b_ss + k) : 0.0f;
+            float4 x = (float4)(0.0f);
+            if (n < N) {
+                __global const T_IN *src = Bb + (ulong)n * b_ss + k;
+                if (k + 3 < K)
+                    x = LD4_IN(src, 0);
+                else
+                    x = (float4)(k < K ? LD_IN(src, 0) : 0.0f, k + 1 < K ? LD_IN(src, 1) : 0.0f,
+                                 k + 2 < K ? LD_IN(src, 2) : 0.0f, 0.0f);
+            }
+            Bs[c][r] = x.s0;
+            Bs[c + 1][r] = x.s1;
+            Bs[c + 2][r] = x.s2;
+            Bs[c + 3][r] = x.s3;
         }
 #else
-        for (int e = lid; e < TN * TK; e += NWI) {
-            const int r = e / TN, c = e % TN;
+        for (int e = lid; e < TK * (TN / 4); e += NWI) {
+            const int r = e / (TN / 4), c = 4 * (e % (TN / 4));
             const int n = n0 + c, k = k0 + r;
-            Bs[r][c] = (n < N && k < kend) ? LD_IN(Bb, (ulong)k * b_ss + n) : 0.0f;
+            float4 x = (float4)(0.0f);
+            if (k < kend) {
+                __global const T_IN *src = Bb + (ulong)k * b_ss + n;
+                if (n + 3 < N)
+                    x = LD4_IN(src, 0);
+                else
+                    x = (float4)(n < N ? LD_IN(src, 0) : 0.0f, n + 1 < N ? LD_IN(src, 1) : 0.0f,
+                                 n + 2 < N ? LD_IN(src, 2) : 0.0f, 0.0f);
+            }
+            vstore4(x, 0, &Bs[r][c]);
         }
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -94,27 +133,27 @@ gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
             /* Some row of the tile hides some key of this chunk: skip zero probabilities so that
              * NaN or Inf in a hidden V row cannot reach C. */
             for (int kk = 0; kk < TK; kk++) {
-                float4 bv[NS];
+                floatV bv[NS];
                 for (int s = 0; s < NS; s++)
-                    bv[s] = vload4(0, &Bs[kk][4 * (tx + WGX * s)]);
+                    bv[s] = vloadV(0, &Bs[kk][VW * (tx + WGX * s)]);
                 for (int i = 0; i < RM; i++) {
-                    const float a = As[kk][ty * RM + i];
+                    const float a = As[ty * RM + i][kk];
                     if (a != 0.0f)
                         for (int s = 0; s < NS; s++)
-                            acc[i][s] = mad((float4)(a), bv[s], acc[i][s]);
+                            acc[i][s] = mad((floatV)(a), bv[s], acc[i][s]);
                 }
             }
         } else
 #endif
         {
             for (int kk = 0; kk < TK; kk++) {
-                float4 bv[NS];
+                floatV bv[NS];
                 for (int s = 0; s < NS; s++)
-                    bv[s] = vload4(0, &Bs[kk][4 * (tx + WGX * s)]);
+                    bv[s] = vloadV(0, &Bs[kk][VW * (tx + WGX * s)]);
                 for (int i = 0; i < RM; i++) {
-                    const float a = As[kk][ty * RM + i];
+                    const float a = As[ty * RM + i][kk];
                     for (int s = 0; s < NS; s++)
-                        acc[i][s] = mad((float4)(a), bv[s], acc[i][s]);
+                        acc[i][s] = mad((floatV)(a), bv[s], acc[i][s]);
                 }
             }
         }
@@ -133,21 +172,29 @@ gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
         const int cend = causal_end(causal, m, seq_q, L);
 #endif
         for (int s = 0; s < NS; s++) {
-            float v[4];
-            vstore4(acc[i][s], 0, v);
-            for (int e = 0; e < 4; e++) {
-                const int n = n0 + 4 * (tx + WGX * s) + e;
-                if (n >= N)
-                    continue;
+            float v[VW];
+            vstoreV(acc[i][s], 0, v);
+            for (int q = 0; q < VW; q += 4) {
+                const int n = n0 + VW * (tx + WGX * s) + q;
 #if MODE == 0
-                float x = v[e] * alpha;
-                if (has_mask)
-                    x += LD_MASK(Mb, (ulong)m * m_ss + n);
-                if (n >= cend)
-                    x = NEG_INF;
-                ST_OUT(Cb, (ulong)m * c_ss + n, x);
+                const float4 x = vload4(0, v + q) * alpha;
+                if (n + 3 < N && n + 3 < cend && !has_mask) {
+                    ST4_OUT(Cb, (ulong)m * c_ss + n, x);
+                    continue;
+                }
+                for (int e = 0; e < 4 && n + e < N; e++) {
+                    float y = v[q + e] * alpha;
+                    if (has_mask)
+                        y += LD_MASK(Mb, (ulong)m * m_ss + n + e);
+                    ST_OUT(Cb, (ulong)m * c_ss + n + e, n + e < cend ? y : NEG_INF);
+                }
 #else
-                ST_OUT(Cb, (ulong)m * c_ss + n, v[e]);
+                if (n + 3 < N) {
+                    ST4_OUT(Cb, (ulong)m * c_ss + n, vload4(0, v + q));
+                    continue;
+                }
+                for (int e = 0; e < 4 && n + e < N; e++)
+                    ST_OUT(Cb, (ulong)m * c_ss + n + e, v[q + e]);
 #endif
             }
         }

@@ -2,26 +2,40 @@
  *
  * in/out are [batch][heads][rows][cols] views; a work-group handles row i of head h of batch b
  * (grid x = rows·WG, y = batch·heads). Columns hidden by kv_lengths or causal (bottom-right, see
- * common.cl) and -inf entries give 0. Pass 1 keeps a running (max, sum) per work-item over
- * float4 chunks at 4·(lid + WG·t), combined by a local tree; pass 2 writes exp(x - max) / sum.
- * Optional LSE (natural log) per row. In place is fine: each element is read then written by
- * the same work-item. */
+ * common.cl) give 0. Work-item lid reads float4 chunks at 4·(lid + WG·t) so the work-group
+ * streams the row contiguously. Three branch-free passes, each a local-memory tree reduction:
+ * row max (NaN is ignored by fmax here but re-enters through the sum), sum of exp2(x - max),
+ * then the normalised write. Short rows stay in cache between passes; long rows (up to and
+ * beyond 10^6) just stream. Optional LSE (natural log) per row. In place is fine: each element
+ * is read, then written, by the same work-item. */
 
 #ifndef WG
-#define WG 64 /* work-items per row */
+#define WG 64 /* work-items per row; a power of two */
 #endif
 
-/* Running (max, sum) in log2 units; -inf entries do not count, NaN poisons the sum. */
-inline void online(float x, float *m, float *s)
+#if DT_MASK == 0
+#define LD4_MASK(p, i) vload4(0, (p) + (i))
+#else
+#define LD4_MASK(p, i) vload_half4(0, (p) + (i))
+#endif
+
+/* Element j..j+3 of the row in log2 units; hidden columns are -inf. */
+inline float4 row4(__global const T_A *x, __global const T_MASK *mk, int j, int cend, float sc,
+                   int has_mask)
 {
-    if (x == NEG_INF)
-        return;
-    if (x > *m) {
-        *s = *s * exp2(*m - x) + 1.0f;
-        *m = x;
+    float4 v;
+    if (j + 3 < cend) {
+        v = LD4_A(x, j) * sc;
+        if (has_mask)
+            v += LD4_MASK(mk, j) * LOG2E;
     } else {
-        *s += exp2(x - *m);
+        float t[4];
+        for (int e = 0; e < 4; e++)
+            t[e] = j + e < cend ? LD_A(x, j + e) * sc + (has_mask ? LD_MASK(mk, j + e) * LOG2E : 0.0f)
+                                : NEG_INF;
+        v = vload4(0, t);
     }
+    return v;
 }
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
@@ -32,74 +46,61 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
         __global const int *kvlen, int rows, int cols, int heads, int causal, int has_mask,
         int has_lse, float scale)
 {
-    __local float lm[WG], ls[WG];
+    __local float red[WG];
     const int lid = get_local_id(0);
     const int i = get_group_id(0);
     const int z = get_group_id(1);
     const int b = z / heads, h = z % heads;
     const int L = keys_of_batch(kvlen, b, cols);
-    const int cend = causal_end(causal, i, rows, L);
+    const int cend = max(0, causal_end(causal, i, rows, L));
 
     __global const T_A *x = X + x_off + (ulong)b * x_sb + (ulong)h * x_sh + (ulong)i * x_ss;
     __global T_OUT *y = Y + y_off + (ulong)b * y_sb + (ulong)h * y_sh + (ulong)i * y_ss;
     __global const T_MASK *mk = mask + m_off + (ulong)b * m_sb + (ulong)h * m_sh + (ulong)i * m_ss;
     const float sc = scale * LOG2E;
 
-    float m = NEG_INF, s = 0.0f;
-    for (int j = 4 * lid; j < cend; j += 4 * WG) {
-        if (j + 3 < cend) {
-            float4 v = LD4_A(x, j) * sc;
-            if (has_mask)
-                v += (float4)(LD_MASK(mk, j), LD_MASK(mk, j + 1), LD_MASK(mk, j + 2),
-                              LD_MASK(mk, j + 3)) * LOG2E;
-            online(v.s0, &m, &s);
-            online(v.s1, &m, &s);
-            online(v.s2, &m, &s);
-            online(v.s3, &m, &s);
-        } else {
-            for (int e = j; e < cend; e++)
-                online(LD_A(x, e) * sc + (has_mask ? LD_MASK(mk, e) * LOG2E : 0.0f), &m, &s);
-        }
-    }
-    lm[lid] = m;
-    ls[lid] = s;
+    float4 m4 = (float4)(NEG_INF);
+    for (int j = 4 * lid; j < cend; j += 4 * WG)
+        m4 = fmax(m4, row4(x, mk, j, cend, sc, has_mask));
+    red[lid] = fmax(fmax(m4.s0, m4.s1), fmax(m4.s2, m4.s3));
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int w = WG / 2; w > 0; w /= 2) {
-        if (lid < w) {
-            const float m1 = lm[lid], m2 = lm[lid + w];
-            const float mm = fmax(m1, m2);
-            if (mm != NEG_INF) {
-                ls[lid] = ls[lid] * exp2(m1 - mm) + ls[lid + w] * exp2(m2 - mm);
-                lm[lid] = mm;
-            } else {
-                ls[lid] += ls[lid + w]; /* both empty; keeps a NaN if one is there */
-            }
-        }
+        if (lid < w)
+            red[lid] = fmax(red[lid], red[lid + w]);
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    const float M = lm[0], S = ls[0];
-    /* No finite visible entry: zeros. Otherwise 1/S, NaN if a NaN entered the sum. */
-    const int empty = M == NEG_INF && !isnan(S);
-    const float inv = 1.0f / S;
+    const float M = red[0];
+    /* A row whose visible entries are all -inf (or that has none) uses 0 as reference so that
+     * exp2(-inf - ref) is 0, never NaN; it then outputs zeros. */
+    const float ref = M == NEG_INF ? 0.0f : M;
+    barrier(CLK_LOCAL_MEM_FENCE); /* everyone has read red[0] before it is reused */
+
+    float4 s4 = (float4)(0.0f);
+    for (int j = 4 * lid; j < cend; j += 4 * WG)
+        s4 += exp2(row4(x, mk, j, cend, sc, has_mask) - ref);
+    red[lid] = (s4.s0 + s4.s1) + (s4.s2 + s4.s3);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = WG / 2; w > 0; w /= 2) {
+        if (lid < w)
+            red[lid] += red[lid + w];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float S = red[0];
+    /* S is 0 for an empty row (zeros out), NaN if a NaN is visible (NaN row). */
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
 
     for (int j = 4 * lid; j < cols; j += 4 * WG) {
-        if (j + 3 < cend) {
-            float4 v = LD4_A(x, j) * sc;
-            if (has_mask)
-                v += (float4)(LD_MASK(mk, j), LD_MASK(mk, j + 1), LD_MASK(mk, j + 2),
-                              LD_MASK(mk, j + 3)) * LOG2E;
-            const float4 p = empty ? (float4)(0.0f) : exp2(v - M) * inv;
+        const float4 p = exp2(row4(x, mk, j, cend, sc, has_mask) - ref) * inv;
+        if (j + 3 < cols) {
             ST4_OUT(y, j, p);
         } else {
-            for (int e = j; e < min(j + 4, cols); e++) {
-                float p = 0.0f;
-                if (e < cend && !empty)
-                    p = exp2(LD_A(x, e) * sc + (has_mask ? LD_MASK(mk, e) * LOG2E : 0.0f) - M) * inv;
-                ST_OUT(y, e, p);
-            }
+            float t[4];
+            vstore4(p, 0, t);
+            for (int e = 0; j + e < cols; e++)
+                ST_OUT(y, j + e, t[e]);
         }
     }
     if (has_lse && lid == 0)
         LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] =
-            empty ? NEG_INF : (M + log2(S)) * LN2;
+            S == 0.0f ? NEG_INF : (ref + log2(S)) * LN2;
 }

@@ -8,13 +8,13 @@
 static const clattn_view no_view = {NULL, CLATTN_F32, 0, {0, 0, 0}};
 
 typedef struct fused_cfg {
-    int wgx, wgy, rm, ns, nv, dp;
+    int wgx, wgy, rm, ns, vw, nv, dp;
 } fused_cfg;
 
 static size_t fused_local_bytes(const fused_cfg *c)
 {
-    const size_t bm = (size_t)c->wgy * c->rm, bn = (size_t)c->wgx * 4 * c->ns,
-                 dvp = (size_t)c->wgx * 4 * c->nv;
+    const size_t bm = (size_t)c->wgy * c->rm, bn = (size_t)c->wgx * c->vw * c->ns,
+                 dvp = (size_t)c->wgx * c->vw * c->nv;
     return 4 * (c->dp * bm + c->dp * bn + bn * dvp + bn * bm + bm * c->wgx);
 }
 
@@ -30,12 +30,14 @@ static int pow2_at_least(int x)
 static int fit(const clattn_context *ctx, fused_cfg *c, int dv)
 {
     for (int guard = 0; guard < 64; guard++) {
-        c->nv = (dv + 4 * c->wgx - 1) / (4 * c->wgx);
+        c->nv = (dv + c->vw * c->wgx - 1) / (c->vw * c->wgx);
         if ((size_t)c->wgx * c->wgy <= ctx->dev.max_wg && (size_t)c->wgx <= ctx->dev.max_item[0] &&
             (size_t)c->wgy <= ctx->dev.max_item[1] && fused_local_bytes(c) <= ctx->dev.local_mem)
             return 1;
         if (c->ns > 1)
             c->ns /= 2;
+        else if (c->vw > 4)
+            c->vw /= 2;
         else if (c->rm > 1)
             c->rm /= 2;
         else if (c->wgy > 1)
@@ -58,8 +60,9 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
                             clattn__seq_q_class(p->seq_q), clattn__log2_ceil(p->seq_kv)};
     clattn_params pp;
     clattn__default_params(ctx, &bucket, &pp);
+    const int vw = pp.v[4] == 8 || pp.v[4] == 16 ? pp.v[4] : 4;
     fused_cfg c = {pp.v[0] > 0 ? pp.v[0] : 8, pp.v[1] > 0 ? pp.v[1] : 1, pp.v[2], pp.v[3] > 0 ? pp.v[3] : 1,
-                   1, (int)((p->head_dim + 3) / 4 * 4)};
+                   vw, 1, (int)((p->head_dim + 3) / 4 * 4)};
     if (c.rm <= 0) /* decode: one work-group row covers the packed rows, up to 16 */
         c.rm = pow2_at_least(R < 16 ? R : 16);
     if (!fit(ctx, &c, (int)p->head_dim_v))
@@ -68,13 +71,13 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
                             "device's %llu bytes of local memory",
                             (long long)p->head_dim, (long long)p->head_dim_v,
                             (unsigned long long)ctx->dev.local_mem);
-    const int bm = c.wgy * c.rm, bn = c.wgx * 4 * c.ns;
+    const int bm = c.wgy * c.rm, bn = c.wgx * c.vw * c.ns;
     const int row_tiles = (R + bm - 1) / bm;
     const long long tiles = (long long)row_tiles * p->batch * p->heads_kv;
 
     /* Splits: enough work-groups to fill the device (4 per compute unit), each split keeping at
      * least 4 key tiles, and the partials within a modest workspace. */
-    int splits = pp.v[4] > 0 && decode ? pp.v[4] : 1;
+    int splits = pp.v[5] > 0 && decode ? pp.v[5] : 1;
     const long long target = 4LL * ctx->dev.compute_units;
     if (splits == 1 && tiles < target)
         splits = (int)((target + tiles - 1) / tiles);
@@ -114,10 +117,10 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
 
     char opts[256];
     snprintf(opts, sizeof opts,
-             "-cl-std=CL1.2 -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=%d -DWGY=%d -DRM=%d -DNS=%d "
-             "-DNV=%d -DDP=%d",
+             "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=%d -DWGY=%d -DRM=%d -DNS=%d "
+             "-DVW=%d -DNV=%d -DDP=%d",
              (int)p->dtype, (int)out_dt, p->has_mask ? (int)p->mask.dtype : 0, c.wgx, c.wgy, c.rm,
-             c.ns, c.nv, c.dp);
+             c.ns, c.vw, c.nv, c.dp);
     cl_kernel k;
     clattn_status st = clattn__get_kernel(ctx, "fused.cl", opts, "fused", &k);
     if (st)

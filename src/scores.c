@@ -10,19 +10,22 @@ static const clattn_view no_view = {NULL, CLATTN_F32, 0, {0, 0, 0}};
 static void sane_gemm(const clattn_context *ctx, clattn_params *pp)
 {
     int *v = pp->v;
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 5; i++) /* v[5] (VW) is checked below */
         if (v[i] <= 0)
             v[i] = 1;
+    v[4] = (v[4] + 3) / 4 * 4; /* tiles are loaded as float4 along k */
+    if (v[5] != 8 && v[5] != 16)
+        v[5] = 4;
     while ((size_t)v[0] * (size_t)v[1] > ctx->dev.max_wg && v[1] > 1)
         v[1] /= 2;
     while ((size_t)v[0] * (size_t)v[1] > ctx->dev.max_wg && v[0] > 1)
         v[0] /= 2;
     /* Local memory: As[TK][TM] + Bs[TK][TN] floats. */
     for (;;) {
-        size_t bytes = 4u * (size_t)v[4] * ((size_t)v[1] * v[2] + (size_t)v[0] * 4 * v[3]);
+        size_t bytes = 4u * ((size_t)(v[4] + 4) * v[1] * v[2] + (size_t)v[4] * v[0] * v[5] * v[3]);
         if (bytes <= ctx->dev.local_mem || v[4] <= 4)
             break;
-        v[4] /= 2;
+        v[4] = (v[4] / 2 + 3) / 4 * 4;
     }
 }
 
@@ -40,14 +43,14 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
     char opts[256];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DMODE=%d -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=%d "
-             "-DWGY=%d -DRM=%d -DNS=%d -DTK=%d",
+             "-DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d",
              mode, (int)a->dtype, (int)bm->dtype, (int)c->dtype,
-             p->has_mask ? (int)p->mask.dtype : 0, v[0], v[1], v[2], v[3], v[4]);
+             p->has_mask ? (int)p->mask.dtype : 0, v[0], v[1], v[2], v[3], v[4], v[5]);
     cl_kernel k;
     clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, "gemm", &k);
     if (st)
         return st;
-    const int tm = v[1] * v[2], tn = v[0] * 4 * v[3];
+    const int tm = v[1] * v[2], tn = v[0] * v[5] * v[3];
     const int heads = (int)p->heads_q, group = (int)(p->heads_q / p->heads_kv);
     const int seq_q = (int)p->seq_q, seq_kv = (int)p->seq_kv, causal = p->causal,
               has_mask = p->has_mask; /* P·V: forces the NaN-safe path where P has masked zeros */

@@ -1,10 +1,11 @@
 /* Kernel parameters per operation and problem bucket.
  *
  * Meaning of clattn_params.v[] per operation (all are compile-time -D values of the kernel):
- *   SCORES, PV : WGX, WGY, RM, NS, TK          (gemm.cl: tile TM = WGY·RM rows, TN = WGX·4·NS cols)
+ *   SCORES, PV : WGX, WGY, RM, NS, TK, VW      (gemm.cl: tile TM = WGY·RM rows, TN = WGX·VW·NS cols)
  *   SOFTMAX    : WG                            (softmax.cl: work-items per row)
- *   FUSED      : WGX, WGY, RM, NS              (fused.cl: BM = WGY·RM rows, BN = WGX·4·NS keys)
- *   DECODE     : WGX, WGY, RM, NS, splits      (fused.cl with key splits; splits 0 = automatic)
+ *   FUSED      : WGX, WGY, RM, NS, VW          (fused.cl: BM = WGY·RM rows, BN = WGX·VW·NS keys)
+ *   DECODE     : WGX, WGY, RM, NS, VW, splits  (fused.cl with key splits; RM 0 = cover the packed
+ *                                              rows, splits 0 = automatic)
  *   MERGE      : WG                            (merge.cl)
  * Lookup: CLATTN_PARAMS_<OP> environment override, then defaults by device type. */
 #include "internal.h"
@@ -60,8 +61,8 @@ void clattn__default_params(const clattn_context *ctx, const clattn_bucket *b, c
     switch (b->op) {
     case CLATTN_OP_SCORES:
     case CLATTN_OP_PV: {
-        const int gpu_v[5] = {16, 16, 4, 1, 16};
-        const int cpu_v[5] = {4, 4, 8, 2, 32};
+        const int gpu_v[6] = {16, 16, 4, 1, 16, 4};
+        const int cpu_v[6] = {2, 4, 8, 1, 64, 16};
         memcpy(p->v, cpu ? cpu_v : gpu_v, sizeof gpu_v);
         break;
     }
@@ -69,14 +70,14 @@ void clattn__default_params(const clattn_context *ctx, const clattn_bucket *b, c
         p->v[0] = cpu ? 16 : 256;
         break;
     case CLATTN_OP_FUSED: {
-        const int gpu_v[4] = {8, 8, 4, 1};
-        const int cpu_v[4] = {4, 4, 8, 2};
+        const int gpu_v[5] = {8, 8, 4, 1, 4};
+        const int cpu_v[5] = {1, 4, 16, 1, 16};
         memcpy(p->v, cpu ? cpu_v : gpu_v, sizeof gpu_v);
         break;
     }
     case CLATTN_OP_DECODE: {
-        const int gpu_v[5] = {32, 1, 1, 1, 0};
-        const int cpu_v[5] = {4, 1, 1, 4, 0};
+        const int gpu_v[6] = {32, 1, 0, 1, 4, 0};
+        const int cpu_v[6] = {1, 1, 0, 4, 16, 0};
         memcpy(p->v, cpu ? cpu_v : gpu_v, sizeof gpu_v);
         break;
     }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The main job: set up, build, list the OpenCL devices, then run attention on the default device
+# (the first GPU, else PoCL's CPU device), check it against a float64 reference and time it.
+#   ./tools/run.sh                  # default device
+#   CLATTN_DEVICE=cpu ./tools/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source tools/setup.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null
+cmake --build build -j"$(nproc)" >/dev/null
+echo "== devices"
+./build/tools/clattn-info
+echo
+echo "== attention on the default device (checked against the float64 reference, then timed)"
+./build/tools/clattn-bench --check "$@"
+if python3 -c "import numpy" 2>/dev/null; then
+  echo
+  echo "== peer: numpy (OpenBLAS) attention on the host CPU, same shape as the CPU default"
+  python3 tools/bench_numpy.py
+fi
