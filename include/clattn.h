@@ -151,7 +151,8 @@ typedef struct clattn_context clattn_context;
 
 /**
  * Creates a context on a device chosen by `device`: NULL or "" reads the CLATTN_DEVICE environment
- * variable; then "gpu", "cpu", "P:D" (platform and device index), or a case-insensitive substring of
+ * variable; then "gpu", "cpu", "accelerator" (any case), "P:D" (platform and device index), or a
+ * case-insensitive substring of
  * the platform or device name. With no spec the first GPU is chosen, else the first device of any type.
  * @return CLATTN_SUCCESS and *ctx, or a failure status with *ctx set to NULL
  *         (clattn_last_error(NULL) then gives the message).
@@ -175,7 +176,7 @@ CLATTN_API void clattn_release(clattn_context *ctx);
 CLATTN_API const char *clattn_last_error(const clattn_context *ctx);
 /** @return the raw cl_int of the last failing OpenCL call on `ctx` (CL_SUCCESS if none). */
 CLATTN_API cl_int clattn_last_cl_error(const clattn_context *ctx);
-/** @return the build log of the last failed kernel build on `ctx`, or "" . */
+/** @return the build log when the last call on `ctx` failed with CLATTN_BUILD_FAILED, else "". */
 CLATTN_API const char *clattn_last_build_log(const clattn_context *ctx);
 
 /**

@@ -96,6 +96,13 @@ static int contains_ci(const char *hay, const char *needle)
     return n == 0;
 }
 
+static int equal_ci(const char *a, const char *b)
+{
+    while (*a && *b && tolower((unsigned char)*a) == tolower((unsigned char)*b))
+        a++, b++;
+    return *a == '\0' && *b == '\0';
+}
+
 static void say(char *why, size_t size, const char *fmt, const char *a, const char *b,
                 unsigned p, unsigned d)
 {
@@ -141,13 +148,13 @@ clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, c
     unsigned want_p = 0, want_d = 0;
     if (spec) {
         char tail;
-        if (strcmp(spec, "gpu") == 0 || strcmp(spec, "GPU") == 0) {
+        if (equal_ci(spec, "gpu")) {
             kind = TYPE;
             want_type = CL_DEVICE_TYPE_GPU;
-        } else if (strcmp(spec, "cpu") == 0 || strcmp(spec, "CPU") == 0) {
+        } else if (equal_ci(spec, "cpu")) {
             kind = TYPE;
             want_type = CL_DEVICE_TYPE_CPU;
-        } else if (strcmp(spec, "accelerator") == 0) {
+        } else if (equal_ci(spec, "accelerator")) {
             kind = TYPE;
             want_type = CL_DEVICE_TYPE_ACCELERATOR;
         } else if (sscanf(spec, "%u:%u%c", &want_p, &want_d, &tail) == 2 && isdigit((unsigned char)spec[0])) {

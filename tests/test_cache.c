@@ -1,0 +1,825 @@
+/*
+ * The program cache: memory hits, disk misses and hits, files that must be ignored (corrupt,
+ * truncated, foreign, garbage) and healed, CLATTN_CACHE=0, directories that cannot be written,
+ * several processes writing one entry at once, kernels that fail to compile, and the time a warm
+ * cache saves (printed, not asserted).
+ *
+ * Every test gets a fresh mkdtemp directory as CLATTN_CACHE_DIR, set before clattn_create (the
+ * context reads it once, at creation), and reads the context's private counters (ctx->stats) to tell
+ * a disk hit from a build. PoCL builds take seconds, so the tests share two option strings, and
+ * tests that need a valid file start from a copy of one built once ("seed") instead of rebuilding.
+ *
+ * The multi-process test re-executes this binary (/proc/self/exe --cache-child ...) after fork(), so
+ * each child starts OpenCL from scratch instead of inheriting the parent's driver threads and locks.
+ *
+ * Table-driven: each table row is one cmocka test named "<area>/<row>"; main() refuses duplicate names.
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp, fork, pipe, clock_gettime, dirent */
+
+#include "testutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "ref.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The softmax kernel clattn_softmax itself builds for f32 on a CPU (WG 16; forced on other devices
+ * through CLATTN_PARAMS_SOFTMAX), so a public call can prove a cached binary computes correctly. */
+#define OPT_A "-cl-std=CL1.2 -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DWG=16"
+/* The same source with other options: a different cache key, for the "foreign file" case. */
+#define OPT_B "-cl-std=CL1.2 -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DWG=32"
+#define OPT_FUSED \
+    "-cl-std=CL1.2 -DDT_IN=0 -DDT_OUT=0 -DDT_MASK=0 -DWGX=4 -DWGY=4 -DRM=8 -DNS=2 -DNV=4 -DDP=64"
+
+/* =============================== files and directories =============================== */
+
+static char g_dir[PATH_MAX];   /* this test's cache directory */
+static char *saved_cache_dir;  /* the environment the run started with, restored after each test */
+static char *saved_cache;
+
+static void restore_env(const char *name, const char *saved)
+{
+    if (saved != NULL)
+        setenv(name, saved, 1);
+    else
+        unsetenv(name);
+}
+
+static void make_tmpdir(char *out, size_t size)
+{
+    const char *base = getenv("TMPDIR");
+    if (base == NULL || *base == '\0')
+        base = "/tmp";
+    snprintf(out, size, "%s/clattn-cache-test-XXXXXX", base);
+    if (mkdtemp(out) == NULL)
+        fail_msg("mkdtemp(%s): %s", out, strerror(errno));
+}
+
+/* rm -r for the shallow trees these tests make (a directory of files and subdirectories). */
+static void remove_tree(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return;
+    if (!S_ISDIR(st.st_mode)) {
+        unlink(path);
+        return;
+    }
+    chmod(path, 0700); /* the read-only case */
+    DIR *d = opendir(path);
+    if (d != NULL) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            char sub[PATH_MAX + 256];
+            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+            remove_tree(sub);
+        }
+        closedir(d);
+    }
+    rmdir(path);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    const size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* Number of entries of `dir` ending in `suffix`; the first one's full path into `first`. */
+static int count_files(const char *dir, const char *suffix, char *first, size_t first_size)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!ends_with(e->d_name, suffix))
+            continue;
+        if (n == 0 && first != NULL)
+            snprintf(first, first_size, "%s/%s", dir, e->d_name);
+        ++n;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Every entry of `dir` except . and .. */
+static int count_entries(const char *dir)
+{
+    return count_files(dir, "", NULL, 0) - 2;
+}
+
+typedef struct blob {
+    unsigned char *data;
+    size_t size;
+} blob;
+
+static blob read_whole(const char *path)
+{
+    blob b = {NULL, 0};
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        fail_msg("open %s: %s", path, strerror(errno));
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    const long n = ftell(f);
+    assert_true(n >= 0);
+    assert_int_equal(fseek(f, 0, SEEK_SET), 0);
+    b.size = (size_t)n;
+    b.data = malloc(b.size > 0 ? b.size : 1);
+    assert_non_null(b.data);
+    assert_int_equal(fread(b.data, 1, b.size, f), b.size);
+    fclose(f);
+    return b;
+}
+
+static void write_whole(const char *path, const void *data, size_t size)
+{
+    FILE *f = fopen(path, "wb");
+    if (f == NULL)
+        fail_msg("create %s: %s", path, strerror(errno));
+    if (size > 0)
+        assert_int_equal(fwrite(data, 1, size, f), size);
+    assert_int_equal(fclose(f), 0);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* =============================== fixtures =============================== */
+
+static int setup_dir(void **state)
+{
+    (void)state;
+    /* cmocka 1.1.5 skips the teardown of a test that failed or skipped: clean up after it here. */
+    if (g_dir[0] != '\0')
+        remove_tree(g_dir);
+    const char *base = getenv("TMPDIR");
+    if (base == NULL || *base == '\0')
+        base = "/tmp";
+    snprintf(g_dir, sizeof g_dir, "%s/clattn-cache-test-XXXXXX", base);
+    if (mkdtemp(g_dir) == NULL) {
+        fprintf(stderr, "mkdtemp(%s): %s\n", g_dir, strerror(errno));
+        return -1;
+    }
+    setenv("CLATTN_CACHE_DIR", g_dir, 1);
+    unsetenv("CLATTN_CACHE");
+    return 0;
+}
+
+static int teardown_dir(void **state)
+{
+    (void)state;
+    remove_tree(g_dir);
+    g_dir[0] = '\0';
+    restore_env("CLATTN_CACHE_DIR", saved_cache_dir);
+    restore_env("CLATTN_CACHE", saved_cache);
+    return 0;
+}
+
+/* A context on the current CLATTN_CACHE_DIR; skips (or fails under CLATTN_REQUIRE_DEVICE=1)
+ * without a device. Its counters start at zero. */
+static clattn_context *new_context(void)
+{
+    clattn_context *ctx = tu_context();
+    const clattn_cache_stats zero = {0, 0, 0, 0, 0};
+    assert_memory_equal(&ctx->stats, &zero, sizeof zero);
+    return ctx;
+}
+
+static cl_kernel get_kernel_ok(clattn_context *ctx, const char *file, const char *options,
+                               const char *name)
+{
+    cl_kernel k = NULL;
+    const clattn_status st = clattn__get_kernel(ctx, file, options, name, &k);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("clattn__get_kernel(%s, \"%s\"): %s: %s", file, options, clattn_status_name(st),
+                 clattn_last_error(ctx));
+    assert_non_null(k);
+    char fn[64];
+    assert_int_equal(clGetKernelInfo(k, CL_KERNEL_FUNCTION_NAME, sizeof fn, fn, NULL), CL_SUCCESS);
+    assert_string_equal(fn, name);
+    return k;
+}
+
+static void print_stats(const char *what, const clattn_context *ctx)
+{
+    const clattn_cache_stats *s = &ctx->stats;
+    print_message("%s: memory_hits %u disk_hits %u disk_rejects %u disk_writes %u builds %u\n", what,
+                  s->memory_hits, s->disk_hits, s->disk_rejects, s->disk_writes, s->builds);
+}
+
+/* clattn_softmax on a small f32 problem, checked against the float64 reference: proves the kernel
+ * the context holds (built or loaded from disk) computes, and that a successful public call clears
+ * the last error. */
+static void check_softmax_runs(clattn_context *ctx)
+{
+    enum { ROWS = 3, COLS = 37 };
+    float x[ROWS * COLS], y[ROWS * COLS];
+    double xd[ROWS * COLS], yd[ROWS * COLS], want[ROWS * COLS];
+    tu_rng rng;
+    tu_seed(&rng, 77);
+    tu_fill(&rng, CLATTN_F32, x, xd, ROWS * COLS, -3.0, 3.0);
+    cl_mem bin = tu_buffer(ctx, sizeof x, x), bout = tu_buffer(ctx, sizeof y, NULL);
+    const clattn_tensor tin = clattn_tensor_bhsd(bin, CLATTN_F32, 1, 1, ROWS, COLS);
+    const clattn_tensor tout = clattn_tensor_bhsd(bout, CLATTN_F32, 1, 1, ROWS, COLS);
+    clattn_softmax_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.batch = 1;
+    desc.heads = 1;
+    desc.rows = ROWS;
+    desc.cols = COLS;
+    const unsigned builds = ctx->stats.builds;
+    const clattn_status st = clattn_softmax(ctx, &desc, &tin, &tout, 0, NULL, NULL);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("clattn_softmax: %s: %s", clattn_status_name(st), clattn_last_error(ctx));
+    assert_string_equal(clattn_last_error(ctx), "");
+    assert_int_equal(clattn_last_cl_error(ctx), CL_SUCCESS);
+    tu_read(ctx, bout, sizeof y, y);
+    clReleaseMemObject(bin);
+    clReleaseMemObject(bout);
+    if (ctx->stats.builds != builds)
+        print_message("note: clattn_softmax built its own kernel; its options differ from OPT_A\n");
+    const ref_softmax r = {1, 1, ROWS, COLS, 0.0, 0, NULL, {0, 0, 0, 0}, NULL};
+    ref_softmax_rows(&r, xd, want);
+    for (size_t i = 0; i < ROWS * COLS; ++i)
+        yd[i] = y[i];
+    tu_assert_allclose("softmax with the cached kernel", yd, want, ROWS * COLS, 1e-6, 1e-5);
+}
+
+/* =============================== seeds: valid files built once =============================== */
+
+typedef struct seed {
+    int ready;
+    char file[128]; /* "<key>.clbin" */
+    blob content;
+} seed;
+
+static seed seed_a, seed_b;
+
+static void build_seed(seed *s, const char *options)
+{
+    clattn_release(tu_context()); /* skip before making a directory nobody would remove */
+    char dir[PATH_MAX];
+    make_tmpdir(dir, sizeof dir);
+    setenv("CLATTN_CACHE_DIR", dir, 1);
+    clattn_context *ctx = tu_context();
+    setenv("CLATTN_CACHE_DIR", g_dir, 1);
+    get_kernel_ok(ctx, "softmax.cl", options, "softmax");
+    assert_int_equal(ctx->stats.disk_writes, 1);
+    clattn_release(ctx);
+    char path[PATH_MAX + 256];
+    assert_int_equal(count_files(dir, ".clbin", path, sizeof path), 1);
+    s->content = read_whole(path);
+    snprintf(s->file, sizeof s->file, "%s", strrchr(path, '/') + 1);
+    remove_tree(dir);
+    s->ready = 1;
+}
+
+static const seed *get_seed_a(void)
+{
+    if (!seed_a.ready)
+        build_seed(&seed_a, OPT_A);
+    return &seed_a;
+}
+
+static const seed *get_seed_b(void)
+{
+    if (!seed_b.ready)
+        build_seed(&seed_b, OPT_B);
+    return &seed_b;
+}
+
+/* Copies a seed into g_dir under its own name (or `as`); returns the path in `path`. */
+static void plant(const seed *s, const char *as, char *path, size_t size)
+{
+    snprintf(path, size, "%s/%s", g_dir, as != NULL ? as : s->file);
+    write_whole(path, s->content.data, s->content.size);
+}
+
+/* A further context on g_dir finds the entry on disk and builds nothing. */
+static void expect_disk_hit(void)
+{
+    clattn_context *ctx = new_context();
+    get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+    print_stats("next context", ctx);
+    assert_int_equal(ctx->stats.disk_hits, 1);
+    assert_int_equal(ctx->stats.builds, 0);
+    assert_int_equal(ctx->stats.disk_rejects, 0);
+    assert_int_equal(ctx->stats.disk_writes, 0);
+    check_softmax_runs(ctx);
+    clattn_release(ctx);
+}
+
+/* =============================== miss, hit, memory hit =============================== */
+
+static void test_miss_then_hit(void **state)
+{
+    (void)state;
+    clattn_context *ctx = new_context();
+    cl_kernel k1 = get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+    print_stats("first context", ctx);
+    assert_int_equal(ctx->stats.builds, 1);
+    assert_int_equal(ctx->stats.disk_writes, 1);
+    assert_int_equal(ctx->stats.disk_hits, 0);
+    assert_int_equal(ctx->stats.disk_rejects, 0);
+    assert_int_equal(ctx->stats.memory_hits, 0);
+
+    /* One entry, named by a 32-hex-digit key, and no temporary file left behind. */
+    char path[PATH_MAX + 256];
+    assert_int_equal(count_files(g_dir, ".clbin", path, sizeof path), 1);
+    assert_int_equal(count_files(g_dir, ".tmp", NULL, 0), 0);
+    assert_int_equal(count_entries(g_dir), 1);
+    const char *base = strrchr(path, '/') + 1;
+    assert_int_equal(strlen(base), 32 + strlen(".clbin"));
+    for (int i = 0; i < 32; ++i)
+        assert_non_null(strchr("0123456789abcdefABCDEF", base[i]));
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_true(st.st_size > 64);
+
+    /* Asking the same context again: the same kernel, from memory, nothing read or built. */
+    cl_kernel k2 = get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+    assert_ptr_equal(k1, k2);
+    assert_int_equal(ctx->stats.memory_hits, 1);
+    assert_int_equal(ctx->stats.builds, 1);
+    assert_int_equal(ctx->stats.disk_hits, 0);
+    assert_int_equal(ctx->stats.disk_writes, 1);
+    clattn_release(ctx);
+
+    /* A second context with the same options: from disk. */
+    expect_disk_hit();
+    assert_int_equal(count_files(g_dir, ".clbin", NULL, 0), 1);
+}
+
+/* =============================== damaged files =============================== */
+
+typedef enum damage {
+    DAMAGE_FLIP_MIDDLE,     /* 16 bytes in the middle of the payload inverted */
+    DAMAGE_FLIP_FIRST_BYTE, /* the header's first byte inverted */
+    DAMAGE_TRUNCATE_HALF,
+    DAMAGE_TRUNCATE_64,
+    DAMAGE_EMPTY,
+    DAMAGE_TRAILING_BYTE,   /* one byte appended */
+    DAMAGE_FOREIGN,         /* a valid file of another key, renamed to this key */
+    DAMAGE_GARBAGE          /* random bytes of the same length */
+} damage;
+
+typedef struct damage_row {
+    const char *name;
+    damage kind;
+} damage_row;
+
+static const damage_row damage_rows[] = {
+    {"corrupt_middle", DAMAGE_FLIP_MIDDLE},
+    {"corrupt_first_byte", DAMAGE_FLIP_FIRST_BYTE},
+    {"truncated_half", DAMAGE_TRUNCATE_HALF},
+    {"truncated_64_bytes", DAMAGE_TRUNCATE_64},
+    {"empty", DAMAGE_EMPTY},
+    {"trailing_byte", DAMAGE_TRAILING_BYTE},
+    {"foreign", DAMAGE_FOREIGN},
+    {"garbage", DAMAGE_GARBAGE},
+};
+
+static void test_damaged(void **state)
+{
+    const damage_row *r = *state;
+    const seed *a = get_seed_a();
+    char path[PATH_MAX + 256];
+    snprintf(path, sizeof path, "%s/%s", g_dir, a->file);
+    blob b = {malloc(a->content.size + 1), a->content.size};
+    assert_non_null(b.data);
+    memcpy(b.data, a->content.data, a->content.size);
+    switch (r->kind) {
+    case DAMAGE_FLIP_MIDDLE:
+        for (size_t i = b.size / 2; i < b.size / 2 + 16 && i < b.size; ++i)
+            b.data[i] ^= 0xFF;
+        break;
+    case DAMAGE_FLIP_FIRST_BYTE:
+        b.data[0] ^= 0xFF;
+        break;
+    case DAMAGE_TRUNCATE_HALF:
+        b.size /= 2;
+        break;
+    case DAMAGE_TRUNCATE_64:
+        b.size = 64;
+        break;
+    case DAMAGE_EMPTY:
+        b.size = 0;
+        break;
+    case DAMAGE_TRAILING_BYTE:
+        b.data[b.size++] = 0;
+        break;
+    case DAMAGE_FOREIGN: {
+        const seed *other = get_seed_b();
+        assert_string_not_equal(other->file, a->file);
+        /* Put the other key's file in place under its own name, then rename it over ours. */
+        char other_path[PATH_MAX + 256];
+        plant(other, NULL, other_path, sizeof other_path);
+        assert_int_equal(rename(other_path, path), 0);
+        free(b.data);
+        b.data = NULL;
+        break;
+    }
+    case DAMAGE_GARBAGE: {
+        tu_rng rng;
+        tu_seed(&rng, 0xC0FFEE);
+        for (size_t i = 0; i < b.size; ++i)
+            b.data[i] = (unsigned char)tu_next(&rng);
+        break;
+    }
+    }
+    if (b.data != NULL) {
+        write_whole(path, b.data, b.size);
+        free(b.data);
+    }
+    assert_int_equal(count_files(g_dir, ".clbin", NULL, 0), 1);
+
+    clattn_context *ctx = new_context();
+    get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+    print_stats(r->name, ctx);
+    assert_int_equal(ctx->stats.builds, 1);
+    assert_true(ctx->stats.disk_rejects >= 1);
+    assert_int_equal(ctx->stats.disk_hits, 0);
+    assert_int_equal(ctx->stats.disk_writes, 1); /* the rebuilt binary replaces the bad file */
+    check_softmax_runs(ctx);
+    clattn_release(ctx);
+
+    assert_int_equal(count_files(g_dir, ".clbin", NULL, 0), 1);
+    assert_int_equal(count_files(g_dir, ".tmp", NULL, 0), 0);
+    expect_disk_hit();
+}
+
+/* =============================== cache off, unwritable directories =============================== */
+
+static void test_cache_off(void **state)
+{
+    (void)state;
+    setenv("CLATTN_CACHE", "0", 1);
+    clattn_context *ctx = new_context();
+    get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+    print_stats("CLATTN_CACHE=0", ctx);
+    assert_int_equal(ctx->stats.builds, 1);
+    assert_int_equal(ctx->stats.disk_writes, 0);
+    assert_int_equal(count_entries(g_dir), 0);
+    check_softmax_runs(ctx);
+    clattn_release(ctx);
+
+    /* Nor is a valid file read. */
+    char path[PATH_MAX + 256];
+    plant(get_seed_a(), NULL, path, sizeof path);
+    ctx = new_context();
+    get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+    assert_int_equal(ctx->stats.builds, 1);
+    assert_int_equal(ctx->stats.disk_hits, 0);
+    assert_int_equal(ctx->stats.disk_rejects, 0);
+    assert_int_equal(ctx->stats.disk_writes, 0);
+    assert_int_equal(count_entries(g_dir), 1);
+    clattn_release(ctx);
+}
+
+typedef enum unwritable {
+    UNWRITABLE_PROC,      /* /proc/clattn-nonexistent: mkdir fails */
+    UNWRITABLE_UNDER_FILE, /* <tmp>/file/sub with <tmp>/file a regular file */
+    UNWRITABLE_READONLY,  /* <tmp>/ro with mode 0500 (meaningless as root: skipped) */
+    UNWRITABLE_PROC_DIR,  /* /proc/self/fdinfo: exists, but no file can be created there, root or not */
+    UNWRITABLE_TOO_LONG   /* a path longer than any buffer the library keeps */
+} unwritable;
+
+typedef struct unwritable_row {
+    const char *name;
+    unwritable kind;
+} unwritable_row;
+
+static const unwritable_row unwritable_rows[] = {
+    {"proc", UNWRITABLE_PROC},
+    {"under_regular_file", UNWRITABLE_UNDER_FILE},
+    {"read_only_dir", UNWRITABLE_READONLY},
+    {"existing_dir_no_create", UNWRITABLE_PROC_DIR},
+    {"path_too_long", UNWRITABLE_TOO_LONG},
+};
+
+static void test_unwritable(void **state)
+{
+    const unwritable_row *r = *state;
+    static char dir[6000];
+    char file[PATH_MAX + 256] = "";
+    switch (r->kind) {
+    case UNWRITABLE_PROC:
+        snprintf(dir, sizeof dir, "/proc/clattn-nonexistent");
+        break;
+    case UNWRITABLE_UNDER_FILE:
+        snprintf(file, sizeof file, "%s/file", g_dir);
+        write_whole(file, "x", 1);
+        snprintf(dir, sizeof dir, "%s/sub", file);
+        break;
+    case UNWRITABLE_READONLY:
+        if (geteuid() == 0) {
+            print_message("skipping: root writes into read-only directories\n");
+            skip();
+        }
+        snprintf(dir, sizeof dir, "%s/ro", g_dir);
+        assert_int_equal(mkdir(dir, 0500), 0);
+        break;
+    case UNWRITABLE_PROC_DIR:
+        snprintf(dir, sizeof dir, "/proc/self/fdinfo");
+        break;
+    case UNWRITABLE_TOO_LONG: {
+        int n = snprintf(dir, sizeof dir, "%s/", g_dir);
+        while (n < 5000)
+            dir[n++] = 'd';
+        dir[n] = '\0';
+        break;
+    }
+    }
+    setenv("CLATTN_CACHE_DIR", dir, 1);
+    clattn_context *ctx = new_context();
+    get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+    print_stats(r->name, ctx);
+    assert_int_equal(ctx->stats.builds, 1);
+    assert_int_equal(ctx->stats.disk_writes, 0);
+    assert_int_equal(ctx->stats.disk_hits, 0);
+    check_softmax_runs(ctx);
+    clattn_release(ctx);
+
+    struct stat st;
+    switch (r->kind) {
+    case UNWRITABLE_UNDER_FILE:
+        assert_int_equal(stat(file, &st), 0);
+        assert_true(S_ISREG(st.st_mode)); /* not replaced by a directory */
+        assert_int_equal(count_entries(g_dir), 1);
+        break;
+    case UNWRITABLE_READONLY:
+        assert_int_equal(count_entries(dir), 0);
+        break;
+    case UNWRITABLE_TOO_LONG:
+        assert_int_equal(count_entries(g_dir), 0);
+        break;
+    case UNWRITABLE_PROC:
+        assert_int_not_equal(stat(dir, &st), 0);
+        break;
+    case UNWRITABLE_PROC_DIR:
+        assert_int_equal(count_files(dir, ".clbin", NULL, 0), 0);
+        assert_int_equal(count_files(dir, ".tmp", NULL, 0), 0);
+        break;
+    }
+}
+
+/* =============================== concurrent writers =============================== */
+
+enum { CHILDREN = 4 };
+
+/* Child mode: create a context, report ready, wait for the start signal (EOF on start_fd), build. */
+static int child_main(int ready_fd, int start_fd)
+{
+    clattn_context *ctx = NULL;
+    if (clattn_create(NULL, &ctx) != CLATTN_SUCCESS) {
+        fprintf(stderr, "child %ld: clattn_create: %s\n", (long)getpid(), clattn_last_error(NULL));
+        return 2;
+    }
+    const char one = 1;
+    if (write(ready_fd, &one, 1) != 1)
+        return 3;
+    close(ready_fd);
+    char c;
+    while (read(start_fd, &c, 1) > 0) {
+    }
+    close(start_fd);
+    cl_kernel k = NULL;
+    const clattn_status st = clattn__get_kernel(ctx, "softmax.cl", OPT_A, "softmax", &k);
+    const clattn_cache_stats s = ctx->stats;
+    fprintf(stderr, "child %ld: %s, builds %u disk_hits %u disk_rejects %u disk_writes %u\n",
+            (long)getpid(), clattn_status_name(st), s.builds, s.disk_hits, s.disk_rejects,
+            s.disk_writes);
+    const int ok = st == CLATTN_SUCCESS && k != NULL;
+    clattn_release(ctx);
+    return ok ? 0 : 1;
+}
+
+static void test_concurrent_writers(void **state)
+{
+    (void)state;
+    clattn_release(tu_context()); /* skip here, not in the children, without a device */
+    int ready[2], start[2];
+    assert_int_equal(pipe(ready), 0);
+    assert_int_equal(pipe(start), 0);
+    pid_t pids[CHILDREN];
+    int forked = 0;
+    for (int i = 0; i < CHILDREN; ++i) {
+        fflush(NULL);
+        pids[i] = fork();
+        if (pids[i] < 0)
+            break; /* the children already started still get their start signal and are reaped */
+        ++forked;
+        if (pids[i] == 0) {
+            close(ready[0]);
+            close(start[1]);
+            char rfd[16], sfd[16];
+            snprintf(rfd, sizeof rfd, "%d", ready[1]);
+            snprintf(sfd, sizeof sfd, "%d", start[0]);
+            execl("/proc/self/exe", "test_cache", "--cache-child", rfd, sfd, (char *)NULL);
+            _exit(127);
+        }
+    }
+    close(ready[1]);
+    close(start[0]);
+    /* Every child has its context before any starts building, so the builds overlap. */
+    int got = 0;
+    char buf[CHILDREN];
+    while (got < forked) {
+        const ssize_t n = read(ready[0], buf, (size_t)(forked - got));
+        if (n <= 0)
+            break; /* a child died before reporting; its exit status tells */
+        got += (int)n;
+    }
+    close(ready[0]);
+    close(start[1]); /* go */
+    int failures = 0;
+    for (int i = 0; i < forked; ++i) {
+        int status = 0;
+        assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            print_error("child %d (pid %ld) failed: %s %d\n", i, (long)pids[i],
+                        WIFEXITED(status) ? "exit" : "signal",
+                        WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+            ++failures;
+        }
+    }
+    assert_int_equal(forked, CHILDREN);
+    assert_int_equal(got, CHILDREN);
+    assert_int_equal(failures, 0);
+    assert_int_equal(count_files(g_dir, ".clbin", NULL, 0), 1);
+    assert_int_equal(count_files(g_dir, ".tmp", NULL, 0), 0);
+    assert_int_equal(count_entries(g_dir), 1);
+    expect_disk_hit();
+}
+
+/* =============================== build failures =============================== */
+
+typedef struct bad_build_row {
+    const char *name;
+    const char *options;
+} bad_build_row;
+
+static const bad_build_row bad_build_rows[] = {
+    {"wg_zero", "-cl-std=CL1.2 -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DWG=0"},
+    {"wg_open_paren", "-cl-std=CL1.2 -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DWG=("},
+};
+
+static void test_build_failure(void **state)
+{
+    const bad_build_row *r = *state;
+    char path[PATH_MAX + 256];
+    plant(get_seed_a(), NULL, path, sizeof path); /* the good build afterwards is then a disk hit */
+    clattn_context *ctx = new_context();
+
+    cl_kernel k = (cl_kernel)&k;
+    clattn_status st = clattn__get_kernel(ctx, "softmax.cl", r->options, "softmax", &k);
+    print_stats(r->name, ctx);
+    assert_int_equal(st, CLATTN_BUILD_FAILED);
+    assert_null(k);
+    assert_int_equal(ctx->stats.builds, 1);
+    assert_int_equal(ctx->stats.disk_writes, 0);
+    assert_int_equal(clattn_last_cl_error(ctx), CL_BUILD_PROGRAM_FAILURE);
+
+    const char *log = clattn_last_build_log(ctx);
+    assert_non_null(log);
+    assert_true(log[0] != '\0');
+    assert_non_null(strstr(log, "error"));
+    char *log_copy = strdup(log);
+    assert_non_null(log_copy);
+    const char *err = clattn_last_error(ctx);
+    print_message("last error: %.400s%s\n", err, strlen(err) > 400 ? "..." : "");
+    assert_non_null(strstr(err, "softmax.cl"));
+    assert_non_null(strstr(err, log_copy)); /* message, newline, build log */
+    assert_non_null(strchr(err, '\n'));
+    /* Asking again fails again: a failure is not cached as a program. */
+    k = (cl_kernel)&k;
+    st = clattn__get_kernel(ctx, "softmax.cl", r->options, "softmax", &k);
+    assert_int_equal(st, CLATTN_BUILD_FAILED);
+    assert_null(k);
+    assert_int_equal(ctx->stats.builds, 2);
+    assert_int_equal(ctx->stats.memory_hits, 0);
+    free(log_copy);
+
+    /* The context stays usable: a good kernel (from the planted file), then a public call that
+     * succeeds and clears the error. */
+    get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+    assert_int_equal(ctx->stats.disk_hits, 1);
+    assert_int_equal(ctx->stats.disk_writes, 0);
+    check_softmax_runs(ctx);
+    assert_string_equal(clattn_last_error(ctx), "");
+    clattn_release(ctx);
+    /* Nothing written for the failed builds. */
+    assert_int_equal(count_entries(g_dir), 1);
+}
+
+/* =============================== cold vs warm =============================== */
+
+static void test_cold_warm(void **state)
+{
+    (void)state;
+    clattn_release(tu_context()); /* the platform's one-time start-up is not part of either time */
+    double t0 = now_ms();
+    clattn_context *ctx = new_context();
+    get_kernel_ok(ctx, "fused.cl", OPT_FUSED, "fused");
+    const double cold = now_ms() - t0;
+    assert_int_equal(ctx->stats.builds, 1);
+    assert_int_equal(ctx->stats.disk_writes, 1);
+    clattn_release(ctx);
+
+    t0 = now_ms();
+    ctx = new_context();
+    get_kernel_ok(ctx, "fused.cl", OPT_FUSED, "fused");
+    const double warm = now_ms() - t0;
+    assert_int_equal(ctx->stats.builds, 0);
+    assert_int_equal(ctx->stats.disk_hits, 1);
+    clattn_release(ctx);
+    /* "cold" is clattn's cold start; a driver with a cache of its own (PoCL keeps one in
+     * ~/.cache/pocl) makes it look warmer on reruns: run with POCL_KERNEL_CACHE=0 for a true one. */
+    print_message("time to first ready fused kernel: cold %.1f ms, warm %.1f ms\n", cold, warm);
+}
+
+/* =============================== registration =============================== */
+
+enum { MAX_TESTS = 64 };
+static struct CMUnitTest tests[MAX_TESTS];
+static char *names[MAX_TESTS];
+static size_t ntests;
+
+static void add_test(const char *area, const char *row, CMUnitTestFunction fn, const void *state)
+{
+    if (ntests == MAX_TESTS) {
+        fprintf(stderr, "test_cache: more than %d tests, raise MAX_TESTS\n", MAX_TESTS);
+        exit(1);
+    }
+    const size_t n = strlen(area) + 1 + (row != NULL ? strlen(row) : 0) + 1;
+    char *name = malloc(n);
+    if (name == NULL)
+        exit(1);
+    snprintf(name, n, row != NULL ? "%s/%s" : "%s", area, row != NULL ? row : "");
+    names[ntests] = name;
+    tests[ntests] = (struct CMUnitTest){name, fn, setup_dir, teardown_dir, (void *)state};
+    ++ntests;
+}
+
+#define ADD_TABLE(area, fn, table)              \
+    for (size_t i_ = 0; i_ < N_OF(table); ++i_) \
+    add_test((area), (table)[i_].name, (fn), &(table)[i_])
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && strcmp(argv[1], "--cache-child") == 0)
+        return child_main(atoi(argv[2]), atoi(argv[3]));
+
+    const char *e = getenv("CLATTN_CACHE_DIR");
+    saved_cache_dir = e != NULL ? strdup(e) : NULL;
+    e = getenv("CLATTN_CACHE");
+    saved_cache = e != NULL ? strdup(e) : NULL;
+    /* clattn_softmax then asks for exactly OPT_A on any device (16 is clamped where too large). */
+    setenv("CLATTN_PARAMS_SOFTMAX", "16", 1);
+
+    add_test("hit/miss_then_disk_then_memory", NULL, test_miss_then_hit, NULL);
+    ADD_TABLE("damaged", test_damaged, damage_rows);
+    add_test("off/no_file_written_none_read", NULL, test_cache_off, NULL);
+    ADD_TABLE("unwritable", test_unwritable, unwritable_rows);
+    add_test("concurrent/four_processes_one_entry", NULL, test_concurrent_writers, NULL);
+    ADD_TABLE("build_failure", test_build_failure, bad_build_rows);
+    add_test("timing/cold_vs_warm", NULL, test_cold_warm, NULL);
+
+    for (size_t i = 0; i < ntests; ++i)
+        for (size_t j = i + 1; j < ntests; ++j)
+            if (strcmp(names[i], names[j]) == 0) {
+                fprintf(stderr, "test_cache: duplicate test name %s\n", names[i]);
+                return 1;
+            }
+
+    const int failed = _cmocka_run_group_tests("cache", tests, ntests, NULL, NULL);
+    if (g_dir[0] != '\0')
+        remove_tree(g_dir); /* the last test's, when it failed or skipped */
+    for (size_t i = 0; i < ntests; ++i)
+        free(names[i]);
+    free(seed_a.content.data);
+    free(seed_b.content.data);
+    free(saved_cache_dir);
+    free(saved_cache);
+    return failed;
+}
