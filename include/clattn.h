@@ -152,8 +152,8 @@ typedef struct clattn_context clattn_context;
 /**
  * Creates a context on a device chosen by `device`: NULL or "" reads the CLATTN_DEVICE environment
  * variable; then "gpu", "cpu", "accelerator" (any case), "P:D" (platform and device index), or a
- * case-insensitive substring of
- * the platform or device name. With no spec the first GPU is chosen, else the first device of any type.
+ * case-insensitive substring of the platform or device name. With no spec the first GPU is chosen,
+ * else the first device of any type.
  * @return CLATTN_SUCCESS and *ctx, or a failure status with *ctx set to NULL
  *         (clattn_last_error(NULL) then gives the message).
  */
