@@ -13,8 +13,11 @@ echo "== devices"
 echo
 echo "== attention on the default device (checked against the float64 reference, then timed)"
 ./build/tools/clattn-bench --check "$@"
-if python3 -c "import numpy" 2>/dev/null; then
+# Debian's numpy lives with the system interpreter, which may not be the first python3 on PATH.
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+if "$py" -c "import numpy" 2>/dev/null; then
   echo
-  echo "== peer: numpy (OpenBLAS) attention on the host CPU, same shape as the CPU default"
-  python3 tools/bench_numpy.py
+  echo "== peer: numpy attention on the host CPU (B1 H8 S1024 d64 f32, the CPU default shape)"
+  "$py" tools/bench_numpy.py
 fi

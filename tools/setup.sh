@@ -3,7 +3,7 @@
 # those missing, with sudo when not root. Sourced by run.sh and test.sh.
 set -euo pipefail
 clattn_packages=(build-essential cmake pkg-config ocl-icd-opencl-dev opencl-headers clinfo
-                 pocl-opencl-icd libcmocka-dev libclblast-dev python3-numpy)
+                 pocl-opencl-icd libcmocka-dev libclblast-dev python3-numpy libopenblas0-pthread)
 clattn_missing=()
 for p in "${clattn_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || clattn_missing+=("$p")
@@ -13,9 +13,10 @@ if [ ${#clattn_missing[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  # libclblast-dev and python3-numpy are only for the benchmark's peers: not fatal if unavailable.
+  # CLBlast, numpy and OpenBLAS (numpy's BLAS: the reference BLAS is 20x slower) are only the
+  # benchmark's peers: not fatal if unavailable.
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config ocl-icd-opencl-dev opencl-headers clinfo pocl-opencl-icd libcmocka-dev
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-    libclblast-dev python3-numpy || echo "setup: CLBlast/numpy not installed; the benchmark skips those peers"
+    libclblast-dev python3-numpy libopenblas0-pthread || echo "setup: CLBlast/numpy not installed; the benchmark skips those peers"
 fi

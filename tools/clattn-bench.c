@@ -1,0 +1,1283 @@
+/*
+ * clattn-bench — times clattn's operations on one device next to peers measured in the same run
+ * (device copy bandwidth, CLBlast's batched SGEMM) and optionally checks every timed result against
+ * a float64 host reference.
+ *
+ *   clattn-bench [--device SPEC] [--op LIST] [shape options] [--iters N] [--warmup N]
+ *                [--csv] [--check] [--help]
+ *
+ * Method (see PERFORMANCE.md): each operation is enqueued and the queue drained with clFinish, with
+ * a CLOCK_MONOTONIC wall clock around both, so every kernel an operation enqueues is timed (the
+ * unfused path's three kernels, decode's split and merge), never one event. Warm-up runs (kernel
+ * builds, CLBlast's compilation) are not timed; the median and the minimum of the timed runs are
+ * reported. Absolute times on a shared machine are noise: the ratios against peers measured in
+ * the same run are the figures to compare.
+ *
+ * Inputs are uniform in [-1, 1) from a counter-based generator (element index -> value), so any
+ * element can be regenerated on the host: uploads go in chunks and the reference rebuilds only the
+ * heads it checks, whatever the size of the device tensors.
+ *
+ * Exit status: 0 ok; 1 bad usage or a failure of clattn, OpenCL or the host; 2 no OpenCL device;
+ * 3 --check found an error above tolerance.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "clattn.h"
+
+#ifdef CLATTN_HAVE_CLBLAST
+#include <clblast_c.h>
+#endif
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define EXIT_USAGE 1
+#define EXIT_ERROR 1
+#define EXIT_NO_DEVICE 2
+#define EXIT_CHECK 3
+
+/* Returned by an operation's enqueue function: the device cannot run this case (clattn said
+ * UNSUPPORTED, CLBlast failed, a buffer exceeds the device's max allocation). The reason has been
+ * printed; the suite goes on without it. */
+#define OP_SKIPPED 1
+
+#define SEED 0x5eedc1a7701ULL
+/* Generator streams, one per input tensor, so Q, K, V and the softmax input differ. */
+enum { ID_Q = 1, ID_K = 2, ID_V = 3, ID_S = 4 };
+
+/* Elements generated and uploaded per clEnqueueWriteBuffer: bounds host memory for big tensors. */
+#define UPLOAD_CHUNK ((size_t)1 << 22)
+/* A reference costing more multiply-adds than this checks a sample of rows instead of all rows. */
+#define FULL_CHECK_COST ((double)(1 << 28))
+/* Rows checked per sampled head: evenly spaced, the first and the last included. */
+#define SAMPLE_ROWS 16
+
+enum op_id { OP_COPY, OP_SCORES, OP_SOFTMAX, OP_UNFUSED, OP_FUSED, OP_DECODE, OP_CLBLAST, OP_COUNT };
+static const char *const op_names[OP_COUNT] = {"copy",  "scores", "softmax", "unfused",
+                                               "fused", "decode", "clblast"};
+
+typedef struct shape {
+    long long b, hq, hkv, sq, skv, d, dv; /* softmax: b, hq = heads, sq = rows, skv = cols */
+    clattn_dtype dt;
+    int causal;
+} shape;
+
+typedef struct options {
+    const char *device;
+    unsigned ops; /* bit per op_id */
+    long long b, hq, hkv, sq, skv, d, dv; /* -1: per-op default */
+    int dtype;                            /* -1: per-op default (f32) */
+    int causal;                           /* 1: --causal given */
+    int iters, warmup, csv, check;
+} options;
+
+/* One line of output. NAN marks a figure that does not apply. */
+typedef struct result {
+    const char *op;
+    int has_shape;
+    shape s;
+    const char *dtype;
+    double ms_med, ms_min, gflops, gbps;
+    const char *ratio_name;
+    double ratio;
+    int checked;
+    double err, tol;
+} result;
+
+typedef struct bench {
+    options opt;
+    clattn_context *ctx;
+    cl_context clctx;
+    cl_command_queue queue;
+    cl_device_id dev;
+    char dev_name[256], plat_name[256], driver[128], dev_version[128];
+    cl_uint compute_units;
+    cl_ulong max_alloc;
+    int gpu;
+    int header_done;
+    int check_failed;
+    /* Peers, NAN until measured. */
+    double copy_gbps, clblast_ms, unfused_ms, fused_gflops;
+    /* Ratios for the closing block, in the order measured. */
+    struct {
+        const char *what, *how;
+        double v;
+    } ratios[8];
+    int n_ratios;
+    /* Host staging for uploads and row reads, grown on demand. */
+    void *stage;
+    size_t stage_size;
+} bench;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Failure paths                                                                                */
+
+static void die(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("clattn-bench: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(code);
+}
+
+static void die_clattn(const bench *bn, const char *what, clattn_status st)
+{
+    die(EXIT_ERROR, "%s: %s (%s): %s", what, clattn_status_name(st), clattn_status_string(st),
+        clattn_last_error(bn->ctx));
+}
+
+static void check_cl(cl_int err, const char *what)
+{
+    if (err != CL_SUCCESS)
+        die(EXIT_ERROR, "%s failed (OpenCL error %d)", what, (int)err);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        die(EXIT_ERROR, "out of host memory (%zu bytes)", n);
+    return p;
+}
+
+static void *stage(bench *bn, size_t bytes)
+{
+    if (bytes > bn->stage_size) {
+        free(bn->stage);
+        bn->stage = xmalloc(bytes);
+        bn->stage_size = bytes;
+    }
+    return bn->stage;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Storage types                                                                                */
+
+static const char *dtype_name(clattn_dtype dt)
+{
+    return dt == CLATTN_F16 ? "f16" : dt == CLATTN_BF16 ? "bf16" : "f32";
+}
+
+/* Round to nearest even, as the device's vstore_half_rte would. */
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00u);
+    if (ax >= 0x477ff000u) /* >= 65520 rounds to infinity */
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax < 0x38800000u) { /* below 2^-14: a subnormal half, exactly round(|f| * 2^24) */
+        float af;
+        memcpy(&af, &ax, 4);
+        return (uint16_t)(sign | (uint16_t)lrintf(af * 16777216.0f));
+    }
+    uint32_t h = ((((ax >> 23) - 127 + 15)) << 10) | ((ax & 0x7fffffu) >> 13);
+    const uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++; /* a carry into the exponent is the right answer */
+    return (uint16_t)(sign | h);
+}
+
+static double f16_to_f64(uint16_t h)
+{
+    const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m | 0x400, e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+static double bf16_to_f64(uint16_t b)
+{
+    const uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+/* Stores v as dtype at element i of p. */
+static void store(void *p, size_t i, clattn_dtype dt, float v)
+{
+    if (dt == CLATTN_F32)
+        ((float *)p)[i] = v;
+    else
+        ((uint16_t *)p)[i] = dt == CLATTN_F16 ? f32_to_f16(v) : f32_to_bf16(v);
+}
+
+static double load(const void *p, size_t i, clattn_dtype dt)
+{
+    if (dt == CLATTN_F32)
+        return ((const float *)p)[i];
+    const uint16_t h = ((const uint16_t *)p)[i];
+    return dt == CLATTN_F16 ? f16_to_f64(h) : bf16_to_f64(h);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Inputs                                                                                       */
+
+static uint64_t splitmix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Element `idx` of input stream `id`: uniform on a 2^-23 grid in [-1, 1), exact in binary32. */
+static float gen(unsigned id, uint64_t idx)
+{
+    const uint64_t z = splitmix64(SEED ^ ((uint64_t)id << 56) ^ idx);
+    return (float)((double)(z >> 40) / 8388608.0 - 1.0);
+}
+
+/* The value the device holds for that element after storage rounding. */
+static double gen_stored(unsigned id, uint64_t idx, clattn_dtype dt)
+{
+    const float f = gen(id, idx);
+    if (dt == CLATTN_F32)
+        return f;
+    return dt == CLATTN_F16 ? f16_to_f64(f32_to_f16(f)) : bf16_to_f64(f32_to_bf16(f));
+}
+
+static size_t esize(clattn_dtype dt)
+{
+    return clattn_dtype_size(dt);
+}
+
+/* @return a buffer of `bytes`, or NULL (reason printed) when it exceeds the device's limit. */
+static cl_mem make_buffer(bench *bn, const char *op, size_t bytes)
+{
+    if ((cl_ulong)bytes > bn->max_alloc) {
+        fprintf(stderr, "%s: skipped: needs a %zu-byte buffer, more than the device's max allocation "
+                        "of %llu bytes\n",
+                op, bytes, (unsigned long long)bn->max_alloc);
+        return NULL;
+    }
+    cl_int err;
+    cl_mem m = clCreateBuffer(bn->clctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES ||
+        err == CL_OUT_OF_HOST_MEMORY || err == CL_INVALID_BUFFER_SIZE) {
+        fprintf(stderr, "%s: skipped: clCreateBuffer of %zu bytes failed (OpenCL error %d)\n", op,
+                bytes, (int)err);
+        return NULL;
+    }
+    check_cl(err, "clCreateBuffer");
+    return m;
+}
+
+static void release(cl_mem *m, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (m[i])
+            clReleaseMemObject(m[i]);
+}
+
+/* Fills a contiguous buffer with `count` elements of stream `id`. */
+static void upload(bench *bn, cl_mem buf, unsigned id, uint64_t count, clattn_dtype dt)
+{
+    const size_t es = esize(dt);
+    void *h = stage(bn, UPLOAD_CHUNK * es);
+    for (uint64_t at = 0; at < count; at += UPLOAD_CHUNK) {
+        const size_t n = (size_t)(count - at < UPLOAD_CHUNK ? count - at : UPLOAD_CHUNK);
+        for (size_t i = 0; i < n; i++)
+            store(h, i, dt, gen(id, at + i));
+        check_cl(clEnqueueWriteBuffer(bn->queue, buf, CL_TRUE, (size_t)at * es, n * es, h, 0, NULL,
+                                      NULL),
+                 "clEnqueueWriteBuffer");
+    }
+}
+
+/* Reads `n` elements at element offset `off` into dst as doubles. */
+static void read_row(bench *bn, cl_mem buf, uint64_t off, size_t n, clattn_dtype dt, double *dst)
+{
+    const size_t es = esize(dt);
+    void *h = stage(bn, n * es);
+    check_cl(clEnqueueReadBuffer(bn->queue, buf, CL_TRUE, (size_t)off * es, n * es, h, 0, NULL, NULL),
+             "clEnqueueReadBuffer");
+    for (size_t i = 0; i < n; i++)
+        dst[i] = load(h, i, dt);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Float64 reference on sampled rows                                                            */
+
+typedef struct rowpick {
+    long long b, h, i;
+} rowpick;
+
+/* Every row when the reference is cheap; else SAMPLE_ROWS evenly spaced rows of every head of the
+ * first batch and of the last head of the last batch (so batch and head offsets are exercised). */
+static rowpick *pick_rows(long long B, long long H, long long S, double cost, size_t *n)
+{
+    const int all = cost <= FULL_CHECK_COST;
+    const long long per = all || S <= SAMPLE_ROWS ? S : SAMPLE_ROWS;
+    const long long heads = all ? B * H : H + (B > 1);
+    rowpick *r = xmalloc((size_t)(heads * per) * sizeof *r);
+    size_t k = 0;
+    for (long long hh = 0; hh < heads; hh++) {
+        const long long b = all ? hh / H : hh < H ? 0 : B - 1, h = all ? hh % H : hh < H ? hh : H - 1;
+        for (long long j = 0; j < per; j++) {
+            const long long i = per == S ? j : j * (S - 1) / (per - 1);
+            r[k++] = (rowpick){b, h, i};
+        }
+    }
+    *n = k;
+    return r;
+}
+
+/* Keys visible to row i under bottom-right causal masking (all of them otherwise). */
+static long long visible(const shape *s, long long i)
+{
+    if (!s->causal)
+        return s->skv;
+    const long long v = i + 1 + s->skv - s->sq;
+    return v < 0 ? 0 : v > s->skv ? s->skv : v;
+}
+
+/* |got - want| measured on O(1) values: absolute up to magnitude 1, relative above it. Matching
+ * infinities count as exact; NaN or a lone infinity is an infinite error. */
+static double elem_err(double got, double want, double norm)
+{
+    if (isinf(want) && got == want)
+        return 0.0;
+    const double e = fabs(got - want) / norm;
+    return e == e ? e : INFINITY;
+}
+
+static double tolerance(clattn_dtype dt)
+{
+    return dt == CLATTN_F16 ? 2e-3 : dt == CLATTN_BF16 ? 2e-2 : 1e-4;
+}
+
+/*
+ * Checks scores (scores != 0: out is [B][Hq][Sq][Skv], scale·QKᵀ with hidden keys -inf) or attention
+ * (out is [B][Hq][Sq][Dv]) against float64 on the sampled rows. Q, K and V are regenerated from
+ * their streams in s's layout, K and V with s->hkv heads. @return the largest element error.
+ */
+static double check_attention(bench *bn, const shape *s, cl_mem out, int scores)
+{
+    const long long B = s->b, Hq = s->hq, Hkv = s->hkv, Sq = s->sq, Skv = s->skv, D = s->d,
+                    Dv = s->dv, group = Hq / Hkv;
+    const double scale = (double)(float)(1.0 / sqrt((double)D)); /* what scale = 0 resolves to */
+    const double cost = (double)B * Hq * Sq * Skv * (scores ? D : D + Dv);
+    size_t n;
+    rowpick *rows = pick_rows(B, Hq, Sq, cost, &n);
+    double *kh = xmalloc((size_t)(Skv * D) * sizeof *kh);
+    double *vh = scores ? NULL : xmalloc((size_t)(Skv * Dv) * sizeof *vh);
+    double *q = xmalloc((size_t)D * sizeof *q), *sc = xmalloc((size_t)Skv * sizeof *sc);
+    const long long width = scores ? Skv : Dv;
+    double *got = xmalloc((size_t)width * sizeof *got), *want = xmalloc((size_t)width * sizeof *want);
+    long long cached_b = -1, cached_kvh = -1;
+    double worst = 0.0;
+    for (size_t r = 0; r < n; r++) {
+        const long long b = rows[r].b, h = rows[r].h, i = rows[r].i, kvh = h / group;
+        if (b != cached_b || kvh != cached_kvh) {
+            const uint64_t kb = (uint64_t)((b * Hkv + kvh) * Skv);
+            for (long long j = 0; j < Skv * D; j++)
+                kh[j] = gen_stored(ID_K, kb * (uint64_t)D + (uint64_t)j, s->dt);
+            if (vh)
+                for (long long j = 0; j < Skv * Dv; j++)
+                    vh[j] = gen_stored(ID_V, kb * (uint64_t)Dv + (uint64_t)j, s->dt);
+            cached_b = b;
+            cached_kvh = kvh;
+        }
+        const uint64_t row = (uint64_t)((b * Hq + h) * Sq + i);
+        for (long long d = 0; d < D; d++)
+            q[d] = gen_stored(ID_Q, row * (uint64_t)D + (uint64_t)d, s->dt);
+        const long long vis = visible(s, i);
+        double m = -INFINITY;
+        for (long long j = 0; j < vis; j++) {
+            double acc = 0.0;
+            for (long long d = 0; d < D; d++)
+                acc += q[d] * kh[j * D + d];
+            sc[j] = acc * scale;
+            if (sc[j] > m)
+                m = sc[j];
+        }
+        if (scores) {
+            for (long long j = 0; j < Skv; j++)
+                want[j] = j < vis ? sc[j] : -INFINITY;
+        } else {
+            for (long long e = 0; e < Dv; e++)
+                want[e] = 0.0;
+            double l = 0.0;
+            for (long long j = 0; j < vis; j++) {
+                const double p = exp(sc[j] - m);
+                l += p;
+                for (long long e = 0; e < Dv; e++)
+                    want[e] += p * vh[j * Dv + e];
+            }
+            for (long long e = 0; e < Dv && l > 0.0; e++)
+                want[e] /= l;
+        }
+        read_row(bn, out, row * (uint64_t)width, (size_t)width, s->dt, got);
+        for (long long e = 0; e < width; e++) {
+            const double err = elem_err(got[e], want[e], fabs(want[e]) > 1.0 ? fabs(want[e]) : 1.0);
+            if (err > worst)
+                worst = err;
+        }
+    }
+    free(rows);
+    free(kh);
+    free(vh);
+    free(q);
+    free(sc);
+    free(got);
+    free(want);
+    return worst;
+}
+
+/* Softmax rows: error relative to the row's largest probability (probabilities are ~1/cols, so an
+ * absolute tolerance meant for O(1) values would check nothing). */
+static double check_softmax(bench *bn, const shape *s, cl_mem out)
+{
+    const long long cols = s->skv;
+    size_t n;
+    rowpick *rows = pick_rows(s->b, s->hq, s->sq, (double)s->b * s->hq * s->sq * cols, &n);
+    double *got = xmalloc((size_t)cols * sizeof *got), *want = xmalloc((size_t)cols * sizeof *want);
+    double worst = 0.0;
+    for (size_t r = 0; r < n; r++) {
+        const uint64_t row = (uint64_t)((rows[r].b * s->hq + rows[r].h) * s->sq + rows[r].i);
+        const long long vis = visible(s, rows[r].i);
+        double m = -INFINITY, l = 0.0, top = 0.0;
+        for (long long j = 0; j < vis; j++) {
+            want[j] = gen_stored(ID_S, row * (uint64_t)cols + (uint64_t)j, s->dt);
+            if (want[j] > m)
+                m = want[j];
+        }
+        for (long long j = 0; j < vis; j++)
+            l += want[j] = exp(want[j] - m);
+        for (long long j = 0; j < cols; j++) {
+            want[j] = j < vis ? want[j] / l : 0.0;
+            if (want[j] > top)
+                top = want[j];
+        }
+        read_row(bn, out, row * (uint64_t)cols, (size_t)cols, s->dt, got);
+        for (long long j = 0; j < cols; j++) {
+            const double err = elem_err(got[j], want[j], top > 0.0 ? top : 1.0);
+            if (err > worst)
+                worst = err;
+        }
+    }
+    free(rows);
+    free(got);
+    free(want);
+    return worst;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Timing                                                                                       */
+
+typedef int (*enqueue_fn)(bench *bn, void *job);
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Warm-up, then `iters` timed runs of enqueue + clFinish. @return 0, or OP_SKIPPED. */
+static int measure(bench *bn, enqueue_fn fn, void *job, double *med, double *mn)
+{
+    const int iters = bn->opt.iters, total = bn->opt.warmup + iters;
+    double *t = xmalloc((size_t)iters * sizeof *t);
+    for (int it = 0; it < total; it++) {
+        const double t0 = now_ms();
+        const int r = fn(bn, job);
+        if (r) {
+            free(t);
+            return r;
+        }
+        check_cl(clFinish(bn->queue), "clFinish");
+        const double t1 = now_ms();
+        if (it >= bn->opt.warmup)
+            t[it - bn->opt.warmup] = t1 - t0;
+    }
+    qsort(t, (size_t)iters, sizeof *t, cmp_double);
+    *med = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
+    *mn = t[0];
+    free(t);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Output                                                                                       */
+
+static void csv_field_text(const char *s)
+{
+    if (!strpbrk(s, ",\"\n")) {
+        fputs(s, stdout);
+        return;
+    }
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"')
+            putchar('"');
+        putchar(*s == '\n' ? ' ' : *s);
+    }
+    putchar('"');
+}
+
+static void csv_num(double v, const char *fmt)
+{
+    putchar(',');
+    if (!isnan(v))
+        printf(fmt, v);
+}
+
+static void print_header(bench *bn)
+{
+    if (bn->header_done)
+        return;
+    bn->header_done = 1;
+    if (bn->opt.csv) {
+        puts("op,device,dtype,B,Hq,Hkv,Sq,Skv,D,causal,ms_median,ms_min,gflops,gbps,ratio_name,ratio");
+        return;
+    }
+    printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %10s %10s %9s %8s%s\n", "op", "dtype", "B", "Hq",
+           "Hkv", "Sq", "Skv", "D", "causal", "median ms", "min ms", "GFLOP/s", "GB/s",
+           bn->opt.check ? "  check (max err / tol)" : "");
+}
+
+static void fmt_num(char *buf, size_t size, double v, const char *fmt)
+{
+    if (isnan(v))
+        snprintf(buf, size, "-");
+    else
+        snprintf(buf, size, fmt, v);
+}
+
+static void emit(bench *bn, const result *r)
+{
+    print_header(bn);
+    const shape *s = &r->s;
+    if (bn->opt.csv) {
+        csv_field_text(r->op);
+        putchar(',');
+        csv_field_text(bn->dev_name);
+        printf(",%s", r->dtype);
+        if (r->has_shape) {
+            printf(",%lld,%lld,%lld,%lld,%lld,", s->b, s->hq, s->hkv, s->sq, s->skv);
+            if (s->d > 0) /* softmax has no head dimension */
+                printf("%lld", s->d);
+            printf(",%d", s->causal);
+        } else
+            fputs(",,,,,,,", stdout);
+        csv_num(r->ms_med, "%.6g");
+        csv_num(r->ms_min, "%.6g");
+        csv_num(r->gflops, "%.6g");
+        csv_num(r->gbps, "%.6g");
+        printf(",%s", r->ratio_name && !isnan(r->ratio) ? r->ratio_name : "");
+        csv_num(r->ratio_name ? r->ratio : NAN, "%.4g");
+        putchar('\n');
+        fflush(stdout);
+        if (r->checked)
+            fprintf(stderr, "check %s%s %s: max err %.3g, tolerance %.3g: %s\n", r->op,
+                    s->causal ? " causal" : "", r->dtype, r->err, r->tol,
+                    r->err <= r->tol ? "ok" : "FAILED");
+    } else {
+        char n[8][32];
+        if (r->has_shape) {
+            snprintf(n[0], 32, "%lld", s->b);
+            snprintf(n[1], 32, "%lld", s->hq);
+            snprintf(n[2], 32, "%lld", s->hkv);
+            snprintf(n[3], 32, "%lld", s->sq);
+            snprintf(n[4], 32, "%lld", s->skv);
+            if (s->d == 0)
+                snprintf(n[5], 32, "-");
+            else if (s->dv != s->d)
+                snprintf(n[5], 32, "%lld/%lld", s->d, s->dv);
+            else
+                snprintf(n[5], 32, "%lld", s->d);
+            snprintf(n[6], 32, "%s", s->causal ? "yes" : "no");
+        } else {
+            for (int i = 0; i < 7; i++)
+                snprintf(n[i], 32, "-");
+        }
+        char ms[2][32], gf[32], gb[32], chk[64] = "";
+        fmt_num(ms[0], 32, r->ms_med, "%.3f");
+        fmt_num(ms[1], 32, r->ms_min, "%.3f");
+        fmt_num(gf, 32, r->gflops, "%.2f");
+        fmt_num(gb, 32, r->gbps, "%.2f");
+        if (r->checked)
+            snprintf(chk, sizeof chk, "  %.2e / %.0e %s", r->err, r->tol,
+                     r->err <= r->tol ? "ok" : "FAILED");
+        printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %10s %10s %9s %8s%s\n", r->op, r->dtype, n[0],
+               n[1], n[2], n[3], n[4], n[5], n[6], ms[0], ms[1], gf, gb, chk);
+    }
+    fflush(stdout);
+    if (r->checked && !(r->err <= r->tol))
+        bn->check_failed = 1;
+}
+
+static void add_ratio(bench *bn, const char *what, const char *how, double v)
+{
+    if (isnan(v) || bn->n_ratios >= (int)(sizeof bn->ratios / sizeof bn->ratios[0]))
+        return;
+    bn->ratios[bn->n_ratios].what = what;
+    bn->ratios[bn->n_ratios].how = how;
+    bn->ratios[bn->n_ratios].v = v;
+    bn->n_ratios++;
+}
+
+static result new_result(const char *op, const shape *s)
+{
+    result r;
+    memset(&r, 0, sizeof r);
+    r.op = op;
+    if (s) {
+        r.has_shape = 1;
+        r.s = *s;
+        r.dtype = dtype_name(s->dt);
+    } else {
+        r.dtype = "-";
+    }
+    r.gflops = r.gbps = r.ratio = r.err = NAN;
+    return r;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Operations                                                                                   */
+
+typedef struct copy_job {
+    cl_mem src, dst;
+    size_t bytes;
+} copy_job;
+
+static int enqueue_copy(bench *bn, void *job)
+{
+    const copy_job *j = job;
+    check_cl(clEnqueueCopyBuffer(bn->queue, j->src, j->dst, 0, 0, j->bytes, 0, NULL, NULL),
+             "clEnqueueCopyBuffer");
+    return 0;
+}
+
+static void run_copy(bench *bn)
+{
+    copy_job j = {NULL, NULL, (size_t)(bn->gpu ? 256 : 64) << 20};
+    if ((cl_ulong)j.bytes > bn->max_alloc)
+        j.bytes = (size_t)bn->max_alloc;
+    j.src = make_buffer(bn, "copy", j.bytes);
+    j.dst = j.src ? make_buffer(bn, "copy", j.bytes) : NULL;
+    if (j.dst) {
+        const cl_uint pattern = 0x3f800000u; /* 1.0f: pages touched before timing */
+        check_cl(clEnqueueFillBuffer(bn->queue, j.src, &pattern, sizeof pattern, 0, j.bytes, 0, NULL,
+                                     NULL),
+                 "clEnqueueFillBuffer");
+        check_cl(clEnqueueFillBuffer(bn->queue, j.dst, &pattern, sizeof pattern, 0, j.bytes, 0, NULL,
+                                     NULL),
+                 "clEnqueueFillBuffer");
+        result r = new_result("copy", NULL);
+        if (measure(bn, enqueue_copy, &j, &r.ms_med, &r.ms_min) == 0) {
+            r.gbps = 2.0 * (double)j.bytes / (r.ms_med * 1e6);
+            bn->copy_gbps = r.gbps;
+            emit(bn, &r);
+        }
+    }
+    cl_mem m[2] = {j.src, j.dst};
+    release(m, 2);
+}
+
+/* Attention, scores and decode share one job: which call is made depends on `kind`. */
+typedef struct attn_job {
+    int kind; /* OP_SCORES, or an attention op */
+    clattn_attention_desc desc;
+    clattn_tensor q, k, v, o;
+} attn_job;
+
+static int enqueue_attn(bench *bn, void *job)
+{
+    attn_job *j = job;
+    const clattn_status st =
+        j->kind == OP_SCORES
+            ? clattn_scores(bn->ctx, &j->desc, &j->q, &j->k, &j->o, 0, NULL, NULL)
+            : clattn_attention(bn->ctx, &j->desc, &j->q, &j->k, &j->v, &j->o, 0, NULL, NULL);
+    if (st == CLATTN_UNSUPPORTED) {
+        fprintf(stderr, "%s: skipped: %s\n", op_names[j->kind], clattn_last_error(bn->ctx));
+        return OP_SKIPPED;
+    }
+    if (st != CLATTN_SUCCESS)
+        die_clattn(bn, op_names[j->kind], st);
+    return 0;
+}
+
+/* Query-key pairs that contribute, counted exactly under bottom-right causal masking. */
+static double visible_pairs(const shape *s)
+{
+    if (!s->causal)
+        return (double)s->sq * (double)s->skv;
+    double n = 0.0;
+    for (long long i = 0; i < s->sq; i++)
+        n += (double)visible(s, i);
+    return n;
+}
+
+/* Runs scores, unfused, fused or decode on shape s into *out_r (ms_med NAN when skipped). The
+ * caller adds the ratio against its peer and emits the line. */
+static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
+{
+    const size_t es = esize(s->dt);
+    const uint64_t nq = (uint64_t)(s->b * s->hq * s->sq * s->d),
+                   nk = (uint64_t)(s->b * s->hkv * s->skv * s->d),
+                   nv = (uint64_t)(s->b * s->hkv * s->skv * s->dv),
+                   no = (uint64_t)(s->b * s->hq * s->sq * (kind == OP_SCORES ? s->skv : s->dv));
+    const char *name = op_names[kind];
+    cl_mem m[4] = {NULL, NULL, NULL, NULL};
+    *out_r = new_result(name, s);
+    out_r->ms_med = NAN;
+    if (!(m[0] = make_buffer(bn, name, nq * es)) || !(m[1] = make_buffer(bn, name, nk * es)) ||
+        (kind != OP_SCORES && !(m[2] = make_buffer(bn, name, nv * es))) ||
+        !(m[3] = make_buffer(bn, name, no * es))) {
+        release(m, 4);
+        return;
+    }
+    upload(bn, m[0], ID_Q, nq, s->dt);
+    upload(bn, m[1], ID_K, nk, s->dt);
+    if (m[2])
+        upload(bn, m[2], ID_V, nv, s->dt);
+
+    attn_job j;
+    memset(&j, 0, sizeof j);
+    j.kind = kind;
+    j.desc.batch = s->b;
+    j.desc.heads_q = s->hq;
+    j.desc.heads_kv = s->hkv;
+    j.desc.seq_q = s->sq;
+    j.desc.seq_kv = s->skv;
+    j.desc.head_dim = s->d;
+    j.desc.head_dim_v = s->dv;
+    j.desc.scale = 0.0f; /* 1/sqrt(head_dim) */
+    j.desc.causal = s->causal;
+    j.desc.algorithm = kind == OP_UNFUSED ? CLATTN_ALGORITHM_UNFUSED
+                       : kind == OP_FUSED ? CLATTN_ALGORITHM_FUSED
+                                          : CLATTN_ALGORITHM_AUTO;
+    j.q = clattn_tensor_bhsd(m[0], s->dt, s->b, s->hq, s->sq, s->d);
+    j.k = clattn_tensor_bhsd(m[1], s->dt, s->b, s->hkv, s->skv, s->d);
+    if (m[2])
+        j.v = clattn_tensor_bhsd(m[2], s->dt, s->b, s->hkv, s->skv, s->dv);
+    j.o = clattn_tensor_bhsd(m[3], s->dt, s->b, s->hq, s->sq, kind == OP_SCORES ? s->skv : s->dv);
+
+    result *r = out_r;
+    if (measure(bn, enqueue_attn, &j, &r->ms_med, &r->ms_min) == 0) {
+        if (kind == OP_SCORES) {
+            r->gflops = 2.0 * s->b * s->hq * (double)s->sq * (double)s->skv * s->d / (r->ms_med * 1e6);
+            r->gbps = (double)(no * es) / (r->ms_med * 1e6);
+        } else {
+            r->gflops = 2.0 * s->b * s->hq * visible_pairs(s) * (double)(s->d + s->dv) /
+                        (r->ms_med * 1e6);
+            if (kind == OP_DECODE)
+                r->gbps = (double)((nq + nk + nv) * es + (uint64_t)(s->b * s->hq * s->sq * s->dv) * es) /
+                          (r->ms_med * 1e6);
+        }
+        if (bn->opt.check) {
+            r->checked = 1;
+            r->tol = tolerance(s->dt);
+            r->err = check_attention(bn, s, m[3], kind == OP_SCORES);
+        }
+    } else {
+        r->ms_med = NAN;
+    }
+    release(m, 4);
+}
+
+typedef struct softmax_job {
+    clattn_softmax_desc desc;
+    clattn_tensor in, out;
+} softmax_job;
+
+static int enqueue_softmax(bench *bn, void *job)
+{
+    softmax_job *j = job;
+    const clattn_status st = clattn_softmax(bn->ctx, &j->desc, &j->in, &j->out, 0, NULL, NULL);
+    if (st == CLATTN_UNSUPPORTED) {
+        fprintf(stderr, "softmax: skipped: %s\n", clattn_last_error(bn->ctx));
+        return OP_SKIPPED;
+    }
+    if (st != CLATTN_SUCCESS)
+        die_clattn(bn, "softmax", st);
+    return 0;
+}
+
+static void run_softmax(bench *bn, const shape *s)
+{
+    const uint64_t n = (uint64_t)(s->b * s->hq * s->sq * s->skv);
+    const size_t es = esize(s->dt);
+    cl_mem m[2] = {NULL, NULL};
+    if (!(m[0] = make_buffer(bn, "softmax", n * es)) || !(m[1] = make_buffer(bn, "softmax", n * es))) {
+        release(m, 2);
+        return;
+    }
+    upload(bn, m[0], ID_S, n, s->dt);
+    softmax_job j;
+    memset(&j, 0, sizeof j);
+    j.desc.batch = s->b;
+    j.desc.heads = s->hq;
+    j.desc.rows = s->sq;
+    j.desc.cols = s->skv;
+    j.desc.causal = s->causal;
+    j.in = clattn_tensor_bhsd(m[0], s->dt, s->b, s->hq, s->sq, s->skv);
+    j.out = clattn_tensor_bhsd(m[1], s->dt, s->b, s->hq, s->sq, s->skv);
+    result r = new_result("softmax", s);
+    if (measure(bn, enqueue_softmax, &j, &r.ms_med, &r.ms_min) == 0) {
+        r.gbps = 2.0 * (double)(n * es) / (r.ms_med * 1e6);
+        r.ratio_name = "softmax_gbps/copy_gbps";
+        r.ratio = r.gbps / bn->copy_gbps;
+        add_ratio(bn, "softmax vs copy", "softmax GB/s / copy GB/s", r.ratio);
+        if (bn->opt.check) {
+            r.checked = 1;
+            r.tol = tolerance(s->dt);
+            r.err = check_softmax(bn, s, m[1]);
+        }
+        emit(bn, &r);
+    }
+    release(m, 2);
+}
+
+#ifdef CLATTN_HAVE_CLBLAST
+typedef struct blas_job {
+    cl_mem a, b, c;
+    size_t m, n, k, batch;
+    float alpha;
+    CLBlastStatusCode status;
+} blas_job;
+
+static int enqueue_blas(bench *bn, void *job)
+{
+    blas_job *j = job;
+    cl_event ev = NULL;
+    /* C[b] = alpha · A[b] · B[b]ᵀ: A = Q [Sq][D], B = K [Skv][D], C = scores [Sq][Skv], row-major. */
+    j->status = CLBlastSgemmStridedBatched(CLBlastLayoutRowMajor, CLBlastTransposeNo,
+                                           CLBlastTransposeYes, j->m, j->n, j->k, j->alpha, j->a, 0,
+                                           j->k, j->m * j->k, j->b, 0, j->k, j->n * j->k, 0.0f, j->c,
+                                           0, j->n, j->m * j->n, j->batch, &bn->queue, &ev);
+    if (ev)
+        clReleaseEvent(ev);
+    if (j->status != CLBlastSuccess) {
+        FILE *f = bn->opt.csv ? stderr : stdout; /* never inside the CSV */
+        fprintf(f, "clblast: unavailable (status %d)\n", (int)j->status);
+        fflush(f);
+        return OP_SKIPPED;
+    }
+    return 0;
+}
+#endif
+
+/* CLBlast's batched SGEMM on the QKᵀ shape of `sc` (f32; K with Hq heads since a strided batch
+ * cannot express grouped heads). */
+static void run_clblast(bench *bn, const shape *sc)
+{
+#ifdef CLATTN_HAVE_CLBLAST
+    shape s = *sc;
+    s.hkv = s.hq;
+    s.dv = s.d;
+    s.dt = CLATTN_F32;
+    s.causal = 0;
+    const uint64_t batch = (uint64_t)(s.b * s.hq), na = batch * (uint64_t)(s.sq * s.d),
+                   nb = batch * (uint64_t)(s.skv * s.d), nc = batch * (uint64_t)(s.sq * s.skv);
+    cl_mem m[3] = {NULL, NULL, NULL};
+    if (!(m[0] = make_buffer(bn, "clblast", na * 4)) || !(m[1] = make_buffer(bn, "clblast", nb * 4)) ||
+        !(m[2] = make_buffer(bn, "clblast", nc * 4))) {
+        release(m, 3);
+        return;
+    }
+    upload(bn, m[0], ID_Q, na, CLATTN_F32);
+    upload(bn, m[1], ID_K, nb, CLATTN_F32);
+    blas_job j = {m[0], m[1], m[2], (size_t)s.sq, (size_t)s.skv, (size_t)s.d, (size_t)batch,
+                  (float)(1.0 / sqrt((double)s.d)), CLBlastSuccess};
+    result r = new_result("clblast", &s);
+    if (measure(bn, enqueue_blas, &j, &r.ms_med, &r.ms_min) == 0) {
+        r.gflops = 2.0 * (double)batch * (double)s.sq * (double)s.skv * s.d / (r.ms_med * 1e6);
+        r.gbps = (double)(nc * 4) / (r.ms_med * 1e6);
+        bn->clblast_ms = r.ms_med;
+        if (bn->opt.check) { /* not clattn's result, but proves the peer computes the same thing */
+            r.checked = 1;
+            r.tol = tolerance(CLATTN_F32);
+            r.err = check_attention(bn, &s, m[2], 1);
+        }
+        emit(bn, &r);
+    }
+    release(m, 3);
+#else
+    (void)sc;
+    fputs("clblast: unavailable (clattn-bench was built without CLBlast)\n",
+          bn->opt.csv ? stderr : stdout);
+#endif
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Shapes                                                                                       */
+
+static shape default_shape(const bench *bn, int op)
+{
+    shape s = {1, 8, 8, 1024, 1024, 64, 64, CLATTN_F32, 0};
+    if (bn->gpu)
+        s = (shape){4, 16, 16, 4096, 4096, 64, 64, CLATTN_F32, 0};
+    if (op == OP_SOFTMAX) {
+        s = bn->gpu ? (shape){1, 64, 64, 4096, 4096, 0, 0, CLATTN_F32, 0}
+                    : (shape){1, 8, 8, 1024, 1024, 0, 0, CLATTN_F32, 0};
+    } else if (op == OP_DECODE) {
+        s = bn->gpu ? (shape){16, 32, 32, 1, 8192, 128, 128, CLATTN_F32, 0}
+                    : (shape){1, 8, 8, 1, 65536, 64, 64, CLATTN_F32, 0};
+    }
+    return s;
+}
+
+/* The per-op default with the command line's shape options applied. */
+static shape op_shape(const bench *bn, int op)
+{
+    const options *o = &bn->opt;
+    shape s = default_shape(bn, op);
+    const int had_hkv_eq = s.hkv == s.hq, had_dv_eq = s.dv == s.d;
+    if (o->b > 0)
+        s.b = o->b;
+    if (o->hq > 0)
+        s.hq = o->hq;
+    if (o->sq > 0)
+        s.sq = o->sq;
+    if (o->skv > 0)
+        s.skv = o->skv;
+    if (op == OP_SOFTMAX) {
+        s.hkv = s.hq;
+    } else {
+        if (o->d > 0)
+            s.d = o->d;
+        s.hkv = o->hkv > 0 ? o->hkv : had_hkv_eq ? s.hq : s.hkv;
+        s.dv = o->dv > 0 ? o->dv : had_dv_eq ? s.d : s.dv;
+    }
+    if (o->dtype >= 0)
+        s.dt = (clattn_dtype)o->dtype;
+    s.causal = o->causal;
+    return s;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Command line                                                                                 */
+
+static void usage(FILE *f)
+{
+    fputs("usage: clattn-bench [options]\n"
+          "\n"
+          "Times clattn's operations next to peers measured in the same run and prints ratios.\n"
+          "\n"
+          "  --device SPEC   device as clattn_create takes it: gpu, cpu, P:D, or a name substring\n"
+          "                  (default: CLATTN_DEVICE, else the first GPU, else the first device)\n"
+          "  --op LIST       comma list of copy, scores, softmax, unfused, fused, decode, clblast,\n"
+          "                  or all (default: all)\n"
+          "  --batch N --heads N --heads-kv N --seq-q N --seq-kv N --dim N --dim-v N\n"
+          "                  override every selected op's default shape (softmax: heads, rows =\n"
+          "                  seq-q, cols = seq-kv); --heads alone keeps heads-kv = heads\n"
+          "  --dtype T       f32, f16 or bf16 storage for clattn's ops (CLBlast stays f32)\n"
+          "  --causal        bottom-right causal masking for every op (default: off, and fused\n"
+          "                  runs once more with causal to give the causal/non-causal ratio)\n"
+          "  --iters N       timed runs per op (default 10); the median and minimum are shown\n"
+          "  --warmup N      untimed runs first, covering kernel builds (default 2)\n"
+          "  --csv           one header line, then one line per measurement\n"
+          "  --check         compare each timed result with a float64 host reference (a sample\n"
+          "                  of rows for big shapes); exit 3 above tolerance\n"
+          "                  (f32 1e-4, f16 2e-3, bf16 2e-2)\n"
+          "  --help          this text\n"
+          "\n"
+          "Default shapes, CPU devices: scores/unfused/fused B1 H8 S1024 d64 (fused also causal),\n"
+          "softmax 8x1024 rows x 1024, decode B1 H8 Sq1 Skv65536 d64, copy 64 MiB.\n"
+          "Other devices: B4 H16 S4096 d64, softmax 64x4096 rows x 4096, decode B16 H32 Sq1\n"
+          "Skv8192 d128, copy 256 MiB. CLBlast runs SgemmStridedBatched on the scores shape.\n"
+          "\n"
+          "Timing is wall clock around enqueue + clFinish, so every kernel of an op counts.\n"
+          "GFLOP/s: attention 2*B*Hq*pairs*(D+Dv) with pairs = visible (query, key) pairs;\n"
+          "scores 2*B*Hq*Sq*Skv*D. GB/s (1e9 bytes): copy read+write, softmax in+out, decode\n"
+          "Q+K+V+O, scores output written. Check errors are absolute up to magnitude 1 and\n"
+          "relative above it; softmax's are relative to the row's largest probability.\n"
+          "\n"
+          "Exit status: 0 ok, 1 usage or failure, 2 no OpenCL device, 3 check above tolerance.\n",
+          f);
+}
+
+static long long parse_count(const char *opt, const char *v, long long lo)
+{
+    char *end;
+    errno = 0;
+    const long long n = strtoll(v, &end, 10);
+    if (errno || end == v || *end || n < lo) {
+        fprintf(stderr, "clattn-bench: %s needs an integer >= %lld (got '%s')\n", opt, lo, v);
+        exit(EXIT_USAGE);
+    }
+    return n;
+}
+
+static unsigned parse_ops(const char *list)
+{
+    unsigned ops = 0;
+    const char *p = list;
+    while (*p) {
+        const size_t len = strcspn(p, ",");
+        int found = 0;
+        if (len == 3 && strncmp(p, "all", 3) == 0) {
+            ops = (1u << OP_COUNT) - 1;
+            found = 1;
+        }
+        for (int i = 0; i < OP_COUNT && !found; i++)
+            if (strlen(op_names[i]) == len && strncmp(p, op_names[i], len) == 0) {
+                ops |= 1u << i;
+                found = 1;
+            }
+        if (!found) {
+            fprintf(stderr, "clattn-bench: unknown op '%.*s' in --op\n", (int)len, p);
+            exit(EXIT_USAGE);
+        }
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    if (!ops) {
+        fputs("clattn-bench: --op needs at least one op\n", stderr);
+        exit(EXIT_USAGE);
+    }
+    return ops;
+}
+
+static void parse_args(int argc, char **argv, options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->ops = (1u << OP_COUNT) - 1;
+    o->b = o->hq = o->hkv = o->sq = o->skv = o->d = o->dv = -1;
+    o->dtype = -1;
+    o->iters = 10;
+    o->warmup = 2;
+    static const struct {
+        const char *name;
+        int what;
+    } valued[] = {{"--device", 0}, {"--op", 1},      {"--batch", 2},  {"--heads", 3},
+                  {"--heads-kv", 4}, {"--seq-q", 5}, {"--seq-kv", 6}, {"--dim", 7},
+                  {"--dim-v", 8},  {"--dtype", 9},   {"--iters", 10}, {"--warmup", 11}};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            exit(0);
+        } else if (strcmp(a, "--csv") == 0) {
+            o->csv = 1;
+            continue;
+        } else if (strcmp(a, "--check") == 0) {
+            o->check = 1;
+            continue;
+        } else if (strcmp(a, "--causal") == 0) {
+            o->causal = 1;
+            continue;
+        }
+        int what = -1;
+        const char *v = NULL;
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0] && what < 0; k++) {
+            const size_t len = strlen(valued[k].name);
+            if (strcmp(a, valued[k].name) == 0) {
+                if (i + 1 >= argc) {
+                    fprintf(stderr, "clattn-bench: %s needs a value\n", a);
+                    exit(EXIT_USAGE);
+                }
+                what = valued[k].what;
+                v = argv[++i];
+            } else if (strncmp(a, valued[k].name, len) == 0 && a[len] == '=') {
+                what = valued[k].what;
+                v = a + len + 1;
+            }
+        }
+        switch (what) {
+        case 0: o->device = v; break;
+        case 1: o->ops = parse_ops(v); break;
+        case 2: o->b = parse_count("--batch", v, 1); break;
+        case 3: o->hq = parse_count("--heads", v, 1); break;
+        case 4: o->hkv = parse_count("--heads-kv", v, 1); break;
+        case 5: o->sq = parse_count("--seq-q", v, 1); break;
+        case 6: o->skv = parse_count("--seq-kv", v, 1); break;
+        case 7: o->d = parse_count("--dim", v, 1); break;
+        case 8: o->dv = parse_count("--dim-v", v, 1); break;
+        case 9:
+            if (strcmp(v, "f32") == 0)
+                o->dtype = CLATTN_F32;
+            else if (strcmp(v, "f16") == 0)
+                o->dtype = CLATTN_F16;
+            else if (strcmp(v, "bf16") == 0)
+                o->dtype = CLATTN_BF16;
+            else {
+                fprintf(stderr, "clattn-bench: --dtype must be f32, f16 or bf16 (got '%s')\n", v);
+                exit(EXIT_USAGE);
+            }
+            break;
+        case 10: o->iters = (int)parse_count("--iters", v, 1); break;
+        case 11: o->warmup = (int)parse_count("--warmup", v, 0); break;
+        default:
+            fprintf(stderr, "clattn-bench: unknown option '%s'\n", a);
+            usage(stderr);
+            exit(EXIT_USAGE);
+        }
+    }
+    if (o->iters > 100000 || o->warmup > 100000)
+        die(EXIT_USAGE, "--iters and --warmup must be at most 100000");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static void device_string(cl_device_id d, cl_device_info what, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    if (clGetDeviceInfo(d, what, size - 1, buf, NULL) != CL_SUCCESS)
+        snprintf(buf, size, "?");
+    buf[size - 1] = '\0';
+}
+
+static void open_device(bench *bn)
+{
+    clattn_status st = clattn_create(bn->opt.device, &bn->ctx);
+    if (st == CLATTN_NO_DEVICE)
+        die(EXIT_NO_DEVICE, "no OpenCL device: %s", clattn_last_error(NULL));
+    if (st != CLATTN_SUCCESS)
+        die(EXIT_ERROR, "clattn_create: %s: %s", clattn_status_name(st), clattn_last_error(NULL));
+    bn->clctx = clattn_cl_context(bn->ctx);
+    bn->queue = clattn_queue(bn->ctx);
+    bn->dev = clattn_device(bn->ctx);
+    device_string(bn->dev, CL_DEVICE_NAME, bn->dev_name, sizeof bn->dev_name);
+    device_string(bn->dev, CL_DRIVER_VERSION, bn->driver, sizeof bn->driver);
+    device_string(bn->dev, CL_DEVICE_VERSION, bn->dev_version, sizeof bn->dev_version);
+    cl_platform_id plat = NULL;
+    bn->plat_name[0] = '\0';
+    if (clGetDeviceInfo(bn->dev, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL) != CL_SUCCESS ||
+        clGetPlatformInfo(plat, CL_PLATFORM_NAME, sizeof bn->plat_name - 1, bn->plat_name, NULL) !=
+            CL_SUCCESS)
+        snprintf(bn->plat_name, sizeof bn->plat_name, "?");
+    bn->plat_name[sizeof bn->plat_name - 1] = '\0';
+    cl_device_type type = 0;
+    check_cl(clGetDeviceInfo(bn->dev, CL_DEVICE_TYPE, sizeof type, &type, NULL), "clGetDeviceInfo");
+    bn->gpu = !(type & CL_DEVICE_TYPE_CPU);
+    check_cl(clGetDeviceInfo(bn->dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof bn->max_alloc,
+                             &bn->max_alloc, NULL),
+             "clGetDeviceInfo");
+    if (clGetDeviceInfo(bn->dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof bn->compute_units,
+                        &bn->compute_units, NULL) != CL_SUCCESS)
+        bn->compute_units = 0;
+}
+
+static void print_ratios(const bench *bn)
+{
+    if (bn->opt.csv || bn->n_ratios == 0)
+        return;
+    puts("\nratios (same run):");
+    for (int i = 0; i < bn->n_ratios; i++)
+        printf("  %-22s %-37s %8.4g\n", bn->ratios[i].what, bn->ratios[i].how, bn->ratios[i].v);
+}
+
+int main(int argc, char **argv)
+{
+    static bench bn; /* static: zeroed, and its address is stable for the whole run */
+    parse_args(argc, argv, &bn.opt);
+    bn.copy_gbps = bn.clblast_ms = bn.unfused_ms = bn.fused_gflops = NAN;
+    open_device(&bn);
+    const options *o = &bn.opt;
+
+    FILE *info = o->csv ? stderr : stdout;
+    fprintf(info, "clattn-bench: clattn %s\n", clattn_version_string());
+    fprintf(info, "device: %s (%s)\n", bn.dev_name, bn.plat_name);
+    fprintf(info, "driver: %s, %s, %u compute units, %s default shapes\n", bn.driver, bn.dev_version,
+            bn.compute_units, bn.gpu ? "GPU" : "CPU");
+    fprintf(info, "timing: wall clock around enqueue + clFinish; median and min of %d runs after %d "
+                  "warm-up\n\n",
+            o->iters, o->warmup);
+    fflush(info);
+
+    /* Peers run before the ops compared with them, so every line can carry its ratio. */
+    if (o->ops & (1u << OP_COPY))
+        run_copy(&bn);
+    shape sc = op_shape(&bn, OP_SCORES);
+    sc.dv = sc.d; /* scores have no value dimension */
+    if (o->ops & (1u << OP_CLBLAST))
+        run_clblast(&bn, &sc);
+    if (o->ops & (1u << OP_SCORES)) {
+        result r;
+        run_attn(&bn, OP_SCORES, &sc, &r);
+        if (!isnan(r.ms_med)) {
+            r.ratio_name = "clblast_ms/scores_ms";
+            r.ratio = bn.clblast_ms / r.ms_med;
+            add_ratio(&bn, "scores vs CLBlast", "clblast ms / scores ms (>1: faster)", r.ratio);
+            emit(&bn, &r);
+        }
+    }
+    if (o->ops & (1u << OP_SOFTMAX)) {
+        const shape s = op_shape(&bn, OP_SOFTMAX);
+        run_softmax(&bn, &s);
+    }
+    if (o->ops & (1u << OP_UNFUSED)) {
+        const shape s = op_shape(&bn, OP_UNFUSED);
+        result r;
+        run_attn(&bn, OP_UNFUSED, &s, &r);
+        if (!isnan(r.ms_med)) {
+            bn.unfused_ms = r.ms_med;
+            emit(&bn, &r);
+        }
+    }
+    if (o->ops & (1u << OP_FUSED)) {
+        const shape s = op_shape(&bn, OP_FUSED);
+        result r;
+        run_attn(&bn, OP_FUSED, &s, &r);
+        if (!isnan(r.ms_med)) {
+            bn.fused_gflops = r.gflops;
+            r.ratio_name = "unfused_ms/fused_ms";
+            r.ratio = bn.unfused_ms / r.ms_med;
+            add_ratio(&bn, "fused vs unfused", "unfused ms / fused ms", r.ratio);
+            emit(&bn, &r);
+        }
+        if (!o->causal) {
+            shape c = s;
+            c.causal = 1;
+            run_attn(&bn, OP_FUSED, &c, &r);
+            if (!isnan(r.ms_med)) {
+                r.ratio_name = "causal_gflops/noncausal_gflops";
+                r.ratio = r.gflops / bn.fused_gflops;
+                add_ratio(&bn, "causal vs non-causal", "fused causal / non-causal GFLOP/s", r.ratio);
+                emit(&bn, &r);
+            }
+        }
+    }
+    if (o->ops & (1u << OP_DECODE)) {
+        const shape s = op_shape(&bn, OP_DECODE);
+        result r;
+        run_attn(&bn, OP_DECODE, &s, &r);
+        if (!isnan(r.ms_med)) {
+            r.ratio_name = "decode_gbps/copy_gbps";
+            r.ratio = r.gbps / bn.copy_gbps;
+            add_ratio(&bn, "decode vs copy", "decode GB/s / copy GB/s", r.ratio);
+            emit(&bn, &r);
+        }
+    }
+    print_ratios(&bn);
+    if (bn.check_failed)
+        fputs("clattn-bench: --check: an error above tolerance (see the check column)\n", stderr);
+
+    free(bn.stage);
+    clattn_release(bn.ctx);
+    return bn.check_failed ? EXIT_CHECK : 0;
+}
