@@ -48,6 +48,11 @@
 #define floatV CAT(float, VW)
 #define vloadV CAT(vload, VW)
 #define vstoreV CAT(vstore, VW)
+#if EXP2_POLY /* set for CPUs, where the built-in exp2 on wide vectors becomes per-lane calls */
+#define exp2V CAT(exp2p, VW)
+#else
+#define exp2V exp2
+#endif
 
 /* Loads 4 consecutive elements starting at index i < n of a row, zero beyond n. */
 inline float4 row_load4(__global const T_IN *p, int i, int n)
@@ -205,7 +210,7 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
             for (int c = 0; c < NV; c++)
                 o[i][c] *= alpha;
             for (int j = 0; j < NS; j++)
-                vstoreV(exp2(s[i][j] - mref), 0, &Ps[ty * RM + i][VW * (tx + WGX * j)]);
+                vstoreV(exp2V(s[i][j] - mref), 0, &Ps[ty * RM + i][VW * (tx + WGX * j)]);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 

@@ -118,9 +118,9 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     char opts[256];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=%d -DWGY=%d -DRM=%d -DNS=%d "
-             "-DVW=%d -DNV=%d -DDP=%d",
+             "-DVW=%d -DNV=%d -DDP=%d -DEXP2_POLY=%d",
              (int)p->dtype, (int)out_dt, p->has_mask ? (int)p->mask.dtype : 0, c.wgx, c.wgy, c.rm,
-             c.ns, c.vw, c.nv, c.dp);
+             c.ns, c.vw, c.nv, c.dp, (ctx->dev.type & CL_DEVICE_TYPE_CPU) ? 1 : 0);
     cl_kernel k;
     clattn_status st = clattn__get_kernel(ctx, "fused.cl", opts, "fused", &k);
     if (st)

@@ -21,25 +21,25 @@ clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_
     const size_t es = clattn_dtype_size(dtype);
     if (es == 0)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "dtype %d is not a clattn_dtype", (int)dtype);
-    /* Sizes are checked by clattn_attention; here only that the products fit size_t. */
+    clattn_status st = clattn__check_desc(ctx, desc, 1);
+    if (st)
+        return st;
     const int64_t B = desc->batch, HQ = desc->heads_q, HK = desc->heads_kv, SQ = desc->seq_q,
                   SK = desc->seq_kv, D = desc->head_dim,
                   DV = desc->head_dim_v ? desc->head_dim_v : desc->head_dim;
-    if (B <= 0 || HQ <= 0 || HK <= 0 || SQ <= 0 || SK <= 0 || D <= 0 || DV <= 0 ||
-        D > CLATTN_MAX_HEAD_DIM || DV > CLATTN_MAX_HEAD_DIM || B > 65536 || HQ > 65536 || HK > 65536)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                            "desc sizes out of range for clattn_attention_host");
+    /* Host arrays must be addressable: bound each byte count well inside size_t. */
     const double nq = (double)B * HQ * SQ * D, nk = (double)B * HK * SK * D,
                  nv = (double)B * HK * SK * DV, no = (double)B * HQ * SQ * DV;
     if (nq * es > 1e15 || nk * es > 1e15 || nv * es > 1e15 || no * es > 1e15)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc sizes too large for host buffers");
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc sizes need more than 10^15 bytes of host memory (q %.3g, k %.3g, "
+                            "v %.3g, out %.3g elements)", nq, nk, nv, no);
     const size_t bq = (size_t)nq * es, bk = (size_t)nk * es, bv = (size_t)nv * es, bo = (size_t)no * es,
                  bl = (size_t)(B * HQ * SQ) * 4;
     cl_int err = CL_SUCCESS;
     cl_mem m[5] = {NULL, NULL, NULL, NULL, NULL};
     const size_t sizes[5] = {bq, bk, bv, bo, bl};
     const void *src[3] = {q, k, v};
-    clattn_status st = CLATTN_SUCCESS;
     for (int i = 0; i < (lse ? 5 : 4) && !st; i++) {
         cl_mem_flags f = i < 3 ? (CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR) : CL_MEM_WRITE_ONLY;
         m[i] = clCreateBuffer(ctx->context, f, sizes[i], i < 3 ? (void *)src[i] : NULL, &err);
@@ -69,6 +69,17 @@ clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_
     return st;
 }
 
+/* Saturating product: huge extents give an INT64_MAX stride that validation then reports,
+ * instead of signed overflow here. */
+static int64_t sat_mul(int64_t a, int64_t b)
+{
+    if (a < 0 || b < 0)
+        return -1;
+    if (a != 0 && b > INT64_MAX / a)
+        return INT64_MAX;
+    return a * b;
+}
+
 clattn_tensor clattn_tensor_bhsd(cl_mem buffer, clattn_dtype dtype, int64_t b, int64_t h, int64_t s,
                                  int64_t d)
 {
@@ -81,8 +92,8 @@ clattn_tensor clattn_tensor_bhsd(cl_mem buffer, clattn_dtype dtype, int64_t b, i
     t.shape[2] = s;
     t.shape[3] = d;
     t.stride[2] = d;
-    t.stride[1] = s * d;
-    t.stride[0] = h * s * d;
+    t.stride[1] = sat_mul(s, d);
+    t.stride[0] = sat_mul(h, sat_mul(s, d));
     return t;
 }
 
@@ -98,7 +109,7 @@ clattn_tensor clattn_tensor_bshd(cl_mem buffer, clattn_dtype dtype, int64_t b, i
     t.shape[2] = s;
     t.shape[3] = d;
     t.stride[1] = d;
-    t.stride[2] = h * d;
-    t.stride[0] = s * h * d;
+    t.stride[2] = sat_mul(h, d);
+    t.stride[0] = sat_mul(s, sat_mul(h, d));
     return t;
 }

@@ -156,6 +156,9 @@ typedef struct clattn_problem {
     clattn_view q, k, v, out, mask, lse, probs;
     cl_mem kv_lengths;
 } clattn_problem;
+/* Checks the sizes, scale and (when check_algorithm) algorithm of desc, nothing about tensors. */
+clattn_status clattn__check_desc(clattn_context *ctx, const clattn_attention_desc *desc,
+                                 int check_algorithm);
 /* Checks desc + q/k (+ v/out when `need_v`) and fills `p`. */
 clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attention_desc *desc,
                                       const clattn_tensor *q, const clattn_tensor *k,

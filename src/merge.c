@@ -104,7 +104,8 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
     if (out->shape[3] > CLATTN_MAX_HEAD_DIM)
         return clattn__fail(ctx, CLATTN_UNSUPPORTED, "out->shape[3] (%lld) exceeds %d",
                             (long long)out->shape[3], CLATTN_MAX_HEAD_DIM);
-    if ((uint64_t)out->shape[0] * (uint64_t)out->shape[1] * (uint64_t)out->shape[2] > 0x7fffffffULL)
+    if ((uint64_t)out->shape[0] * (uint64_t)out->shape[1] > 0x7fffffffULL ||
+        (uint64_t)out->shape[0] * (uint64_t)out->shape[1] * (uint64_t)out->shape[2] > 0x7fffffffULL)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out: batch x heads x seq is too large");
     const int64_t B = out->shape[0], H = out->shape[1], S = out->shape[2], DV = out->shape[3];
     const int64_t os[4] = {B, H, S, DV}, ls[4] = {B, H, S, 1};

@@ -114,5 +114,7 @@ clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *de
     if (clattn__views_overlap(scores, q) || clattn__views_overlap(scores, k) ||
         (desc->mask && clattn__views_overlap(scores, desc->mask)))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "scores overlaps q, k or the mask");
+    if (desc->kv_lengths && scores->buffer == desc->kv_lengths)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->kv_lengths is also the scores buffer");
     return clattn__run_scores(ctx, &p, &dst, num_wait, wait, done);
 }

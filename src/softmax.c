@@ -96,6 +96,8 @@ clattn_status clattn_softmax(clattn_context *ctx, const clattn_softmax_desc *des
         if (clattn__views_overlap(desc->mask, out))
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->mask overlaps out");
     }
+    if (desc->kv_lengths && out->buffer == desc->kv_lengths)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->kv_lengths is also the out buffer");
     if ((st = clattn__check_kvlen(ctx, desc->kv_lengths, desc->batch)) ||
         (st = clattn__check_wait(ctx, num_wait, wait)))
         return st;

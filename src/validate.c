@@ -194,12 +194,9 @@ static clattn_status check_count(clattn_context *ctx, const char *name, int64_t 
     return CLATTN_SUCCESS;
 }
 
-clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attention_desc *desc,
-                                      const clattn_tensor *q, const clattn_tensor *k,
-                                      const clattn_tensor *v, const clattn_tensor *out,
-                                      int need_v, clattn_problem *p)
+clattn_status clattn__check_desc(clattn_context *ctx, const clattn_attention_desc *desc,
+                                 int check_algorithm)
 {
-    memset(p, 0, sizeof *p);
     if (!desc)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc must not be NULL");
     clattn_status st;
@@ -223,7 +220,7 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
     if (!isfinite(desc->scale))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->scale is not finite (%g)",
                             (double)desc->scale);
-    if (desc->algorithm < CLATTN_ALGORITHM_AUTO || desc->algorithm > CLATTN_ALGORITHM_UNFUSED)
+    if (check_algorithm && (desc->algorithm < CLATTN_ALGORITHM_AUTO || desc->algorithm > CLATTN_ALGORITHM_UNFUSED))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->algorithm %d is not a clattn_algorithm",
                             (int)desc->algorithm);
     uint64_t total;
@@ -232,6 +229,19 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "desc->batch x heads_q x seq_q is too large");
 
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attention_desc *desc,
+                                      const clattn_tensor *q, const clattn_tensor *k,
+                                      const clattn_tensor *v, const clattn_tensor *out,
+                                      int need_v, clattn_problem *p)
+{
+    memset(p, 0, sizeof *p);
+    clattn_status st = clattn__check_desc(ctx, desc, need_v);
+    if (st)
+        return st;
+    const int64_t dv = desc->head_dim_v ? desc->head_dim_v : desc->head_dim;
     p->batch = desc->batch;
     p->heads_q = desc->heads_q;
     p->heads_kv = desc->heads_kv;
@@ -253,17 +263,17 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
         return st;
     p->dtype = q->dtype;
     unsigned same = CLATTN_DTYPE_BIT(q->dtype);
-    if (k && k->buffer && k->dtype != q->dtype)
+    if (k && k->buffer && clattn_dtype_size(k->dtype) != 0 && k->dtype != q->dtype)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "k->dtype (%s) differs from q->dtype (%s)",
                             dtype_name(k->dtype), dtype_name(q->dtype));
     if ((st = clattn__check_view(ctx, "k", k, ks, CLATTN_VIEW_INPUT, same, &p->k)))
         return st;
     if (need_v) {
-        if (v && v->buffer && v->dtype != q->dtype)
+        if (v && v->buffer && clattn_dtype_size(v->dtype) != 0 && v->dtype != q->dtype)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                                 "v->dtype (%s) differs from q->dtype (%s)", dtype_name(v->dtype),
                                 dtype_name(q->dtype));
-        if (out && out->buffer && out->dtype != q->dtype)
+        if (out && out->buffer && clattn_dtype_size(out->dtype) != 0 && out->dtype != q->dtype)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                                 "out->dtype (%s) differs from q->dtype (%s)", dtype_name(out->dtype),
                                 dtype_name(q->dtype));
@@ -283,13 +293,21 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
     }
     if ((st = clattn__check_kvlen(ctx, desc->kv_lengths, p->batch)))
         return st;
+    if (need_v && desc->mask && clattn__views_overlap(out, desc->mask))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out overlaps desc->mask");
+    if (need_v && desc->kv_lengths &&
+        (out->buffer == desc->kv_lengths || (desc->lse && desc->lse->buffer == desc->kv_lengths) ||
+         (desc->probabilities && desc->probabilities->buffer == desc->kv_lengths)))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->kv_lengths is also an output buffer (out, lse or probabilities)");
     if (need_v && desc->lse) {
         if ((st = clattn__check_view(ctx, "desc->lse", desc->lse, ls, CLATTN_VIEW_OUTPUT,
                                      CLATTN_DTYPE_BIT(CLATTN_F32), &p->lse)))
             return st;
         if (clattn__views_overlap(desc->lse, out) || clattn__views_overlap(desc->lse, q) ||
-            clattn__views_overlap(desc->lse, k) || clattn__views_overlap(desc->lse, v))
-            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->lse overlaps q, k, v or out");
+            clattn__views_overlap(desc->lse, k) || clattn__views_overlap(desc->lse, v) ||
+            (desc->mask && clattn__views_overlap(desc->lse, desc->mask)))
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->lse overlaps q, k, v, out or the mask");
     }
     if (need_v && desc->probabilities) {
         if ((st = clattn__check_view(ctx, "desc->probabilities", desc->probabilities, ms,
@@ -299,7 +317,8 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
             clattn__views_overlap(desc->probabilities, q) ||
             clattn__views_overlap(desc->probabilities, k) ||
             clattn__views_overlap(desc->probabilities, v) ||
-            (desc->lse && clattn__views_overlap(desc->probabilities, desc->lse)))
+            (desc->lse && clattn__views_overlap(desc->probabilities, desc->lse)) ||
+            (desc->mask && clattn__views_overlap(desc->probabilities, desc->mask)))
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                                 "desc->probabilities overlaps another tensor");
     }
