@@ -175,10 +175,13 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
                     vstoreV(s[i][j], 0, t);
                     for (int e = 0; e < VW; e++) {
                         const int key = kt + VW * (tx + WGX * j) + e;
-                        if (key >= rend[i])
+                        if (key >= rend[i]) {
                             t[e] = NEG_INF;
-                        else if (has_mask)
-                            t[e] += LD_MASK(mask, mrow[i] + key) * LOG2E;
+                        } else if (has_mask) {
+                            /* A -inf mask hides the key even when its score is NaN. */
+                            const float mv = LD_MASK(mask, mrow[i] + key);
+                            t[e] = mv == NEG_INF ? NEG_INF : t[e] + mv * LOG2E;
+                        }
                     }
                     s[i][j] = vloadV(0, t);
                 }
@@ -252,8 +255,9 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
         if (row >= R)
             continue;
         const int hq = hk * group + row / seq_q, pos = row % seq_q;
-        /* No visible key: output exactly 0 and LSE -inf. NaN in l (from a NaN score) propagates. */
-        const int empty = m[i] == NEG_INF;
+        /* No visible key: output exactly 0 and LSE -inf. A row whose scores were all NaN also
+         * keeps m = -inf (fmax skips NaN) but has l = NaN: it is NaN, not empty. */
+        const int empty = m[i] == NEG_INF && !isnan(l[i]);
         const float inv = empty ? 0.0f : 1.0f / l[i];
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
         for (int c = 0; c < NV; c++) {

@@ -184,8 +184,11 @@ gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
                 }
                 for (int e = 0; e < 4 && n + e < N; e++) {
                     float y = v[q + e] * alpha;
-                    if (has_mask)
-                        y += LD_MASK(Mb, (ulong)m * m_ss + n + e);
+                    if (has_mask) {
+                        /* A -inf mask hides the key even when its score is NaN. */
+                        const float mv = LD_MASK(Mb, (ulong)m * m_ss + n + e);
+                        y = mv == NEG_INF ? NEG_INF : y + mv;
+                    }
                     ST_OUT(Cb, (ulong)m * c_ss + n + e, n + e < cend ? y : NEG_INF);
                 }
 #else

@@ -24,11 +24,18 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
     const ulong lrow = pl_off + (ulong)b * pl_sb + (ulong)h * pl_sh + (ulong)i * pl_ss;
     const ulong prow = p_off + (ulong)b * p_sb + (ulong)h * p_sh + (ulong)i * p_ss;
 
+    /* fmax skips NaN, so a NaN part is tracked on its own: it makes the row NaN. */
     float mx = NEG_INF;
-    for (int p = 0; p < parts; p++)
-        mx = fmax(mx, PL[lrow + p * pl_split]);
+    int nan_part = 0;
+    for (int p = 0; p < parts; p++) {
+        const float lp = PL[lrow + p * pl_split];
+        mx = fmax(mx, lp);
+        nan_part |= isnan(lp);
+    }
     float sum = 0.0f, acc = 0.0f;
-    if (mx != NEG_INF) {
+    if (nan_part) {
+        mx = sum = acc = NAN;
+    } else if (mx != NEG_INF) {
         for (int p = 0; p < parts; p++) {
             const float lp = PL[lrow + p * pl_split];
             if (lp == NEG_INF)
@@ -64,7 +71,9 @@ merge_pair(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_s
     const float ly = YL[yl_off + (ulong)b * yl_sb + (ulong)h * yl_sh + (ulong)i * yl_ss];
     const float mx = fmax(lx, ly);
     float wx = 0.0f, wy = 0.0f, lse = NEG_INF;
-    if (mx != NEG_INF) {
+    if (isnan(lx) || isnan(ly)) {
+        wx = wy = lse = NAN; /* fmax would skip the NaN part */
+    } else if (mx != NEG_INF) {
         wx = lx == NEG_INF ? 0.0f : exp(lx - mx);
         wy = ly == NEG_INF ? 0.0f : exp(ly - mx);
         lse = mx + log(wx + wy);

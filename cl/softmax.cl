@@ -2,7 +2,7 @@
  *
  * in/out are [batch][heads][rows][cols] views; a work-group handles row i of head h of batch b
  * (grid x = rows·WG, y = batch·heads). Columns hidden by kv_lengths or causal (bottom-right, see
- * common.cl) give 0. Work-item lid reads float4 chunks at 4·(lid + WG·t) so the work-group
+ * common.cl), a -inf mask and -inf entries give 0. Work-item lid reads float4 chunks at 4·(lid + WG·t) so the work-group
  * streams the row contiguously. Three branch-free passes, each a local-memory tree reduction:
  * row max (NaN is ignored by fmax here but re-enters through the sum), sum of exp2(x - max),
  * then the normalised write. Short rows stay in cache between passes; long rows (up to and
@@ -26,13 +26,17 @@ inline float4 row4(__global const T_A *x, __global const T_MASK *mk, int j, int 
     float4 v;
     if (j + 3 < cend) {
         v = LD4_A(x, j) * sc;
-        if (has_mask)
-            v += LD4_MASK(mk, j) * LOG2E;
+        if (has_mask) {
+            const float4 mv = LD4_MASK(mk, j);
+            /* A -inf mask hides the entry even when it is NaN. */
+            v = select(v + mv * LOG2E, (float4)(NEG_INF), mv == (float4)(NEG_INF));
+        }
     } else {
         float t[4];
-        for (int e = 0; e < 4; e++)
-            t[e] = j + e < cend ? LD_A(x, j + e) * sc + (has_mask ? LD_MASK(mk, j + e) * LOG2E : 0.0f)
-                                : NEG_INF;
+        for (int e = 0; e < 4; e++) {
+            const float mv = has_mask && j + e < cend ? LD_MASK(mk, j + e) : 0.0f;
+            t[e] = j + e < cend && mv != NEG_INF ? LD_A(x, j + e) * sc + mv * LOG2E : NEG_INF;
+        }
         v = vload4(0, t);
     }
     return v;
@@ -90,7 +94,9 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
 
     for (int j = 4 * lid; j < cols; j += 4 * WG) {
-        const float4 p = exp2(row4(x, mk, j, cend, sc, has_mask) - ref) * inv;
+        const float4 v = row4(x, mk, j, cend, sc, has_mask);
+        /* Hidden and -inf entries are exactly 0, also in a NaN row (where inv is NaN). */
+        const float4 p = select(exp2(v - ref) * inv, (float4)(0.0f), v == (float4)(NEG_INF));
         if (j + 3 < cols) {
             ST4_OUT(y, j, p);
         } else {

@@ -21,13 +21,22 @@ static clattn_status run_unfused(clattn_context *ctx, const clattn_problem *p, c
         return st;
     const cl_ulong skv = (cl_ulong)p->seq_kv, sq = (cl_ulong)p->seq_q, hq = (cl_ulong)p->heads_q;
     const clattn_view scores = {ws, CLATTN_F32, 0, {hq * sq * skv, sq * skv, skv}};
-    /* The scale and the mask are applied once, by the scores kernel. Probabilities go to the
-     * caller's tensor when asked for (and P·V reads them there), else in place. */
-    const clattn_view *probs = p->probs.buffer ? &p->probs : &scores;
-    if ((st = clattn__run_scores(ctx, p, &scores, num_wait, wait, NULL)) ||
-        (st = clattn__run_softmax(ctx, p->batch, p->heads_q, 1, p->seq_q, p->seq_kv, 1.0f, 0, NULL,
-                                  NULL, &scores, probs, p->lse.buffer ? &p->lse : NULL, CLATTN_F32, 0,
-                                  NULL, NULL)))
+    /* The scale and the mask are applied once, by the scores kernel. P·V reads f32
+     * probabilities: the caller's tensor when it is f32, else the workspace, so that f16/bf16
+     * probabilities (a second, rounded copy) do not degrade the output. */
+    const clattn_view *lse = p->lse.buffer ? &p->lse : NULL;
+    if ((st = clattn__run_scores(ctx, p, &scores, num_wait, wait, NULL)))
+        return st;
+    const clattn_view *probs = &scores;
+    if (p->probs.buffer && p->probs.dtype == CLATTN_F32) {
+        probs = &p->probs;
+    } else if (p->probs.buffer &&
+               (st = clattn__run_softmax(ctx, p->batch, p->heads_q, 1, p->seq_q, p->seq_kv, 1.0f, 0,
+                                         NULL, NULL, &scores, &p->probs, NULL, CLATTN_F32, 0, NULL,
+                                         NULL)))
+        return st;
+    if ((st = clattn__run_softmax(ctx, p->batch, p->heads_q, 1, p->seq_q, p->seq_kv, 1.0f, 0, NULL,
+                                  NULL, &scores, probs, lse, CLATTN_F32, 0, NULL, NULL)))
         return st;
     return clattn__run_pv(ctx, p, probs, 0, NULL, done);
 }

@@ -1,0 +1,861 @@
+/*
+ * clattn_attention against the float64 reference (ref.c), fused and unfused paths.
+ *
+ * One table row is one problem (shapes, dtype, masks, layout, special inputs). The row runs with
+ * every algorithm it names (FUSED and UNFUSED by default, AUTO where asked), each compared with the
+ * reference computed on exactly the stored input values, and then fused and unfused are compared
+ * with each other (they must agree to fp32 rounding plus one storage ulp). Every output buffer is
+ * filled with a sentinel first and every element outside the output view must still hold it;
+ * input buffers hold NaN outside their views, so a read outside a view shows up as NaN.
+ *
+ * Tolerances come from the storage precision (outputs are convex combinations of V in [-1, 1], so
+ * |out| <= 1):
+ *   f32 out: atol 2e-5, rtol 1e-4 (fp32 accumulation over a few hundred keys; long rows below).
+ *   f16 out: the final store rounds to 2^-11 relative (|out| <= 1, so also 2^-11 absolute);
+ *            atol 2^-10, rtol 2^-11.
+ *   bf16 out: the same with 2^-8: atol 2^-7, rtol 2^-8.
+ *   lse (always f32, computed in fp32 on exact stored inputs): atol 1e-5, rtol 4e-6 (~32 ulp).
+ *   probabilities (f32): atol 1e-7, rtol 2e-5 (exp of a logit with ~1e-6 absolute error).
+ *   fused vs unfused: fp32 error plus one storage ulp (2^-10 relative for f16, 2^-7 for bf16),
+ *            since each path rounds its own fp32 result once. Requesting f16 probabilities must
+ *            not cost the unfused output more than that (DESIGN: the paths agree to fp32 rounding).
+ * Long rows: the softmax denominator, an fp32 sum of n positive terms, carries ~sqrt(n)·2^-24
+ * relative error, so for seq_kv above 4096 the relative tolerances (and lse's atol, which is that
+ * relative error) grow by sqrt(seq_kv / 4096). The numerator Σ e·v over V of random sign has
+ * partial sums far below the denominator's, so its absolute error stays ~2^-24: atol does not grow.
+ * Rows with logits shifted to ~1e4 add the fp32 rounding at that magnitude, see logit_error().
+ * Rows without a visible key must give exactly 0 and lse -inf; hidden probabilities exactly 0.
+ */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+#define F32 CLATTN_F32
+#define F16 CLATTN_F16
+#define BF16 CLATTN_BF16
+
+/* =============================== the case table =============================== */
+
+typedef enum mask_kind {
+    MASK_NONE,
+    MASK_FULL,          /* {B, Hq, Sq, Skv} */
+    MASK_HEADS,         /* {B, 1, Sq, Skv}: broadcast over heads by a shape of 1 */
+    MASK_SHARED,        /* {1, 1, Sq, Skv}: one mask for every batch and head */
+    MASK_BATCH_ROWS,    /* {1, Hq, 1, Skv}: broadcast over batch and query rows */
+    MASK_HEADS_STRIDE0  /* {B, Hq, Sq, Skv} with head stride 0: broadcast by stride */
+} mask_kind;
+
+typedef enum layout_kind {
+    LAYOUT_BHSD,   /* contiguous [b][h][s][d] */
+    LAYOUT_BSHD,   /* [b][s][h][d] */
+    LAYOUT_PADDED  /* nonzero offset and padded strides inside a bigger buffer */
+} layout_kind;
+
+typedef enum special_kind {
+    SP_NONE,
+    SP_SHIFT_MASK,  /* every finite mask entry + 1e4: logits ~1e4, same softmax */
+    SP_SHIFT_QK,    /* q[.., D-1] = 100 and k[.., D-1] such that scale·q·k ~ 1e4 */
+    SP_POISON,      /* NaN/Inf in K and V at keys hidden from every row (kv_lengths, -inf mask columns) */
+    SP_POISON_DIAG, /* NaN in K and V at the last 2 keys of each batch: visible (NaN rows) only to the
+                     * causal rows that reach them; every other row must stay finite and correct */
+    SP_NAN_Q,       /* NaN in one visible Q row: that row NaN, every other row correct */
+    SP_MASKED_ROW   /* one mask row all -inf: that row exactly 0, lse -inf */
+} special_kind;
+
+enum { ALG_FUSED = 1, ALG_UNFUSED = 2, ALG_AUTO = 4 };
+
+typedef struct att_case {
+    const char *name;
+    int B, Hq, Hkv, Sq, Skv, D, Dv; /* Dv 0: D */
+    clattn_dtype dt;
+    int causal;
+    mask_kind mask;
+    clattn_dtype mask_dt;
+    int has_kv;
+    int kv[4];
+    layout_kind layout;
+    float scale;
+    special_kind special;
+    int no_lse;
+    int probs;       /* 0 none; 1 f32 probabilities (unfused/AUTO); 2 in the storage dtype */
+    unsigned algos;  /* 0: FUSED | UNFUSED */
+} att_case;
+
+/* clang-format off */
+static const att_case cases[] = {
+    /* sequence lengths, head_dim 64, f32 */
+    {"seq_1x1", 1, 1, 1, 1, 1, 64, 0, F32, .causal = 0},
+    {"seq_7x7", 2, 2, 2, 7, 7, 64, 0, F32, .causal = 0},
+    {"seq_7x7_causal", 2, 2, 2, 7, 7, 64, 0, F32, .causal = 1},
+    {"seq_64x64", 2, 2, 2, 64, 64, 64, 0, F32, .causal = 0},
+    {"seq_64x64_causal", 2, 2, 2, 64, 64, 64, 0, F32, .causal = 1},
+    {"seq_113x203", 1, 2, 2, 113, 203, 64, 0, F32, .causal = 0},
+    {"seq_113x203_causal", 1, 2, 2, 113, 203, 64, 0, F32, .causal = 1},
+    {"seq_128x217_causal", 1, 2, 2, 128, 217, 64, 0, F32, .causal = 1},
+    {"seq_217x128_causal", 1, 2, 1, 217, 128, 64, 0, F32, .causal = 1},
+    {"seq_256x512", 1, 2, 2, 256, 512, 64, 0, F32, .causal = 0},
+    {"seq_256x512_causal", 1, 2, 2, 256, 512, 64, 0, F32, .causal = 1},
+    {"seq_512x256_causal", 1, 2, 2, 512, 256, 64, 0, F32, .causal = 1}, /* rows 0..255: no key */
+    {"seq_1023x1024", 1, 1, 1, 1023, 1024, 64, 0, F32, .causal = 0},
+    {"seq_1023x1024_causal", 1, 1, 1, 1023, 1024, 64, 0, F32, .causal = 1},
+
+    /* head dimensions (33 x 47: a tail in every direction) */
+    {"hd16", 1, 2, 1, 33, 47, 16, 0, F32, .causal = 0},
+    {"hd32", 1, 2, 1, 33, 47, 32, 0, F32, .causal = 1},
+    {"hd40", 1, 2, 1, 33, 47, 40, 0, F32, .causal = 0},
+    {"hd59", 1, 2, 1, 33, 47, 59, 0, F32, .causal = 1},
+    {"hd80", 1, 2, 1, 33, 47, 80, 0, F32, .causal = 0},
+    {"hd96", 1, 2, 1, 33, 47, 96, 0, F32, .causal = 1},
+    {"hd111", 1, 2, 1, 33, 47, 111, 0, F32, .causal = 0},
+    {"hd128", 1, 2, 1, 33, 47, 128, 0, F32, .causal = 1},
+    {"hd160", 1, 2, 1, 33, 47, 160, 0, F32, .causal = 0},
+    {"hd256", 1, 2, 1, 33, 47, 256, 0, F32, .causal = 1},
+    {"hd64_dv32", 1, 2, 2, 33, 47, 64, 32, F32, .causal = 1},
+    {"hd40_dv128", 1, 2, 2, 33, 47, 40, 128, F32, .causal = 0},
+    {"hd16_dv256", 1, 1, 1, 20, 37, 16, 256, F32, .causal = 0},
+    {"hd256_dv16", 1, 1, 1, 20, 37, 256, 16, F32, .causal = 0},
+
+    /* grouped-query attention */
+    {"gqa_3to1", 2, 6, 2, 37, 53, 64, 0, F32, .causal = 1},
+    {"gqa_8to1", 1, 16, 2, 20, 70, 64, 0, F32, .causal = 0},
+    {"mqa_4to1", 2, 4, 1, 29, 41, 64, 0, F32, .causal = 1},
+    {"mqa_4to1_mask_heads", 2, 4, 1, 29, 41, 64, 0, F32, .mask = MASK_HEADS},
+
+    /* masks alone, f32 and f16, full and broadcast */
+    {"mask_full_f32", 2, 2, 2, 33, 47, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32},
+    {"mask_full_f16", 2, 2, 2, 33, 47, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F16},
+    {"mask_heads", 2, 3, 3, 33, 47, 64, 0, F32, .mask = MASK_HEADS, .mask_dt = F32},
+    {"mask_shared_f16", 2, 3, 3, 33, 47, 64, 0, F32, .mask = MASK_SHARED, .mask_dt = F16},
+    {"mask_batch_rows", 2, 3, 3, 33, 47, 64, 0, F32, .mask = MASK_BATCH_ROWS, .mask_dt = F32},
+    {"mask_heads_stride0", 2, 3, 3, 33, 47, 64, 0, F32, .mask = MASK_HEADS_STRIDE0, .mask_dt = F32},
+
+    /* kv_lengths alone and together with causal and a mask */
+    {"kvlen", 3, 2, 2, 19, 64, 64, 0, F32, .has_kv = 1, .kv = {64, 17, 40}},
+    {"kvlen_zero", 2, 2, 2, 19, 64, 64, 0, F32, .has_kv = 1, .kv = {0, 30}},
+    {"kvlen_clamped", 2, 2, 2, 19, 64, 64, 0, F32, .has_kv = 1, .kv = {-5, 1000}},
+    {"kvlen_causal", 3, 2, 2, 19, 64, 64, 0, F32, .causal = 1, .has_kv = 1, .kv = {64, 17, 40}},
+    {"causal_mask_kvlen", 3, 4, 2, 45, 77, 64, 0, F32, .causal = 1, .mask = MASK_FULL, .mask_dt = F32,
+     .has_kv = 1, .kv = {77, 50, 0}},
+    {"causal_mask_f16_kvlen_gqa", 2, 6, 2, 70, 150, 40, 0, F32, .causal = 1, .mask = MASK_HEADS,
+     .mask_dt = F16, .has_kv = 1, .kv = {150, 101}},
+
+    /* layouts */
+    {"layout_bshd", 2, 4, 2, 33, 47, 64, 0, F32, .causal = 1, .layout = LAYOUT_BSHD},
+    {"layout_bshd_mask_kvlen", 2, 4, 4, 33, 70, 32, 0, F32, .mask = MASK_FULL, .mask_dt = F32, .has_kv = 1,
+     .kv = {70, 33}, .layout = LAYOUT_BSHD},
+    {"layout_padded", 2, 2, 1, 33, 47, 59, 0, F32, .layout = LAYOUT_PADDED},
+    {"layout_padded_causal_mask_kvlen", 2, 4, 2, 40, 90, 64, 48, F32, .causal = 1, .mask = MASK_BATCH_ROWS,
+     .mask_dt = F16, .has_kv = 1, .kv = {90, 61}, .layout = LAYOUT_PADDED, .probs = 1},
+    {"layout_padded_f16", 1, 2, 2, 33, 47, 64, 0, F16, .causal = 1, .layout = LAYOUT_PADDED},
+
+    /* special values */
+    {"masked_row", 2, 2, 2, 33, 47, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32, .special = SP_MASKED_ROW,
+     .probs = 1},
+    {"masked_row_heads_f16", 2, 2, 2, 33, 47, 64, 0, F16, .mask = MASK_HEADS, .mask_dt = F16,
+     .special = SP_MASKED_ROW},
+    {"shift_mask_1e4", 2, 2, 2, 33, 47, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32, .special = SP_SHIFT_MASK,
+     .probs = 1},
+    {"shift_qk_1e4", 1, 2, 2, 33, 47, 64, 0, F32, .causal = 1, .special = SP_SHIFT_QK},
+    {"shift_qk_1e4_f16", 1, 2, 2, 33, 47, 64, 0, F16, .special = SP_SHIFT_QK},
+    {"scale_neg_1e4", 2, 2, 2, 33, 47, 64, 0, F32, .scale = -1e4f, .probs = 1},
+    {"scale_explicit", 2, 2, 1, 33, 47, 64, 0, F32, .scale = 0.3f},
+    {"poison_kvlen", 2, 2, 2, 33, 70, 64, 0, F32, .has_kv = 1, .kv = {40, 3}, .special = SP_POISON},
+    {"poison_kvlen_causal", 2, 2, 2, 33, 70, 64, 0, F32, .causal = 1, .has_kv = 1, .kv = {40, 61},
+     .special = SP_POISON},
+    {"poison_mask_columns", 2, 2, 2, 33, 70, 64, 0, F32, .mask = MASK_BATCH_ROWS, .mask_dt = F32,
+     .special = SP_POISON, .probs = 1},
+    {"poison_all_f16", 2, 4, 2, 33, 70, 64, 0, F16, .causal = 1, .mask = MASK_HEADS, .mask_dt = F16, .has_kv = 1,
+     .kv = {50, 70}, .special = SP_POISON},
+    {"poison_causal_diagonal", 2, 2, 2, 70, 70, 64, 0, F32, .causal = 1, .special = SP_POISON_DIAG},
+    {"poison_causal_33x70_gqa", 2, 4, 2, 33, 70, 64, 0, F32, .causal = 1, .special = SP_POISON_DIAG},
+    {"poison_causal_kvlen_f16", 2, 2, 1, 40, 90, 64, 0, F16, .causal = 1, .has_kv = 1, .kv = {90, 37},
+     .special = SP_POISON_DIAG},
+    {"nan_q_row", 2, 4, 2, 33, 47, 64, 0, F32, .special = SP_NAN_Q},
+    {"nan_q_row_causal_mask_f16", 2, 4, 2, 33, 47, 64, 0, F16, .causal = 1, .mask = MASK_FULL, .mask_dt = F32,
+     .special = SP_NAN_Q, .probs = 1},
+    {"nan_q_row_decode", 2, 4, 1, 1, 47, 64, 0, F32, .special = SP_NAN_Q},
+
+    /* f16 and bf16 storage */
+    {"f16_64x64", 2, 2, 2, 64, 64, 64, 0, F16, .causal = 0},
+    {"f16_113x203_causal_gqa_mask", 1, 4, 2, 113, 203, 64, 0, F16, .causal = 1, .mask = MASK_FULL,
+     .mask_dt = F16},
+    {"f16_hd128_kvlen", 2, 2, 2, 33, 47, 128, 0, F16, .has_kv = 1, .kv = {47, 20}},
+    {"bf16_64x64", 2, 2, 2, 64, 64, 64, 0, BF16, .causal = 0},
+    {"bf16_113x203_causal_gqa_mask", 1, 4, 2, 113, 203, 64, 0, BF16, .causal = 1, .mask = MASK_FULL,
+     .mask_dt = F32},
+    {"bf16_hd40_dv128", 1, 2, 1, 33, 47, 40, 128, BF16, .causal = 1},
+
+    /* probabilities (unfused only), AUTO, no lse */
+    {"probs", 2, 2, 2, 33, 47, 64, 0, F32, .probs = 1},
+    {"probs_causal_mask_kvlen", 3, 2, 1, 33, 47, 64, 0, F32, .causal = 1, .mask = MASK_FULL, .mask_dt = F32,
+     .has_kv = 1, .kv = {47, 10, 0}, .probs = 1},
+    {"probs_f16_storage", 2, 2, 2, 33, 47, 64, 0, F16, .probs = 2},
+    {"auto_probs", 2, 2, 2, 33, 47, 64, 0, F32, .causal = 1, .probs = 1,
+     .algos = ALG_AUTO | ALG_FUSED | ALG_UNFUSED},
+    {"auto", 2, 2, 2, 33, 47, 64, 0, F32, .causal = 1, .algos = ALG_AUTO | ALG_FUSED | ALG_UNFUSED},
+    {"no_lse", 2, 2, 2, 33, 47, 64, 0, F32, .no_lse = 1},
+    {"no_lse_decode_f16", 2, 4, 1, 3, 300, 64, 0, F16, .no_lse = 1},
+
+    /* long key sequences, fused (the reference is O(Sq·Skv·D)) */
+    {"long_64x16384", 1, 1, 1, 64, 16384, 64, 0, F32, .causal = 0},
+    {"long_64x65536", 1, 1, 1, 64, 65536, 64, 0, F32, .algos = ALG_FUSED},
+    {"long_64x65536_f16_causal", 1, 1, 1, 64, 65536, 64, 0, F16, .causal = 1, .algos = ALG_FUSED},
+    {"long_4096x4096_causal", 1, 1, 1, 4096, 4096, 64, 0, F32, .causal = 1, .algos = ALG_FUSED},
+};
+/* clang-format on */
+
+/* =============================== resources =============================== */
+
+/* Everything a test allocates is recorded here and released by teardown, which cmocka runs even
+ * when the test fails half-way (fail() longjmps out of it). */
+enum { MAX_RES = 256 };
+static void *res_ptr[MAX_RES];
+static size_t n_ptr;
+static cl_mem res_mem[MAX_RES];
+static size_t n_mem;
+static clattn_context *g_ctx;
+
+static void *xalloc(size_t bytes)
+{
+    assert_true(n_ptr < MAX_RES);
+    void *p = calloc(bytes > 0 ? bytes : 1, 1);
+    assert_non_null(p);
+    res_ptr[n_ptr++] = p;
+    return p;
+}
+
+static double *xdoubles(size_t n)
+{
+    return xalloc(n * sizeof(double));
+}
+
+static cl_mem xbuffer(size_t bytes, const void *host)
+{
+    assert_true(n_mem < MAX_RES);
+    cl_mem m = tu_buffer(g_ctx, bytes, host);
+    res_mem[n_mem++] = m;
+    return m;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < n_ptr; ++i)
+        free(res_ptr[i]);
+    for (size_t i = 0; i < n_mem; ++i)
+        clReleaseMemObject(res_mem[i]);
+    n_ptr = n_mem = 0;
+    return 0;
+}
+
+static clattn_context *ctx_get(void)
+{
+    if (g_ctx == NULL)
+        g_ctx = tu_context();
+    return g_ctx;
+}
+
+/* FNV-1a of the row name: a fixed seed per case that does not move when rows are reordered. */
+static uint64_t seed_of(const char *name)
+{
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    for (const char *p = name; *p; ++p)
+        h = (h ^ (uint64_t)(unsigned char)*p) * UINT64_C(0x100000001b3);
+    return h;
+}
+
+/* =============================== strided views =============================== */
+
+/* A tensor view plus the host image of its whole buffer. `fshape` is the shape of the stored data
+ * (broadcast dimensions 1); the view's shape may differ only for stride-0 broadcasting. */
+typedef struct view {
+    clattn_tensor t;
+    int64_t fshape[4];
+    size_t n;   /* elements in fshape */
+    size_t cap; /* elements in the buffer */
+    size_t esz;
+    unsigned char *img;
+} view;
+
+enum { GUARD = 7 }; /* elements past the view's end, to catch writes beyond it */
+
+static size_t at(const view *v, int64_t b, int64_t h, int64_t s, int64_t d)
+{
+    return (size_t)(v->t.offset + b * v->t.stride[0] + h * v->t.stride[1] + s * v->t.stride[2] + d);
+}
+
+/* Lays out shape {B, H, S, D} of dt; every buffer element starts as `pad` (NaN for inputs, a
+ * sentinel for outputs). */
+static void view_init(view *v, layout_kind lay, clattn_dtype dt, int64_t B, int64_t H, int64_t S, int64_t D,
+                      double pad)
+{
+    memset(v, 0, sizeof *v);
+    v->t.dtype = dt;
+    v->t.shape[0] = v->fshape[0] = B;
+    v->t.shape[1] = v->fshape[1] = H;
+    v->t.shape[2] = v->fshape[2] = S;
+    v->t.shape[3] = v->fshape[3] = D;
+    switch (lay) {
+    case LAYOUT_BHSD:
+        v->t.stride[2] = D;
+        v->t.stride[1] = S * D;
+        v->t.stride[0] = H * S * D;
+        break;
+    case LAYOUT_BSHD:
+        v->t.stride[1] = D;
+        v->t.stride[2] = H * D;
+        v->t.stride[0] = S * H * D;
+        break;
+    case LAYOUT_PADDED:
+        v->t.offset = 37;
+        v->t.stride[2] = D + 5;
+        v->t.stride[1] = S * v->t.stride[2] + 3;
+        v->t.stride[0] = H * v->t.stride[1] + 11;
+        break;
+    }
+    v->n = (size_t)(B * H * S * D);
+    v->cap = at(v, B - 1, H - 1, S - 1, D - 1) + 1 + GUARD;
+    v->esz = clattn_dtype_size(dt);
+    v->img = xalloc(v->cap * v->esz);
+    for (size_t i = 0; i < v->cap; ++i)
+        tu_store(dt, v->img, i, pad);
+}
+
+/* Copies contiguous typed data (fshape order) into the image at the view's positions. */
+static void scatter(view *v, const void *src)
+{
+    const int64_t *s = v->fshape;
+    size_t lin = 0;
+    for (int64_t b = 0; b < s[0]; ++b)
+        for (int64_t h = 0; h < s[1]; ++h)
+            for (int64_t i = 0; i < s[2]; ++i)
+                for (int64_t d = 0; d < s[3]; ++d, ++lin)
+                    memcpy(v->img + at(v, b, h, i, d) * v->esz, (const unsigned char *)src + lin * v->esz,
+                           v->esz);
+}
+
+/* The view's elements of a read-back image, as doubles in fshape order. */
+static void gather(const view *v, const unsigned char *img, double *dst)
+{
+    const int64_t *s = v->fshape;
+    size_t lin = 0;
+    for (int64_t b = 0; b < s[0]; ++b)
+        for (int64_t h = 0; h < s[1]; ++h)
+            for (int64_t i = 0; i < s[2]; ++i)
+                for (int64_t d = 0; d < s[3]; ++d, ++lin)
+                    dst[lin] = tu_load(v->t.dtype, img, at(v, b, h, i, d));
+}
+
+/* Fails unless every buffer element outside the view still holds what v->img held. */
+static void assert_untouched(const char *what, const view *v, const unsigned char *img)
+{
+    unsigned char *mark = xalloc(v->cap);
+    const int64_t *s = v->t.shape;
+    for (int64_t b = 0; b < s[0]; ++b)
+        for (int64_t h = 0; h < s[1]; ++h)
+            for (int64_t i = 0; i < s[2]; ++i)
+                for (int64_t d = 0; d < s[3]; ++d)
+                    mark[at(v, b, h, i, d)] = 1;
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < v->cap; ++i)
+        if (!mark[i] && memcmp(img + i * v->esz, v->img + i * v->esz, v->esz) != 0)
+            if (bad++ == 0)
+                first = i;
+    if (bad != 0) {
+        print_error("%s: %zu buffer elements outside the view were modified, first at element %zu "
+                    "(now %.9g, sentinel %.9g)\n",
+                    what, bad, first, tu_load(v->t.dtype, img, first), tu_load(v->t.dtype, v->img, first));
+        fail();
+    }
+}
+
+static void upload(view *v)
+{
+    v->t.buffer = xbuffer(v->cap * v->esz, v->img);
+}
+
+/* Reads the whole buffer back, checks the outside is untouched, returns the view as doubles. */
+static void download(const char *what, const view *v, double *dst)
+{
+    unsigned char *img = xalloc(v->cap * v->esz);
+    tu_read(g_ctx, v->t.buffer, v->cap * v->esz, img);
+    assert_untouched(what, v, img);
+    gather(v, img, dst);
+}
+
+/* Stores x as element i of contiguous typed data and keeps the stored value in as_double[i]. */
+static void put(clattn_dtype dt, void *typed, double *as_double, size_t i, double x)
+{
+    tu_store(dt, typed, i, x);
+    as_double[i] = tu_load(dt, typed, i);
+}
+
+/* =============================== one problem =============================== */
+
+typedef struct problem {
+    const att_case *c;
+    int Dv;
+    double scale; /* resolved, as the device resolves it (in float) */
+    ref_attn ra;
+    view q, k, v, mask;
+    double *xq, *xk, *xv, *xmask;
+    int kvl[4];
+    cl_mem kv_buf;
+    size_t nrow, nout, nprob;
+    double *ref_out, *ref_lse, *ref_probs;
+} problem;
+
+static int kv_len_of(const problem *p, int b)
+{
+    if (!p->c->has_kv)
+        return p->c->Skv;
+    const int l = p->c->kv[b];
+    return l < 0 ? 0 : (l > p->c->Skv ? p->c->Skv : l);
+}
+
+static size_t row_of(const att_case *c, int b, int h, int i)
+{
+    return ((size_t)b * (size_t)c->Hq + (size_t)h) * (size_t)c->Sq + (size_t)i;
+}
+
+/* Fills q (with amplitude qa), k, v in [-1, 1] and the mask, applies the special input. */
+static void build(problem *p)
+{
+    const att_case *c = p->c;
+    tu_rng rng;
+    tu_seed(&rng, seed_of(c->name));
+    p->Dv = c->Dv != 0 ? c->Dv : c->D;
+    p->scale = c->scale != 0.0f ? (double)c->scale : (double)(float)(1.0 / sqrt((double)c->D));
+
+    /* q·k over uniform [-qa, qa] x [-1, 1] has standard deviation qa·sqrt(D)/3: make scaled logits
+     * have standard deviation ~2, so the largest are ~5-6 and softmax is neither flat nor one-hot.
+     * A scale of -1e4 keeps qa = 1: the logits are ~1e4 apart and the row is one-hot. */
+    double qa = 6.0 / (fabs(p->scale) * sqrt((double)c->D));
+    if (qa > 6.0 || c->scale == -1e4f)
+        qa = c->scale == -1e4f ? 1.0 : 6.0;
+
+    const clattn_dtype dt = c->dt;
+    const size_t esz = clattn_dtype_size(dt);
+    view_init(&p->q, c->layout, dt, c->B, c->Hq, c->Sq, c->D, NAN);
+    view_init(&p->k, c->layout, dt, c->B, c->Hkv, c->Skv, c->D, NAN);
+    view_init(&p->v, c->layout, dt, c->B, c->Hkv, c->Skv, p->Dv, NAN);
+    void *tq = xalloc(p->q.n * esz), *tk = xalloc(p->k.n * esz), *tv = xalloc(p->v.n * esz);
+    p->xq = xdoubles(p->q.n);
+    p->xk = xdoubles(p->k.n);
+    p->xv = xdoubles(p->v.n);
+    tu_fill(&rng, dt, tq, p->xq, p->q.n, -qa, qa);
+    tu_fill(&rng, dt, tk, p->xk, p->k.n, -1.0, 1.0);
+    tu_fill(&rng, dt, tv, p->xv, p->v.n, -1.0, 1.0);
+
+    for (int b = 0; b < c->B; ++b)
+        p->kvl[b] = c->kv[b];
+
+    /* Mask: uniform [-2, 2] with about 10% -inf. */
+    int ms[4] = {c->B, c->Hq, c->Sq, c->Skv};
+    void *tm = NULL;
+    if (c->mask != MASK_NONE) {
+        switch (c->mask) {
+        case MASK_HEADS:
+        case MASK_HEADS_STRIDE0:
+            ms[1] = 1;
+            break;
+        case MASK_SHARED:
+            ms[0] = ms[1] = 1;
+            break;
+        case MASK_BATCH_ROWS:
+            ms[0] = ms[2] = 1;
+            break;
+        default:
+            break;
+        }
+        view_init(&p->mask, c->layout, c->mask_dt, ms[0], ms[1], ms[2], ms[3], NAN);
+        const size_t n = p->mask.n;
+        tm = xalloc(n * p->mask.esz);
+        p->xmask = xdoubles(n);
+        tu_fill(&rng, c->mask_dt, tm, p->xmask, n, -2.0, 2.0);
+        for (size_t i = 0; i < n; ++i)
+            if (tu_uniform(&rng, 0.0, 1.0) < 0.1)
+                put(c->mask_dt, tm, p->xmask, i, -INFINITY);
+    }
+
+    /* Special inputs. */
+    const size_t D = (size_t)c->D, Dv = (size_t)p->Dv, Skv = (size_t)c->Skv;
+    switch (c->special) {
+    case SP_NONE:
+        break;
+    case SP_SHIFT_MASK:
+        assert_non_null(tm);
+        for (size_t i = 0; i < p->mask.n; ++i)
+            if (isfinite(p->xmask[i]))
+                put(c->mask_dt, tm, p->xmask, i, p->xmask[i] + 1e4);
+        break;
+    case SP_SHIFT_QK: {
+        /* One large component per vector: scale·100·kbig ~ 1e4 for every key, so every logit of
+         * a row moves by about the same 1e4 (exactly what the stored values give). */
+        const double kbig = 1e4 / (100.0 * p->scale);
+        for (size_t r = 0; r < p->q.n / D; ++r)
+            put(dt, tq, p->xq, r * D + D - 1, 100.0);
+        for (size_t r = 0; r < p->k.n / D; ++r)
+            put(dt, tk, p->xk, r * D + D - 1, kbig);
+        break;
+    }
+    case SP_POISON: {
+        /* Mask columns j % 5 == 2 become -inf everywhere, so those keys are hidden from every row;
+         * so are keys at or past the batch's kv length. Their K and V get NaN and ±Inf. */
+        if (tm != NULL)
+            for (size_t i = 0; i < p->mask.n; ++i)
+                if ((i % Skv) % 5 == 2)
+                    put(c->mask_dt, tm, p->xmask, i, -INFINITY);
+        for (int b = 0; b < c->B; ++b) {
+            const int L = kv_len_of(p, b);
+            for (int g = 0; g < c->Hkv; ++g)
+                for (size_t j = 0; j < Skv; ++j) {
+                    if (!((int)j >= L || (tm != NULL && j % 5 == 2)))
+                        continue;
+                    const size_t kr = (((size_t)b * (size_t)c->Hkv + (size_t)g) * Skv + j);
+                    for (size_t d = 0; d < D; ++d)
+                        put(dt, tk, p->xk, kr * D + d, d % 3 == 0 ? NAN : (d % 3 == 1 ? INFINITY : -INFINITY));
+                    for (size_t d = 0; d < Dv; ++d)
+                        put(dt, tv, p->xv, kr * Dv + d, d % 3 == 1 ? NAN : (d % 3 == 2 ? INFINITY : -INFINITY));
+                }
+        }
+        break;
+    }
+    case SP_POISON_DIAG:
+        for (int b = 0; b < c->B; ++b) {
+            const int L = kv_len_of(p, b);
+            for (int g = 0; g < c->Hkv; ++g)
+                for (int j = L - 2 > 0 ? L - 2 : 0; j < L; ++j) {
+                    const size_t kr = (((size_t)b * (size_t)c->Hkv + (size_t)g) * Skv + (size_t)j);
+                    put(dt, tk, p->xk, kr * D, NAN);
+                    for (size_t d = 0; d < Dv; ++d)
+                        put(dt, tv, p->xv, kr * Dv + d, NAN);
+                }
+        }
+        break;
+    case SP_NAN_Q: {
+        /* Last row of the last head of batch 0: it sees every key of the batch. */
+        const size_t r = row_of(c, 0, c->Hq - 1, c->Sq - 1);
+        put(dt, tq, p->xq, r * D + D / 2, NAN);
+        break;
+    }
+    case SP_MASKED_ROW: {
+        assert_non_null(tm);
+        const size_t i = ms[2] == 1 ? 0 : (size_t)c->Sq / 2;
+        for (size_t j = 0; j < Skv; ++j)
+            put(c->mask_dt, tm, p->xmask, i * Skv + j, -INFINITY); /* b = 0, h = 0 of the mask */
+        break;
+    }
+    }
+
+    scatter(&p->q, tq);
+    scatter(&p->k, tk);
+    scatter(&p->v, tv);
+    upload(&p->q);
+    upload(&p->k);
+    upload(&p->v);
+    if (tm != NULL) {
+        scatter(&p->mask, tm);
+        if (c->mask == MASK_HEADS_STRIDE0) {
+            p->mask.t.shape[1] = c->Hq; /* the same data, broadcast by a 0 stride */
+            p->mask.t.stride[1] = 0;
+        }
+        upload(&p->mask);
+    }
+    if (c->has_kv)
+        p->kv_buf = xbuffer(sizeof(int) * (size_t)c->B, p->kvl);
+
+    /* Reference on exactly the stored values. */
+    p->nrow = (size_t)c->B * (size_t)c->Hq * (size_t)c->Sq;
+    p->nout = p->nrow * Dv;
+    p->nprob = p->nrow * Skv;
+    ref_attn *a = &p->ra;
+    memset(a, 0, sizeof *a);
+    a->batch = c->B;
+    a->heads_q = c->Hq;
+    a->heads_kv = c->Hkv;
+    a->seq_q = c->Sq;
+    a->seq_kv = c->Skv;
+    a->head_dim = c->D;
+    a->head_dim_v = p->Dv;
+    a->scale = p->scale;
+    a->causal = c->causal;
+    a->mask = p->xmask;
+    memcpy(a->mask_shape, ms, sizeof ms);
+    a->kv_len = c->has_kv ? p->kvl : NULL;
+    p->ref_out = xdoubles(p->nout);
+    p->ref_lse = xdoubles(p->nrow);
+    p->ref_probs = c->probs ? xdoubles(p->nprob) : NULL;
+    ref_attention(a, p->xq, p->xk, p->xv, p->ref_out, p->ref_lse, p->ref_probs);
+}
+
+/* =============================== tolerances =============================== */
+
+typedef struct tols {
+    double out_atol, out_rtol, lse_atol, lse_rtol, p_atol, p_rtol;
+} tols;
+
+/* Bound on the extra absolute error of logits near 1e4, where fp32 rounds at half an ulp = 2^-11:
+ * with a mask shift a logit passes through up to two roundings at that magnitude (the add of the
+ * mask, then the multiplication by log2(e) in the kernels that work in log2 units); q·k with one
+ * large term rounds at that magnitude in every addition after it, ~sqrt(D) half ulps in a random
+ * walk, plus the same two. A logit error of at most e moves lse by at most e, a probability by a
+ * factor within 1 ± 2e, and the output (a mean of V in [-1, 1]) by at most 2e. */
+static double logit_error(const att_case *c)
+{
+    const double half_ulp = 0x1p-11;
+    if (c->special == SP_SHIFT_MASK)
+        return 2.0 * half_ulp;
+    if (c->special == SP_SHIFT_QK)
+        return (sqrt((double)c->D) + 2.0) * half_ulp;
+    return 0.0;
+}
+
+static tols tolerances(const att_case *c, clattn_dtype out_dt)
+{
+    const double g = c->Skv > 4096 ? sqrt(c->Skv / 4096.0) : 1.0;
+    const double e = logit_error(c);
+    tols t;
+    t.out_atol = 2e-5 + 2.0 * e;
+    t.out_rtol = 1e-4 * g;
+    if (out_dt == F16) {
+        t.out_atol += 0x1p-10;
+        t.out_rtol = 0x1p-11;
+    } else if (out_dt == BF16) {
+        t.out_atol += 0x1p-7;
+        t.out_rtol = 0x1p-8;
+    }
+    t.lse_atol = 1e-5 * g + e;
+    t.lse_rtol = 4e-6;
+    t.p_atol = 1e-7;
+    t.p_rtol = 2e-5 * g + 2.0 * e;
+    /* Probabilities stored in f16/bf16: half an ulp (2^-11 / 2^-8 relative, 2^-25 absolute among
+     * f16 subnormals) on top of the fp32 error. */
+    if (c->probs == 2 && c->dt == F16) {
+        t.p_atol += 0x1p-25;
+        t.p_rtol += 0x1p-11;
+    } else if (c->probs == 2 && c->dt == BF16) {
+        t.p_rtol += 0x1p-8;
+    }
+    return t;
+}
+
+/* =============================== running =============================== */
+
+static const char *alg_name(clattn_algorithm a)
+{
+    return a == CLATTN_ALGORITHM_FUSED ? "fused" : a == CLATTN_ALGORITHM_UNFUSED ? "unfused" : "auto";
+}
+
+/* Like tu_assert_allclose, but records the failure and returns, so one row reports every
+ * algorithm's result before it fails. With CLATTN_TEST_VERBOSE=1 it prints the worst
+ * |diff| / allowed ratio of passing checks too, to see how much margin a tolerance leaves. */
+static int g_failures;
+
+static void check_close(const char *what, const double *got, const double *want, size_t n, double atol,
+                        double rtol)
+{
+    size_t first;
+    const size_t bad = tu_count_bad(got, want, n, atol, rtol, &first);
+    if (bad != 0) {
+        print_error("%s: element %zu: got %.9g, want %.9g (|diff| %.3g, allowed %.3g = atol %.3g + rtol %.3g * "
+                    "|want|); %zu of %zu elements out of tolerance\n",
+                    what, first, got[first], want[first], fabs(got[first] - want[first]),
+                    atol + rtol * fabs(want[first]), atol, rtol, bad, n);
+        ++g_failures;
+        return;
+    }
+    if (tu_getenv_int("CLATTN_TEST_VERBOSE", 0)) {
+        double worst = 0.0;
+        for (size_t i = 0; i < n; ++i)
+            if (isfinite(want[i])) {
+                const double r = fabs(got[i] - want[i]) / (atol + rtol * fabs(want[i]));
+                worst = r > worst ? r : worst;
+            }
+        print_message("    %-40s worst |diff|/allowed %.3f\n", what, worst);
+    }
+}
+
+typedef struct result {
+    double *out, *lse, *probs;
+} result;
+
+/* Rows with no visible key must give exactly 0 (not merely within atol); hidden probabilities too. */
+static void assert_exact_zeros(const char *what, const problem *p, const result *r)
+{
+    size_t bad = 0, first = 0;
+    for (size_t row = 0; row < p->nrow; ++row) {
+        if (p->ref_lse[row] != -INFINITY)
+            continue;
+        for (size_t d = 0; d < (size_t)p->Dv; ++d)
+            if (r->out[row * (size_t)p->Dv + d] != 0.0 && bad++ == 0)
+                first = row * (size_t)p->Dv + d;
+    }
+    if (bad != 0) {
+        print_error("%s out: %zu elements of rows without a visible key are not exactly 0, first at %zu: %.9g\n",
+                    what, bad, first, r->out[first]);
+        ++g_failures;
+        bad = 0;
+    }
+    if (r->probs == NULL)
+        return;
+    for (size_t i = 0; i < p->nprob; ++i)
+        if (p->ref_probs[i] == 0.0 && r->probs[i] != 0.0 && bad++ == 0)
+            first = i;
+    if (bad != 0) {
+        print_error("%s probabilities: %zu hidden entries are not exactly 0, first at %zu: %.9g\n", what, bad, first,
+                    r->probs[first]);
+        ++g_failures;
+    }
+}
+
+static void run(const problem *p, clattn_algorithm alg, result *r)
+{
+    const att_case *c = p->c;
+    const int with_probs = c->probs && alg != CLATTN_ALGORITHM_FUSED;
+    char what[128];
+    view out, lse, probs;
+    memset(&lse, 0, sizeof lse);
+    memset(&probs, 0, sizeof probs);
+    view_init(&out, c->layout, c->dt, c->B, c->Hq, c->Sq, p->Dv, 777.0);
+    upload(&out);
+    if (!c->no_lse) {
+        view_init(&lse, c->layout, F32, c->B, c->Hq, c->Sq, 1, 777.0);
+        upload(&lse);
+    }
+    if (with_probs) {
+        view_init(&probs, c->layout, c->probs == 2 ? c->dt : F32, c->B, c->Hq, c->Sq, c->Skv, 777.0);
+        upload(&probs);
+    }
+
+    clattn_attention_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.batch = c->B;
+    desc.heads_q = c->Hq;
+    desc.heads_kv = c->Hkv;
+    desc.seq_q = c->Sq;
+    desc.seq_kv = c->Skv;
+    desc.head_dim = c->D;
+    desc.head_dim_v = c->Dv;
+    desc.scale = c->scale;
+    desc.causal = c->causal;
+    desc.mask = c->mask != MASK_NONE ? &p->mask.t : NULL;
+    desc.kv_lengths = c->has_kv ? p->kv_buf : NULL;
+    desc.lse = c->no_lse ? NULL : &lse.t;
+    desc.probabilities = with_probs ? &probs.t : NULL;
+    desc.algorithm = alg;
+
+    cl_event done = NULL;
+    const clattn_status st = clattn_attention(g_ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &out.t, 0, NULL, &done);
+    if (st != CLATTN_SUCCESS) {
+        print_error("%s: clattn_attention returned %s: %s\n", alg_name(alg), clattn_status_string(st),
+                    clattn_last_error(g_ctx));
+        fail();
+    }
+    assert_non_null(done);
+    clReleaseEvent(done);
+    tu_finish(g_ctx);
+
+    r->out = xdoubles(p->nout);
+    r->lse = c->no_lse ? NULL : xdoubles(p->nrow);
+    r->probs = with_probs ? xdoubles(p->nprob) : NULL;
+    snprintf(what, sizeof what, "%s out", alg_name(alg));
+    download(what, &out, r->out);
+    if (r->lse != NULL) {
+        snprintf(what, sizeof what, "%s lse", alg_name(alg));
+        download(what, &lse, r->lse);
+    }
+    if (r->probs != NULL) {
+        snprintf(what, sizeof what, "%s probabilities", alg_name(alg));
+        download(what, &probs, r->probs);
+    }
+
+    const tols t = tolerances(c, c->dt);
+    snprintf(what, sizeof what, "%s out vs reference", alg_name(alg));
+    check_close(what, r->out, p->ref_out, p->nout, t.out_atol, t.out_rtol);
+    if (r->lse != NULL) {
+        snprintf(what, sizeof what, "%s lse vs reference", alg_name(alg));
+        check_close(what, r->lse, p->ref_lse, p->nrow, t.lse_atol, t.lse_rtol);
+    }
+    if (r->probs != NULL) {
+        snprintf(what, sizeof what, "%s probabilities vs reference", alg_name(alg));
+        check_close(what, r->probs, p->ref_probs, p->nprob, t.p_atol, t.p_rtol);
+    }
+    assert_exact_zeros(alg_name(alg), p, r);
+}
+
+static void test_case(void **state)
+{
+    const att_case *c = *state;
+    ctx_get();
+    g_failures = 0;
+    problem p;
+    memset(&p, 0, sizeof p);
+    p.c = c;
+    build(&p);
+
+    /* Sanity of the case itself: a special input must actually show up in the reference. */
+    if (c->special == SP_NAN_Q)
+        assert_true(isnan(p.ref_lse[row_of(c, 0, c->Hq - 1, c->Sq - 1)]));
+    if (c->special == SP_MASKED_ROW)
+        assert_true(p.ref_lse[row_of(c, 0, 0, c->Sq / 2)] == -INFINITY);
+    if (c->special == SP_POISON_DIAG) {
+        size_t nan_rows = 0;
+        for (size_t r = 0; r < p.nrow; ++r)
+            nan_rows += isnan(p.ref_lse[r]);
+        assert_true(nan_rows > 0 && nan_rows < p.nrow / 2);
+    }
+
+    const unsigned algos = c->algos != 0 ? c->algos : (ALG_FUSED | ALG_UNFUSED);
+    result fused = {0}, unfused = {0}, autor = {0};
+    if (algos & ALG_FUSED)
+        run(&p, CLATTN_ALGORITHM_FUSED, &fused);
+    if (algos & ALG_UNFUSED)
+        run(&p, CLATTN_ALGORITHM_UNFUSED, &unfused);
+    if (algos & ALG_AUTO)
+        run(&p, CLATTN_ALGORITHM_AUTO, &autor);
+
+    if ((algos & ALG_FUSED) && (algos & ALG_UNFUSED)) {
+        /* Both round fp32 results that differ by fp32 rounding to the storage type: they agree
+         * within fp32 error plus one storage ulp (2^-10 relative for f16, 2^-7 for bf16). */
+        const tols t = tolerances(c, F32);
+        const double rtol = c->dt == F16 ? 0x1p-10 : c->dt == BF16 ? 0x1p-7 : t.out_rtol;
+        check_close("fused vs unfused out", fused.out, unfused.out, p.nout, t.out_atol, rtol);
+        if (fused.lse != NULL)
+            check_close("fused vs unfused lse", fused.lse, unfused.lse, p.nrow, 2 * t.lse_atol,
+                               2 * t.lse_rtol);
+    }
+    if (g_failures != 0)
+        fail_msg("%d check(s) failed", g_failures);
+}
+
+/* =============================== registration =============================== */
+
+int main(void)
+{
+    enum { MAX_TESTS = 128 };
+    static struct CMUnitTest tests[MAX_TESTS];
+    size_t n = 0;
+    for (size_t i = 0; i < N_OF(cases); ++i) {
+        if (n == MAX_TESTS) {
+            fprintf(stderr, "test_attention: more than %d tests, raise MAX_TESTS\n", MAX_TESTS);
+            return 1;
+        }
+        for (size_t j = 0; j < i; ++j)
+            if (strcmp(cases[i].name, cases[j].name) == 0) {
+                fprintf(stderr, "test_attention: duplicate case name %s\n", cases[i].name);
+                return 1;
+            }
+        tests[n++] = (struct CMUnitTest){cases[i].name, test_case, NULL, teardown, (void *)&cases[i]};
+    }
+    const int failed = _cmocka_run_group_tests("attention", tests, n, NULL, NULL);
+    clattn_release(g_ctx);
+    return failed;
+}

@@ -1,0 +1,768 @@
+/*
+ * Decode-shaped attention (seq_q 1, 4, 16 against up to 10^6 keys) and clattn_merge.
+ *
+ * Decode rows run fused (flash-decoding: key splits merged on the device) and unfused, each against
+ * the float64 reference on exactly the stored inputs, and against each other. Merge rows split the
+ * keys into disjoint ranges, compute each range with clattn_attention on K/V sub-views (offset
+ * a·seq_stride, seq = b - a) asking for lse, merge the parts with clattn_merge and compare with
+ * ref_merge on the very parts (the merge alone), with ref_attention over all keys, and with a
+ * whole-range clattn_attention. A part with an empty range is a part computed with kv_lengths 0
+ * (lse all -inf, its output then overwritten with NaN: it must contribute nothing), and a part
+ * whose row holds NaN must make that merged row NaN, whatever the other parts hold.
+ *
+ * Tolerances as in test_attention.c: f32 out atol 2e-5, rtol 1e-4; lse atol 1e-5, rtol 4e-6; the
+ * relative ones (and lse's atol) grow by sqrt(seq_kv / 4096) past 4096 keys, since the softmax
+ * denominator is an fp32 sum of seq_kv positive terms. f16 storage: atol 2^-10, rtol 2^-11; bf16:
+ * atol 2^-7, rtol 2^-8 (half an ulp of |out| <= 1, doubled). The merge alone is a handful of fp32
+ * operations per element: atol and rtol 1e-6 plus the output's storage rounding; with one part it
+ * is an exact copy.
+ */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+#define F32 CLATTN_F32
+#define F16 CLATTN_F16
+#define BF16 CLATTN_BF16
+
+typedef enum layout_kind {
+    LAYOUT_BHSD,   /* contiguous [b][h][s][d] */
+    LAYOUT_BSHD,   /* [b][s][h][d] */
+    LAYOUT_PADDED  /* nonzero offset and padded strides inside a bigger buffer */
+} layout_kind;
+
+enum { ALG_FUSED = 1, ALG_UNFUSED = 2 };
+
+typedef struct dec_case {
+    const char *name;
+    int B, Hq, Hkv, Sq, Skv, D;
+    clattn_dtype dt;
+    int causal;
+    int has_kv;
+    int kv[4];
+    layout_kind layout;
+    unsigned algos; /* 0: fused and unfused */
+} dec_case;
+
+/* clang-format off */
+static const dec_case dec_cases[] = {
+    {"q1_kv1", 1, 1, 1, 1, 1, 64, F32, .causal = 0},
+    {"q1_kv17", 2, 2, 2, 1, 17, 64, F32, .causal = 0},
+    {"q1_kv1000", 2, 4, 4, 1, 1000, 64, F32, .causal = 0},
+    {"q1_kv8192_hd128", 1, 4, 4, 1, 8192, 128, F32, .causal = 0},
+    {"q1_kv100000", 1, 2, 2, 1, 100000, 64, F32, .causal = 0},
+    {"q1_kv1000000", 1, 1, 1, 1, 1000000, 64, F32, .causal = 0},
+    {"q4_kv17", 2, 2, 2, 4, 17, 64, F32, .causal = 0},
+    {"q4_kv1000", 2, 2, 2, 4, 1000, 64, F32, .causal = 0},
+    {"q4_kv100000", 1, 1, 1, 4, 100000, 64, F32, .causal = 0},
+    {"q16_kv1", 1, 2, 2, 16, 1, 64, F32, .causal = 0},
+    {"q16_kv8192", 1, 2, 2, 16, 8192, 64, F32, .causal = 0},
+
+    /* grouped-query decode: the group's rows share one K/V stream */
+    {"gqa8to1_q1_kv1000", 2, 8, 1, 1, 1000, 64, F32, .causal = 0},
+    {"gqa8to1_q4_kv8192", 1, 8, 1, 4, 8192, 64, F32, .causal = 1},
+    {"gqa32to8_q1_kv8192", 1, 32, 8, 1, 8192, 128, F32, .causal = 0},
+    {"gqa32to8_q16_kv1000", 1, 32, 8, 16, 1000, 64, F32, .causal = 1},
+
+    /* kv_lengths per batch, including 0 and seq_kv */
+    {"kvlen_q1", 4, 4, 2, 1, 1000, 64, F32, .has_kv = 1, .kv = {0, 1, 517, 1000}},
+    {"kvlen_q4_causal", 4, 2, 2, 4, 1000, 64, F32, .causal = 1, .has_kv = 1, .kv = {1000, 0, 2, 333}},
+    {"kvlen_q16_causal", 4, 2, 1, 16, 1000, 64, F32, .causal = 1, .has_kv = 1, .kv = {10, 1000, 0, 999}},
+    {"kvlen_q1_kv100000", 4, 2, 2, 1, 100000, 64, F32, .has_kv = 1, .kv = {100000, 0, 65537, 4097}},
+
+    /* causal decode: seq_q < seq_kv, bottom-right aligned */
+    {"causal_q4_kv1000", 2, 2, 2, 4, 1000, 64, F32, .causal = 1},
+    {"causal_q4_kv4", 2, 2, 2, 4, 4, 64, F32, .causal = 1},
+    {"causal_q16_kv8", 1, 2, 2, 16, 8, 64, F32, .causal = 1}, /* rows 0..7 see nothing */
+
+    /* f16 / bf16 storage, BSHD caches */
+    {"f16_q1_kv8192", 2, 4, 4, 1, 8192, 64, F16, .causal = 0},
+    {"f16_gqa8to1_q1_kv100000", 1, 8, 1, 1, 100000, 64, F16, .causal = 0},
+    {"f16_kvlen_causal_q4", 4, 4, 2, 4, 1000, 128, F16, .causal = 1, .has_kv = 1, .kv = {0, 1000, 4, 3}},
+    {"bf16_q1_kv1000", 2, 4, 2, 1, 1000, 64, BF16, .causal = 0},
+    {"bshd_q1_kv1000", 2, 4, 2, 1, 1000, 64, F32, .layout = LAYOUT_BSHD},
+    {"bshd_f16_q4_kv8192", 1, 8, 2, 4, 8192, 64, F16, .causal = 1, .layout = LAYOUT_BSHD},
+};
+
+typedef struct merge_case {
+    const char *name;
+    int B, H, Hkv, Sq, Skv, D;
+    clattn_dtype dt;     /* q, k, v and the parts */
+    clattn_dtype out_dt; /* the merged output */
+    int nparts;          /* key ranges */
+    int cuts[9];         /* cuts[0] = 0 < ... < cuts[nparts] = Skv; all 0: an even split */
+    int empty_at;        /* > 0: an extra part with lse all -inf (kv_lengths 0) at index empty_at - 1 */
+    int batch0_empty;    /* every part and the whole run with kv_lengths {0, big}: batch 0 rows empty */
+    int mask;            /* an f32 mask [B][H][Sq][Skv]; each part reads its column range */
+    int no_lse;          /* merge without an lse output */
+    int nan_row0;        /* part 0's row 0 (out and lse) overwritten with NaN: merged row 0 must be NaN */
+} merge_case;
+
+static const merge_case merge_cases[] = {
+    {"two_even", 1, 2, 2, 4, 1000, 64, F32, F32, 2, .mask = 0},
+    {"three_uneven", 2, 2, 1, 4, 1000, 64, F32, F32, 3, {0, 1, 500, 1000}, .mask = 0},
+    {"eight_gqa", 1, 8, 2, 16, 1024, 64, F32, F32, 8, .mask = 0},
+    {"four_with_empty", 1, 2, 2, 4, 1000, 64, F32, F32, 4, .empty_at = 3},
+    {"two_empty_first", 1, 2, 2, 4, 300, 64, F32, F32, 2, .empty_at = 1},
+    {"three_batch0_empty", 2, 2, 2, 4, 600, 64, F32, F32, 3, .batch0_empty = 1},
+    {"one_copies", 2, 2, 2, 4, 300, 64, F32, F32, 1, .mask = 0},
+    {"one_copies_into_f16", 2, 2, 2, 4, 300, 64, F32, F16, 1, .mask = 0},
+    {"three_into_f16", 1, 4, 2, 4, 1000, 64, F32, F16, 3, .mask = 0},
+    {"four_f16_parts_f16_out", 1, 4, 2, 4, 1000, 64, F16, F16, 4, .empty_at = 2},
+    {"three_into_bf16", 1, 2, 2, 4, 1000, 40, F32, BF16, 3, .mask = 0},
+    {"two_mask", 2, 2, 2, 7, 500, 64, F32, F32, 2, {0, 123, 500}, .mask = 1},
+    {"five_no_lse", 1, 2, 2, 4, 1000, 64, F32, F32, 5, .no_lse = 1},
+    {"six_decode_kv100000", 1, 4, 1, 1, 100000, 64, F32, F32, 6, .mask = 0},
+    {"nan_part_three", 1, 2, 2, 4, 300, 64, F32, F32, 3, .nan_row0 = 1},
+    {"nan_part_with_empty", 1, 2, 2, 4, 300, 64, F32, F32, 1, .empty_at = 2, .nan_row0 = 1},
+    {"one_copies_nan", 1, 2, 2, 4, 300, 64, F32, F32, 1, .nan_row0 = 1},
+};
+/* clang-format on */
+
+/* =============================== resources =============================== */
+
+/* Everything a test allocates is recorded here and released by teardown, which cmocka runs even
+ * when the test fails half-way (fail() longjmps out of it). */
+enum { MAX_RES = 256 };
+static void *res_ptr[MAX_RES];
+static size_t n_ptr;
+static cl_mem res_mem[MAX_RES];
+static size_t n_mem;
+static clattn_context *g_ctx;
+
+static void *xalloc(size_t bytes)
+{
+    assert_true(n_ptr < MAX_RES);
+    void *p = calloc(bytes > 0 ? bytes : 1, 1);
+    assert_non_null(p);
+    res_ptr[n_ptr++] = p;
+    return p;
+}
+
+static double *xdoubles(size_t n)
+{
+    return xalloc(n * sizeof(double));
+}
+
+static cl_mem xbuffer(size_t bytes, const void *host)
+{
+    assert_true(n_mem < MAX_RES);
+    cl_mem m = tu_buffer(g_ctx, bytes, host);
+    res_mem[n_mem++] = m;
+    return m;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < n_ptr; ++i)
+        free(res_ptr[i]);
+    for (size_t i = 0; i < n_mem; ++i)
+        clReleaseMemObject(res_mem[i]);
+    n_ptr = n_mem = 0;
+    return 0;
+}
+
+static clattn_context *ctx_get(void)
+{
+    if (g_ctx == NULL)
+        g_ctx = tu_context();
+    return g_ctx;
+}
+
+/* FNV-1a of the row name: a fixed seed per case that does not move when rows are reordered. */
+static uint64_t seed_of(const char *name)
+{
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    for (const char *p = name; *p; ++p)
+        h = (h ^ (uint64_t)(unsigned char)*p) * UINT64_C(0x100000001b3);
+    return h;
+}
+
+/* =============================== strided views =============================== */
+
+/* A tensor view plus the host image of its whole buffer. `fshape` is the shape of the stored data
+ * (broadcast dimensions 1); the view's shape may differ only for stride-0 broadcasting. */
+typedef struct view {
+    clattn_tensor t;
+    int64_t fshape[4];
+    size_t n;   /* elements in fshape */
+    size_t cap; /* elements in the buffer */
+    size_t esz;
+    unsigned char *img;
+} view;
+
+enum { GUARD = 7 }; /* elements past the view's end, to catch writes beyond it */
+
+static size_t at(const view *v, int64_t b, int64_t h, int64_t s, int64_t d)
+{
+    return (size_t)(v->t.offset + b * v->t.stride[0] + h * v->t.stride[1] + s * v->t.stride[2] + d);
+}
+
+/* Lays out shape {B, H, S, D} of dt; every buffer element starts as `pad` (NaN for inputs, a
+ * sentinel for outputs). */
+static void view_init(view *v, layout_kind lay, clattn_dtype dt, int64_t B, int64_t H, int64_t S, int64_t D,
+                      double pad)
+{
+    memset(v, 0, sizeof *v);
+    v->t.dtype = dt;
+    v->t.shape[0] = v->fshape[0] = B;
+    v->t.shape[1] = v->fshape[1] = H;
+    v->t.shape[2] = v->fshape[2] = S;
+    v->t.shape[3] = v->fshape[3] = D;
+    switch (lay) {
+    case LAYOUT_BHSD:
+        v->t.stride[2] = D;
+        v->t.stride[1] = S * D;
+        v->t.stride[0] = H * S * D;
+        break;
+    case LAYOUT_BSHD:
+        v->t.stride[1] = D;
+        v->t.stride[2] = H * D;
+        v->t.stride[0] = S * H * D;
+        break;
+    case LAYOUT_PADDED:
+        v->t.offset = 37;
+        v->t.stride[2] = D + 5;
+        v->t.stride[1] = S * v->t.stride[2] + 3;
+        v->t.stride[0] = H * v->t.stride[1] + 11;
+        break;
+    }
+    v->n = (size_t)(B * H * S * D);
+    v->cap = at(v, B - 1, H - 1, S - 1, D - 1) + 1 + GUARD;
+    v->esz = clattn_dtype_size(dt);
+    v->img = xalloc(v->cap * v->esz);
+    for (size_t i = 0; i < v->cap; ++i)
+        tu_store(dt, v->img, i, pad);
+}
+
+/* Copies contiguous typed data (fshape order) into the image at the view's positions. */
+static void scatter(view *v, const void *src)
+{
+    const int64_t *s = v->fshape;
+    size_t lin = 0;
+    for (int64_t b = 0; b < s[0]; ++b)
+        for (int64_t h = 0; h < s[1]; ++h)
+            for (int64_t i = 0; i < s[2]; ++i)
+                for (int64_t d = 0; d < s[3]; ++d, ++lin)
+                    memcpy(v->img + at(v, b, h, i, d) * v->esz, (const unsigned char *)src + lin * v->esz,
+                           v->esz);
+}
+
+/* The view's elements of a read-back image, as doubles in fshape order. */
+static void gather(const view *v, const unsigned char *img, double *dst)
+{
+    const int64_t *s = v->fshape;
+    size_t lin = 0;
+    for (int64_t b = 0; b < s[0]; ++b)
+        for (int64_t h = 0; h < s[1]; ++h)
+            for (int64_t i = 0; i < s[2]; ++i)
+                for (int64_t d = 0; d < s[3]; ++d, ++lin)
+                    dst[lin] = tu_load(v->t.dtype, img, at(v, b, h, i, d));
+}
+
+/* Fails unless every buffer element outside the view still holds what v->img held. */
+static void assert_untouched(const char *what, const view *v, const unsigned char *img)
+{
+    unsigned char *mark = xalloc(v->cap);
+    const int64_t *s = v->t.shape;
+    for (int64_t b = 0; b < s[0]; ++b)
+        for (int64_t h = 0; h < s[1]; ++h)
+            for (int64_t i = 0; i < s[2]; ++i)
+                for (int64_t d = 0; d < s[3]; ++d)
+                    mark[at(v, b, h, i, d)] = 1;
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < v->cap; ++i)
+        if (!mark[i] && memcmp(img + i * v->esz, v->img + i * v->esz, v->esz) != 0)
+            if (bad++ == 0)
+                first = i;
+    if (bad != 0) {
+        print_error("%s: %zu buffer elements outside the view were modified, first at element %zu "
+                    "(now %.9g, sentinel %.9g)\n",
+                    what, bad, first, tu_load(v->t.dtype, img, first), tu_load(v->t.dtype, v->img, first));
+        fail();
+    }
+}
+
+static void upload(view *v)
+{
+    v->t.buffer = xbuffer(v->cap * v->esz, v->img);
+}
+
+/* Reads the whole buffer back, checks the outside is untouched, returns the view as doubles. */
+static void download(const char *what, const view *v, double *dst)
+{
+    unsigned char *img = xalloc(v->cap * v->esz);
+    tu_read(g_ctx, v->t.buffer, v->cap * v->esz, img);
+    assert_untouched(what, v, img);
+    gather(v, img, dst);
+}
+
+/* Stores x as element i of contiguous typed data and keeps the stored value in as_double[i]. */
+static void put(clattn_dtype dt, void *typed, double *as_double, size_t i, double x)
+{
+    tu_store(dt, typed, i, x);
+    as_double[i] = tu_load(dt, typed, i);
+}
+
+/* Like tu_assert_allclose, but records the failure and returns, so one row reports every
+ * algorithm's result before it fails. With CLATTN_TEST_VERBOSE=1 it prints the worst
+ * |diff| / allowed ratio of passing checks too, to see how much margin a tolerance leaves. */
+static int g_failures;
+
+static void check_close(const char *what, const double *got, const double *want, size_t n, double atol,
+                        double rtol)
+{
+    size_t first;
+    const size_t bad = tu_count_bad(got, want, n, atol, rtol, &first);
+    if (bad != 0) {
+        print_error("%s: element %zu: got %.9g, want %.9g (|diff| %.3g, allowed %.3g = atol %.3g + rtol %.3g * "
+                    "|want|); %zu of %zu elements out of tolerance\n",
+                    what, first, got[first], want[first], fabs(got[first] - want[first]),
+                    atol + rtol * fabs(want[first]), atol, rtol, bad, n);
+        ++g_failures;
+        return;
+    }
+    if (tu_getenv_int("CLATTN_TEST_VERBOSE", 0)) {
+        double worst = 0.0;
+        for (size_t i = 0; i < n; ++i)
+            if (isfinite(want[i])) {
+                const double r = fabs(got[i] - want[i]) / (atol + rtol * fabs(want[i]));
+                worst = r > worst ? r : worst;
+            }
+        print_message("    %-40s worst |diff|/allowed %.3f\n", what, worst);
+    }
+}
+
+typedef struct result {
+    double *out, *lse, *probs;
+} result;
+
+/* =============================== shared pieces =============================== */
+
+typedef struct qkv {
+    view q, k, v;
+    double *xq, *xk, *xv;
+    double scale; /* 1/sqrt(D) as the device resolves it (in float) */
+} qkv;
+
+/* q uniform in [-qa, qa] with qa = 6 (scaled logits of standard deviation ~2), k and v in [-1, 1]. */
+static void make_qkv(qkv *t, const char *name, layout_kind lay, clattn_dtype dt, int B, int Hq, int Hkv, int Sq,
+                     int Skv, int D)
+{
+    tu_rng rng;
+    tu_seed(&rng, seed_of(name));
+    const size_t esz = clattn_dtype_size(dt);
+    t->scale = (double)(float)(1.0 / sqrt((double)D));
+    view_init(&t->q, lay, dt, B, Hq, Sq, D, NAN);
+    view_init(&t->k, lay, dt, B, Hkv, Skv, D, NAN);
+    view_init(&t->v, lay, dt, B, Hkv, Skv, D, NAN);
+    view *vs[3] = {&t->q, &t->k, &t->v};
+    double **xs[3] = {&t->xq, &t->xk, &t->xv};
+    for (int i = 0; i < 3; ++i) {
+        void *typed = malloc(vs[i]->n * esz); /* freed at once: the big K/V images are not kept twice */
+        assert_non_null(typed);
+        *xs[i] = xdoubles(vs[i]->n);
+        tu_fill(&rng, dt, typed, *xs[i], vs[i]->n, i == 0 ? -6.0 : -1.0, i == 0 ? 6.0 : 1.0);
+        scatter(vs[i], typed);
+        free(typed);
+        upload(vs[i]);
+    }
+}
+
+typedef struct tols {
+    double out_atol, out_rtol, lse_atol, lse_rtol;
+} tols;
+
+static tols attention_tols(int Skv, clattn_dtype dt)
+{
+    const double g = Skv > 4096 ? sqrt(Skv / 4096.0) : 1.0;
+    tols t = {2e-5, 1e-4 * g, 1e-5 * g, 4e-6};
+    if (dt == F16) {
+        t.out_atol += 0x1p-10;
+        t.out_rtol = 0x1p-11;
+    } else if (dt == BF16) {
+        t.out_atol += 0x1p-7;
+        t.out_rtol = 0x1p-8;
+    }
+    return t;
+}
+
+static void check_exact_zeros(const char *what, const double *ref_lse, const double *out, size_t nrow, size_t dv)
+{
+    size_t bad = 0, first = 0;
+    for (size_t r = 0; r < nrow; ++r)
+        if (ref_lse[r] == -INFINITY)
+            for (size_t d = 0; d < dv; ++d)
+                if (out[r * dv + d] != 0.0 && bad++ == 0)
+                    first = r * dv + d;
+    if (bad != 0) {
+        print_error("%s: %zu elements of rows without a visible key are not exactly 0, first at %zu: %.9g\n", what,
+                    bad, first, out[first]);
+        ++g_failures;
+    }
+}
+
+static const char *alg_name(clattn_algorithm a)
+{
+    return a == CLATTN_ALGORITHM_FUSED ? "fused" : a == CLATTN_ALGORITHM_UNFUSED ? "unfused" : "auto";
+}
+
+static void attention_or_fail(const clattn_attention_desc *desc, const clattn_tensor *q, const clattn_tensor *k,
+                              const clattn_tensor *v, const clattn_tensor *out)
+{
+    cl_event done = NULL;
+    const clattn_status st = clattn_attention(g_ctx, desc, q, k, v, out, 0, NULL, &done);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("%s clattn_attention returned %s: %s", alg_name(desc->algorithm), clattn_status_string(st),
+                 clattn_last_error(g_ctx));
+    assert_non_null(done);
+    clReleaseEvent(done);
+}
+
+/* =============================== decode =============================== */
+
+static void test_decode(void **state)
+{
+    const dec_case *c = *state;
+    ctx_get();
+    g_failures = 0;
+    qkv t;
+    make_qkv(&t, c->name, c->layout, c->dt, c->B, c->Hq, c->Hkv, c->Sq, c->Skv, c->D);
+    int kvl[4] = {0, 0, 0, 0};
+    for (int b = 0; b < c->B; ++b)
+        kvl[b] = c->kv[b];
+    cl_mem kv_buf = c->has_kv ? xbuffer(sizeof(int) * (size_t)c->B, kvl) : NULL;
+
+    const size_t nrow = (size_t)c->B * (size_t)c->Hq * (size_t)c->Sq, nout = nrow * (size_t)c->D;
+    ref_attn a;
+    memset(&a, 0, sizeof a);
+    a.batch = c->B;
+    a.heads_q = c->Hq;
+    a.heads_kv = c->Hkv;
+    a.seq_q = c->Sq;
+    a.seq_kv = c->Skv;
+    a.head_dim = c->D;
+    a.scale = t.scale;
+    a.causal = c->causal;
+    a.kv_len = c->has_kv ? kvl : NULL;
+    double *ref_out = xdoubles(nout), *ref_lse = xdoubles(nrow);
+    ref_attention(&a, t.xq, t.xk, t.xv, ref_out, ref_lse, NULL);
+
+    const tols tl = attention_tols(c->Skv, c->dt);
+    const unsigned algos = c->algos != 0 ? c->algos : (ALG_FUSED | ALG_UNFUSED);
+    double *got_out[2] = {NULL, NULL}, *got_lse[2] = {NULL, NULL};
+    for (int ai = 0; ai < 2; ++ai) {
+        if (!(algos & (1u << ai)))
+            continue;
+        const clattn_algorithm alg = ai == 0 ? CLATTN_ALGORITHM_FUSED : CLATTN_ALGORITHM_UNFUSED;
+        view out, lse;
+        view_init(&out, c->layout, c->dt, c->B, c->Hq, c->Sq, c->D, 777.0);
+        view_init(&lse, c->layout, F32, c->B, c->Hq, c->Sq, 1, 777.0);
+        upload(&out);
+        upload(&lse);
+        clattn_attention_desc desc;
+        memset(&desc, 0, sizeof desc);
+        desc.batch = c->B;
+        desc.heads_q = c->Hq;
+        desc.heads_kv = c->Hkv;
+        desc.seq_q = c->Sq;
+        desc.seq_kv = c->Skv;
+        desc.head_dim = c->D;
+        desc.causal = c->causal;
+        desc.kv_lengths = kv_buf;
+        desc.lse = &lse.t;
+        desc.algorithm = alg;
+        attention_or_fail(&desc, &t.q.t, &t.k.t, &t.v.t, &out.t);
+        tu_finish(g_ctx);
+        got_out[ai] = xdoubles(nout);
+        got_lse[ai] = xdoubles(nrow);
+        char what[96];
+        snprintf(what, sizeof what, "%s out", alg_name(alg));
+        download(what, &out, got_out[ai]);
+        snprintf(what, sizeof what, "%s lse", alg_name(alg));
+        download(what, &lse, got_lse[ai]);
+        snprintf(what, sizeof what, "%s out vs reference", alg_name(alg));
+        check_close(what, got_out[ai], ref_out, nout, tl.out_atol, tl.out_rtol);
+        snprintf(what, sizeof what, "%s lse vs reference", alg_name(alg));
+        check_close(what, got_lse[ai], ref_lse, nrow, tl.lse_atol, tl.lse_rtol);
+        check_exact_zeros(alg_name(alg), ref_lse, got_out[ai], nrow, (size_t)c->D);
+    }
+    if (got_out[0] != NULL && got_out[1] != NULL) {
+        /* fp32 error plus one storage ulp: each path rounds its own fp32 result once. */
+        const tols t32 = attention_tols(c->Skv, F32);
+        const double rtol = c->dt == F16 ? 0x1p-10 : c->dt == BF16 ? 0x1p-7 : t32.out_rtol;
+        check_close("fused vs unfused out", got_out[0], got_out[1], nout, t32.out_atol, rtol);
+        check_close("fused vs unfused lse", got_lse[0], got_lse[1], nrow, 2 * t32.lse_atol, 2 * t32.lse_rtol);
+    }
+    if (g_failures != 0)
+        fail_msg("%d check(s) failed", g_failures);
+}
+
+/* =============================== merge =============================== */
+
+/* A [B][H][S][D] contiguous view of `buf` from element `offset`. */
+static clattn_tensor sub_bhsd(cl_mem buf, clattn_dtype dt, int64_t offset, int B, int H, int S, int D)
+{
+    clattn_tensor t = clattn_tensor_bhsd(buf, dt, B, H, S, D);
+    t.offset = offset;
+    return t;
+}
+
+static void test_merge(void **state)
+{
+    const merge_case *m = *state;
+    ctx_get();
+    g_failures = 0;
+    const int B = m->B, H = m->H, Sq = m->Sq, Skv = m->Skv, D = m->D;
+    qkv t;
+    make_qkv(&t, m->name, LAYOUT_BHSD, m->dt, B, H, m->Hkv, Sq, Skv, D);
+
+    /* Optional mask: uniform [-2, 2] with ~10% -inf. */
+    view mask;
+    double *xm = NULL;
+    memset(&mask, 0, sizeof mask);
+    if (m->mask) {
+        tu_rng rng;
+        tu_seed(&rng, seed_of(m->name) ^ 1u);
+        view_init(&mask, LAYOUT_BHSD, F32, B, H, Sq, Skv, NAN);
+        float *tm = xalloc(mask.n * sizeof(float));
+        xm = xdoubles(mask.n);
+        tu_fill(&rng, F32, tm, xm, mask.n, -2.0, 2.0);
+        for (size_t i = 0; i < mask.n; ++i)
+            if (tu_uniform(&rng, 0.0, 1.0) < 0.1)
+                put(F32, tm, xm, i, -INFINITY);
+        scatter(&mask, tm);
+        upload(&mask);
+    }
+
+    /* kv_lengths: all 0 for the empty part; {0, big, ...} for batch0_empty (clamped per part). */
+    const int zeros[4] = {0, 0, 0, 0}, b0[4] = {0, INT32_MAX, INT32_MAX, INT32_MAX};
+    cl_mem kv_zero = xbuffer(sizeof zeros, zeros);
+    cl_mem kv_b0 = m->batch0_empty ? xbuffer(sizeof b0, b0) : NULL;
+
+    int cuts[10];
+    for (int i = 0; i <= m->nparts; ++i)
+        cuts[i] = m->cuts[m->nparts] != 0 ? m->cuts[i] : (int)((long)i * Skv / m->nparts);
+    const int P = m->nparts + (m->empty_at > 0);
+    const int empty = m->empty_at - 1; /* -1: none */
+
+    const size_t nrow = (size_t)B * (size_t)H * (size_t)Sq, nout = nrow * (size_t)D;
+    const size_t esz = clattn_dtype_size(m->dt);
+    view parts, plse; /* P parts laid end to end: [P·B][H][Sq][D] and [P·B][H][Sq][1] */
+    view_init(&parts, LAYOUT_BHSD, m->dt, P * B, H, Sq, D, 777.0);
+    view_init(&plse, LAYOUT_BHSD, F32, P * B, H, Sq, 1, 777.0);
+    upload(&parts);
+    upload(&plse);
+    clattn_tensor part_out[9], part_lse[9];
+    for (int p = 0, r = 0; p < P; ++p) {
+        part_out[p] = sub_bhsd(parts.t.buffer, m->dt, (int64_t)((size_t)p * nout), B, H, Sq, D);
+        part_lse[p] = sub_bhsd(plse.t.buffer, F32, (int64_t)((size_t)p * nrow), B, H, Sq, 1);
+        clattn_attention_desc desc;
+        memset(&desc, 0, sizeof desc);
+        desc.batch = B;
+        desc.heads_q = H;
+        desc.heads_kv = m->Hkv;
+        desc.seq_q = Sq;
+        desc.head_dim = D;
+        desc.lse = &part_lse[p];
+        desc.algorithm = p % 2 ? CLATTN_ALGORITHM_UNFUSED : CLATTN_ALGORITHM_FUSED;
+        clattn_tensor k = t.k.t, v = t.v.t, mk = mask.t;
+        if (p == empty) {
+            desc.seq_kv = Skv;
+            desc.kv_lengths = kv_zero;
+        } else {
+            const int lo = cuts[r], hi = cuts[r + 1];
+            ++r;
+            desc.seq_kv = hi - lo;
+            desc.kv_lengths = kv_b0;
+            k.offset += lo * k.stride[2];
+            k.shape[2] = hi - lo;
+            v.offset += lo * v.stride[2];
+            v.shape[2] = hi - lo;
+            mk.offset += lo; /* the mask's key dimension is the contiguous one */
+            mk.shape[3] = hi - lo;
+        }
+        desc.mask = m->mask ? &mk : NULL;
+        attention_or_fail(&desc, &t.q.t, &k, &v, &part_out[p]);
+    }
+    tu_finish(g_ctx);
+    if (empty >= 0) {
+        /* The empty part's output must not matter at all: make it NaN. */
+        void *nan_img = xalloc(nout * esz);
+        for (size_t i = 0; i < nout; ++i)
+            tu_store(m->dt, nan_img, i, NAN);
+        assert_int_equal(clEnqueueWriteBuffer(clattn_queue(g_ctx), parts.t.buffer, CL_TRUE,
+                                              (size_t)empty * nout * esz, nout * esz, nan_img, 0, NULL, NULL),
+                         CL_SUCCESS);
+    }
+    if (m->nan_row0) {
+        /* NaN in a part propagates to its row, whatever the other parts hold (-inf included). */
+        void *nan_img = xalloc((size_t)D * esz);
+        for (size_t i = 0; i < (size_t)D; ++i)
+            tu_store(m->dt, nan_img, i, NAN);
+        const float nanf = NAN;
+        assert_int_equal(clEnqueueWriteBuffer(clattn_queue(g_ctx), parts.t.buffer, CL_TRUE, 0, (size_t)D * esz,
+                                              nan_img, 0, NULL, NULL),
+                         CL_SUCCESS);
+        assert_int_equal(clEnqueueWriteBuffer(clattn_queue(g_ctx), plse.t.buffer, CL_TRUE, 0, sizeof nanf, &nanf,
+                                              0, NULL, NULL),
+                         CL_SUCCESS);
+    }
+    double *all_out = xdoubles((size_t)P * nout), *all_lse = xdoubles((size_t)P * nrow);
+    download("part out", &parts, all_out);
+    download("part lse", &plse, all_lse);
+    const double *po[9], *pl[9];
+    for (int p = 0; p < P; ++p) {
+        po[p] = all_out + (size_t)p * nout;
+        pl[p] = all_lse + (size_t)p * nrow;
+    }
+    if (empty >= 0)
+        for (size_t r = 0; r < nrow; ++r)
+            assert_true(pl[empty][r] == -INFINITY);
+
+    /* Merge. */
+    view out, lse;
+    view_init(&out, LAYOUT_BHSD, m->out_dt, B, H, Sq, D, 777.0);
+    view_init(&lse, LAYOUT_BHSD, F32, B, H, Sq, 1, 777.0);
+    upload(&out);
+    upload(&lse);
+    cl_event done = NULL;
+    const clattn_status st =
+        clattn_merge(g_ctx, P, part_out, part_lse, &out.t, m->no_lse ? NULL : &lse.t, 0, NULL, &done);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("clattn_merge returned %s: %s", clattn_status_string(st), clattn_last_error(g_ctx));
+    assert_non_null(done);
+    clReleaseEvent(done);
+    tu_finish(g_ctx);
+    double *got = xdoubles(nout), *got_lse = xdoubles(nrow);
+    download("merged out", &out, got);
+    download("merged lse", &lse, got_lse); /* with no_lse: checks that nothing was written */
+
+    /* 1. The merge alone, on exactly the parts it was given. */
+    double *want = xdoubles(nout), *want_lse = xdoubles(nrow);
+    ref_merge(P, (int)nrow, D, po, pl, want, want_lse);
+    double atol = 1e-6, rtol = 1e-6;
+    if (m->out_dt == F16) {
+        atol += 0x1p-25;
+        rtol += 0x1p-11;
+    } else if (m->out_dt == BF16) {
+        rtol += 0x1p-8;
+    }
+    if (P == 1) {
+        /* One part: an exact copy, rounded once to the output type. */
+        for (size_t i = 0; i < nout; ++i) {
+            uint32_t tmp;
+            tu_store(m->out_dt, &tmp, 0, po[0][i]);
+            want[i] = tu_load(m->out_dt, &tmp, 0);
+        }
+        atol = rtol = 0.0;
+    }
+    check_close("merge vs ref_merge of the parts", got, want, nout, atol, rtol);
+    if (!m->no_lse)
+        check_close("merged lse vs ref_merge", got_lse, want_lse, nrow, P == 1 ? 0.0 : 1e-6, P == 1 ? 0.0 : 1e-6);
+
+    if (m->nan_row0) {
+        /* Row 0 no longer matches any attention; the merge itself is what this row checks. */
+        assert_true(isnan(want_lse[0]) && isnan(want[0]));
+        if (g_failures != 0)
+            fail_msg("%d check(s) failed", g_failures);
+        return;
+    }
+
+    /* 2. Against the float64 attention over all keys. */
+    int kvl[4] = {0, Skv, Skv, Skv};
+    ref_attn a;
+    memset(&a, 0, sizeof a);
+    a.batch = B;
+    a.heads_q = H;
+    a.heads_kv = m->Hkv;
+    a.seq_q = Sq;
+    a.seq_kv = Skv;
+    a.head_dim = D;
+    a.scale = t.scale;
+    a.mask = xm;
+    a.mask_shape[0] = B;
+    a.mask_shape[1] = H;
+    a.mask_shape[2] = Sq;
+    a.mask_shape[3] = Skv;
+    a.kv_len = m->batch0_empty ? kvl : NULL;
+    double *ref_out = xdoubles(nout), *ref_lse = xdoubles(nrow);
+    ref_attention(&a, t.xq, t.xk, t.xv, ref_out, ref_lse, NULL);
+    /* The parts' own error (their storage type) plus the merged output's storage rounding. */
+    const tols tp = attention_tols(Skv, m->dt), to = attention_tols(Skv, m->out_dt);
+    const double ref_atol = tp.out_atol + to.out_atol, ref_rtol = tp.out_rtol + to.out_rtol;
+    check_close("merged out vs reference attention", got, ref_out, nout, ref_atol, ref_rtol);
+    if (!m->no_lse)
+        check_close("merged lse vs reference attention", got_lse, ref_lse, nrow, tp.lse_atol, tp.lse_rtol);
+    check_exact_zeros("merged out", ref_lse, got, nrow, (size_t)D);
+
+    /* 3. Against a whole-range clattn_attention (fused), which has the reference error once more. */
+    view whole, wlse;
+    view_init(&whole, LAYOUT_BHSD, m->dt, B, H, Sq, D, 777.0);
+    view_init(&wlse, LAYOUT_BHSD, F32, B, H, Sq, 1, 777.0);
+    upload(&whole);
+    upload(&wlse);
+    clattn_attention_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.batch = B;
+    desc.heads_q = H;
+    desc.heads_kv = m->Hkv;
+    desc.seq_q = Sq;
+    desc.seq_kv = Skv;
+    desc.head_dim = D;
+    desc.mask = m->mask ? &mask.t : NULL;
+    desc.kv_lengths = kv_b0;
+    desc.lse = &wlse.t;
+    desc.algorithm = CLATTN_ALGORITHM_FUSED;
+    attention_or_fail(&desc, &t.q.t, &t.k.t, &t.v.t, &whole.t);
+    tu_finish(g_ctx);
+    double *w = xdoubles(nout), *wl = xdoubles(nrow);
+    download("whole out", &whole, w);
+    download("whole lse", &wlse, wl);
+    check_close("merged out vs whole-range attention", got, w, nout, ref_atol + tp.out_atol,
+                ref_rtol + tp.out_rtol);
+    if (!m->no_lse)
+        check_close("merged lse vs whole-range attention", got_lse, wl, nrow, 2 * tp.lse_atol, 2 * tp.lse_rtol);
+    if (g_failures != 0)
+        fail_msg("%d check(s) failed", g_failures);
+}
+
+/* =============================== registration =============================== */
+
+int main(void)
+{
+    enum { MAX_TESTS = 128 };
+    static struct CMUnitTest tests[MAX_TESTS];
+    static char names[MAX_TESTS][96];
+    size_t n = 0;
+    for (size_t i = 0; i < N_OF(dec_cases) && n < MAX_TESTS; ++i, ++n) {
+        snprintf(names[n], sizeof names[n], "decode/%s", dec_cases[i].name);
+        tests[n] = (struct CMUnitTest){names[n], test_decode, NULL, teardown, (void *)&dec_cases[i]};
+    }
+    for (size_t i = 0; i < N_OF(merge_cases) && n < MAX_TESTS; ++i, ++n) {
+        snprintf(names[n], sizeof names[n], "merge/%s", merge_cases[i].name);
+        tests[n] = (struct CMUnitTest){names[n], test_merge, NULL, teardown, (void *)&merge_cases[i]};
+    }
+    if (n != N_OF(dec_cases) + N_OF(merge_cases)) {
+        fprintf(stderr, "test_decode: more than %d tests, raise MAX_TESTS\n", MAX_TESTS);
+        return 1;
+    }
+    for (size_t i = 0; i < n; ++i)
+        for (size_t j = i + 1; j < n; ++j)
+            if (strcmp(names[i], names[j]) == 0) {
+                fprintf(stderr, "test_decode: duplicate test name %s\n", names[i]);
+                return 1;
+            }
+    const int failed = _cmocka_run_group_tests("decode", tests, n, NULL, NULL);
+    clattn_release(g_ctx);
+    return failed;
+}
