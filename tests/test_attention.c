@@ -52,12 +52,6 @@ typedef enum mask_kind {
     MASK_HEADS_STRIDE0  /* {B, Hq, Sq, Skv} with head stride 0: broadcast by stride */
 } mask_kind;
 
-typedef enum layout_kind {
-    LAYOUT_BHSD,   /* contiguous [b][h][s][d] */
-    LAYOUT_BSHD,   /* [b][s][h][d] */
-    LAYOUT_PADDED  /* nonzero offset and padded strides inside a bigger buffer */
-} layout_kind;
-
 typedef enum special_kind {
     SP_NONE,
     SP_SHIFT_MASK,  /* every finite mask entry + 1e4: logits ~1e4, same softmax */
@@ -80,7 +74,7 @@ typedef struct att_case {
     clattn_dtype mask_dt;
     int has_kv;
     int kv[4];
-    layout_kind layout;
+    tu_layout layout;
     float scale;
     special_kind special;
     int no_lse;
@@ -211,192 +205,6 @@ static const att_case cases[] = {
 };
 /* clang-format on */
 
-/* =============================== resources =============================== */
-
-/* Everything a test allocates is recorded here and released by teardown, which cmocka runs even
- * when the test fails half-way (fail() longjmps out of it). */
-enum { MAX_RES = 256 };
-static void *res_ptr[MAX_RES];
-static size_t n_ptr;
-static cl_mem res_mem[MAX_RES];
-static size_t n_mem;
-static clattn_context *g_ctx;
-
-static void *xalloc(size_t bytes)
-{
-    assert_true(n_ptr < MAX_RES);
-    void *p = calloc(bytes > 0 ? bytes : 1, 1);
-    assert_non_null(p);
-    res_ptr[n_ptr++] = p;
-    return p;
-}
-
-static double *xdoubles(size_t n)
-{
-    return xalloc(n * sizeof(double));
-}
-
-static cl_mem xbuffer(size_t bytes, const void *host)
-{
-    assert_true(n_mem < MAX_RES);
-    cl_mem m = tu_buffer(g_ctx, bytes, host);
-    res_mem[n_mem++] = m;
-    return m;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    for (size_t i = 0; i < n_ptr; ++i)
-        free(res_ptr[i]);
-    for (size_t i = 0; i < n_mem; ++i)
-        clReleaseMemObject(res_mem[i]);
-    n_ptr = n_mem = 0;
-    return 0;
-}
-
-static clattn_context *ctx_get(void)
-{
-    if (g_ctx == NULL)
-        g_ctx = tu_context();
-    return g_ctx;
-}
-
-/* FNV-1a of the row name: a fixed seed per case that does not move when rows are reordered. */
-static uint64_t seed_of(const char *name)
-{
-    uint64_t h = UINT64_C(0xcbf29ce484222325);
-    for (const char *p = name; *p; ++p)
-        h = (h ^ (uint64_t)(unsigned char)*p) * UINT64_C(0x100000001b3);
-    return h;
-}
-
-/* =============================== strided views =============================== */
-
-/* A tensor view plus the host image of its whole buffer. `fshape` is the shape of the stored data
- * (broadcast dimensions 1); the view's shape may differ only for stride-0 broadcasting. */
-typedef struct view {
-    clattn_tensor t;
-    int64_t fshape[4];
-    size_t n;   /* elements in fshape */
-    size_t cap; /* elements in the buffer */
-    size_t esz;
-    unsigned char *img;
-} view;
-
-enum { GUARD = 7 }; /* elements past the view's end, to catch writes beyond it */
-
-static size_t at(const view *v, int64_t b, int64_t h, int64_t s, int64_t d)
-{
-    return (size_t)(v->t.offset + b * v->t.stride[0] + h * v->t.stride[1] + s * v->t.stride[2] + d);
-}
-
-/* Lays out shape {B, H, S, D} of dt; every buffer element starts as `pad` (NaN for inputs, a
- * sentinel for outputs). */
-static void view_init(view *v, layout_kind lay, clattn_dtype dt, int64_t B, int64_t H, int64_t S, int64_t D,
-                      double pad)
-{
-    memset(v, 0, sizeof *v);
-    v->t.dtype = dt;
-    v->t.shape[0] = v->fshape[0] = B;
-    v->t.shape[1] = v->fshape[1] = H;
-    v->t.shape[2] = v->fshape[2] = S;
-    v->t.shape[3] = v->fshape[3] = D;
-    switch (lay) {
-    case LAYOUT_BHSD:
-        v->t.stride[2] = D;
-        v->t.stride[1] = S * D;
-        v->t.stride[0] = H * S * D;
-        break;
-    case LAYOUT_BSHD:
-        v->t.stride[1] = D;
-        v->t.stride[2] = H * D;
-        v->t.stride[0] = S * H * D;
-        break;
-    case LAYOUT_PADDED:
-        v->t.offset = 37;
-        v->t.stride[2] = D + 5;
-        v->t.stride[1] = S * v->t.stride[2] + 3;
-        v->t.stride[0] = H * v->t.stride[1] + 11;
-        break;
-    }
-    v->n = (size_t)(B * H * S * D);
-    v->cap = at(v, B - 1, H - 1, S - 1, D - 1) + 1 + GUARD;
-    v->esz = clattn_dtype_size(dt);
-    v->img = xalloc(v->cap * v->esz);
-    for (size_t i = 0; i < v->cap; ++i)
-        tu_store(dt, v->img, i, pad);
-}
-
-/* Copies contiguous typed data (fshape order) into the image at the view's positions. */
-static void scatter(view *v, const void *src)
-{
-    const int64_t *s = v->fshape;
-    size_t lin = 0;
-    for (int64_t b = 0; b < s[0]; ++b)
-        for (int64_t h = 0; h < s[1]; ++h)
-            for (int64_t i = 0; i < s[2]; ++i)
-                for (int64_t d = 0; d < s[3]; ++d, ++lin)
-                    memcpy(v->img + at(v, b, h, i, d) * v->esz, (const unsigned char *)src + lin * v->esz,
-                           v->esz);
-}
-
-/* The view's elements of a read-back image, as doubles in fshape order. */
-static void gather(const view *v, const unsigned char *img, double *dst)
-{
-    const int64_t *s = v->fshape;
-    size_t lin = 0;
-    for (int64_t b = 0; b < s[0]; ++b)
-        for (int64_t h = 0; h < s[1]; ++h)
-            for (int64_t i = 0; i < s[2]; ++i)
-                for (int64_t d = 0; d < s[3]; ++d, ++lin)
-                    dst[lin] = tu_load(v->t.dtype, img, at(v, b, h, i, d));
-}
-
-/* Fails unless every buffer element outside the view still holds what v->img held. */
-static void assert_untouched(const char *what, const view *v, const unsigned char *img)
-{
-    unsigned char *mark = xalloc(v->cap);
-    const int64_t *s = v->t.shape;
-    for (int64_t b = 0; b < s[0]; ++b)
-        for (int64_t h = 0; h < s[1]; ++h)
-            for (int64_t i = 0; i < s[2]; ++i)
-                for (int64_t d = 0; d < s[3]; ++d)
-                    mark[at(v, b, h, i, d)] = 1;
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < v->cap; ++i)
-        if (!mark[i] && memcmp(img + i * v->esz, v->img + i * v->esz, v->esz) != 0)
-            if (bad++ == 0)
-                first = i;
-    if (bad != 0) {
-        print_error("%s: %zu buffer elements outside the view were modified, first at element %zu "
-                    "(now %.9g, sentinel %.9g)\n",
-                    what, bad, first, tu_load(v->t.dtype, img, first), tu_load(v->t.dtype, v->img, first));
-        fail();
-    }
-}
-
-static void upload(view *v)
-{
-    v->t.buffer = xbuffer(v->cap * v->esz, v->img);
-}
-
-/* Reads the whole buffer back, checks the outside is untouched, returns the view as doubles. */
-static void download(const char *what, const view *v, double *dst)
-{
-    unsigned char *img = xalloc(v->cap * v->esz);
-    tu_read(g_ctx, v->t.buffer, v->cap * v->esz, img);
-    assert_untouched(what, v, img);
-    gather(v, img, dst);
-}
-
-/* Stores x as element i of contiguous typed data and keeps the stored value in as_double[i]. */
-static void put(clattn_dtype dt, void *typed, double *as_double, size_t i, double x)
-{
-    tu_store(dt, typed, i, x);
-    as_double[i] = tu_load(dt, typed, i);
-}
-
 /* =============================== one problem =============================== */
 
 typedef struct problem {
@@ -404,7 +212,7 @@ typedef struct problem {
     int Dv;
     double scale; /* resolved, as the device resolves it (in float) */
     ref_attn ra;
-    view q, k, v, mask;
+    tu_view q, k, v, mask;
     double *xq, *xk, *xv, *xmask;
     int kvl[4];
     cl_mem kv_buf;
@@ -430,7 +238,7 @@ static void build(problem *p)
 {
     const att_case *c = p->c;
     tu_rng rng;
-    tu_seed(&rng, seed_of(c->name));
+    tu_seed(&rng, tu_seed_of(c->name));
     p->Dv = c->Dv != 0 ? c->Dv : c->D;
     p->scale = c->scale != 0.0f ? (double)c->scale : (double)(float)(1.0 / sqrt((double)c->D));
 
@@ -443,13 +251,13 @@ static void build(problem *p)
 
     const clattn_dtype dt = c->dt;
     const size_t esz = clattn_dtype_size(dt);
-    view_init(&p->q, c->layout, dt, c->B, c->Hq, c->Sq, c->D, NAN);
-    view_init(&p->k, c->layout, dt, c->B, c->Hkv, c->Skv, c->D, NAN);
-    view_init(&p->v, c->layout, dt, c->B, c->Hkv, c->Skv, p->Dv, NAN);
-    void *tq = xalloc(p->q.n * esz), *tk = xalloc(p->k.n * esz), *tv = xalloc(p->v.n * esz);
-    p->xq = xdoubles(p->q.n);
-    p->xk = xdoubles(p->k.n);
-    p->xv = xdoubles(p->v.n);
+    tu_view_init(&p->q, c->layout, dt, c->B, c->Hq, c->Sq, c->D, NAN);
+    tu_view_init(&p->k, c->layout, dt, c->B, c->Hkv, c->Skv, c->D, NAN);
+    tu_view_init(&p->v, c->layout, dt, c->B, c->Hkv, c->Skv, p->Dv, NAN);
+    void *tq = tu_xalloc(p->q.n * esz), *tk = tu_xalloc(p->k.n * esz), *tv = tu_xalloc(p->v.n * esz);
+    p->xq = tu_xdoubles(p->q.n);
+    p->xk = tu_xdoubles(p->k.n);
+    p->xv = tu_xdoubles(p->v.n);
     tu_fill(&rng, dt, tq, p->xq, p->q.n, -qa, qa);
     tu_fill(&rng, dt, tk, p->xk, p->k.n, -1.0, 1.0);
     tu_fill(&rng, dt, tv, p->xv, p->v.n, -1.0, 1.0);
@@ -475,14 +283,14 @@ static void build(problem *p)
         default:
             break;
         }
-        view_init(&p->mask, c->layout, c->mask_dt, ms[0], ms[1], ms[2], ms[3], NAN);
+        tu_view_init(&p->mask, c->layout, c->mask_dt, ms[0], ms[1], ms[2], ms[3], NAN);
         const size_t n = p->mask.n;
-        tm = xalloc(n * p->mask.esz);
-        p->xmask = xdoubles(n);
+        tm = tu_xalloc(n * p->mask.esz);
+        p->xmask = tu_xdoubles(n);
         tu_fill(&rng, c->mask_dt, tm, p->xmask, n, -2.0, 2.0);
         for (size_t i = 0; i < n; ++i)
             if (tu_uniform(&rng, 0.0, 1.0) < 0.1)
-                put(c->mask_dt, tm, p->xmask, i, -INFINITY);
+                tu_put(c->mask_dt, tm, p->xmask, i, -INFINITY);
     }
 
     /* Special inputs. */
@@ -494,16 +302,16 @@ static void build(problem *p)
         assert_non_null(tm);
         for (size_t i = 0; i < p->mask.n; ++i)
             if (isfinite(p->xmask[i]))
-                put(c->mask_dt, tm, p->xmask, i, p->xmask[i] + 1e4);
+                tu_put(c->mask_dt, tm, p->xmask, i, p->xmask[i] + 1e4);
         break;
     case SP_SHIFT_QK: {
         /* One large component per vector: scale·100·kbig ~ 1e4 for every key, so every logit of
          * a row moves by about the same 1e4 (exactly what the stored values give). */
         const double kbig = 1e4 / (100.0 * p->scale);
         for (size_t r = 0; r < p->q.n / D; ++r)
-            put(dt, tq, p->xq, r * D + D - 1, 100.0);
+            tu_put(dt, tq, p->xq, r * D + D - 1, 100.0);
         for (size_t r = 0; r < p->k.n / D; ++r)
-            put(dt, tk, p->xk, r * D + D - 1, kbig);
+            tu_put(dt, tk, p->xk, r * D + D - 1, kbig);
         break;
     }
     case SP_POISON: {
@@ -512,7 +320,7 @@ static void build(problem *p)
         if (tm != NULL)
             for (size_t i = 0; i < p->mask.n; ++i)
                 if ((i % Skv) % 5 == 2)
-                    put(c->mask_dt, tm, p->xmask, i, -INFINITY);
+                    tu_put(c->mask_dt, tm, p->xmask, i, -INFINITY);
         for (int b = 0; b < c->B; ++b) {
             const int L = kv_len_of(p, b);
             for (int g = 0; g < c->Hkv; ++g)
@@ -521,9 +329,9 @@ static void build(problem *p)
                         continue;
                     const size_t kr = (((size_t)b * (size_t)c->Hkv + (size_t)g) * Skv + j);
                     for (size_t d = 0; d < D; ++d)
-                        put(dt, tk, p->xk, kr * D + d, d % 3 == 0 ? NAN : (d % 3 == 1 ? INFINITY : -INFINITY));
+                        tu_put(dt, tk, p->xk, kr * D + d, d % 3 == 0 ? NAN : (d % 3 == 1 ? INFINITY : -INFINITY));
                     for (size_t d = 0; d < Dv; ++d)
-                        put(dt, tv, p->xv, kr * Dv + d, d % 3 == 1 ? NAN : (d % 3 == 2 ? INFINITY : -INFINITY));
+                        tu_put(dt, tv, p->xv, kr * Dv + d, d % 3 == 1 ? NAN : (d % 3 == 2 ? INFINITY : -INFINITY));
                 }
         }
         break;
@@ -534,43 +342,43 @@ static void build(problem *p)
             for (int g = 0; g < c->Hkv; ++g)
                 for (int j = L - 2 > 0 ? L - 2 : 0; j < L; ++j) {
                     const size_t kr = (((size_t)b * (size_t)c->Hkv + (size_t)g) * Skv + (size_t)j);
-                    put(dt, tk, p->xk, kr * D, NAN);
+                    tu_put(dt, tk, p->xk, kr * D, NAN);
                     for (size_t d = 0; d < Dv; ++d)
-                        put(dt, tv, p->xv, kr * Dv + d, NAN);
+                        tu_put(dt, tv, p->xv, kr * Dv + d, NAN);
                 }
         }
         break;
     case SP_NAN_Q: {
         /* Last row of the last head of batch 0: it sees every key of the batch. */
         const size_t r = row_of(c, 0, c->Hq - 1, c->Sq - 1);
-        put(dt, tq, p->xq, r * D + D / 2, NAN);
+        tu_put(dt, tq, p->xq, r * D + D / 2, NAN);
         break;
     }
     case SP_MASKED_ROW: {
         assert_non_null(tm);
         const size_t i = ms[2] == 1 ? 0 : (size_t)c->Sq / 2;
         for (size_t j = 0; j < Skv; ++j)
-            put(c->mask_dt, tm, p->xmask, i * Skv + j, -INFINITY); /* b = 0, h = 0 of the mask */
+            tu_put(c->mask_dt, tm, p->xmask, i * Skv + j, -INFINITY); /* b = 0, h = 0 of the mask */
         break;
     }
     }
 
-    scatter(&p->q, tq);
-    scatter(&p->k, tk);
-    scatter(&p->v, tv);
-    upload(&p->q);
-    upload(&p->k);
-    upload(&p->v);
+    tu_scatter(&p->q, tq);
+    tu_scatter(&p->k, tk);
+    tu_scatter(&p->v, tv);
+    tu_upload(&p->q);
+    tu_upload(&p->k);
+    tu_upload(&p->v);
     if (tm != NULL) {
-        scatter(&p->mask, tm);
+        tu_scatter(&p->mask, tm);
         if (c->mask == MASK_HEADS_STRIDE0) {
             p->mask.t.shape[1] = c->Hq; /* the same data, broadcast by a 0 stride */
             p->mask.t.stride[1] = 0;
         }
-        upload(&p->mask);
+        tu_upload(&p->mask);
     }
     if (c->has_kv)
-        p->kv_buf = xbuffer(sizeof(int) * (size_t)c->B, p->kvl);
+        p->kv_buf = tu_xbuffer(sizeof(int) * (size_t)c->B, p->kvl);
 
     /* Reference on exactly the stored values. */
     p->nrow = (size_t)c->B * (size_t)c->Hq * (size_t)c->Sq;
@@ -590,9 +398,9 @@ static void build(problem *p)
     a->mask = p->xmask;
     memcpy(a->mask_shape, ms, sizeof ms);
     a->kv_len = c->has_kv ? p->kvl : NULL;
-    p->ref_out = xdoubles(p->nout);
-    p->ref_lse = xdoubles(p->nrow);
-    p->ref_probs = c->probs ? xdoubles(p->nprob) : NULL;
+    p->ref_out = tu_xdoubles(p->nout);
+    p->ref_lse = tu_xdoubles(p->nrow);
+    p->ref_probs = c->probs ? tu_xdoubles(p->nprob) : NULL;
     ref_attention(a, p->xq, p->xk, p->xv, p->ref_out, p->ref_lse, p->ref_probs);
 }
 
@@ -654,35 +462,6 @@ static const char *alg_name(clattn_algorithm a)
     return a == CLATTN_ALGORITHM_FUSED ? "fused" : a == CLATTN_ALGORITHM_UNFUSED ? "unfused" : "auto";
 }
 
-/* Like tu_assert_allclose, but records the failure and returns, so one row reports every
- * algorithm's result before it fails. With CLATTN_TEST_VERBOSE=1 it prints the worst
- * |diff| / allowed ratio of passing checks too, to see how much margin a tolerance leaves. */
-static int g_failures;
-
-static void check_close(const char *what, const double *got, const double *want, size_t n, double atol,
-                        double rtol)
-{
-    size_t first;
-    const size_t bad = tu_count_bad(got, want, n, atol, rtol, &first);
-    if (bad != 0) {
-        print_error("%s: element %zu: got %.9g, want %.9g (|diff| %.3g, allowed %.3g = atol %.3g + rtol %.3g * "
-                    "|want|); %zu of %zu elements out of tolerance\n",
-                    what, first, got[first], want[first], fabs(got[first] - want[first]),
-                    atol + rtol * fabs(want[first]), atol, rtol, bad, n);
-        ++g_failures;
-        return;
-    }
-    if (tu_getenv_int("CLATTN_TEST_VERBOSE", 0)) {
-        double worst = 0.0;
-        for (size_t i = 0; i < n; ++i)
-            if (isfinite(want[i])) {
-                const double r = fabs(got[i] - want[i]) / (atol + rtol * fabs(want[i]));
-                worst = r > worst ? r : worst;
-            }
-        print_message("    %-40s worst |diff|/allowed %.3f\n", what, worst);
-    }
-}
-
 typedef struct result {
     double *out, *lse, *probs;
 } result;
@@ -701,7 +480,7 @@ static void assert_exact_zeros(const char *what, const problem *p, const result 
     if (bad != 0) {
         print_error("%s out: %zu elements of rows without a visible key are not exactly 0, first at %zu: %.9g\n",
                     what, bad, first, r->out[first]);
-        ++g_failures;
+        ++tu_failures;
         bad = 0;
     }
     if (r->probs == NULL)
@@ -712,7 +491,7 @@ static void assert_exact_zeros(const char *what, const problem *p, const result 
     if (bad != 0) {
         print_error("%s probabilities: %zu hidden entries are not exactly 0, first at %zu: %.9g\n", what, bad, first,
                     r->probs[first]);
-        ++g_failures;
+        ++tu_failures;
     }
 }
 
@@ -721,18 +500,18 @@ static void run(const problem *p, clattn_algorithm alg, result *r)
     const att_case *c = p->c;
     const int with_probs = c->probs && alg != CLATTN_ALGORITHM_FUSED;
     char what[128];
-    view out, lse, probs;
+    tu_view out, lse, probs;
     memset(&lse, 0, sizeof lse);
     memset(&probs, 0, sizeof probs);
-    view_init(&out, c->layout, c->dt, c->B, c->Hq, c->Sq, p->Dv, 777.0);
-    upload(&out);
+    tu_view_init(&out, c->layout, c->dt, c->B, c->Hq, c->Sq, p->Dv, 777.0);
+    tu_upload(&out);
     if (!c->no_lse) {
-        view_init(&lse, c->layout, F32, c->B, c->Hq, c->Sq, 1, 777.0);
-        upload(&lse);
+        tu_view_init(&lse, c->layout, F32, c->B, c->Hq, c->Sq, 1, 777.0);
+        tu_upload(&lse);
     }
     if (with_probs) {
-        view_init(&probs, c->layout, c->probs == 2 ? c->dt : F32, c->B, c->Hq, c->Sq, c->Skv, 777.0);
-        upload(&probs);
+        tu_view_init(&probs, c->layout, c->probs == 2 ? c->dt : F32, c->B, c->Hq, c->Sq, c->Skv, 777.0);
+        tu_upload(&probs);
     }
 
     clattn_attention_desc desc;
@@ -753,40 +532,40 @@ static void run(const problem *p, clattn_algorithm alg, result *r)
     desc.algorithm = alg;
 
     cl_event done = NULL;
-    const clattn_status st = clattn_attention(g_ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &out.t, 0, NULL, &done);
+    const clattn_status st = clattn_attention(tu_ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &out.t, 0, NULL, &done);
     if (st != CLATTN_SUCCESS) {
         print_error("%s: clattn_attention returned %s: %s\n", alg_name(alg), clattn_status_string(st),
-                    clattn_last_error(g_ctx));
+                    clattn_last_error(tu_ctx));
         fail();
     }
     assert_non_null(done);
     clReleaseEvent(done);
-    tu_finish(g_ctx);
+    tu_finish(tu_ctx);
 
-    r->out = xdoubles(p->nout);
-    r->lse = c->no_lse ? NULL : xdoubles(p->nrow);
-    r->probs = with_probs ? xdoubles(p->nprob) : NULL;
+    r->out = tu_xdoubles(p->nout);
+    r->lse = c->no_lse ? NULL : tu_xdoubles(p->nrow);
+    r->probs = with_probs ? tu_xdoubles(p->nprob) : NULL;
     snprintf(what, sizeof what, "%s out", alg_name(alg));
-    download(what, &out, r->out);
+    tu_download(what, &out, r->out);
     if (r->lse != NULL) {
         snprintf(what, sizeof what, "%s lse", alg_name(alg));
-        download(what, &lse, r->lse);
+        tu_download(what, &lse, r->lse);
     }
     if (r->probs != NULL) {
         snprintf(what, sizeof what, "%s probabilities", alg_name(alg));
-        download(what, &probs, r->probs);
+        tu_download(what, &probs, r->probs);
     }
 
     const tols t = tolerances(c, c->dt);
     snprintf(what, sizeof what, "%s out vs reference", alg_name(alg));
-    check_close(what, r->out, p->ref_out, p->nout, t.out_atol, t.out_rtol);
+    tu_check_close(what, r->out, p->ref_out, p->nout, t.out_atol, t.out_rtol);
     if (r->lse != NULL) {
         snprintf(what, sizeof what, "%s lse vs reference", alg_name(alg));
-        check_close(what, r->lse, p->ref_lse, p->nrow, t.lse_atol, t.lse_rtol);
+        tu_check_close(what, r->lse, p->ref_lse, p->nrow, t.lse_atol, t.lse_rtol);
     }
     if (r->probs != NULL) {
         snprintf(what, sizeof what, "%s probabilities vs reference", alg_name(alg));
-        check_close(what, r->probs, p->ref_probs, p->nprob, t.p_atol, t.p_rtol);
+        tu_check_close(what, r->probs, p->ref_probs, p->nprob, t.p_atol, t.p_rtol);
     }
     assert_exact_zeros(alg_name(alg), p, r);
 }
@@ -794,8 +573,8 @@ static void run(const problem *p, clattn_algorithm alg, result *r)
 static void test_case(void **state)
 {
     const att_case *c = *state;
-    ctx_get();
-    g_failures = 0;
+    tu_ctx_get();
+    tu_failures = 0;
     problem p;
     memset(&p, 0, sizeof p);
     p.c = c;
@@ -827,13 +606,13 @@ static void test_case(void **state)
          * within fp32 error plus one storage ulp (2^-10 relative for f16, 2^-7 for bf16). */
         const tols t = tolerances(c, F32);
         const double rtol = c->dt == F16 ? 0x1p-10 : c->dt == BF16 ? 0x1p-7 : t.out_rtol;
-        check_close("fused vs unfused out", fused.out, unfused.out, p.nout, t.out_atol, rtol);
+        tu_check_close("fused vs unfused out", fused.out, unfused.out, p.nout, t.out_atol, rtol);
         if (fused.lse != NULL)
-            check_close("fused vs unfused lse", fused.lse, unfused.lse, p.nrow, 2 * t.lse_atol,
+            tu_check_close("fused vs unfused lse", fused.lse, unfused.lse, p.nrow, 2 * t.lse_atol,
                                2 * t.lse_rtol);
     }
-    if (g_failures != 0)
-        fail_msg("%d check(s) failed", g_failures);
+    if (tu_failures != 0)
+        fail_msg("%d check(s) failed", tu_failures);
 }
 
 /* =============================== registration =============================== */
@@ -853,9 +632,9 @@ int main(void)
                 fprintf(stderr, "test_attention: duplicate case name %s\n", cases[i].name);
                 return 1;
             }
-        tests[n++] = (struct CMUnitTest){cases[i].name, test_case, NULL, teardown, (void *)&cases[i]};
+        tests[n++] = (struct CMUnitTest){cases[i].name, test_case, NULL, tu_teardown, (void *)&cases[i]};
     }
     const int failed = _cmocka_run_group_tests("attention", tests, n, NULL, NULL);
-    clattn_release(g_ctx);
+    clattn_release(tu_ctx);
     return failed;
 }

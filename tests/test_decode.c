@@ -33,12 +33,6 @@
 #define F16 CLATTN_F16
 #define BF16 CLATTN_BF16
 
-typedef enum layout_kind {
-    LAYOUT_BHSD,   /* contiguous [b][h][s][d] */
-    LAYOUT_BSHD,   /* [b][s][h][d] */
-    LAYOUT_PADDED  /* nonzero offset and padded strides inside a bigger buffer */
-} layout_kind;
-
 enum { ALG_FUSED = 1, ALG_UNFUSED = 2 };
 
 typedef struct dec_case {
@@ -48,7 +42,7 @@ typedef struct dec_case {
     int causal;
     int has_kv;
     int kv[4];
-    layout_kind layout;
+    tu_layout layout;
     unsigned algos; /* 0: fused and unfused */
 } dec_case;
 
@@ -127,221 +121,6 @@ static const merge_case merge_cases[] = {
 };
 /* clang-format on */
 
-/* =============================== resources =============================== */
-
-/* Everything a test allocates is recorded here and released by teardown, which cmocka runs even
- * when the test fails half-way (fail() longjmps out of it). */
-enum { MAX_RES = 256 };
-static void *res_ptr[MAX_RES];
-static size_t n_ptr;
-static cl_mem res_mem[MAX_RES];
-static size_t n_mem;
-static clattn_context *g_ctx;
-
-static void *xalloc(size_t bytes)
-{
-    assert_true(n_ptr < MAX_RES);
-    void *p = calloc(bytes > 0 ? bytes : 1, 1);
-    assert_non_null(p);
-    res_ptr[n_ptr++] = p;
-    return p;
-}
-
-static double *xdoubles(size_t n)
-{
-    return xalloc(n * sizeof(double));
-}
-
-static cl_mem xbuffer(size_t bytes, const void *host)
-{
-    assert_true(n_mem < MAX_RES);
-    cl_mem m = tu_buffer(g_ctx, bytes, host);
-    res_mem[n_mem++] = m;
-    return m;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    for (size_t i = 0; i < n_ptr; ++i)
-        free(res_ptr[i]);
-    for (size_t i = 0; i < n_mem; ++i)
-        clReleaseMemObject(res_mem[i]);
-    n_ptr = n_mem = 0;
-    return 0;
-}
-
-static clattn_context *ctx_get(void)
-{
-    if (g_ctx == NULL)
-        g_ctx = tu_context();
-    return g_ctx;
-}
-
-/* FNV-1a of the row name: a fixed seed per case that does not move when rows are reordered. */
-static uint64_t seed_of(const char *name)
-{
-    uint64_t h = UINT64_C(0xcbf29ce484222325);
-    for (const char *p = name; *p; ++p)
-        h = (h ^ (uint64_t)(unsigned char)*p) * UINT64_C(0x100000001b3);
-    return h;
-}
-
-/* =============================== strided views =============================== */
-
-/* A tensor view plus the host image of its whole buffer. `fshape` is the shape of the stored data
- * (broadcast dimensions 1); the view's shape may differ only for stride-0 broadcasting. */
-typedef struct view {
-    clattn_tensor t;
-    int64_t fshape[4];
-    size_t n;   /* elements in fshape */
-    size_t cap; /* elements in the buffer */
-    size_t esz;
-    unsigned char *img;
-} view;
-
-enum { GUARD = 7 }; /* elements past the view's end, to catch writes beyond it */
-
-static size_t at(const view *v, int64_t b, int64_t h, int64_t s, int64_t d)
-{
-    return (size_t)(v->t.offset + b * v->t.stride[0] + h * v->t.stride[1] + s * v->t.stride[2] + d);
-}
-
-/* Lays out shape {B, H, S, D} of dt; every buffer element starts as `pad` (NaN for inputs, a
- * sentinel for outputs). */
-static void view_init(view *v, layout_kind lay, clattn_dtype dt, int64_t B, int64_t H, int64_t S, int64_t D,
-                      double pad)
-{
-    memset(v, 0, sizeof *v);
-    v->t.dtype = dt;
-    v->t.shape[0] = v->fshape[0] = B;
-    v->t.shape[1] = v->fshape[1] = H;
-    v->t.shape[2] = v->fshape[2] = S;
-    v->t.shape[3] = v->fshape[3] = D;
-    switch (lay) {
-    case LAYOUT_BHSD:
-        v->t.stride[2] = D;
-        v->t.stride[1] = S * D;
-        v->t.stride[0] = H * S * D;
-        break;
-    case LAYOUT_BSHD:
-        v->t.stride[1] = D;
-        v->t.stride[2] = H * D;
-        v->t.stride[0] = S * H * D;
-        break;
-    case LAYOUT_PADDED:
-        v->t.offset = 37;
-        v->t.stride[2] = D + 5;
-        v->t.stride[1] = S * v->t.stride[2] + 3;
-        v->t.stride[0] = H * v->t.stride[1] + 11;
-        break;
-    }
-    v->n = (size_t)(B * H * S * D);
-    v->cap = at(v, B - 1, H - 1, S - 1, D - 1) + 1 + GUARD;
-    v->esz = clattn_dtype_size(dt);
-    v->img = xalloc(v->cap * v->esz);
-    for (size_t i = 0; i < v->cap; ++i)
-        tu_store(dt, v->img, i, pad);
-}
-
-/* Copies contiguous typed data (fshape order) into the image at the view's positions. */
-static void scatter(view *v, const void *src)
-{
-    const int64_t *s = v->fshape;
-    size_t lin = 0;
-    for (int64_t b = 0; b < s[0]; ++b)
-        for (int64_t h = 0; h < s[1]; ++h)
-            for (int64_t i = 0; i < s[2]; ++i)
-                for (int64_t d = 0; d < s[3]; ++d, ++lin)
-                    memcpy(v->img + at(v, b, h, i, d) * v->esz, (const unsigned char *)src + lin * v->esz,
-                           v->esz);
-}
-
-/* The view's elements of a read-back image, as doubles in fshape order. */
-static void gather(const view *v, const unsigned char *img, double *dst)
-{
-    const int64_t *s = v->fshape;
-    size_t lin = 0;
-    for (int64_t b = 0; b < s[0]; ++b)
-        for (int64_t h = 0; h < s[1]; ++h)
-            for (int64_t i = 0; i < s[2]; ++i)
-                for (int64_t d = 0; d < s[3]; ++d, ++lin)
-                    dst[lin] = tu_load(v->t.dtype, img, at(v, b, h, i, d));
-}
-
-/* Fails unless every buffer element outside the view still holds what v->img held. */
-static void assert_untouched(const char *what, const view *v, const unsigned char *img)
-{
-    unsigned char *mark = xalloc(v->cap);
-    const int64_t *s = v->t.shape;
-    for (int64_t b = 0; b < s[0]; ++b)
-        for (int64_t h = 0; h < s[1]; ++h)
-            for (int64_t i = 0; i < s[2]; ++i)
-                for (int64_t d = 0; d < s[3]; ++d)
-                    mark[at(v, b, h, i, d)] = 1;
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < v->cap; ++i)
-        if (!mark[i] && memcmp(img + i * v->esz, v->img + i * v->esz, v->esz) != 0)
-            if (bad++ == 0)
-                first = i;
-    if (bad != 0) {
-        print_error("%s: %zu buffer elements outside the view were modified, first at element %zu "
-                    "(now %.9g, sentinel %.9g)\n",
-                    what, bad, first, tu_load(v->t.dtype, img, first), tu_load(v->t.dtype, v->img, first));
-        fail();
-    }
-}
-
-static void upload(view *v)
-{
-    v->t.buffer = xbuffer(v->cap * v->esz, v->img);
-}
-
-/* Reads the whole buffer back, checks the outside is untouched, returns the view as doubles. */
-static void download(const char *what, const view *v, double *dst)
-{
-    unsigned char *img = xalloc(v->cap * v->esz);
-    tu_read(g_ctx, v->t.buffer, v->cap * v->esz, img);
-    assert_untouched(what, v, img);
-    gather(v, img, dst);
-}
-
-/* Stores x as element i of contiguous typed data and keeps the stored value in as_double[i]. */
-static void put(clattn_dtype dt, void *typed, double *as_double, size_t i, double x)
-{
-    tu_store(dt, typed, i, x);
-    as_double[i] = tu_load(dt, typed, i);
-}
-
-/* Like tu_assert_allclose, but records the failure and returns, so one row reports every
- * algorithm's result before it fails. With CLATTN_TEST_VERBOSE=1 it prints the worst
- * |diff| / allowed ratio of passing checks too, to see how much margin a tolerance leaves. */
-static int g_failures;
-
-static void check_close(const char *what, const double *got, const double *want, size_t n, double atol,
-                        double rtol)
-{
-    size_t first;
-    const size_t bad = tu_count_bad(got, want, n, atol, rtol, &first);
-    if (bad != 0) {
-        print_error("%s: element %zu: got %.9g, want %.9g (|diff| %.3g, allowed %.3g = atol %.3g + rtol %.3g * "
-                    "|want|); %zu of %zu elements out of tolerance\n",
-                    what, first, got[first], want[first], fabs(got[first] - want[first]),
-                    atol + rtol * fabs(want[first]), atol, rtol, bad, n);
-        ++g_failures;
-        return;
-    }
-    if (tu_getenv_int("CLATTN_TEST_VERBOSE", 0)) {
-        double worst = 0.0;
-        for (size_t i = 0; i < n; ++i)
-            if (isfinite(want[i])) {
-                const double r = fabs(got[i] - want[i]) / (atol + rtol * fabs(want[i]));
-                worst = r > worst ? r : worst;
-            }
-        print_message("    %-40s worst |diff|/allowed %.3f\n", what, worst);
-    }
-}
-
 typedef struct result {
     double *out, *lse, *probs;
 } result;
@@ -349,32 +128,32 @@ typedef struct result {
 /* =============================== shared pieces =============================== */
 
 typedef struct qkv {
-    view q, k, v;
+    tu_view q, k, v;
     double *xq, *xk, *xv;
     double scale; /* 1/sqrt(D) as the device resolves it (in float) */
 } qkv;
 
 /* q uniform in [-qa, qa] with qa = 6 (scaled logits of standard deviation ~2), k and v in [-1, 1]. */
-static void make_qkv(qkv *t, const char *name, layout_kind lay, clattn_dtype dt, int B, int Hq, int Hkv, int Sq,
+static void make_qkv(qkv *t, const char *name, tu_layout lay, clattn_dtype dt, int B, int Hq, int Hkv, int Sq,
                      int Skv, int D)
 {
     tu_rng rng;
-    tu_seed(&rng, seed_of(name));
+    tu_seed(&rng, tu_seed_of(name));
     const size_t esz = clattn_dtype_size(dt);
     t->scale = (double)(float)(1.0 / sqrt((double)D));
-    view_init(&t->q, lay, dt, B, Hq, Sq, D, NAN);
-    view_init(&t->k, lay, dt, B, Hkv, Skv, D, NAN);
-    view_init(&t->v, lay, dt, B, Hkv, Skv, D, NAN);
-    view *vs[3] = {&t->q, &t->k, &t->v};
+    tu_view_init(&t->q, lay, dt, B, Hq, Sq, D, NAN);
+    tu_view_init(&t->k, lay, dt, B, Hkv, Skv, D, NAN);
+    tu_view_init(&t->v, lay, dt, B, Hkv, Skv, D, NAN);
+    tu_view *vs[3] = {&t->q, &t->k, &t->v};
     double **xs[3] = {&t->xq, &t->xk, &t->xv};
     for (int i = 0; i < 3; ++i) {
         void *typed = malloc(vs[i]->n * esz); /* freed at once: the big K/V images are not kept twice */
         assert_non_null(typed);
-        *xs[i] = xdoubles(vs[i]->n);
+        *xs[i] = tu_xdoubles(vs[i]->n);
         tu_fill(&rng, dt, typed, *xs[i], vs[i]->n, i == 0 ? -6.0 : -1.0, i == 0 ? 6.0 : 1.0);
-        scatter(vs[i], typed);
+        tu_scatter(vs[i], typed);
         free(typed);
-        upload(vs[i]);
+        tu_upload(vs[i]);
     }
 }
 
@@ -407,7 +186,7 @@ static void check_exact_zeros(const char *what, const double *ref_lse, const dou
     if (bad != 0) {
         print_error("%s: %zu elements of rows without a visible key are not exactly 0, first at %zu: %.9g\n", what,
                     bad, first, out[first]);
-        ++g_failures;
+        ++tu_failures;
     }
 }
 
@@ -420,10 +199,10 @@ static void attention_or_fail(const clattn_attention_desc *desc, const clattn_te
                               const clattn_tensor *v, const clattn_tensor *out)
 {
     cl_event done = NULL;
-    const clattn_status st = clattn_attention(g_ctx, desc, q, k, v, out, 0, NULL, &done);
+    const clattn_status st = clattn_attention(tu_ctx, desc, q, k, v, out, 0, NULL, &done);
     if (st != CLATTN_SUCCESS)
         fail_msg("%s clattn_attention returned %s: %s", alg_name(desc->algorithm), clattn_status_string(st),
-                 clattn_last_error(g_ctx));
+                 clattn_last_error(tu_ctx));
     assert_non_null(done);
     clReleaseEvent(done);
 }
@@ -433,14 +212,14 @@ static void attention_or_fail(const clattn_attention_desc *desc, const clattn_te
 static void test_decode(void **state)
 {
     const dec_case *c = *state;
-    ctx_get();
-    g_failures = 0;
+    tu_ctx_get();
+    tu_failures = 0;
     qkv t;
     make_qkv(&t, c->name, c->layout, c->dt, c->B, c->Hq, c->Hkv, c->Sq, c->Skv, c->D);
     int kvl[4] = {0, 0, 0, 0};
     for (int b = 0; b < c->B; ++b)
         kvl[b] = c->kv[b];
-    cl_mem kv_buf = c->has_kv ? xbuffer(sizeof(int) * (size_t)c->B, kvl) : NULL;
+    cl_mem kv_buf = c->has_kv ? tu_xbuffer(sizeof(int) * (size_t)c->B, kvl) : NULL;
 
     const size_t nrow = (size_t)c->B * (size_t)c->Hq * (size_t)c->Sq, nout = nrow * (size_t)c->D;
     ref_attn a;
@@ -454,7 +233,7 @@ static void test_decode(void **state)
     a.scale = t.scale;
     a.causal = c->causal;
     a.kv_len = c->has_kv ? kvl : NULL;
-    double *ref_out = xdoubles(nout), *ref_lse = xdoubles(nrow);
+    double *ref_out = tu_xdoubles(nout), *ref_lse = tu_xdoubles(nrow);
     ref_attention(&a, t.xq, t.xk, t.xv, ref_out, ref_lse, NULL);
 
     const tols tl = attention_tols(c->Skv, c->dt);
@@ -464,11 +243,11 @@ static void test_decode(void **state)
         if (!(algos & (1u << ai)))
             continue;
         const clattn_algorithm alg = ai == 0 ? CLATTN_ALGORITHM_FUSED : CLATTN_ALGORITHM_UNFUSED;
-        view out, lse;
-        view_init(&out, c->layout, c->dt, c->B, c->Hq, c->Sq, c->D, 777.0);
-        view_init(&lse, c->layout, F32, c->B, c->Hq, c->Sq, 1, 777.0);
-        upload(&out);
-        upload(&lse);
+        tu_view out, lse;
+        tu_view_init(&out, c->layout, c->dt, c->B, c->Hq, c->Sq, c->D, 777.0);
+        tu_view_init(&lse, c->layout, F32, c->B, c->Hq, c->Sq, 1, 777.0);
+        tu_upload(&out);
+        tu_upload(&lse);
         clattn_attention_desc desc;
         memset(&desc, 0, sizeof desc);
         desc.batch = c->B;
@@ -482,29 +261,29 @@ static void test_decode(void **state)
         desc.lse = &lse.t;
         desc.algorithm = alg;
         attention_or_fail(&desc, &t.q.t, &t.k.t, &t.v.t, &out.t);
-        tu_finish(g_ctx);
-        got_out[ai] = xdoubles(nout);
-        got_lse[ai] = xdoubles(nrow);
+        tu_finish(tu_ctx);
+        got_out[ai] = tu_xdoubles(nout);
+        got_lse[ai] = tu_xdoubles(nrow);
         char what[96];
         snprintf(what, sizeof what, "%s out", alg_name(alg));
-        download(what, &out, got_out[ai]);
+        tu_download(what, &out, got_out[ai]);
         snprintf(what, sizeof what, "%s lse", alg_name(alg));
-        download(what, &lse, got_lse[ai]);
+        tu_download(what, &lse, got_lse[ai]);
         snprintf(what, sizeof what, "%s out vs reference", alg_name(alg));
-        check_close(what, got_out[ai], ref_out, nout, tl.out_atol, tl.out_rtol);
+        tu_check_close(what, got_out[ai], ref_out, nout, tl.out_atol, tl.out_rtol);
         snprintf(what, sizeof what, "%s lse vs reference", alg_name(alg));
-        check_close(what, got_lse[ai], ref_lse, nrow, tl.lse_atol, tl.lse_rtol);
+        tu_check_close(what, got_lse[ai], ref_lse, nrow, tl.lse_atol, tl.lse_rtol);
         check_exact_zeros(alg_name(alg), ref_lse, got_out[ai], nrow, (size_t)c->D);
     }
     if (got_out[0] != NULL && got_out[1] != NULL) {
         /* fp32 error plus one storage ulp: each path rounds its own fp32 result once. */
         const tols t32 = attention_tols(c->Skv, F32);
         const double rtol = c->dt == F16 ? 0x1p-10 : c->dt == BF16 ? 0x1p-7 : t32.out_rtol;
-        check_close("fused vs unfused out", got_out[0], got_out[1], nout, t32.out_atol, rtol);
-        check_close("fused vs unfused lse", got_lse[0], got_lse[1], nrow, 2 * t32.lse_atol, 2 * t32.lse_rtol);
+        tu_check_close("fused vs unfused out", got_out[0], got_out[1], nout, t32.out_atol, rtol);
+        tu_check_close("fused vs unfused lse", got_lse[0], got_lse[1], nrow, 2 * t32.lse_atol, 2 * t32.lse_rtol);
     }
-    if (g_failures != 0)
-        fail_msg("%d check(s) failed", g_failures);
+    if (tu_failures != 0)
+        fail_msg("%d check(s) failed", tu_failures);
 }
 
 /* =============================== merge =============================== */
@@ -520,34 +299,34 @@ static clattn_tensor sub_bhsd(cl_mem buf, clattn_dtype dt, int64_t offset, int B
 static void test_merge(void **state)
 {
     const merge_case *m = *state;
-    ctx_get();
-    g_failures = 0;
+    tu_ctx_get();
+    tu_failures = 0;
     const int B = m->B, H = m->H, Sq = m->Sq, Skv = m->Skv, D = m->D;
     qkv t;
     make_qkv(&t, m->name, LAYOUT_BHSD, m->dt, B, H, m->Hkv, Sq, Skv, D);
 
     /* Optional mask: uniform [-2, 2] with ~10% -inf. */
-    view mask;
+    tu_view mask;
     double *xm = NULL;
     memset(&mask, 0, sizeof mask);
     if (m->mask) {
         tu_rng rng;
-        tu_seed(&rng, seed_of(m->name) ^ 1u);
-        view_init(&mask, LAYOUT_BHSD, F32, B, H, Sq, Skv, NAN);
-        float *tm = xalloc(mask.n * sizeof(float));
-        xm = xdoubles(mask.n);
+        tu_seed(&rng, tu_seed_of(m->name) ^ 1u);
+        tu_view_init(&mask, LAYOUT_BHSD, F32, B, H, Sq, Skv, NAN);
+        float *tm = tu_xalloc(mask.n * sizeof(float));
+        xm = tu_xdoubles(mask.n);
         tu_fill(&rng, F32, tm, xm, mask.n, -2.0, 2.0);
         for (size_t i = 0; i < mask.n; ++i)
             if (tu_uniform(&rng, 0.0, 1.0) < 0.1)
-                put(F32, tm, xm, i, -INFINITY);
-        scatter(&mask, tm);
-        upload(&mask);
+                tu_put(F32, tm, xm, i, -INFINITY);
+        tu_scatter(&mask, tm);
+        tu_upload(&mask);
     }
 
     /* kv_lengths: all 0 for the empty part; {0, big, ...} for batch0_empty (clamped per part). */
     const int zeros[4] = {0, 0, 0, 0}, b0[4] = {0, INT32_MAX, INT32_MAX, INT32_MAX};
-    cl_mem kv_zero = xbuffer(sizeof zeros, zeros);
-    cl_mem kv_b0 = m->batch0_empty ? xbuffer(sizeof b0, b0) : NULL;
+    cl_mem kv_zero = tu_xbuffer(sizeof zeros, zeros);
+    cl_mem kv_b0 = m->batch0_empty ? tu_xbuffer(sizeof b0, b0) : NULL;
 
     int cuts[10];
     for (int i = 0; i <= m->nparts; ++i)
@@ -557,11 +336,11 @@ static void test_merge(void **state)
 
     const size_t nrow = (size_t)B * (size_t)H * (size_t)Sq, nout = nrow * (size_t)D;
     const size_t esz = clattn_dtype_size(m->dt);
-    view parts, plse; /* P parts laid end to end: [P·B][H][Sq][D] and [P·B][H][Sq][1] */
-    view_init(&parts, LAYOUT_BHSD, m->dt, P * B, H, Sq, D, 777.0);
-    view_init(&plse, LAYOUT_BHSD, F32, P * B, H, Sq, 1, 777.0);
-    upload(&parts);
-    upload(&plse);
+    tu_view parts, plse; /* P parts laid end to end: [P·B][H][Sq][D] and [P·B][H][Sq][1] */
+    tu_view_init(&parts, LAYOUT_BHSD, m->dt, P * B, H, Sq, D, 777.0);
+    tu_view_init(&plse, LAYOUT_BHSD, F32, P * B, H, Sq, 1, 777.0);
+    tu_upload(&parts);
+    tu_upload(&plse);
     clattn_tensor part_out[9], part_lse[9];
     for (int p = 0, r = 0; p < P; ++p) {
         part_out[p] = sub_bhsd(parts.t.buffer, m->dt, (int64_t)((size_t)p * nout), B, H, Sq, D);
@@ -594,32 +373,32 @@ static void test_merge(void **state)
         desc.mask = m->mask ? &mk : NULL;
         attention_or_fail(&desc, &t.q.t, &k, &v, &part_out[p]);
     }
-    tu_finish(g_ctx);
+    tu_finish(tu_ctx);
     if (empty >= 0) {
         /* The empty part's output must not matter at all: make it NaN. */
-        void *nan_img = xalloc(nout * esz);
+        void *nan_img = tu_xalloc(nout * esz);
         for (size_t i = 0; i < nout; ++i)
             tu_store(m->dt, nan_img, i, NAN);
-        assert_int_equal(clEnqueueWriteBuffer(clattn_queue(g_ctx), parts.t.buffer, CL_TRUE,
+        assert_int_equal(clEnqueueWriteBuffer(clattn_queue(tu_ctx), parts.t.buffer, CL_TRUE,
                                               (size_t)empty * nout * esz, nout * esz, nan_img, 0, NULL, NULL),
                          CL_SUCCESS);
     }
     if (m->nan_row0) {
         /* NaN in a part propagates to its row, whatever the other parts hold (-inf included). */
-        void *nan_img = xalloc((size_t)D * esz);
+        void *nan_img = tu_xalloc((size_t)D * esz);
         for (size_t i = 0; i < (size_t)D; ++i)
             tu_store(m->dt, nan_img, i, NAN);
         const float nanf = NAN;
-        assert_int_equal(clEnqueueWriteBuffer(clattn_queue(g_ctx), parts.t.buffer, CL_TRUE, 0, (size_t)D * esz,
+        assert_int_equal(clEnqueueWriteBuffer(clattn_queue(tu_ctx), parts.t.buffer, CL_TRUE, 0, (size_t)D * esz,
                                               nan_img, 0, NULL, NULL),
                          CL_SUCCESS);
-        assert_int_equal(clEnqueueWriteBuffer(clattn_queue(g_ctx), plse.t.buffer, CL_TRUE, 0, sizeof nanf, &nanf,
+        assert_int_equal(clEnqueueWriteBuffer(clattn_queue(tu_ctx), plse.t.buffer, CL_TRUE, 0, sizeof nanf, &nanf,
                                               0, NULL, NULL),
                          CL_SUCCESS);
     }
-    double *all_out = xdoubles((size_t)P * nout), *all_lse = xdoubles((size_t)P * nrow);
-    download("part out", &parts, all_out);
-    download("part lse", &plse, all_lse);
+    double *all_out = tu_xdoubles((size_t)P * nout), *all_lse = tu_xdoubles((size_t)P * nrow);
+    tu_download("part out", &parts, all_out);
+    tu_download("part lse", &plse, all_lse);
     const double *po[9], *pl[9];
     for (int p = 0; p < P; ++p) {
         po[p] = all_out + (size_t)p * nout;
@@ -630,25 +409,25 @@ static void test_merge(void **state)
             assert_true(pl[empty][r] == -INFINITY);
 
     /* Merge. */
-    view out, lse;
-    view_init(&out, LAYOUT_BHSD, m->out_dt, B, H, Sq, D, 777.0);
-    view_init(&lse, LAYOUT_BHSD, F32, B, H, Sq, 1, 777.0);
-    upload(&out);
-    upload(&lse);
+    tu_view out, lse;
+    tu_view_init(&out, LAYOUT_BHSD, m->out_dt, B, H, Sq, D, 777.0);
+    tu_view_init(&lse, LAYOUT_BHSD, F32, B, H, Sq, 1, 777.0);
+    tu_upload(&out);
+    tu_upload(&lse);
     cl_event done = NULL;
     const clattn_status st =
-        clattn_merge(g_ctx, P, part_out, part_lse, &out.t, m->no_lse ? NULL : &lse.t, 0, NULL, &done);
+        clattn_merge(tu_ctx, P, part_out, part_lse, &out.t, m->no_lse ? NULL : &lse.t, 0, NULL, &done);
     if (st != CLATTN_SUCCESS)
-        fail_msg("clattn_merge returned %s: %s", clattn_status_string(st), clattn_last_error(g_ctx));
+        fail_msg("clattn_merge returned %s: %s", clattn_status_string(st), clattn_last_error(tu_ctx));
     assert_non_null(done);
     clReleaseEvent(done);
-    tu_finish(g_ctx);
-    double *got = xdoubles(nout), *got_lse = xdoubles(nrow);
-    download("merged out", &out, got);
-    download("merged lse", &lse, got_lse); /* with no_lse: checks that nothing was written */
+    tu_finish(tu_ctx);
+    double *got = tu_xdoubles(nout), *got_lse = tu_xdoubles(nrow);
+    tu_download("merged out", &out, got);
+    tu_download("merged lse", &lse, got_lse); /* with no_lse: checks that nothing was written */
 
     /* 1. The merge alone, on exactly the parts it was given. */
-    double *want = xdoubles(nout), *want_lse = xdoubles(nrow);
+    double *want = tu_xdoubles(nout), *want_lse = tu_xdoubles(nrow);
     ref_merge(P, (int)nrow, D, po, pl, want, want_lse);
     double atol = 1e-6, rtol = 1e-6;
     if (m->out_dt == F16) {
@@ -666,15 +445,15 @@ static void test_merge(void **state)
         }
         atol = rtol = 0.0;
     }
-    check_close("merge vs ref_merge of the parts", got, want, nout, atol, rtol);
+    tu_check_close("merge vs ref_merge of the parts", got, want, nout, atol, rtol);
     if (!m->no_lse)
-        check_close("merged lse vs ref_merge", got_lse, want_lse, nrow, P == 1 ? 0.0 : 1e-6, P == 1 ? 0.0 : 1e-6);
+        tu_check_close("merged lse vs ref_merge", got_lse, want_lse, nrow, P == 1 ? 0.0 : 1e-6, P == 1 ? 0.0 : 1e-6);
 
     if (m->nan_row0) {
         /* Row 0 no longer matches any attention; the merge itself is what this row checks. */
         assert_true(isnan(want_lse[0]) && isnan(want[0]));
-        if (g_failures != 0)
-            fail_msg("%d check(s) failed", g_failures);
+        if (tu_failures != 0)
+            fail_msg("%d check(s) failed", tu_failures);
         return;
     }
 
@@ -695,22 +474,22 @@ static void test_merge(void **state)
     a.mask_shape[2] = Sq;
     a.mask_shape[3] = Skv;
     a.kv_len = m->batch0_empty ? kvl : NULL;
-    double *ref_out = xdoubles(nout), *ref_lse = xdoubles(nrow);
+    double *ref_out = tu_xdoubles(nout), *ref_lse = tu_xdoubles(nrow);
     ref_attention(&a, t.xq, t.xk, t.xv, ref_out, ref_lse, NULL);
     /* The parts' own error (their storage type) plus the merged output's storage rounding. */
     const tols tp = attention_tols(Skv, m->dt), to = attention_tols(Skv, m->out_dt);
     const double ref_atol = tp.out_atol + to.out_atol, ref_rtol = tp.out_rtol + to.out_rtol;
-    check_close("merged out vs reference attention", got, ref_out, nout, ref_atol, ref_rtol);
+    tu_check_close("merged out vs reference attention", got, ref_out, nout, ref_atol, ref_rtol);
     if (!m->no_lse)
-        check_close("merged lse vs reference attention", got_lse, ref_lse, nrow, tp.lse_atol, tp.lse_rtol);
+        tu_check_close("merged lse vs reference attention", got_lse, ref_lse, nrow, tp.lse_atol, tp.lse_rtol);
     check_exact_zeros("merged out", ref_lse, got, nrow, (size_t)D);
 
     /* 3. Against a whole-range clattn_attention (fused), which has the reference error once more. */
-    view whole, wlse;
-    view_init(&whole, LAYOUT_BHSD, m->dt, B, H, Sq, D, 777.0);
-    view_init(&wlse, LAYOUT_BHSD, F32, B, H, Sq, 1, 777.0);
-    upload(&whole);
-    upload(&wlse);
+    tu_view whole, wlse;
+    tu_view_init(&whole, LAYOUT_BHSD, m->dt, B, H, Sq, D, 777.0);
+    tu_view_init(&wlse, LAYOUT_BHSD, F32, B, H, Sq, 1, 777.0);
+    tu_upload(&whole);
+    tu_upload(&wlse);
     clattn_attention_desc desc;
     memset(&desc, 0, sizeof desc);
     desc.batch = B;
@@ -724,16 +503,16 @@ static void test_merge(void **state)
     desc.lse = &wlse.t;
     desc.algorithm = CLATTN_ALGORITHM_FUSED;
     attention_or_fail(&desc, &t.q.t, &t.k.t, &t.v.t, &whole.t);
-    tu_finish(g_ctx);
-    double *w = xdoubles(nout), *wl = xdoubles(nrow);
-    download("whole out", &whole, w);
-    download("whole lse", &wlse, wl);
-    check_close("merged out vs whole-range attention", got, w, nout, ref_atol + tp.out_atol,
+    tu_finish(tu_ctx);
+    double *w = tu_xdoubles(nout), *wl = tu_xdoubles(nrow);
+    tu_download("whole out", &whole, w);
+    tu_download("whole lse", &wlse, wl);
+    tu_check_close("merged out vs whole-range attention", got, w, nout, ref_atol + tp.out_atol,
                 ref_rtol + tp.out_rtol);
     if (!m->no_lse)
-        check_close("merged lse vs whole-range attention", got_lse, wl, nrow, 2 * tp.lse_atol, 2 * tp.lse_rtol);
-    if (g_failures != 0)
-        fail_msg("%d check(s) failed", g_failures);
+        tu_check_close("merged lse vs whole-range attention", got_lse, wl, nrow, 2 * tp.lse_atol, 2 * tp.lse_rtol);
+    if (tu_failures != 0)
+        fail_msg("%d check(s) failed", tu_failures);
 }
 
 /* =============================== registration =============================== */
@@ -746,11 +525,11 @@ int main(void)
     size_t n = 0;
     for (size_t i = 0; i < N_OF(dec_cases) && n < MAX_TESTS; ++i, ++n) {
         snprintf(names[n], sizeof names[n], "decode/%s", dec_cases[i].name);
-        tests[n] = (struct CMUnitTest){names[n], test_decode, NULL, teardown, (void *)&dec_cases[i]};
+        tests[n] = (struct CMUnitTest){names[n], test_decode, NULL, tu_teardown, (void *)&dec_cases[i]};
     }
     for (size_t i = 0; i < N_OF(merge_cases) && n < MAX_TESTS; ++i, ++n) {
         snprintf(names[n], sizeof names[n], "merge/%s", merge_cases[i].name);
-        tests[n] = (struct CMUnitTest){names[n], test_merge, NULL, teardown, (void *)&merge_cases[i]};
+        tests[n] = (struct CMUnitTest){names[n], test_merge, NULL, tu_teardown, (void *)&merge_cases[i]};
     }
     if (n != N_OF(dec_cases) + N_OF(merge_cases)) {
         fprintf(stderr, "test_decode: more than %d tests, raise MAX_TESTS\n", MAX_TESTS);
@@ -763,6 +542,6 @@ int main(void)
                 return 1;
             }
     const int failed = _cmocka_run_group_tests("decode", tests, n, NULL, NULL);
-    clattn_release(g_ctx);
+    clattn_release(tu_ctx);
     return failed;
 }

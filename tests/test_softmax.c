@@ -39,12 +39,6 @@ typedef enum mask_kind {
     MASK_HEADS_STRIDE0  /* {B, H, R, C} with head stride 0 */
 } mask_kind;
 
-typedef enum layout_kind {
-    LAYOUT_BHSD,   /* contiguous [b][h][s][d] */
-    LAYOUT_BSHD,   /* [b][s][h][d] */
-    LAYOUT_PADDED  /* nonzero offset and padded strides inside a bigger buffer */
-} layout_kind;
-
 typedef struct sm_case {
     const char *name;
     int B, H, R, C;
@@ -55,7 +49,7 @@ typedef struct sm_case {
     clattn_dtype mask_dt;
     int has_kv;
     int kv[4];
-    layout_kind layout;
+    tu_layout layout;
     int in_place;       /* out is the very same view as in */
     double offset;      /* added to every input value */
     double neginf_frac; /* fraction of input entries set to -inf */
@@ -133,221 +127,6 @@ static const sm_case cases[] = {
 };
 /* clang-format on */
 
-/* =============================== resources =============================== */
-
-/* Everything a test allocates is recorded here and released by teardown, which cmocka runs even
- * when the test fails half-way (fail() longjmps out of it). */
-enum { MAX_RES = 256 };
-static void *res_ptr[MAX_RES];
-static size_t n_ptr;
-static cl_mem res_mem[MAX_RES];
-static size_t n_mem;
-static clattn_context *g_ctx;
-
-static void *xalloc(size_t bytes)
-{
-    assert_true(n_ptr < MAX_RES);
-    void *p = calloc(bytes > 0 ? bytes : 1, 1);
-    assert_non_null(p);
-    res_ptr[n_ptr++] = p;
-    return p;
-}
-
-static double *xdoubles(size_t n)
-{
-    return xalloc(n * sizeof(double));
-}
-
-static cl_mem xbuffer(size_t bytes, const void *host)
-{
-    assert_true(n_mem < MAX_RES);
-    cl_mem m = tu_buffer(g_ctx, bytes, host);
-    res_mem[n_mem++] = m;
-    return m;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    for (size_t i = 0; i < n_ptr; ++i)
-        free(res_ptr[i]);
-    for (size_t i = 0; i < n_mem; ++i)
-        clReleaseMemObject(res_mem[i]);
-    n_ptr = n_mem = 0;
-    return 0;
-}
-
-static clattn_context *ctx_get(void)
-{
-    if (g_ctx == NULL)
-        g_ctx = tu_context();
-    return g_ctx;
-}
-
-/* FNV-1a of the row name: a fixed seed per case that does not move when rows are reordered. */
-static uint64_t seed_of(const char *name)
-{
-    uint64_t h = UINT64_C(0xcbf29ce484222325);
-    for (const char *p = name; *p; ++p)
-        h = (h ^ (uint64_t)(unsigned char)*p) * UINT64_C(0x100000001b3);
-    return h;
-}
-
-/* =============================== strided views =============================== */
-
-/* A tensor view plus the host image of its whole buffer. `fshape` is the shape of the stored data
- * (broadcast dimensions 1); the view's shape may differ only for stride-0 broadcasting. */
-typedef struct view {
-    clattn_tensor t;
-    int64_t fshape[4];
-    size_t n;   /* elements in fshape */
-    size_t cap; /* elements in the buffer */
-    size_t esz;
-    unsigned char *img;
-} view;
-
-enum { GUARD = 7 }; /* elements past the view's end, to catch writes beyond it */
-
-static size_t at(const view *v, int64_t b, int64_t h, int64_t s, int64_t d)
-{
-    return (size_t)(v->t.offset + b * v->t.stride[0] + h * v->t.stride[1] + s * v->t.stride[2] + d);
-}
-
-/* Lays out shape {B, H, S, D} of dt; every buffer element starts as `pad` (NaN for inputs, a
- * sentinel for outputs). */
-static void view_init(view *v, layout_kind lay, clattn_dtype dt, int64_t B, int64_t H, int64_t S, int64_t D,
-                      double pad)
-{
-    memset(v, 0, sizeof *v);
-    v->t.dtype = dt;
-    v->t.shape[0] = v->fshape[0] = B;
-    v->t.shape[1] = v->fshape[1] = H;
-    v->t.shape[2] = v->fshape[2] = S;
-    v->t.shape[3] = v->fshape[3] = D;
-    switch (lay) {
-    case LAYOUT_BHSD:
-        v->t.stride[2] = D;
-        v->t.stride[1] = S * D;
-        v->t.stride[0] = H * S * D;
-        break;
-    case LAYOUT_BSHD:
-        v->t.stride[1] = D;
-        v->t.stride[2] = H * D;
-        v->t.stride[0] = S * H * D;
-        break;
-    case LAYOUT_PADDED:
-        v->t.offset = 37;
-        v->t.stride[2] = D + 5;
-        v->t.stride[1] = S * v->t.stride[2] + 3;
-        v->t.stride[0] = H * v->t.stride[1] + 11;
-        break;
-    }
-    v->n = (size_t)(B * H * S * D);
-    v->cap = at(v, B - 1, H - 1, S - 1, D - 1) + 1 + GUARD;
-    v->esz = clattn_dtype_size(dt);
-    v->img = xalloc(v->cap * v->esz);
-    for (size_t i = 0; i < v->cap; ++i)
-        tu_store(dt, v->img, i, pad);
-}
-
-/* Copies contiguous typed data (fshape order) into the image at the view's positions. */
-static void scatter(view *v, const void *src)
-{
-    const int64_t *s = v->fshape;
-    size_t lin = 0;
-    for (int64_t b = 0; b < s[0]; ++b)
-        for (int64_t h = 0; h < s[1]; ++h)
-            for (int64_t i = 0; i < s[2]; ++i)
-                for (int64_t d = 0; d < s[3]; ++d, ++lin)
-                    memcpy(v->img + at(v, b, h, i, d) * v->esz, (const unsigned char *)src + lin * v->esz,
-                           v->esz);
-}
-
-/* The view's elements of a read-back image, as doubles in fshape order. */
-static void gather(const view *v, const unsigned char *img, double *dst)
-{
-    const int64_t *s = v->fshape;
-    size_t lin = 0;
-    for (int64_t b = 0; b < s[0]; ++b)
-        for (int64_t h = 0; h < s[1]; ++h)
-            for (int64_t i = 0; i < s[2]; ++i)
-                for (int64_t d = 0; d < s[3]; ++d, ++lin)
-                    dst[lin] = tu_load(v->t.dtype, img, at(v, b, h, i, d));
-}
-
-/* Fails unless every buffer element outside the view still holds what v->img held. */
-static void assert_untouched(const char *what, const view *v, const unsigned char *img)
-{
-    unsigned char *mark = xalloc(v->cap);
-    const int64_t *s = v->t.shape;
-    for (int64_t b = 0; b < s[0]; ++b)
-        for (int64_t h = 0; h < s[1]; ++h)
-            for (int64_t i = 0; i < s[2]; ++i)
-                for (int64_t d = 0; d < s[3]; ++d)
-                    mark[at(v, b, h, i, d)] = 1;
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < v->cap; ++i)
-        if (!mark[i] && memcmp(img + i * v->esz, v->img + i * v->esz, v->esz) != 0)
-            if (bad++ == 0)
-                first = i;
-    if (bad != 0) {
-        print_error("%s: %zu buffer elements outside the view were modified, first at element %zu "
-                    "(now %.9g, sentinel %.9g)\n",
-                    what, bad, first, tu_load(v->t.dtype, img, first), tu_load(v->t.dtype, v->img, first));
-        fail();
-    }
-}
-
-static void upload(view *v)
-{
-    v->t.buffer = xbuffer(v->cap * v->esz, v->img);
-}
-
-/* Reads the whole buffer back, checks the outside is untouched, returns the view as doubles. */
-static void download(const char *what, const view *v, double *dst)
-{
-    unsigned char *img = xalloc(v->cap * v->esz);
-    tu_read(g_ctx, v->t.buffer, v->cap * v->esz, img);
-    assert_untouched(what, v, img);
-    gather(v, img, dst);
-}
-
-/* Stores x as element i of contiguous typed data and keeps the stored value in as_double[i]. */
-static void put(clattn_dtype dt, void *typed, double *as_double, size_t i, double x)
-{
-    tu_store(dt, typed, i, x);
-    as_double[i] = tu_load(dt, typed, i);
-}
-
-/* Like tu_assert_allclose, but records the failure and returns, so one row reports every
- * algorithm's result before it fails. With CLATTN_TEST_VERBOSE=1 it prints the worst
- * |diff| / allowed ratio of passing checks too, to see how much margin a tolerance leaves. */
-static int g_failures;
-
-static void check_close(const char *what, const double *got, const double *want, size_t n, double atol,
-                        double rtol)
-{
-    size_t first;
-    const size_t bad = tu_count_bad(got, want, n, atol, rtol, &first);
-    if (bad != 0) {
-        print_error("%s: element %zu: got %.9g, want %.9g (|diff| %.3g, allowed %.3g = atol %.3g + rtol %.3g * "
-                    "|want|); %zu of %zu elements out of tolerance\n",
-                    what, first, got[first], want[first], fabs(got[first] - want[first]),
-                    atol + rtol * fabs(want[first]), atol, rtol, bad, n);
-        ++g_failures;
-        return;
-    }
-    if (tu_getenv_int("CLATTN_TEST_VERBOSE", 0)) {
-        double worst = 0.0;
-        for (size_t i = 0; i < n; ++i)
-            if (isfinite(want[i])) {
-                const double r = fabs(got[i] - want[i]) / (atol + rtol * fabs(want[i]));
-                worst = r > worst ? r : worst;
-            }
-        print_message("    %-40s worst |diff|/allowed %.3f\n", what, worst);
-    }
-}
-
 typedef struct result {
     double *out, *lse, *probs;
 } result;
@@ -362,30 +141,30 @@ static size_t row_index(const sm_case *c, int b, int h, int i)
 static void test_case(void **state)
 {
     const sm_case *c = *state;
-    ctx_get();
-    g_failures = 0;
+    tu_ctx_get();
+    tu_failures = 0;
     tu_rng rng;
-    tu_seed(&rng, seed_of(c->name));
+    tu_seed(&rng, tu_seed_of(c->name));
     const size_t C = (size_t)c->C;
 
-    view in, out, mask;
+    tu_view in, out, mask;
     memset(&mask, 0, sizeof mask);
-    view_init(&in, c->layout, c->in_dt, c->B, c->H, c->R, c->C, NAN);
-    void *tin = xalloc(in.n * in.esz);
-    double *x = xdoubles(in.n);
+    tu_view_init(&in, c->layout, c->in_dt, c->B, c->H, c->R, c->C, NAN);
+    void *tin = tu_xalloc(in.n * in.esz);
+    double *x = tu_xdoubles(in.n);
     tu_fill(&rng, c->in_dt, tin, x, in.n, -4.0 + c->offset, 4.0 + c->offset);
     if (c->neginf_frac > 0.0)
         for (size_t i = 0; i < in.n; ++i)
             if (tu_uniform(&rng, 0.0, 1.0) < c->neginf_frac)
-                put(c->in_dt, tin, x, i, -INFINITY);
+                tu_put(c->in_dt, tin, x, i, -INFINITY);
     if (c->inf_rows) {
         for (size_t j = 0; j < C; ++j) {
-            put(c->in_dt, tin, x, row_index(c, 0, 0, 0) * C + j, -INFINITY);
-            put(c->in_dt, tin, x, row_index(c, 0, 0, 1) * C + j, j == C / 2 ? 0.5 : -INFINITY);
+            tu_put(c->in_dt, tin, x, row_index(c, 0, 0, 0) * C + j, -INFINITY);
+            tu_put(c->in_dt, tin, x, row_index(c, 0, 0, 1) * C + j, j == C / 2 ? 0.5 : -INFINITY);
         }
     }
     if (c->nan_row)
-        put(c->in_dt, tin, x, row_index(c, 0, 0, 1) * C, NAN); /* column 0: visible in every row kind here */
+        tu_put(c->in_dt, tin, x, row_index(c, 0, 0, 1) * C, NAN); /* column 0: visible in every row kind here */
 
     int kvl[4] = {0, 0, 0, 0};
     for (int b = 0; b < c->B; ++b)
@@ -399,29 +178,29 @@ static void test_case(void **state)
             ms[0] = ms[1] = 1;
         else if (c->mask == MASK_BATCH_ROWS)
             ms[0] = ms[2] = 1;
-        view_init(&mask, c->layout, c->mask_dt, ms[0], ms[1], ms[2], ms[3], NAN);
-        void *tm = xalloc(mask.n * mask.esz);
-        xm = xdoubles(mask.n);
+        tu_view_init(&mask, c->layout, c->mask_dt, ms[0], ms[1], ms[2], ms[3], NAN);
+        void *tm = tu_xalloc(mask.n * mask.esz);
+        xm = tu_xdoubles(mask.n);
         tu_fill(&rng, c->mask_dt, tm, xm, mask.n, -2.0, 2.0);
         for (size_t i = 0; i < mask.n; ++i)
             if (i % C != 0 && tu_uniform(&rng, 0.0, 1.0) < 0.1) /* column 0 stays visible */
-                put(c->mask_dt, tm, xm, i, -INFINITY);
-        scatter(&mask, tm);
+                tu_put(c->mask_dt, tm, xm, i, -INFINITY);
+        tu_scatter(&mask, tm);
         if (c->mask == MASK_HEADS_STRIDE0) {
             mask.t.shape[1] = c->H;
             mask.t.stride[1] = 0;
         }
-        upload(&mask);
+        tu_upload(&mask);
     }
-    scatter(&in, tin);
-    upload(&in);
+    tu_scatter(&in, tin);
+    tu_upload(&in);
     if (c->in_place) {
         out = in;
     } else {
-        view_init(&out, c->layout, c->out_dt, c->B, c->H, c->R, c->C, 777.0);
-        upload(&out);
+        tu_view_init(&out, c->layout, c->out_dt, c->B, c->H, c->R, c->C, 777.0);
+        tu_upload(&out);
     }
-    cl_mem kv_buf = c->has_kv ? xbuffer(sizeof(int) * (size_t)c->B, kvl) : NULL;
+    cl_mem kv_buf = c->has_kv ? tu_xbuffer(sizeof(int) * (size_t)c->B, kvl) : NULL;
 
     clattn_softmax_desc desc;
     memset(&desc, 0, sizeof desc);
@@ -434,16 +213,16 @@ static void test_case(void **state)
     desc.mask = c->mask != MASK_NONE ? &mask.t : NULL;
     desc.kv_lengths = kv_buf;
     cl_event done = NULL;
-    const clattn_status st = clattn_softmax(g_ctx, &desc, &in.t, &out.t, 0, NULL, &done);
+    const clattn_status st = clattn_softmax(tu_ctx, &desc, &in.t, &out.t, 0, NULL, &done);
     if (st != CLATTN_SUCCESS)
-        fail_msg("clattn_softmax returned %s: %s", clattn_status_string(st), clattn_last_error(g_ctx));
+        fail_msg("clattn_softmax returned %s: %s", clattn_status_string(st), clattn_last_error(tu_ctx));
     assert_non_null(done);
     clReleaseEvent(done);
-    tu_finish(g_ctx);
+    tu_finish(tu_ctx);
 
     const size_t n = in.n;
-    double *got = xdoubles(n), *want = xdoubles(n);
-    download("softmax out", &out, got);
+    double *got = tu_xdoubles(n), *want = tu_xdoubles(n);
+    tu_download("softmax out", &out, got);
 
     ref_softmax r;
     memset(&r, 0, sizeof r);
@@ -467,7 +246,7 @@ static void test_case(void **state)
     } else if (c->out_dt == BF16) {
         rtol += 0x1p-8;
     }
-    check_close("softmax vs reference", got, want, n, atol, rtol);
+    tu_check_close("softmax vs reference", got, want, n, atol, rtol);
 
     /* Hidden, -inf and empty-row entries are exactly 0, not merely within atol. */
     size_t bad = 0, first = 0;
@@ -476,15 +255,15 @@ static void test_case(void **state)
             first = i;
     if (bad != 0) {
         print_error("%zu entries that must be exactly 0 are not, first at %zu: %.9g\n", bad, first, got[first]);
-        ++g_failures;
+        ++tu_failures;
     }
     /* The special inputs must show up in the reference, or the row tests nothing. */
     if (c->inf_rows)
         assert_true(want[row_index(c, 0, 0, 0) * C] == 0.0 && want[row_index(c, 0, 0, 1) * C + C / 2] == 1.0);
     if (c->nan_row)
         assert_true(isnan(want[row_index(c, 0, 0, 1) * C]));
-    if (g_failures != 0)
-        fail_msg("%d check(s) failed", g_failures);
+    if (tu_failures != 0)
+        fail_msg("%d check(s) failed", tu_failures);
 }
 
 /* =============================== invalid views =============================== */
@@ -527,14 +306,14 @@ static const overlap_row overlap_rows[] = {
 static void test_overlap(void **state)
 {
     const overlap_row *o = *state;
-    ctx_get();
+    tu_ctx_get();
     float host[OV_CAP];
     double x[OV_ROWS * OV_COLS], want[OV_ROWS * OV_COLS], got[OV_ROWS * OV_COLS];
     tu_rng rng;
-    tu_seed(&rng, seed_of(o->name));
+    tu_seed(&rng, tu_seed_of(o->name));
     for (size_t i = 0; i < OV_CAP; ++i)
         host[i] = (float)tu_uniform(&rng, -3.0, 3.0);
-    cl_mem buf = xbuffer(sizeof host, host);
+    cl_mem buf = tu_xbuffer(sizeof host, host);
     const clattn_tensor in = tensor_at(buf, F32, o->in_off, OV_ROWS, OV_COLS, OV_COLS);
     const clattn_tensor out = tensor_at(buf, o->out_dt, o->out_off, OV_ROWS, OV_COLS, o->out_ld);
     clattn_softmax_desc desc;
@@ -543,22 +322,22 @@ static void test_overlap(void **state)
     desc.rows = OV_ROWS;
     desc.cols = OV_COLS;
     cl_event done = (cl_event)(uintptr_t)1; /* must be overwritten either way */
-    const clattn_status st = clattn_softmax(g_ctx, &desc, &in, &out, 0, NULL, &done);
+    const clattn_status st = clattn_softmax(tu_ctx, &desc, &in, &out, 0, NULL, &done);
     if (!o->expect_ok) {
         assert_int_equal(st, CLATTN_INVALID_ARGUMENT);
         assert_null(done);
-        assert_true(strlen(clattn_last_error(g_ctx)) > 0);
+        assert_true(strlen(clattn_last_error(tu_ctx)) > 0);
         float after[OV_CAP];
-        tu_read(g_ctx, buf, sizeof after, after);
+        tu_read(tu_ctx, buf, sizeof after, after);
         assert_memory_equal(after, host, sizeof host); /* nothing enqueued, nothing modified */
         return;
     }
     if (st != CLATTN_SUCCESS)
-        fail_msg("clattn_softmax returned %s: %s", clattn_status_string(st), clattn_last_error(g_ctx));
+        fail_msg("clattn_softmax returned %s: %s", clattn_status_string(st), clattn_last_error(tu_ctx));
     assert_non_null(done);
     clReleaseEvent(done);
     float after[OV_CAP];
-    tu_read(g_ctx, buf, sizeof after, after);
+    tu_read(tu_ctx, buf, sizeof after, after);
     for (size_t i = 0; i < (size_t)(OV_ROWS * OV_COLS); ++i) {
         x[i] = host[(size_t)o->in_off + i];
         got[i] = after[(size_t)o->out_off + i];
@@ -585,11 +364,11 @@ int main(void)
     size_t n = 0;
     for (size_t i = 0; i < N_OF(cases) && n < MAX_TESTS; ++i, ++n) {
         snprintf(names[n], sizeof names[n], "softmax/%s", cases[i].name);
-        tests[n] = (struct CMUnitTest){names[n], test_case, NULL, teardown, (void *)&cases[i]};
+        tests[n] = (struct CMUnitTest){names[n], test_case, NULL, tu_teardown, (void *)&cases[i]};
     }
     for (size_t i = 0; i < N_OF(overlap_rows) && n < MAX_TESTS; ++i, ++n) {
         snprintf(names[n], sizeof names[n], "overlap/%s", overlap_rows[i].name);
-        tests[n] = (struct CMUnitTest){names[n], test_overlap, NULL, teardown, (void *)&overlap_rows[i]};
+        tests[n] = (struct CMUnitTest){names[n], test_overlap, NULL, tu_teardown, (void *)&overlap_rows[i]};
     }
     if (n != N_OF(cases) + N_OF(overlap_rows)) {
         fprintf(stderr, "test_softmax: more than %d tests, raise MAX_TESTS\n", MAX_TESTS);
@@ -602,6 +381,6 @@ int main(void)
                 return 1;
             }
     const int failed = _cmocka_run_group_tests("softmax", tests, n, NULL, NULL);
-    clattn_release(g_ctx);
+    clattn_release(tu_ctx);
     return failed;
 }

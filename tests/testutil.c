@@ -274,3 +274,207 @@ int tu_getenv_int(const char *name, int dflt)
         return dflt;
     return (int)v;
 }
+
+/* ---- per-test resources ---- */
+
+/* Everything a test allocates is recorded here and released by tu_teardown, which cmocka runs even
+ * when the test fails half-way (fail() longjmps out of it). */
+enum { TU_MAX_RES = 256 };
+static void *res_ptr[TU_MAX_RES];
+static size_t n_ptr;
+static cl_mem res_mem[TU_MAX_RES];
+static size_t n_mem;
+clattn_context *tu_ctx;
+
+void *tu_xalloc(size_t bytes)
+{
+    assert_true(n_ptr < TU_MAX_RES);
+    void *p = calloc(bytes > 0 ? bytes : 1, 1);
+    assert_non_null(p);
+    res_ptr[n_ptr++] = p;
+    return p;
+}
+
+double *tu_xdoubles(size_t n)
+{
+    return tu_xalloc(n * sizeof(double));
+}
+
+cl_mem tu_xbuffer(size_t bytes, const void *host)
+{
+    assert_true(n_mem < TU_MAX_RES);
+    cl_mem m = tu_buffer(tu_ctx, bytes, host);
+    res_mem[n_mem++] = m;
+    return m;
+}
+
+int tu_teardown(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < n_ptr; ++i)
+        free(res_ptr[i]);
+    for (size_t i = 0; i < n_mem; ++i)
+        clReleaseMemObject(res_mem[i]);
+    n_ptr = n_mem = 0;
+    return 0;
+}
+
+clattn_context *tu_ctx_get(void)
+{
+    if (tu_ctx == NULL)
+        tu_ctx = tu_context();
+    return tu_ctx;
+}
+
+/* FNV-1a of the row name: a fixed seed per case that does not move when rows are reordered. */
+uint64_t tu_seed_of(const char *name)
+{
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    for (const char *p = name; *p; ++p)
+        h = (h ^ (uint64_t)(unsigned char)*p) * UINT64_C(0x100000001b3);
+    return h;
+}
+
+/* ---- strided views ---- */
+
+size_t tu_at(const tu_view *v, int64_t b, int64_t h, int64_t s, int64_t d)
+{
+    return (size_t)(v->t.offset + b * v->t.stride[0] + h * v->t.stride[1] + s * v->t.stride[2] + d);
+}
+
+/* Lays out shape {B, H, S, D} of dt; every buffer element starts as `pad` (NaN for inputs, a
+ * sentinel for outputs). */
+void tu_view_init(tu_view *v, tu_layout lay, clattn_dtype dt, int64_t B, int64_t H, int64_t S, int64_t D,
+                  double pad)
+{
+    memset(v, 0, sizeof *v);
+    v->t.dtype = dt;
+    v->t.shape[0] = v->fshape[0] = B;
+    v->t.shape[1] = v->fshape[1] = H;
+    v->t.shape[2] = v->fshape[2] = S;
+    v->t.shape[3] = v->fshape[3] = D;
+    switch (lay) {
+    case LAYOUT_BHSD:
+        v->t.stride[2] = D;
+        v->t.stride[1] = S * D;
+        v->t.stride[0] = H * S * D;
+        break;
+    case LAYOUT_BSHD:
+        v->t.stride[1] = D;
+        v->t.stride[2] = H * D;
+        v->t.stride[0] = S * H * D;
+        break;
+    case LAYOUT_PADDED:
+        v->t.offset = 37;
+        v->t.stride[2] = D + 5;
+        v->t.stride[1] = S * v->t.stride[2] + 3;
+        v->t.stride[0] = H * v->t.stride[1] + 11;
+        break;
+    }
+    v->n = (size_t)(B * H * S * D);
+    v->cap = tu_at(v, B - 1, H - 1, S - 1, D - 1) + 1 + TU_GUARD;
+    v->esz = clattn_dtype_size(dt);
+    v->img = tu_xalloc(v->cap * v->esz);
+    for (size_t i = 0; i < v->cap; ++i)
+        tu_store(dt, v->img, i, pad);
+}
+
+/* Copies contiguous typed data (fshape order) into the image at the view's positions. */
+void tu_scatter(tu_view *v, const void *src)
+{
+    const int64_t *s = v->fshape;
+    size_t lin = 0;
+    for (int64_t b = 0; b < s[0]; ++b)
+        for (int64_t h = 0; h < s[1]; ++h)
+            for (int64_t i = 0; i < s[2]; ++i)
+                for (int64_t d = 0; d < s[3]; ++d, ++lin)
+                    memcpy(v->img + tu_at(v, b, h, i, d) * v->esz, (const unsigned char *)src + lin * v->esz,
+                           v->esz);
+}
+
+/* The view's elements of a read-back image, as doubles in fshape order. */
+void tu_gather(const tu_view *v, const unsigned char *img, double *dst)
+{
+    const int64_t *s = v->fshape;
+    size_t lin = 0;
+    for (int64_t b = 0; b < s[0]; ++b)
+        for (int64_t h = 0; h < s[1]; ++h)
+            for (int64_t i = 0; i < s[2]; ++i)
+                for (int64_t d = 0; d < s[3]; ++d, ++lin)
+                    dst[lin] = tu_load(v->t.dtype, img, tu_at(v, b, h, i, d));
+}
+
+/* Fails unless every buffer element outside the view still holds what v->img held. */
+void tu_assert_untouched(const char *what, const tu_view *v, const unsigned char *img)
+{
+    unsigned char *mark = tu_xalloc(v->cap);
+    const int64_t *s = v->t.shape;
+    for (int64_t b = 0; b < s[0]; ++b)
+        for (int64_t h = 0; h < s[1]; ++h)
+            for (int64_t i = 0; i < s[2]; ++i)
+                for (int64_t d = 0; d < s[3]; ++d)
+                    mark[tu_at(v, b, h, i, d)] = 1;
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < v->cap; ++i)
+        if (!mark[i] && memcmp(img + i * v->esz, v->img + i * v->esz, v->esz) != 0)
+            if (bad++ == 0)
+                first = i;
+    if (bad != 0) {
+        print_error("%s: %zu buffer elements outside the view were modified, first at element %zu "
+                    "(now %.9g, sentinel %.9g)\n",
+                    what, bad, first, tu_load(v->t.dtype, img, first), tu_load(v->t.dtype, v->img, first));
+        fail();
+    }
+}
+
+void tu_upload(tu_view *v)
+{
+    v->t.buffer = tu_xbuffer(v->cap * v->esz, v->img);
+}
+
+/* Reads the whole buffer back, checks the outside is untouched, returns the view as doubles. */
+void tu_download(const char *what, const tu_view *v, double *dst)
+{
+    unsigned char *img = tu_xalloc(v->cap * v->esz);
+    tu_read(tu_ctx, v->t.buffer, v->cap * v->esz, img);
+    tu_assert_untouched(what, v, img);
+    tu_gather(v, img, dst);
+}
+
+/* Stores x as element i of contiguous typed data and keeps the stored value in as_double[i]. */
+void tu_put(clattn_dtype dt, void *typed, double *as_double, size_t i, double x)
+{
+    tu_store(dt, typed, i, x);
+    as_double[i] = tu_load(dt, typed, i);
+}
+
+/* ---- soft comparisons ---- */
+
+/* Like tu_assert_allclose, but records the failure and returns, so one row reports every
+ * algorithm's result before it fails. With CLATTN_TEST_VERBOSE=1 it prints the worst
+ * |diff| / allowed ratio of passing checks too, to see how much margin a tolerance leaves. */
+int tu_failures;
+
+void tu_check_close(const char *what, const double *got, const double *want, size_t n, double atol,
+                    double rtol)
+{
+    size_t first;
+    const size_t bad = tu_count_bad(got, want, n, atol, rtol, &first);
+    if (bad != 0) {
+        print_error("%s: element %zu: got %.9g, want %.9g (|diff| %.3g, allowed %.3g = atol %.3g + rtol %.3g * "
+                    "|want|); %zu of %zu elements out of tolerance\n",
+                    what, first, got[first], want[first], fabs(got[first] - want[first]),
+                    atol + rtol * fabs(want[first]), atol, rtol, bad, n);
+        ++tu_failures;
+        return;
+    }
+    if (tu_getenv_int("CLATTN_TEST_VERBOSE", 0)) {
+        double worst = 0.0;
+        for (size_t i = 0; i < n; ++i)
+            if (isfinite(want[i])) {
+                const double r = fabs(got[i] - want[i]) / (atol + rtol * fabs(want[i]));
+                worst = r > worst ? r : worst;
+            }
+        print_message("    %-40s worst |diff|/allowed %.3f\n", what, worst);
+    }
+}

@@ -79,4 +79,72 @@ void tu_finish(clattn_context *ctx);
 /* Integer environment variable, or dflt when unset, empty or not a whole number. */
 int tu_getenv_int(const char *name, int dflt);
 
+/* ---- per-test resources (tests that register tu_teardown as their cmocka teardown) ---- */
+
+/* The executable's context, created on first use by tu_ctx_get (NULL until then); main releases it. */
+extern clattn_context *tu_ctx;
+/* tu_ctx, created with tu_context() (skip or fail without a device) if not yet there. */
+clattn_context *tu_ctx_get(void);
+/* Zeroed host memory of `bytes` (at least 1), freed by tu_teardown. Asserts success. */
+void *tu_xalloc(size_t bytes);
+/* tu_xalloc of n doubles. */
+double *tu_xdoubles(size_t n);
+/* tu_buffer on tu_ctx, released by tu_teardown. */
+cl_mem tu_xbuffer(size_t bytes, const void *host);
+/* cmocka teardown: frees everything tu_xalloc/tu_xbuffer handed out since the last call. cmocka runs
+ * it even when the test fails half-way (fail() longjmps out of it). */
+int tu_teardown(void **state);
+/* FNV-1a of the row name: a fixed seed per case that does not move when rows are reordered. */
+uint64_t tu_seed_of(const char *name);
+
+/* ---- strided tensor views with guarded buffers ---- */
+
+typedef enum tu_layout {
+    LAYOUT_BHSD,   /* contiguous [b][h][s][d] */
+    LAYOUT_BSHD,   /* [b][s][h][d] */
+    LAYOUT_PADDED  /* nonzero offset and padded strides inside a bigger buffer */
+} tu_layout;
+
+/* A tensor view plus the host image of its whole buffer. `fshape` is the shape of the stored data
+ * (broadcast dimensions 1); the view's shape may differ only for stride-0 broadcasting. */
+typedef struct tu_view {
+    clattn_tensor t;
+    int64_t fshape[4];
+    size_t n;   /* elements in fshape */
+    size_t cap; /* elements in the buffer */
+    size_t esz;
+    unsigned char *img;
+} tu_view;
+
+enum { TU_GUARD = 7 }; /* elements past the view's end, to catch writes beyond it */
+
+/* Buffer element index of view position (b, h, s, d). */
+size_t tu_at(const tu_view *v, int64_t b, int64_t h, int64_t s, int64_t d);
+/* Lays out shape {B, H, S, D} of dt; every buffer element starts as `pad` (NaN for inputs, a
+ * sentinel for outputs). The host image comes from tu_xalloc. */
+void tu_view_init(tu_view *v, tu_layout lay, clattn_dtype dt, int64_t B, int64_t H, int64_t S, int64_t D,
+                  double pad);
+/* Copies contiguous typed data (fshape order) into the image at the view's positions. */
+void tu_scatter(tu_view *v, const void *src);
+/* The view's elements of a read-back image, as doubles in fshape order. */
+void tu_gather(const tu_view *v, const unsigned char *img, double *dst);
+/* Fails unless every buffer element outside the view still holds what v->img held. */
+void tu_assert_untouched(const char *what, const tu_view *v, const unsigned char *img);
+/* v->t.buffer = a tu_xbuffer holding the whole image. */
+void tu_upload(tu_view *v);
+/* Reads the whole buffer back, checks the outside is untouched, returns the view as doubles. */
+void tu_download(const char *what, const tu_view *v, double *dst);
+/* Stores x as element i of contiguous typed data and keeps the stored value in as_double[i]. */
+void tu_put(clattn_dtype dt, void *typed, double *as_double, size_t i, double x);
+
+/* ---- soft comparisons ---- */
+
+/* Checks tu_check_close found wrong; tests reset it to 0 and fail at the end when it is not. */
+extern int tu_failures;
+/* Like tu_assert_allclose, but prints the failure, counts it in tu_failures and returns, so one row
+ * reports every algorithm's result before it fails. With CLATTN_TEST_VERBOSE=1 it prints the worst
+ * |diff| / allowed ratio of passing checks too, to see how much margin a tolerance leaves. */
+void tu_check_close(const char *what, const double *got, const double *want, size_t n, double atol,
+                    double rtol);
+
 #endif /* CLATTN_TESTS_TESTUTIL_H */
