@@ -31,11 +31,11 @@ static clattn_status run_unfused(clattn_context *ctx, const clattn_problem *p, c
     if (p->probs.buffer && p->probs.dtype == CLATTN_F32) {
         probs = &p->probs;
     } else if (p->probs.buffer &&
-               (st = clattn__run_softmax(ctx, p->batch, p->heads_q, 1, p->seq_q, p->seq_kv, 1.0f, 0,
+               (st = clattn__run_softmax(ctx, p->batch, p->heads_q, p->seq_q, p->seq_kv, 1.0f, 0,
                                          NULL, NULL, &scores, &p->probs, NULL, CLATTN_F32, 0, NULL,
                                          NULL)))
         return st;
-    if ((st = clattn__run_softmax(ctx, p->batch, p->heads_q, 1, p->seq_q, p->seq_kv, 1.0f, 0, NULL,
+    if ((st = clattn__run_softmax(ctx, p->batch, p->heads_q, p->seq_q, p->seq_kv, 1.0f, 0, NULL,
                                   NULL, &scores, probs, lse, CLATTN_F32, 0, NULL, NULL)))
         return st;
     return clattn__run_pv(ctx, p, probs, 0, NULL, done);

@@ -213,7 +213,7 @@ int clattn__log2_ceil(int64_t x);
 /* ---- operations ---- */
 clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
                                  cl_uint num_wait, const cl_event *wait, cl_event *done);
-clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t heads, int64_t heads_kv_div,
+clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t heads,
                                   int64_t rows, int64_t cols, float scale, int causal,
                                   const clattn_view *mask, cl_mem kvlen, const clattn_view *in,
                                   const clattn_view *out, const clattn_view *lse, clattn_dtype in_dt,

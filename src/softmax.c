@@ -7,13 +7,12 @@
 
 static const clattn_view no_view = {NULL, CLATTN_F32, 0, {0, 0, 0}};
 
-clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t heads, int64_t heads_kv_div,
+clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t heads,
                                   int64_t rows, int64_t cols, float scale, int causal,
                                   const clattn_view *mask, cl_mem kvlen, const clattn_view *in,
                                   const clattn_view *out, const clattn_view *lse, clattn_dtype in_dt,
                                   cl_uint num_wait, const cl_event *wait, cl_event *done)
 {
-    (void)heads_kv_div;
     clattn_bucket bucket = {CLATTN_OP_SOFTMAX, in_dt, 0, clattn__seq_q_class(rows),
                             clattn__log2_ceil(cols)};
     clattn_params pp;
@@ -102,7 +101,7 @@ clattn_status clattn_softmax(clattn_context *ctx, const clattn_softmax_desc *des
         (st = clattn__check_wait(ctx, num_wait, wait)))
         return st;
     const float scale = desc->scale != 0.0f ? desc->scale : 1.0f;
-    return clattn__run_softmax(ctx, desc->batch, desc->heads, 1, desc->rows, desc->cols, scale,
+    return clattn__run_softmax(ctx, desc->batch, desc->heads, desc->rows, desc->cols, scale,
                                desc->causal != 0, desc->mask ? &vmask : NULL, desc->kv_lengths, &vin,
                                &vout, NULL, in->dtype, num_wait, wait, done);
 }
