@@ -5,8 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static const clattn_view no_view = {NULL, CLATTN_F32, 0, {0, 0, 0}};
-
 typedef struct fused_cfg {
     int wgx, wgy, rm, ns, vw, nv, dp;
 } fused_cfg;
@@ -134,8 +132,8 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     clattn__arg_view(&a, &p->k);
     clattn__arg_view(&a, &p->v);
     clattn__arg_view(&a, &out);
-    clattn__arg_view(&a, has_lse ? &lse : &no_view);
-    clattn__arg_view(&a, has_mask ? &p->mask : &no_view);
+    clattn__arg_view(&a, has_lse ? &lse : NULL);
+    clattn__arg_view(&a, has_mask ? &p->mask : NULL);
     clattn__arg(&a, sizeof(cl_mem), p->kv_lengths ? &p->kv_lengths : NULL);
     clattn__arg(&a, sizeof(cl_ulong), &o_split);
     clattn__arg(&a, sizeof(cl_ulong), &l_split);

@@ -172,7 +172,8 @@ typedef struct clattn_args {
     cl_int err;
 } clattn_args;
 void clattn__arg(clattn_args *a, size_t size, const void *value);
-void clattn__arg_view(clattn_args *a, const clattn_view *v); /* buffer, offset, 3 strides */
+/* buffer, offset, 3 strides; NULL passes an absent tensor (NULL buffer, zeros) */
+void clattn__arg_view(clattn_args *a, const clattn_view *v);
 clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims, const size_t *global,
                               const size_t *local, cl_uint num_wait, const cl_event *wait,
                               cl_event *done, const char *what);

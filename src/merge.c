@@ -5,8 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const clattn_view no_view = {NULL, CLATTN_F32, 0, {0, 0, 0}};
-
 static int merge_wg(clattn_context *ctx)
 {
     clattn_bucket b = {CLATTN_OP_MERGE, CLATTN_F32, 0, 0, 0};
@@ -39,7 +37,7 @@ clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, i
     clattn__arg_view(&a, part_out);
     clattn__arg_view(&a, part_lse);
     clattn__arg_view(&a, out);
-    clattn__arg_view(&a, lse ? lse : &no_view);
+    clattn__arg_view(&a, lse);
     clattn__arg(&a, sizeof(cl_ulong), &p_split);
     clattn__arg(&a, sizeof(cl_ulong), &pl_split);
     clattn__arg(&a, sizeof(int), &parts);
@@ -71,7 +69,7 @@ static clattn_status merge_pair(clattn_context *ctx, int wg, const clattn_view *
     clattn__arg_view(&a, y);
     clattn__arg_view(&a, yl);
     clattn__arg_view(&a, o);
-    clattn__arg_view(&a, ol ? ol : &no_view);
+    clattn__arg_view(&a, ol);
     clattn__arg(&a, sizeof(int), &h);
     clattn__arg(&a, sizeof(int), &s);
     clattn__arg(&a, sizeof(int), &d);

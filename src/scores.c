@@ -4,8 +4,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static const clattn_view no_view = {NULL, CLATTN_F32, 0, {0, 0, 0}};
-
 /* Clamps tile parameters to what the device can run. */
 static void sane_gemm(const clattn_context *ctx, clattn_params *pp)
 {
@@ -59,7 +57,7 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
     clattn__arg_view(&args, a);
     clattn__arg_view(&args, bm);
     clattn__arg_view(&args, c);
-    clattn__arg_view(&args, mode == 0 && has_mask ? &p->mask : &no_view);
+    clattn__arg_view(&args, mode == 0 && has_mask ? &p->mask : NULL);
     clattn__arg(&args, sizeof(cl_mem), p->kv_lengths ? &p->kv_lengths : NULL);
     clattn__arg(&args, sizeof(int), &M);
     clattn__arg(&args, sizeof(int), &N);

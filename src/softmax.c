@@ -5,8 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static const clattn_view no_view = {NULL, CLATTN_F32, 0, {0, 0, 0}};
-
 clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t heads,
                                   int64_t rows, int64_t cols, float scale, int causal,
                                   const clattn_view *mask, cl_mem kvlen, const clattn_view *in,
@@ -35,8 +33,8 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
     clattn_args a = {k, 0, CL_SUCCESS};
     clattn__arg_view(&a, in);
     clattn__arg_view(&a, out);
-    clattn__arg_view(&a, mask ? mask : &no_view);
-    clattn__arg_view(&a, lse ? lse : &no_view);
+    clattn__arg_view(&a, mask);
+    clattn__arg_view(&a, lse);
     clattn__arg(&a, sizeof(cl_mem), kvlen ? &kvlen : NULL);
     clattn__arg(&a, sizeof(int), &r);
     clattn__arg(&a, sizeof(int), &c);

@@ -101,6 +101,9 @@ void clattn__arg(clattn_args *a, size_t size, const void *value)
 
 void clattn__arg_view(clattn_args *a, const clattn_view *v)
 {
+    static const clattn_view absent = {NULL, CLATTN_F32, 0, {0, 0, 0}};
+    if (!v)
+        v = &absent;
     clattn__arg(a, sizeof(cl_mem), v->buffer ? &v->buffer : NULL);
     clattn__arg(a, sizeof(cl_ulong), &v->offset);
     for (int i = 0; i < 3; i++)
