@@ -760,31 +760,6 @@ static void test_cold_warm(void **state)
 
 /* =============================== registration =============================== */
 
-enum { MAX_TESTS = 64 };
-static struct CMUnitTest tests[MAX_TESTS];
-static char *names[MAX_TESTS];
-static size_t ntests;
-
-static void add_test(const char *area, const char *row, CMUnitTestFunction fn, const void *state)
-{
-    if (ntests == MAX_TESTS) {
-        fprintf(stderr, "test_cache: more than %d tests, raise MAX_TESTS\n", MAX_TESTS);
-        exit(1);
-    }
-    const size_t n = strlen(area) + 1 + (row != NULL ? strlen(row) : 0) + 1;
-    char *name = malloc(n);
-    if (name == NULL)
-        exit(1);
-    snprintf(name, n, row != NULL ? "%s/%s" : "%s", area, row != NULL ? row : "");
-    names[ntests] = name;
-    tests[ntests] = (struct CMUnitTest){name, fn, setup_dir, teardown_dir, (void *)state};
-    ++ntests;
-}
-
-#define ADD_TABLE(area, fn, table)              \
-    for (size_t i_ = 0; i_ < N_OF(table); ++i_) \
-    add_test((area), (table)[i_].name, (fn), &(table)[i_])
-
 int main(int argc, char **argv)
 {
     if (argc == 4 && strcmp(argv[1], "--cache-child") == 0)
@@ -797,26 +772,18 @@ int main(int argc, char **argv)
     /* clattn_softmax then asks for exactly OPT_A on any device (16 is clamped where too large). */
     setenv("CLATTN_PARAMS_SOFTMAX", "16", 1);
 
-    add_test("hit/miss_then_disk_then_memory", NULL, test_miss_then_hit, NULL);
-    ADD_TABLE("damaged", test_damaged, damage_rows);
-    add_test("off/no_file_written_none_read", NULL, test_cache_off, NULL);
-    ADD_TABLE("unwritable", test_unwritable, unwritable_rows);
-    add_test("concurrent/four_processes_one_entry", NULL, test_concurrent_writers, NULL);
-    ADD_TABLE("build_failure", test_build_failure, bad_build_rows);
-    add_test("timing/cold_vs_warm", NULL, test_cold_warm, NULL);
+    tu_set_fixtures(setup_dir, teardown_dir);
+    tu_add_test("hit/miss_then_disk_then_memory", NULL, test_miss_then_hit, NULL);
+    TU_ADD_TABLE("damaged", test_damaged, damage_rows);
+    tu_add_test("off/no_file_written_none_read", NULL, test_cache_off, NULL);
+    TU_ADD_TABLE("unwritable", test_unwritable, unwritable_rows);
+    tu_add_test("concurrent/four_processes_one_entry", NULL, test_concurrent_writers, NULL);
+    TU_ADD_TABLE("build_failure", test_build_failure, bad_build_rows);
+    tu_add_test("timing/cold_vs_warm", NULL, test_cold_warm, NULL);
 
-    for (size_t i = 0; i < ntests; ++i)
-        for (size_t j = i + 1; j < ntests; ++j)
-            if (strcmp(names[i], names[j]) == 0) {
-                fprintf(stderr, "test_cache: duplicate test name %s\n", names[i]);
-                return 1;
-            }
-
-    const int failed = _cmocka_run_group_tests("cache", tests, ntests, NULL, NULL);
+    const int failed = tu_run_tests("cache");
     if (g_dir[0] != '\0')
         remove_tree(g_dir); /* the last test's, when it failed or skipped */
-    for (size_t i = 0; i < ntests; ++i)
-        free(names[i]);
     free(seed_a.content.data);
     free(seed_b.content.data);
     free(saved_cache_dir);

@@ -705,61 +705,28 @@ static void test_from_queue_shared(void **state)
 
 /* =============================== registration =============================== */
 
-enum { MAX_TESTS = 128 };
-static struct CMUnitTest tests[MAX_TESTS];
-static char *names[MAX_TESTS];
-static size_t ntests;
-
-static void add_test(const char *area, const char *row, CMUnitTestFunction fn, const void *state)
-{
-    if (ntests == MAX_TESTS) {
-        fprintf(stderr, "test_device: more than %d tests, raise MAX_TESTS\n", MAX_TESTS);
-        exit(1);
-    }
-    const size_t n = strlen(area) + 1 + (row != NULL ? strlen(row) : 0) + 1;
-    char *name = malloc(n);
-    if (name == NULL)
-        exit(1);
-    snprintf(name, n, row != NULL ? "%s/%s" : "%s", area, row != NULL ? row : "");
-    names[ntests] = name;
-    /* Every test starts from the CLATTN_DEVICE the run started with, whatever the last one did. */
-    tests[ntests] = (struct CMUnitTest){name, fn, setup_env, teardown_env, (void *)state};
-    ++ntests;
-}
-
-#define ADD_TABLE(area, fn, table)              \
-    for (size_t i_ = 0; i_ < N_OF(table); ++i_) \
-    add_test((area), (table)[i_].name, (fn), &(table)[i_])
-
 int main(void)
 {
     const char *env = getenv("CLATTN_DEVICE");
     had_env_device = env != NULL;
     saved_env_device = env != NULL ? strdup(env) : NULL;
 
-    ADD_TABLE("spec", test_spec, spec_rows);
-    ADD_TABLE("key_size", test_key_size, key_size_rows);
-    add_test("select/why_buffer", NULL, test_select_why_buffer, NULL);
-    add_test("select/null_out", NULL, test_select_null_out, NULL);
-    add_test("create/null_ctx", NULL, test_create_null_ctx, NULL);
-    add_test("key/format", NULL, test_key_format, NULL);
-    add_test("key/null", NULL, test_key_null, NULL);
-    add_test("lifetime/create_release_1000", NULL, test_create_release_no_growth, NULL);
-    add_test("from_queue/attention_then_release", NULL, test_from_queue_attention, NULL);
-    add_test("from_queue/null", NULL, test_from_queue_null, NULL);
-    add_test("from_queue/out_of_order", NULL, test_from_queue_out_of_order, NULL);
-    add_test("from_queue/two_contexts_one_queue", NULL, test_from_queue_shared, NULL);
+    /* Every test starts from the CLATTN_DEVICE the run started with, whatever the last one did. */
+    tu_set_fixtures(setup_env, teardown_env);
+    TU_ADD_TABLE("spec", test_spec, spec_rows);
+    TU_ADD_TABLE("key_size", test_key_size, key_size_rows);
+    tu_add_test("select/why_buffer", NULL, test_select_why_buffer, NULL);
+    tu_add_test("select/null_out", NULL, test_select_null_out, NULL);
+    tu_add_test("create/null_ctx", NULL, test_create_null_ctx, NULL);
+    tu_add_test("key/format", NULL, test_key_format, NULL);
+    tu_add_test("key/null", NULL, test_key_null, NULL);
+    tu_add_test("lifetime/create_release_1000", NULL, test_create_release_no_growth, NULL);
+    tu_add_test("from_queue/attention_then_release", NULL, test_from_queue_attention, NULL);
+    tu_add_test("from_queue/null", NULL, test_from_queue_null, NULL);
+    tu_add_test("from_queue/out_of_order", NULL, test_from_queue_out_of_order, NULL);
+    tu_add_test("from_queue/two_contexts_one_queue", NULL, test_from_queue_shared, NULL);
 
-    for (size_t i = 0; i < ntests; ++i)
-        for (size_t j = i + 1; j < ntests; ++j)
-            if (strcmp(names[i], names[j]) == 0) {
-                fprintf(stderr, "test_device: duplicate test name %s\n", names[i]);
-                return 1;
-            }
-
-    const int failed = _cmocka_run_group_tests("device", tests, ntests, NULL, NULL);
-    for (size_t i = 0; i < ntests; ++i)
-        free(names[i]);
+    const int failed = tu_run_tests("device");
     free(saved_env_device);
     return failed;
 }

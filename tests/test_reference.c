@@ -1372,67 +1372,32 @@ static void test_getenv_int(void **state)
 
 /* =============================== registration =============================== */
 
-enum { MAX_TESTS = 256 };
-static struct CMUnitTest tests[MAX_TESTS];
-static char *names[MAX_TESTS];
-static size_t ntests;
-
-static void add_test(const char *area, const char *row, CMUnitTestFunction fn, void *state)
-{
-    if (ntests == MAX_TESTS) {
-        fprintf(stderr, "test_reference: more than %d tests, raise MAX_TESTS\n", MAX_TESTS);
-        exit(1);
-    }
-    const size_t n = strlen(area) + 1 + (row != NULL ? strlen(row) : 0) + 1;
-    char *name = malloc(n);
-    if (name == NULL)
-        exit(1);
-    snprintf(name, n, row != NULL ? "%s/%s" : "%s", area, row != NULL ? row : "");
-    names[ntests] = name;
-    tests[ntests] = (struct CMUnitTest){name, fn, NULL, NULL, state};
-    ++ntests;
-}
-
-#define ADD_TABLE(area, fn, table)                           \
-    for (size_t i_ = 0; i_ < N_OF(table); ++i_)              \
-    add_test((area), (table)[i_].name, (fn), &(table)[i_])
-
 int main(void)
 {
-    ADD_TABLE("uniform", test_uniform, uniform_rows);
-    ADD_TABLE("one_hot", test_onehot, onehot_rows);
-    ADD_TABLE("consistency", test_consistency, random_rows);
-    ADD_TABLE("softmax_vs_attention", test_softmax_matches_attention, random_rows);
-    ADD_TABLE("causal_pattern", test_pattern, pattern_rows);
-    ADD_TABLE("empty_rows", test_empty, empty_rows);
-    ADD_TABLE("hidden_poison", test_poison, poison_rows);
-    ADD_TABLE("nan_visible", test_nan_visible, nan_rows);
-    ADD_TABLE("shift", test_shift, shift_rows);
-    ADD_TABLE("gqa", test_gqa, gqa_rows);
-    ADD_TABLE("merge_split", test_merge_split, merge_rows);
-    ADD_TABLE("merge_hand", test_merge_hand, merge_hand_rows);
-    ADD_TABLE("softmax", test_softmax, softmax_rows);
-    ADD_TABLE("bits", test_bits, bits_rows);
-    ADD_TABLE("close", test_close, close_rows);
-    add_test("conversion/nan", NULL, test_nan_conversions, NULL);
-    add_test("conversion/roundtrip_all_codes", NULL, test_roundtrip_all, NULL);
-    add_test("conversion/rne_all_midpoints", NULL, test_rne_all, NULL);
-    add_test("conversion/store_load", NULL, test_store_load, NULL);
-    add_test("conversion/fill", NULL, test_fill, NULL);
-    add_test("util/rng", NULL, test_rng, NULL);
-    add_test("util/count_bad", NULL, test_count_bad, NULL);
-    add_test("util/getenv_int", NULL, test_getenv_int, NULL);
+    TU_ADD_TABLE("uniform", test_uniform, uniform_rows);
+    TU_ADD_TABLE("one_hot", test_onehot, onehot_rows);
+    TU_ADD_TABLE("consistency", test_consistency, random_rows);
+    TU_ADD_TABLE("softmax_vs_attention", test_softmax_matches_attention, random_rows);
+    TU_ADD_TABLE("causal_pattern", test_pattern, pattern_rows);
+    TU_ADD_TABLE("empty_rows", test_empty, empty_rows);
+    TU_ADD_TABLE("hidden_poison", test_poison, poison_rows);
+    TU_ADD_TABLE("nan_visible", test_nan_visible, nan_rows);
+    TU_ADD_TABLE("shift", test_shift, shift_rows);
+    TU_ADD_TABLE("gqa", test_gqa, gqa_rows);
+    TU_ADD_TABLE("merge_split", test_merge_split, merge_rows);
+    TU_ADD_TABLE("merge_hand", test_merge_hand, merge_hand_rows);
+    TU_ADD_TABLE("softmax", test_softmax, softmax_rows);
+    TU_ADD_TABLE("bits", test_bits, bits_rows);
+    TU_ADD_TABLE("close", test_close, close_rows);
+    tu_add_test("conversion/nan", NULL, test_nan_conversions, NULL);
+    tu_add_test("conversion/roundtrip_all_codes", NULL, test_roundtrip_all, NULL);
+    tu_add_test("conversion/rne_all_midpoints", NULL, test_rne_all, NULL);
+    tu_add_test("conversion/store_load", NULL, test_store_load, NULL);
+    tu_add_test("conversion/fill", NULL, test_fill, NULL);
+    tu_add_test("util/rng", NULL, test_rng, NULL);
+    tu_add_test("util/count_bad", NULL, test_count_bad, NULL);
+    tu_add_test("util/getenv_int", NULL, test_getenv_int, NULL);
 
-    /* A copy-pasted table row would otherwise run twice under one name and hide the other. */
-    for (size_t i = 0; i < ntests; ++i)
-        for (size_t j = i + 1; j < ntests; ++j)
-            if (strcmp(names[i], names[j]) == 0) {
-                fprintf(stderr, "test_reference: duplicate test name %s\n", names[i]);
-                return 1;
-            }
-
-    const int failed = _cmocka_run_group_tests("reference", tests, ntests, NULL, NULL);
-    for (size_t i = 0; i < ntests; ++i)
-        free(names[i]);
+    const int failed = tu_run_tests("reference");
     return failed;
 }

@@ -200,53 +200,19 @@ static void test_ops_null_context(void **state)
 
 /* =============================== registration =============================== */
 
-enum { MAX_TESTS = 64 };
-static struct CMUnitTest tests[MAX_TESTS];
-static char *names[MAX_TESTS];
-static size_t ntests;
-
-static void add_test(const char *area, const char *row, CMUnitTestFunction fn, void *state)
-{
-    if (ntests == MAX_TESTS) {
-        fprintf(stderr, "test_status: more than %d tests, raise MAX_TESTS\n", MAX_TESTS);
-        exit(1);
-    }
-    const size_t n = strlen(area) + 1 + (row != NULL ? strlen(row) : 0) + 1;
-    char *name = malloc(n);
-    if (name == NULL)
-        exit(1);
-    snprintf(name, n, row != NULL ? "%s/%s" : "%s", area, row != NULL ? row : "");
-    names[ntests] = name;
-    tests[ntests] = (struct CMUnitTest){name, fn, NULL, NULL, state};
-    ++ntests;
-}
-
-#define ADD_TABLE(area, fn, table)              \
-    for (size_t i_ = 0; i_ < N_OF(table); ++i_) \
-    add_test((area), (table)[i_].name, (fn), (void *)&(table)[i_])
-
 int main(void)
 {
-    ADD_TABLE("status", test_status_row, status_rows);
-    ADD_TABLE("status_unknown", test_status_unknown, unknown_rows);
-    ADD_TABLE("dtype_size", test_dtype_size, dtype_rows);
-    add_test("status/all_distinct", NULL, test_status_distinct, NULL);
-    add_test("version/number", NULL, test_version_number, NULL);
-    add_test("version/string", NULL, test_version_string, NULL);
-    add_test("null/release", NULL, test_release_null, NULL);
-    add_test("null/accessors", NULL, test_accessors_null, NULL);
-    add_test("null/create_out", NULL, test_create_null_out, NULL);
-    add_test("null/ops_context", NULL, test_ops_null_context, NULL);
+    TU_ADD_TABLE("status", test_status_row, status_rows);
+    TU_ADD_TABLE("status_unknown", test_status_unknown, unknown_rows);
+    TU_ADD_TABLE("dtype_size", test_dtype_size, dtype_rows);
+    tu_add_test("status/all_distinct", NULL, test_status_distinct, NULL);
+    tu_add_test("version/number", NULL, test_version_number, NULL);
+    tu_add_test("version/string", NULL, test_version_string, NULL);
+    tu_add_test("null/release", NULL, test_release_null, NULL);
+    tu_add_test("null/accessors", NULL, test_accessors_null, NULL);
+    tu_add_test("null/create_out", NULL, test_create_null_out, NULL);
+    tu_add_test("null/ops_context", NULL, test_ops_null_context, NULL);
 
-    for (size_t i = 0; i < ntests; ++i)
-        for (size_t j = i + 1; j < ntests; ++j)
-            if (strcmp(names[i], names[j]) == 0) {
-                fprintf(stderr, "test_status: duplicate test name %s\n", names[i]);
-                return 1;
-            }
-
-    const int failed = _cmocka_run_group_tests("status", tests, ntests, NULL, NULL);
-    for (size_t i = 0; i < ntests; ++i)
-        free(names[i]);
+    const int failed = tu_run_tests("status");
     return failed;
 }

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -477,4 +478,52 @@ void tu_check_close(const char *what, const double *got, const double *want, siz
             }
         print_message("    %-40s worst |diff|/allowed %.3f\n", what, worst);
     }
+}
+
+/* ---- test registry ---- */
+
+static struct CMUnitTest *reg_tests;
+static size_t reg_count, reg_cap;
+static CMFixtureFunction reg_setup, reg_teardown;
+
+void tu_set_fixtures(CMFixtureFunction setup, CMFixtureFunction teardown)
+{
+    reg_setup = setup;
+    reg_teardown = teardown;
+}
+
+void tu_add_test(const char *area, const char *row, CMUnitTestFunction fn, const void *state)
+{
+    if (reg_count == reg_cap) {
+        reg_cap = reg_cap ? 2 * reg_cap : 64;
+        reg_tests = realloc(reg_tests, reg_cap * sizeof *reg_tests);
+        if (reg_tests == NULL)
+            exit(1);
+    }
+    const size_t n = strlen(area) + 1 + (row != NULL ? strlen(row) : 0) + 1;
+    char *name = malloc(n);
+    if (name == NULL)
+        exit(1);
+    snprintf(name, n, row != NULL ? "%s/%s" : "%s", area, row != NULL ? row : "");
+    reg_tests[reg_count++] = (struct CMUnitTest){name, fn, reg_setup, reg_teardown, (void *)state};
+}
+
+int tu_run_tests(const char *group)
+{
+    int failed = 0;
+    for (size_t i = 0; i < reg_count && !failed; ++i)
+        for (size_t j = i + 1; j < reg_count; ++j)
+            if (strcmp(reg_tests[i].name, reg_tests[j].name) == 0) {
+                fprintf(stderr, "%s: duplicate test name %s\n", group, reg_tests[i].name);
+                failed = 1;
+                break;
+            }
+    if (!failed)
+        failed = _cmocka_run_group_tests(group, reg_tests, reg_count, NULL, NULL);
+    for (size_t i = 0; i < reg_count; ++i)
+        free((char *)reg_tests[i].name);
+    free(reg_tests);
+    reg_tests = NULL;
+    reg_count = reg_cap = 0;
+    return failed;
 }

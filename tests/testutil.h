@@ -147,4 +147,16 @@ extern int tu_failures;
 void tu_check_close(const char *what, const double *got, const double *want, size_t n, double atol,
                     double rtol);
 
+/* Test registry shared by the table-driven suites: each test is named "<area>/<row>" ("<area>"
+ * when row is NULL), runs with the fixtures set by the last tu_set_fixtures call, and
+ * tu_run_tests refuses duplicate names (a copy-pasted table row would otherwise run twice under
+ * one name and hide the other). */
+void tu_set_fixtures(CMFixtureFunction setup, CMFixtureFunction teardown);
+void tu_add_test(const char *area, const char *row, CMUnitTestFunction fn, const void *state);
+#define TU_ADD_TABLE(area, fn, table)                                              \
+    for (size_t tu_i_ = 0; tu_i_ < sizeof(table) / sizeof((table)[0]); ++tu_i_) \
+    tu_add_test((area), (table)[tu_i_].name, (fn), &(table)[tu_i_])
+/* Runs the registered tests as cmocka group `group`, frees the registry; 1 on duplicate names. */
+int tu_run_tests(const char *group);
+
 #endif /* CLATTN_TESTS_TESTUTIL_H */
