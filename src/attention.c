@@ -49,7 +49,7 @@ clattn_status clattn_attention(clattn_context *ctx, const clattn_attention_desc 
     if (done)
         *done = NULL;
     if (!ctx)
-        return CLATTN_INVALID_ARGUMENT;
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_attention: ctx must not be NULL");
     clattn__clear_error(ctx);
     clattn_problem p;
     clattn_status st = clattn__check_attention(ctx, desc, q, k, v, out, 1, &p);

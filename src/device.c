@@ -58,7 +58,7 @@ clattn_status clattn__read_devinfo(cl_platform_id p, cl_device_id d, clattn_devi
 clattn_status clattn_device_key(cl_device_id device, char *buf, size_t size)
 {
     if (!buf || size == 0)
-        return CLATTN_INVALID_ARGUMENT;
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_device_key: buf is NULL or size is 0");
     buf[0] = '\0';
     char name[256];
     cl_uint vendor = 0, cus = 0;
@@ -67,7 +67,8 @@ clattn_status clattn_device_key(cl_device_id device, char *buf, size_t size)
         clGetDeviceInfo(device, CL_DEVICE_VENDOR_ID, sizeof vendor, &vendor, NULL) != CL_SUCCESS ||
         clGetDeviceInfo(device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL) != CL_SUCCESS ||
         clGetDeviceInfo(device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL) != CL_SUCCESS)
-        return CLATTN_INVALID_ARGUMENT;
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT,
+                            "clattn_device_key: device is NULL or not a valid cl_device_id");
     name[sizeof name - 1] = '\0';
     /* Names carry spaces and punctuation; the key is also a file name, so keep it tame. */
     for (char *c = name; *c; c++)
@@ -77,7 +78,8 @@ clattn_status clattn_device_key(cl_device_id device, char *buf, size_t size)
                      (unsigned long long)(local / 1024));
     if (n < 0 || (size_t)n >= size) {
         buf[0] = '\0';
-        return CLATTN_INVALID_ARGUMENT;
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT,
+                            "clattn_device_key: buffer of %zu bytes is too small (needs %d)", size, n + 1);
     }
     return CLATTN_SUCCESS;
 }

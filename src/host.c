@@ -8,7 +8,7 @@ clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_
                                     void *out, float *lse)
 {
     if (!ctx)
-        return CLATTN_INVALID_ARGUMENT;
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_attention_host: ctx must not be NULL");
     clattn__clear_error(ctx);
     if (!desc)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc must not be NULL");

@@ -87,7 +87,7 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
     if (done)
         *done = NULL;
     if (!ctx)
-        return CLATTN_INVALID_ARGUMENT;
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_merge: ctx must not be NULL");
     clattn__clear_error(ctx);
     if (num_parts < 1 || num_parts > 4096)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "num_parts must be 1..4096 (got %d)", num_parts);

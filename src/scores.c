@@ -97,7 +97,7 @@ clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *de
     if (done)
         *done = NULL;
     if (!ctx)
-        return CLATTN_INVALID_ARGUMENT;
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_scores: ctx must not be NULL");
     clattn__clear_error(ctx);
     clattn_problem p;
     clattn_status st = clattn__check_attention(ctx, desc, q, k, NULL, NULL, 0, &p);

@@ -55,7 +55,7 @@ clattn_status clattn_softmax(clattn_context *ctx, const clattn_softmax_desc *des
     if (done)
         *done = NULL;
     if (!ctx)
-        return CLATTN_INVALID_ARGUMENT;
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_softmax: ctx must not be NULL");
     clattn__clear_error(ctx);
     if (!desc)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc must not be NULL");

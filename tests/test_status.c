@@ -193,9 +193,20 @@ static void test_ops_null_context(void **state)
     cl_event ev = (cl_event)&ev; /* poison: must come back NULL */
     assert_int_equal(clattn_softmax(NULL, &sd, NULL, NULL, 0, NULL, &ev), CLATTN_INVALID_ARGUMENT);
     assert_null(ev);
+    /* With no context to hold it, the message is the thread's: it names the call. */
+    assert_non_null(strstr(clattn_last_error(NULL), "clattn_softmax: ctx"));
+    ev = (cl_event)&ev;
+    assert_int_equal(clattn_attention(NULL, &ad, NULL, NULL, NULL, NULL, 0, NULL, &ev),
+                     CLATTN_INVALID_ARGUMENT);
+    assert_null(ev);
+    assert_non_null(strstr(clattn_last_error(NULL), "clattn_attention: ctx"));
     float x = 0.0f;
     assert_int_equal(clattn_attention_host(NULL, &ad, CLATTN_F32, &x, &x, &x, &x, NULL),
                      CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(NULL), "clattn_attention_host: ctx"));
+    char key[8];
+    assert_int_equal(clattn_device_key(NULL, key, sizeof key), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(NULL), "clattn_device_key"));
 }
 
 /* =============================== registration =============================== */
@@ -213,6 +224,5 @@ int main(void)
     tu_add_test("null/create_out", NULL, test_create_null_out, NULL);
     tu_add_test("null/ops_context", NULL, test_ops_null_context, NULL);
 
-    const int failed = tu_run_tests("status");
-    return failed;
+    return tu_run_tests("status");
 }
