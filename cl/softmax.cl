@@ -110,3 +110,141 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
         LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] =
             S == 0.0f ? NEG_INF : (ref + log2(S)) * LN2;
 }
+
+/* CPU variant: one work-item walks ROWS whole rows alone, 16 columns at a time, with no local
+ * memory and no barrier (PoCL pays for every barrier region and every work-group). Same three
+ * passes and the same rules as above; grid x = ceil(rows / ROWS), y = batch·heads. */
+#ifdef ROWS
+
+#if DT_A == 0
+#define LD16_A(p, i) vload16(0, (p) + (i))
+#elif DT_A == 1
+#define LD16_A(p, i) vload_half16(0, (p) + (i))
+#else
+#define LD16_A(p, i) as_float16(convert_uint16(vload16(0, (p) + (i))) << 16)
+#endif
+#if DT_MASK == 0
+#define LD16_MASK(p, i) vload16(0, (p) + (i))
+#else
+#define LD16_MASK(p, i) vload_half16(0, (p) + (i))
+#endif
+#if DT_OUT == 0
+#define LD16_OUT(p, i) vload16(0, (p) + (i))
+#elif DT_OUT == 1
+#define LD16_OUT(p, i) vload_half16(0, (p) + (i))
+#else
+#define LD16_OUT(p, i) as_float16(convert_uint16(vload16(0, (p) + (i))) << 16)
+#endif
+#if DT_OUT == 0
+#define ST16_OUT(p, i, x) vstore16((x), 0, (p) + (i))
+#elif DT_OUT == 1
+#define ST16_OUT(p, i, x) vstore_half16_rte((x), 0, (p) + (i))
+#else
+#define ST16_OUT(p, i, x)                                                       \
+    do {                                                                        \
+        const float16 x_ = (x);                                                 \
+        ST4_OUT(p, (i), x_.s0123);                                              \
+        ST4_OUT(p, (i) + 4, x_.s4567);                                          \
+        ST4_OUT(p, (i) + 8, x_.s89ab);                                          \
+        ST4_OUT(p, (i) + 12, x_.scdef);                                         \
+    } while (0)
+#endif
+
+/* Columns j..j+15, all visible (j + 15 < cend), in log2 units. */
+inline float16 row16(__global const T_A *x, __global const T_MASK *mk, int j, float sc,
+                     int has_mask)
+{
+    float16 v = LD16_A(x, j) * sc;
+    if (has_mask) {
+        const float16 mv = LD16_MASK(mk, j);
+        v = select(v + mv * LOG2E, (float16)(NEG_INF), mv == (float16)(NEG_INF));
+    }
+    return v;
+}
+
+/* Column j alone (any j < cols), -inf when hidden. */
+inline float col1(__global const T_A *x, __global const T_MASK *mk, int j, int cend, float sc,
+                  int has_mask)
+{
+    if (j >= cend)
+        return NEG_INF;
+    const float mv = has_mask ? LD_MASK(mk, j) : 0.0f;
+    return mv == NEG_INF ? NEG_INF : LD_A(x, j) * sc + mv * LOG2E;
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
+softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
+             __global T_OUT *Y, ulong y_off, ulong y_sb, ulong y_sh, ulong y_ss,
+             __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,
+             __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
+             __global const int *kvlen, int rows, int cols, int heads, int causal, int has_mask,
+             int has_lse, float scale)
+{
+    const int z = get_group_id(1);
+    const int b = z / heads, h = z % heads;
+    const int L = keys_of_batch(kvlen, b, cols);
+    const float sc = scale * LOG2E;
+    const int i0 = get_group_id(0) * ROWS;
+    for (int i = i0; i < min(rows, i0 + ROWS); i++) {
+        const int cend = max(0, causal_end(causal, i, rows, L));
+        const int vend = cend & ~15; /* columns below vend come in whole visible chunks */
+        __global const T_A *x = X + x_off + (ulong)b * x_sb + (ulong)h * x_sh + (ulong)i * x_ss;
+        __global T_OUT *y = Y + y_off + (ulong)b * y_sb + (ulong)h * y_sh + (ulong)i * y_ss;
+        __global const T_MASK *mk = mask + m_off + (ulong)b * m_sb + (ulong)h * m_sh + (ulong)i * m_ss;
+
+        float16 m16 = (float16)(NEG_INF);
+        for (int j = 0; j < vend; j += 16)
+            m16 = fmax(m16, row16(x, mk, j, sc, has_mask));
+        float8 m8 = fmax(m16.lo, m16.hi);
+        float4 m4 = fmax(m8.lo, m8.hi);
+        float M = fmax(fmax(m4.s0, m4.s1), fmax(m4.s2, m4.s3));
+        for (int j = vend; j < cend; j++)
+            M = fmax(M, col1(x, mk, j, cend, sc, has_mask));
+        /* As above: a row with nothing visible uses 0 as reference and outputs zeros. */
+        const float ref = M == NEG_INF ? 0.0f : M;
+
+        /* f32 output: the second pass keeps exp2(v - ref) in y (hidden entries as -0, so that
+         * they still give exactly 0 in a NaN row, where visible underflowed entries give NaN as
+         * 0·NaN) and the third only scales y. In place is fine: x[j] is read before y[j] is
+         * written. f16/bf16 output recomputes the exponential rather than round twice. */
+        float16 s16 = (float16)(0.0f);
+        for (int j = 0; j < vend; j += 16) {
+            const float16 v = row16(x, mk, j, sc, has_mask);
+            const float16 e = exp2p16(v - ref);
+            s16 += e;
+#if DT_OUT == 0
+            ST16_OUT(y, j, select(e, (float16)(-0.0f), v == (float16)(NEG_INF)));
+#endif
+        }
+        float8 s8 = s16.lo + s16.hi;
+        float4 s4 = s8.lo + s8.hi;
+        float S = (s4.s0 + s4.s1) + (s4.s2 + s4.s3);
+        for (int j = vend; j < cend; j++)
+            S += exp2p(col1(x, mk, j, cend, sc, has_mask) - ref);
+        const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+
+        for (int j = 0; j < vend; j += 16) {
+#if DT_OUT == 0
+            const float16 e = LD16_OUT(y, j);
+            ST16_OUT(y, j, select(e * inv, (float16)(0.0f), as_int16(e) == (int16)(INT_MIN)));
+#else
+            const float16 v = row16(x, mk, j, sc, has_mask);
+            ST16_OUT(y, j, select(exp2p16(v - ref) * inv, (float16)(0.0f), v == (float16)(NEG_INF)));
+#endif
+        }
+        for (int j = vend; j < cols;) {
+            if (j >= cend && j + 15 < cols) { /* hidden columns (causal, key lengths) */
+                ST16_OUT(y, j, (float16)(0.0f));
+                j += 16;
+                continue;
+            }
+            const float v = col1(x, mk, j, cend, sc, has_mask);
+            ST_OUT(y, j, v == NEG_INF ? 0.0f : exp2p(v - ref) * inv);
+            j++;
+        }
+        if (has_lse)
+            LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] =
+                S == 0.0f ? NEG_INF : (ref + log2(S)) * LN2;
+    }
+}
+#endif

@@ -21,11 +21,22 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
     while (pow2 * 2 <= wg && (size_t)(pow2 * 2) <= ctx->dev.max_wg)
         pow2 *= 2;
     wg = pow2;
+    /* ROWS > 0: one work-item per ROWS rows (softmax_rows), used while that still gives every
+     * compute unit several work-groups; long rows of few heads go to the work-group kernel. */
+    int per_wi = pp.v[1] > 0 ? pp.v[1] : 0;
+    if (per_wi && (uint64_t)(rows + per_wi - 1) / per_wi * (uint64_t)(batch * heads) <
+                      4u * ctx->dev.compute_units)
+        per_wi = 0;
     char opts[200];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_OUT=%d -DDT_MASK=%d -DWG=%d",
-             (int)in->dtype, (int)out->dtype, mask ? (int)mask->dtype : 0, wg);
+    if (per_wi)
+        snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_OUT=%d -DDT_MASK=%d -DWG=1 -DROWS=%d",
+                 (int)in->dtype, (int)out->dtype, mask ? (int)mask->dtype : 0, per_wi);
+    else
+        snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_OUT=%d -DDT_MASK=%d -DWG=%d",
+                 (int)in->dtype, (int)out->dtype, mask ? (int)mask->dtype : 0, wg);
     cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "softmax.cl", opts, "softmax", &k);
+    clattn_status st =
+        clattn__get_kernel(ctx, "softmax.cl", opts, per_wi ? "softmax_rows" : "softmax", &k);
     if (st)
         return st;
     const int r = (int)rows, c = (int)cols, h = (int)heads, has_mask = mask != NULL,
@@ -43,8 +54,10 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
     clattn__arg(&a, sizeof(int), &has_mask);
     clattn__arg(&a, sizeof(int), &has_lse);
     clattn__arg(&a, sizeof(float), &scale);
-    const size_t local[2] = {(size_t)wg, 1};
-    const size_t global[2] = {(size_t)rows * (size_t)wg, (size_t)(batch * heads)};
+    const size_t local[2] = {per_wi ? 1 : (size_t)wg, 1};
+    const size_t global[2] = {per_wi ? (size_t)((rows + per_wi - 1) / per_wi)
+                                     : (size_t)rows * (size_t)wg,
+                              (size_t)(batch * heads)};
     return clattn__enqueue(ctx, &a, 2, global, local, num_wait, wait, done, "softmax");
 }
 

@@ -2,7 +2,8 @@
  *
  * Meaning of clattn_params.v[] per operation (all are compile-time -D values of the kernel):
  *   SCORES, PV : WGX, WGY, RM, NS, TK, VW      (gemm.cl: tile TM = WGY·RM rows, TN = WGX·VW·NS cols)
- *   SOFTMAX    : WG                            (softmax.cl: work-items per row)
+ *   SOFTMAX    : WG, ROWS                      (softmax.cl: work-items per row; ROWS > 0: one
+ *                                              work-item per ROWS rows instead)
  *   FUSED      : WGX, WGY, RM, NS, VW          (fused.cl: BM = WGY·RM rows, BN = WGX·VW·NS keys)
  *   DECODE     : WGX, WGY, RM, NS, VW, splits  (fused.cl with key splits; RM 0 = cover the packed
  *                                              rows, splits 0 = automatic)
@@ -68,6 +69,7 @@ void clattn__default_params(const clattn_context *ctx, const clattn_bucket *b, c
     }
     case CLATTN_OP_SOFTMAX:
         p->v[0] = cpu ? 16 : 256;
+        p->v[1] = cpu ? 2 : 0;
         break;
     case CLATTN_OP_FUSED: {
         const int gpu_v[5] = {8, 8, 4, 1, 4};
