@@ -5,6 +5,14 @@
  * Tensor views arrive as (pointer, element offset, batch/head/seq strides) in elements. */
 
 #define NEG_INF (-INFINITY)
+
+/* a·b + c in one rounding where the device has a hardware FMA (-DHAS_FMA=1, from
+ * CL_DEVICE_SINGLE_FP_CONFIG); PoCL does not contract mad() on vectors by itself. */
+#if HAS_FMA
+#define MAD(a, b, c) fma((a), (b), (c))
+#else
+#define MAD(a, b, c) mad((a), (b), (c))
+#endif
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 

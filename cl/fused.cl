@@ -164,7 +164,7 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
             for (int i = 0; i < RM; i++) {
                 const float qv = Qs[ty * RM + i][d];
                 for (int j = 0; j < NS; j++)
-                    s[i][j] = mad((floatV)(qv), kv[j], s[i][j]);
+                    s[i][j] = MAD((floatV)(qv), kv[j], s[i][j]);
             }
         }
 
@@ -228,7 +228,7 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
                     if (p != 0.0f) {
                         l[i] += p;
                         for (int c = 0; c < NV; c++)
-                            o[i][c] = mad((floatV)(p), vv[c], o[i][c]);
+                            o[i][c] = MAD((floatV)(p), vv[c], o[i][c]);
                     }
                 }
             }
@@ -241,7 +241,7 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
                     const float p = Ps[ty * RM + i][n];
                     l[i] += p;
                     for (int c = 0; c < NV; c++)
-                        o[i][c] = mad((floatV)(p), vv[c], o[i][c]);
+                        o[i][c] = MAD((floatV)(p), vv[c], o[i][c]);
                 }
             }
         }

@@ -1,7 +1,9 @@
 /* Batched tiled GEMM for the unfused path: C[z] = A[z] · op(B[z]) with a per-mode epilogue.
  *
  * MODE 0 (scores): A = Q [Sq][D], B = K [Skv][D] (so op(B) = Kᵀ), C = scores [Sq][Skv];
- *   epilogue: alpha·acc + mask, keys hidden by kv_lengths or causal set to -inf.
+ *   epilogue: alpha·acc + mask, keys hidden by kv_lengths or causal set to -inf. With KT, B is
+ *   Kᵀ [D][Skv] (f32, written once per call by transpose_k) and loads like P·V's B: no
+ *   element-wise transposition per tile, which on CPUs costs as much as the tile's arithmetic.
  * MODE 1 (P·V):    A = P [Sq][Skv], B = V [Skv][Dv], C = out [Sq][Dv]; the key loop stops at the
  *   last key any row of the tile can see, and hidden keys never touch C (0·NaN would).
  *
@@ -31,6 +33,12 @@
 #endif
 #ifndef MODE
 #define MODE 0
+#endif
+#ifndef KT
+#define KT 0 /* 1: scores read B = Kᵀ, pre-transposed by transpose_k ([D][Skv] per kv head) */
+#endif
+#ifndef KFULL
+#define KFULL 0 /* 1: TK >= K (scores with the whole head_dim staged at once) */
 #endif
 
 #define TM (WGY * RM)
@@ -72,12 +80,20 @@ gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
     const int kend = K;
 #endif
 
+#if KFULL
+    /* TK covers the whole reduction: one staging step, and the accumulators live only between
+     * the barrier and the epilogue, so PoCL keeps them in registers instead of spilling them to
+     * its per-work-item context arrays at every barrier. */
+    {
+        const int k0 = 0;
+#else
     floatV acc[RM][NS];
     for (int i = 0; i < RM; i++)
         for (int s = 0; s < NS; s++)
             acc[i][s] = (floatV)(0.0f);
 
     for (int k0 = 0; k0 < kend; k0 += TK) {
+#endif
         /* Tiles are loaded 4 consecutive elements at a time (TK and TN are multiples of 4). */
         for (int e = lid; e < TM * (TK / 4); e += NWI) {
             const int r = e / (TK / 4), c = 4 * (e % (TK / 4));
@@ -93,7 +109,7 @@ gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
             }
             vstore4(x, 0, &As[r][c]);
         }
-#if MODE == 0
+#if MODE == 0 && !KT
         for (int e = lid; e < TN * (TK / 4); e += NWI) {
             const int r = e / (TK / 4), c = 4 * (e % (TK / 4));
             const int n = n0 + r, k = k0 + c;
@@ -128,6 +144,14 @@ gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
         }
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
+#if KFULL
+    }
+    floatV acc[RM][NS];
+    for (int i = 0; i < RM; i++)
+        for (int s = 0; s < NS; s++)
+            acc[i][s] = (floatV)(0.0f);
+    {
+#endif
 #if MODE == 1
         if (k0 + TK > kfull) {
             /* Some row of the tile hides some key of this chunk: skip zero probabilities so that
@@ -140,7 +164,7 @@ gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
                     const float a = As[ty * RM + i][kk];
                     if (a != 0.0f)
                         for (int s = 0; s < NS; s++)
-                            acc[i][s] = mad((floatV)(a), bv[s], acc[i][s]);
+                            acc[i][s] = MAD((floatV)(a), bv[s], acc[i][s]);
                 }
             }
         } else
@@ -148,16 +172,22 @@ gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
         {
             for (int kk = 0; kk < TK; kk++) {
                 floatV bv[NS];
+#pragma unroll
                 for (int s = 0; s < NS; s++)
                     bv[s] = vloadV(0, &Bs[kk][VW * (tx + WGX * s)]);
+                /* Unrolled so that acc stays in registers. */
+#pragma unroll
                 for (int i = 0; i < RM; i++) {
                     const float a = As[ty * RM + i][kk];
+#pragma unroll
                     for (int s = 0; s < NS; s++)
-                        acc[i][s] = mad((floatV)(a), bv[s], acc[i][s]);
+                        acc[i][s] = MAD((floatV)(a), bv[s], acc[i][s]);
                 }
             }
         }
+#if !KFULL
         barrier(CLK_LOCAL_MEM_FENCE); /* before the next chunk overwrites As/Bs */
+#endif
     }
 
     __global T_OUT *Cb = C + c_off + (ulong)b * c_sb + (ulong)h * c_sh;
@@ -199,6 +229,101 @@ gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
                 for (int e = 0; e < 4 && n + e < N; e++)
                     ST_OUT(Cb, (ulong)m * c_ss + n + e, v[q + e]);
 #endif
+            }
+        }
+    }
+}
+
+/* Kᵀ for KT scores: Kt[z][d][n] = K[b][hk][n][d] as f32, z = b·heads_kv + hk, rows of pitch
+ * kt_ss; only d < D and n < N are written (the GEMM never reads beyond). One work-item per key:
+ * neighbouring work-items write neighbouring words. Grid x = N rounded up, y = batch·heads_kv. */
+__kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
+                          __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D,
+                          int heads_kv)
+{
+    const int n = get_global_id(0), z = get_global_id(1);
+    if (n >= N)
+        return;
+    const int b = z / heads_kv, hk = z % heads_kv;
+    __global const T_IN *src = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh + (ulong)n * k_ss;
+    __global float *dst = Kt + kt_off + (ulong)z * kt_sz + n;
+    for (int d = 0; d < D; d++)
+        dst[(ulong)d * kt_ss] = LD_IN(src, d);
+}
+
+/* Scores on CPUs (DIRECT): one work-item per RM x (16·NS) tile, no local memory, no barrier.
+ * Q is read in place (its values broadcast from L1), Kᵀ rows (transpose_k, pitch padded so that
+ * consecutive rows do not share an L1 set) as float16 vectors; the accumulators stay in
+ * registers. Rows beyond M and keys beyond N are computed from clamped/padded data and never
+ * stored. Grid x = ceil(N / (16·NS)), y = ceil(M / RM), z = batch·heads (work-group 1x1x1). */
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
+scores_direct(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
+              __global const float *Bt, ulong b_off, ulong b_sb, ulong b_sh, ulong b_ss,
+              __global T_OUT *C, ulong c_off, ulong c_sb, ulong c_sh, ulong c_ss,
+              __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,
+              __global const int *kvlen, int M, int N, int K, int heads, int group, int seq_q,
+              int seq_kv, int causal, int has_mask, float alpha)
+{
+    const int z = get_group_id(2);
+    const int b = z / heads, h = z % heads, hk = h / group;
+    const int m0 = get_group_id(1) * RM, n0 = get_group_id(0) * (16 * NS);
+    const int L = keys_of_batch(kvlen, b, seq_kv);
+    __global const T_A *Ab = A + a_off + (ulong)b * a_sb + (ulong)h * a_sh;
+    __global const float *Bb = Bt + b_off + (ulong)b * b_sb + (ulong)hk * b_sh + n0;
+
+    __global const T_A *arow[RM];
+#pragma unroll
+    for (int i = 0; i < RM; i++)
+        arow[i] = Ab + (ulong)min(m0 + i, M - 1) * a_ss;
+    float16 acc[RM][NS];
+#pragma unroll
+    for (int i = 0; i < RM; i++)
+#pragma unroll
+        for (int s = 0; s < NS; s++)
+            acc[i][s] = (float16)(0.0f);
+    for (int k = 0; k < K; k++) {
+        float16 bv[NS];
+#pragma unroll
+        for (int s = 0; s < NS; s++)
+            bv[s] = vload16(0, Bb + (ulong)k * b_ss + 16 * s);
+#pragma unroll
+        for (int i = 0; i < RM; i++) {
+            const float a = LD_A(arow[i], k);
+#pragma unroll
+            for (int s = 0; s < NS; s++)
+                acc[i][s] = MAD((float16)(a), bv[s], acc[i][s]);
+        }
+    }
+
+    __global T_OUT *Cb = C + c_off + (ulong)b * c_sb + (ulong)h * c_sh;
+    __global const T_MASK *Mb = mask + m_off + (ulong)b * m_sb + (ulong)h * m_sh;
+    for (int i = 0; i < RM && m0 + i < M; i++) {
+        const int m = m0 + i;
+        const int cend = causal_end(causal, m, seq_q, L);
+        for (int s = 0; s < NS; s++) {
+            const int n = n0 + 16 * s;
+            const float16 x = acc[i][s] * alpha;
+            if (n + 15 < N && n + 15 < cend && !has_mask) {
+#if DT_OUT == 0
+                vstore16(x, 0, Cb + (ulong)m * c_ss + n);
+#else
+                ST4_OUT(Cb, (ulong)m * c_ss + n, x.s0123);
+                ST4_OUT(Cb, (ulong)m * c_ss + n + 4, x.s4567);
+                ST4_OUT(Cb, (ulong)m * c_ss + n + 8, x.s89ab);
+                ST4_OUT(Cb, (ulong)m * c_ss + n + 12, x.scdef);
+#endif
+                continue;
+            }
+            float v[16];
+            vstore16(x, 0, v);
+            for (int e = 0; e < 16 && n + e < N; e++) {
+                float y = v[e];
+                if (has_mask) {
+                    /* A -inf mask hides the key even when its score is NaN. */
+                    const float mv = LD_MASK(Mb, (ulong)m * m_ss + n + e);
+                    y = mv == NEG_INF ? NEG_INF : y + mv;
+                }
+                ST_OUT(Cb, (ulong)m * c_ss + n + e, n + e < cend ? y : NEG_INF);
             }
         }
     }

@@ -15,8 +15,16 @@ static clattn_status run_unfused(clattn_context *ctx, const clattn_problem *p, c
                             "seq_q x seq_kv floats), more than the device's max allocation of %llu "
                             "bytes; use CLATTN_ALGORITHM_FUSED (O(seq) memory)",
                             (unsigned long long)(elems * 4), (unsigned long long)ctx->dev.max_alloc);
+    /* One workspace: the scores matrix, then the transposed K of the KT scores variant. */
+    const size_t kt = clattn__scores_scratch(ctx, p);
+    if (kt > ctx->dev.max_alloc - elems * 4)
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                            "the unfused path needs %llu + %llu workspace bytes, more than the "
+                            "device's max allocation of %llu bytes; use CLATTN_ALGORITHM_FUSED",
+                            (unsigned long long)(elems * 4), (unsigned long long)kt,
+                            (unsigned long long)ctx->dev.max_alloc);
     cl_mem ws;
-    clattn_status st = clattn__workspace(ctx, (size_t)elems * 4, &ws);
+    clattn_status st = clattn__workspace(ctx, (size_t)elems * 4 + kt, &ws);
     if (st)
         return st;
     const cl_ulong skv = (cl_ulong)p->seq_kv, sq = (cl_ulong)p->seq_q, hq = (cl_ulong)p->heads_q;
@@ -25,7 +33,7 @@ static clattn_status run_unfused(clattn_context *ctx, const clattn_problem *p, c
      * probabilities: the caller's tensor when it is f32, else the workspace, so that f16/bf16
      * probabilities (a second, rounded copy) do not degrade the output. */
     const clattn_view *lse = p->lse.buffer ? &p->lse : NULL;
-    if ((st = clattn__run_scores(ctx, p, &scores, num_wait, wait, NULL)))
+    if ((st = clattn__run_scores(ctx, p, &scores, kt ? ws : NULL, elems, num_wait, wait, NULL)))
         return st;
     const clattn_view *probs = &scores;
     if (p->probs.buffer && p->probs.dtype == CLATTN_F32) {

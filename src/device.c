@@ -50,6 +50,9 @@ clattn_status clattn__read_devinfo(cl_platform_id p, cl_device_id d, clattn_devi
                            &info->mem_align_bits, NULL);
     if (err != CL_SUCCESS)
         return CLATTN_OPENCL_ERROR;
+    cl_device_fp_config fp = 0;
+    if (clGetDeviceInfo(d, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL) == CL_SUCCESS)
+        info->has_fma = (fp & CL_FP_FMA) != 0;
     if (info->compute_units == 0)
         info->compute_units = 1;
     return clattn_device_key(d, info->key, sizeof info->key);

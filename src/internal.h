@@ -27,6 +27,7 @@ typedef struct clattn_devinfo {
     size_t max_wg;
     size_t max_item[3];
     cl_uint mem_align_bits;
+    int has_fma; /* CL_FP_FMA: fma() is a hardware instruction, kernels use it for MAD */
     char key[512];
 } clattn_devinfo;
 
@@ -193,7 +194,7 @@ typedef enum clattn_op {
 } clattn_op;
 
 /* Integer parameters of one kernel launch; meaning depends on the op (see tuning.c). */
-#define CLATTN_MAX_PARAMS 8
+#define CLATTN_MAX_PARAMS 12
 typedef struct clattn_params {
     int v[CLATTN_MAX_PARAMS];
 } clattn_params;
@@ -212,8 +213,12 @@ int clattn__seq_q_class(int64_t seq_q);
 int clattn__log2_ceil(int64_t x);
 
 /* ---- operations ---- */
+/* Scores (gemm.cl). `scratch` (may be NULL) from element `scratch_off` holds
+ * clattn__scores_scratch() bytes for the transposed K of the KT variant. */
+size_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p);
 clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
-                                 cl_uint num_wait, const cl_event *wait, cl_event *done);
+                                 cl_mem scratch, uint64_t scratch_off, cl_uint num_wait,
+                                 const cl_event *wait, cl_event *done);
 clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t heads,
                                   int64_t rows, int64_t cols, float scale, int causal,
                                   const clattn_view *mask, cl_mem kvlen, const clattn_view *in,

@@ -134,9 +134,12 @@ static void to_disk(clattn_context *ctx, cl_program prog, const char *hex)
     free(bin);
 }
 
-static clattn_status build(clattn_context *ctx, const char *file, const char *options,
+static clattn_status build(clattn_context *ctx, const char *file, const char *op_options,
                            cl_program *out)
 {
+    /* Device-wide definitions every kernel may use (common.cl). */
+    char options[1024];
+    snprintf(options, sizeof options, "%s -DHAS_FMA=%d", op_options, ctx->dev.has_fma);
     char *src = assemble(file);
     if (!src)
         return clattn__fail(ctx, CLATTN_BUILD_FAILED, "kernel source \"%s\" is missing", file);

@@ -27,28 +27,66 @@ static void sane_gemm(const clattn_context *ctx, clattn_params *pp)
     }
 }
 
-static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p, const clattn_view *a,
-                          const clattn_view *bm, const clattn_view *c, int M, int N, int K,
-                          cl_uint num_wait, const cl_event *wait, cl_event *done)
+/* Tile parameters of one GEMM (see tuning.c), clamped to the device. */
+static void gemm_params(clattn_context *ctx, int mode, const clattn_problem *p, clattn_params *pp)
 {
     clattn_bucket bucket = {mode == 0 ? CLATTN_OP_SCORES : CLATTN_OP_PV, p->dtype,
                             (int)p->head_dim, clattn__seq_q_class(p->seq_q),
                             clattn__log2_ceil(p->seq_kv)};
+    clattn__default_params(ctx, &bucket, pp);
+    sane_gemm(ctx, pp);
+    if (mode != 0)
+        pp->v[6] = pp->v[7] = pp->v[8] = 0; /* KF, KT and DIRECT are scores-only */
+}
+
+/* Kᵀ scratch of KT scores: [batch·heads_kv][head_dim][pitch] floats. The pitch covers every
+ * column the direct kernel reads (whole 16·NS tiles) plus one cache line, so that rows of a
+ * power-of-two length do not all fall into one L1 set. */
+static uint64_t kt_pitch(const clattn_problem *p, const clattn_params *pp)
+{
+    const uint64_t tn = 16u * (uint64_t)(pp->v[3] > 0 ? pp->v[3] : 1);
+    return ((uint64_t)p->seq_kv + tn - 1) / tn * tn + 16;
+}
+
+size_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p)
+{
     clattn_params pp;
-    clattn__default_params(ctx, &bucket, &pp);
-    sane_gemm(ctx, &pp);
-    const int *v = pp.v;
+    gemm_params(ctx, 0, p, &pp);
+    if (pp.v[7] <= 0)
+        return 0;
+    const uint64_t bytes = 4u * (uint64_t)p->batch * (uint64_t)p->heads_kv * (uint64_t)p->head_dim *
+                           kt_pitch(p, &pp);
+    return bytes <= ctx->dev.max_alloc / 2 ? (size_t)bytes : 0; /* too big: transpose per tile */
+}
+
+static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p, clattn_params *pp,
+                          const clattn_view *a, const clattn_view *bm, const clattn_view *c, int M,
+                          int N, int K, cl_uint num_wait, const cl_event *wait, cl_event *done)
+{
+    int *v = pp->v;
+    const int kt = mode == 0 && v[7] > 0;
+    /* KF: scores stage the whole head_dim at once when it fits in local memory. */
+    int kfull = 0;
+    if (mode == 0 && v[6] > 0) {
+        const size_t tk = (size_t)(K + 3) / 4 * 4;
+        const size_t bytes = 4u * ((tk + 4) * (size_t)v[1] * v[2] + tk * (size_t)v[0] * v[5] * v[3]);
+        if (bytes <= ctx->dev.local_mem) {
+            kfull = 1;
+            v[4] = (int)tk;
+        }
+    }
     char opts[256];
     snprintf(opts, sizeof opts,
-             "-cl-std=CL1.2 -DMODE=%d -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=%d "
-             "-DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d",
+             "-cl-std=CL1.2 -cl-mad-enable -DMODE=%d -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d "
+             "-DWGX=%d -DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d -DKFULL=%d -DKT=%d",
              mode, (int)a->dtype, (int)bm->dtype, (int)c->dtype,
-             p->has_mask ? (int)p->mask.dtype : 0, v[0], v[1], v[2], v[3], v[4], v[5]);
+             p->has_mask ? (int)p->mask.dtype : 0, v[0], v[1], v[2], v[3], v[4], v[5], kfull, kt);
+    const int direct = kt && v[8] > 0;
     cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, "gemm", &k);
+    clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, direct ? "scores_direct" : "gemm", &k);
     if (st)
         return st;
-    const int tm = v[1] * v[2], tn = v[0] * v[5] * v[3];
+    const int tm = direct ? v[2] : v[1] * v[2], tn = direct ? 16 * v[3] : v[0] * v[5] * v[3];
     const int heads = (int)p->heads_q, group = (int)(p->heads_q / p->heads_kv);
     const int seq_q = (int)p->seq_q, seq_kv = (int)p->seq_kv, causal = p->causal,
               has_mask = p->has_mask; /* P·V: forces the NaN-safe path where P has masked zeros */
@@ -69,25 +107,64 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
     clattn__arg(&args, sizeof(int), &causal);
     clattn__arg(&args, sizeof(int), &has_mask);
     clattn__arg(&args, sizeof(float), &alpha);
-    const size_t local[3] = {(size_t)v[0], (size_t)v[1], 1};
-    const size_t global[3] = {(size_t)((N + tn - 1) / tn) * v[0], (size_t)((M + tm - 1) / tm) * v[1],
+    const size_t local[3] = {direct ? 1 : (size_t)v[0], direct ? 1 : (size_t)v[1], 1};
+    const size_t global[3] = {(size_t)((N + tn - 1) / tn) * local[0],
+                              (size_t)((M + tm - 1) / tm) * local[1],
                               (size_t)(p->batch * p->heads_q)};
     return clattn__enqueue(ctx, &args, 3, global, local, num_wait, wait, done,
                            mode == 0 ? "gemm scores" : "gemm pv");
 }
 
 clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
-                                 cl_uint num_wait, const cl_event *wait, cl_event *done)
+                                 cl_mem scratch, uint64_t scratch_off, cl_uint num_wait,
+                                 const cl_event *wait, cl_event *done)
 {
-    return gemm(ctx, 0, p, &p->q, &p->k, dst, (int)p->seq_q, (int)p->seq_kv, (int)p->head_dim,
-                num_wait, wait, done);
+    clattn_params pp;
+    gemm_params(ctx, 0, p, &pp);
+    if (!scratch)
+        pp.v[7] = 0;
+    if (pp.v[7] <= 0)
+        return gemm(ctx, 0, p, &pp, &p->q, &p->k, dst, (int)p->seq_q, (int)p->seq_kv,
+                    (int)p->head_dim, num_wait, wait, done);
+
+    /* KT: Kᵀ into the scratch, then the GEMM reads it like P·V reads V. */
+    const uint64_t pitch = kt_pitch(p, &pp), hsz = (uint64_t)p->head_dim * pitch;
+    char opts[96];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0", (int)p->k.dtype);
+    cl_kernel k;
+    clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, "transpose_k", &k);
+    if (st)
+        return st;
+    const cl_ulong kt_sz = hsz, kt_ss = pitch;
+    const int n = (int)p->seq_kv, d = (int)p->head_dim, hkv = (int)p->heads_kv;
+    const clattn_view ktv = {scratch, CLATTN_F32, scratch_off,
+                             {hsz * (uint64_t)p->heads_kv, hsz, pitch}};
+    const cl_ulong kt_off = scratch_off;
+    clattn_args a = {k, 0, CL_SUCCESS};
+    clattn__arg_view(&a, &p->k);
+    clattn__arg(&a, sizeof(cl_mem), &scratch);
+    clattn__arg(&a, sizeof(cl_ulong), &kt_off);
+    clattn__arg(&a, sizeof(cl_ulong), &kt_sz);
+    clattn__arg(&a, sizeof(cl_ulong), &kt_ss);
+    clattn__arg(&a, sizeof(int), &n);
+    clattn__arg(&a, sizeof(int), &d);
+    clattn__arg(&a, sizeof(int), &hkv);
+    const size_t local[2] = {16, 1};
+    const size_t global[2] = {(size_t)pitch, (size_t)(p->batch * p->heads_kv)};
+    if ((st = clattn__enqueue(ctx, &a, 2, global, ctx->dev.max_wg >= 16 ? local : NULL, num_wait,
+                              wait, NULL, "transpose_k")))
+        return st;
+    return gemm(ctx, 0, p, &pp, &p->q, &ktv, dst, (int)p->seq_q, (int)p->seq_kv, (int)p->head_dim,
+                0, NULL, done);
 }
 
 clattn_status clattn__run_pv(clattn_context *ctx, const clattn_problem *p, const clattn_view *probs,
                              cl_uint num_wait, const cl_event *wait, cl_event *done)
 {
-    return gemm(ctx, 1, p, probs, &p->v, &p->out, (int)p->seq_q, (int)p->head_dim_v, (int)p->seq_kv,
-                num_wait, wait, done);
+    clattn_params pp;
+    gemm_params(ctx, 1, p, &pp);
+    return gemm(ctx, 1, p, &pp, probs, &p->v, &p->out, (int)p->seq_q, (int)p->head_dim_v,
+                (int)p->seq_kv, num_wait, wait, done);
 }
 
 clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *desc,
@@ -114,5 +191,9 @@ clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *de
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "scores overlaps q, k or the mask");
     if (desc->kv_lengths && scores->buffer == desc->kv_lengths)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->kv_lengths is also the scores buffer");
-    return clattn__run_scores(ctx, &p, &dst, num_wait, wait, done);
+    cl_mem scratch = NULL;
+    const size_t kt = clattn__scores_scratch(ctx, &p);
+    if (kt && (st = clattn__workspace(ctx, kt, &scratch)))
+        return st;
+    return clattn__run_scores(ctx, &p, &dst, scratch, 0, num_wait, wait, done);
 }

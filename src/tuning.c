@@ -1,7 +1,12 @@
 /* Kernel parameters per operation and problem bucket.
  *
  * Meaning of clattn_params.v[] per operation (all are compile-time -D values of the kernel):
- *   SCORES, PV : WGX, WGY, RM, NS, TK, VW      (gemm.cl: tile TM = WGY·RM rows, TN = WGX·VW·NS cols)
+ *   SCORES, PV : WGX, WGY, RM, NS, TK, VW, KF, KT, DIRECT
+ *                                             (gemm.cl: tile TM = WGY·RM rows, TN = WGX·VW·NS cols;
+ *                                              scores only: KF 1 stages all of head_dim at once,
+ *                                              KT 1 reads a Kᵀ copy written by transpose_k,
+ *                                              DIRECT 1 (with KT) uses scores_direct: one
+ *                                              work-item per RM x 16·NS tile, no local memory)
  *   SOFTMAX    : WG, ROWS                      (softmax.cl: work-items per row; ROWS > 0: one
  *                                              work-item per ROWS rows instead)
  *   FUSED      : WGX, WGY, RM, NS, VW          (fused.cl: BM = WGY·RM rows, BN = WGX·VW·NS keys)
@@ -62,8 +67,8 @@ void clattn__default_params(const clattn_context *ctx, const clattn_bucket *b, c
     switch (b->op) {
     case CLATTN_OP_SCORES:
     case CLATTN_OP_PV: {
-        const int gpu_v[6] = {16, 16, 4, 1, 16, 4};
-        const int cpu_v[6] = {2, 4, 8, 1, 64, 16};
+        const int gpu_v[9] = {16, 16, 4, 1, 16, 4, 0, 0, 0};
+        const int cpu_v[9] = {1, 1, 6, 4, 16, 16, 1, 1, 1};
         memcpy(p->v, cpu ? cpu_v : gpu_v, sizeof gpu_v);
         break;
     }
