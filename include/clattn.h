@@ -246,6 +246,92 @@ CLATTN_API clattn_status clattn_attention_host(clattn_context *ctx, const clattn
                                                clattn_dtype dtype, const void *q, const void *k,
                                                const void *v, void *out, float *lse);
 
+/* ---- Kernel parameters and the tuning store -------------------------------------------------
+ * Every kernel's tile sizes, work-group shape, vector width and splits are integer parameters
+ * chosen per device and per problem class (operation, dtype, head_dim, mask kind, seq_q class,
+ * log2 seq_kv). For each call the library takes the first that applies of:
+ *   1. an override set with clattn_set_params on this context,
+ *   2. the environment variable CLATTN_PARAMS_<OP> ("16,16,4,1,16,4,0,0,0"; for experiments),
+ *   3. the user tuning file of this device, written by clattn-tune into CLATTN_TUNING_DIR
+ *      (default: <cache dir>/tuning),
+ *   4. entries built into the library for known devices (tuning/ in the source tree),
+ *   5. vendor defaults (by device type and vendor), 6. generic defaults.
+ * Each operation then clamps the values to what the device can run (work-group size, local
+ * memory). A malformed, truncated, foreign or unsupported tuning file is ignored and described
+ * by clattn_tuning_report; it never makes a call fail. */
+
+typedef enum clattn_operation {
+    CLATTN_OPERATION_SCORES = 0,  /* QKᵀ GEMM of clattn_scores and the unfused path */
+    CLATTN_OPERATION_PV = 1,      /* P·V GEMM of the unfused path */
+    CLATTN_OPERATION_SOFTMAX = 2, /* row softmax */
+    CLATTN_OPERATION_FUSED = 3,   /* fused attention, seq_q > 16 */
+    CLATTN_OPERATION_DECODE = 4,  /* fused attention with key splits, seq_q <= 16 */
+    CLATTN_OPERATION_MERGE = 5,   /* merging partial results */
+    CLATTN_OPERATION_COUNT = 6
+} clattn_operation;
+
+typedef enum clattn_params_source {
+    CLATTN_SOURCE_GENERIC = 0,
+    CLATTN_SOURCE_VENDOR = 1,
+    CLATTN_SOURCE_BUILTIN = 2,
+    CLATTN_SOURCE_USER_FILE = 3,
+    CLATTN_SOURCE_ENVIRONMENT = 4,
+    CLATTN_SOURCE_OVERRIDE = 5
+} clattn_params_source;
+
+#define CLATTN_MAX_KERNEL_PARAMS 12
+
+/** A problem class, to ask which parameters an operation would use (clattn_get_params). */
+typedef struct clattn_problem_class {
+    clattn_operation operation;
+    clattn_dtype dtype;  /* storage type of the inputs */
+    int64_t head_dim;    /* 0 for softmax and merge */
+    int64_t seq_q;       /* softmax: rows */
+    int64_t seq_kv;      /* softmax: columns */
+    int causal;
+    int masked;          /* an additive mask or key lengths */
+} clattn_problem_class;
+
+typedef struct clattn_kernel_params {
+    int count;                               /* clattn_param_count(operation) */
+    int values[CLATTN_MAX_KERNEL_PARAMS];    /* before the operation's clamping to the device */
+    clattn_params_source source;
+    char origin[512];                        /* e.g. the tuning file and its entry line */
+} clattn_kernel_params;
+
+/** "scores", "pv", "softmax", "fused", "decode", "merge"; NULL for an invalid value. */
+CLATTN_API const char *clattn_operation_name(clattn_operation op);
+/** Number of parameters of `op` (0 for an invalid op) and the name of parameter `index`. */
+CLATTN_API int clattn_param_count(clattn_operation op);
+CLATTN_API const char *clattn_param_name(clattn_operation op, int index);
+CLATTN_API const char *clattn_params_source_name(clattn_params_source source);
+
+/**
+ * Overrides the parameters of `op` for every later call on `ctx` (all problem classes).
+ * `count` must be clattn_param_count(op), each value in [0, 4096]; values NULL and count 0 remove
+ * the override. The values are clamped per call like any other source.
+ */
+CLATTN_API clattn_status clattn_set_params(clattn_context *ctx, clattn_operation op,
+                                           const int *values, int count);
+
+/** The parameters a call of class `pc` would use now, and where they come from. */
+CLATTN_API clattn_status clattn_get_params(clattn_context *ctx, const clattn_problem_class *pc,
+                                           clattn_kernel_params *out);
+
+/**
+ * What reading the tuning store found for this context's device: the user file's path and entry
+ * count, built-in tables that apply, and any file that was ignored with the reason (malformed,
+ * truncated, foreign device, unsupported version) or whose driver tag differs (its entries are
+ * still used; re-run clattn-tune). Valid until clattn_reload_tuning or clattn_release.
+ */
+CLATTN_API const char *clattn_tuning_report(const clattn_context *ctx);
+
+/** Re-reads the user tuning file (after clattn-tune wrote it). Never fails on a bad file. */
+CLATTN_API clattn_status clattn_reload_tuning(clattn_context *ctx);
+
+/** Path of this context's user tuning file (it may not exist yet). */
+CLATTN_API clattn_status clattn_tuning_path(const clattn_context *ctx, char *buf, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

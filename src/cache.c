@@ -43,7 +43,7 @@ static uint64_t payload_hash(const unsigned char *p, size_t n)
 }
 
 /* mkdir -p; returns 0 when the directory exists afterwards. */
-static int make_dirs(const char *path)
+int clattn__make_dirs(const char *path)
 {
     char buf[4096];
     size_t n = strlen(path);
@@ -120,16 +120,18 @@ unsigned char *clattn__cache_load(clattn_context *ctx, const char *hex, size_t *
 
 void clattn__cache_store(clattn_context *ctx, const char *hex, const unsigned char *bin, size_t size)
 {
-    if (size == 0 || size > MAX_BINARY || make_dirs(ctx->cache_dir) != 0)
+    if (size == 0 || size > MAX_BINARY || clattn__make_dirs(ctx->cache_dir) != 0)
         return; /* unwritable directory: no disk cache, not an error */
     char path[4200], tmp[4300];
     if (!entry_path(ctx, hex, path, sizeof path))
         return;
+    /* Unique per process (pid), per thread (the address of a thread-local: contexts of one process
+     * may store the same entry from several threads at once) and per call (counter). */
     static _Thread_local unsigned counter;
     struct timespec ts;
     timespec_get(&ts, TIME_UTC);
-    snprintf(tmp, sizeof tmp, "%s.%ld.%lx.%u.tmp", path, (long)getpid(),
-             (unsigned long)ts.tv_nsec, counter++);
+    snprintf(tmp, sizeof tmp, "%s.%ld.%lx.%lx.%u.tmp", path, (long)getpid(),
+             (unsigned long)(uintptr_t)&counter, (unsigned long)ts.tv_nsec, counter++);
     FILE *f = fopen(tmp, "wb");
     if (!f)
         return;

@@ -13,6 +13,7 @@ static clattn_status finish_create(clattn_context *c, clattn_context **out)
         return CLATTN_OPENCL_ERROR;
     }
     clattn__cache_init(c);
+    clattn__tuning_init(c); /* never fails: problems are described by clattn_tuning_report */
     *out = c;
     return CLATTN_SUCCESS;
 }
@@ -98,6 +99,7 @@ void clattn_release(clattn_context *ctx)
     if (!ctx)
         return;
     clattn__release_programs(ctx);
+    clattn__tuning_release(ctx);
     if (ctx->workspace)
         clReleaseMemObject(ctx->workspace);
     if (ctx->queue)

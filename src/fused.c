@@ -55,7 +55,8 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     const int R = group * (int)p->seq_q;
     const int decode = p->seq_q <= 16;
     clattn_bucket bucket = {decode ? CLATTN_OP_DECODE : CLATTN_OP_FUSED, p->dtype, (int)p->head_dim,
-                            clattn__seq_q_class(p->seq_q), clattn__log2_ceil(p->seq_kv)};
+                            clattn__seq_q_class(p->seq_q), clattn__log2_ceil(p->seq_kv),
+                            clattn__mask_kind(p->causal, p->has_mask || p->kv_lengths)};
     clattn_params pp;
     clattn__default_params(ctx, &bucket, &pp);
     const int vw = pp.v[4] == 8 || pp.v[4] == 16 ? pp.v[4] : 4;

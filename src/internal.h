@@ -72,6 +72,17 @@ struct clattn_context {
 
     cl_mem workspace;
     size_t workspace_size;
+
+    /* Tuning: the user file of this device (if any, valid), built-in tables that match it,
+     * what reading them found, and the application's overrides per op. */
+    char tuning_dir[4096];
+    struct clattn_tuning_table *user_tuning;
+    int user_driver_changed;
+    struct clattn_tuning_table *builtin[4];
+    int nbuiltin;
+    char tuning_report[CLATTN_MSG_MAX + 1];
+    int override_n[8];
+    int override_v[8][12];
 };
 
 /* ---- errors (util.c) ---- */
@@ -110,6 +121,9 @@ typedef struct clattn_kernel_source {
     const char *text;
     size_t length;
 } clattn_kernel_source;
+/* The kernels (cl/) and built-in tuning tables (tuning/), embedded by cmake/embed.cmake. */
+extern const clattn_kernel_source clattn_kernel_sources[];
+extern const int clattn_kernel_source_count;
 /* Builds (or finds) the program of cl/<file> + cl/common.cl with `options` and returns one kernel,
  * owned by the context. */
 clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const char *options,
@@ -118,6 +132,7 @@ clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const ch
 char *clattn__load_source(const char *file, size_t *len);
 void clattn__release_programs(clattn_context *ctx);
 void clattn__cache_init(clattn_context *ctx);
+int clattn__make_dirs(const char *path); /* mkdir -p; 0 when the directory exists */
 /* Returns a malloc'ed binary for the key or NULL (missing, corrupt, foreign: never fatal). */
 unsigned char *clattn__cache_load(clattn_context *ctx, const char *hex, size_t *size);
 void clattn__cache_store(clattn_context *ctx, const char *hex, const unsigned char *bin, size_t size);
@@ -205,9 +220,47 @@ typedef struct clattn_bucket {
     int head_dim;
     int seq_q_class; /* 1, <=16, <=128, more -> 0..3 */
     int log2_seq_kv;
+    int mask_kind; /* 0 none, 1 causal only, 2 additive mask or key lengths (any causal) */
 } clattn_bucket;
 
+int clattn__mask_kind(int causal, int masked);
+int clattn__param_count(clattn_op op);
+/* Parameters for a bucket: override -> CLATTN_PARAMS_<OP> -> user tuning file -> built-in
+ * entries -> vendor defaults -> generic defaults. Unset trailing values are 0. */
+void clattn__params_for(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p,
+                        clattn_params_source *source, char *origin, size_t origin_size);
 void clattn__default_params(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p);
+/* Candidate values of parameter i of an op, for clattn-tune (n values into vals). */
+int clattn__param_candidates(clattn_op op, int i, const int **vals);
+
+/* ---- tuning store (store.c): the text format ---- */
+typedef struct clattn_tuning_entry {
+    clattn_op op;
+    int dtype, head_dim, mask_kind, sq_class, log2_skv; /* -1: any */
+    int n;
+    int v[CLATTN_MAX_PARAMS];
+} clattn_tuning_entry;
+
+typedef struct clattn_tuning_table {
+    char device[512];      /* exact device key, or a name substring when device_is_pattern */
+    int device_is_pattern; /* built-in files: "match <substring>" */
+    char driver[256];
+    clattn_tuning_entry *e;
+    int n, cap;
+} clattn_tuning_table;
+
+/* 0, or -1 with "line N: why" in err (the table is then empty). */
+int clattn__tuning_parse(const char *text, size_t len, clattn_tuning_table *t, char *err,
+                         size_t errsz);
+int clattn__tuning_put(clattn_tuning_table *t, const clattn_tuning_entry *e); /* add or replace */
+void clattn__tuning_entry_text(const clattn_tuning_entry *e, char *buf, size_t size);
+char *clattn__tuning_format(const clattn_tuning_table *t); /* malloc'ed */
+int clattn__tuning_write(const char *path, const clattn_tuning_table *t, char *err, size_t errsz);
+void clattn__tuning_free(clattn_tuning_table *t);
+/* Context side (tuning.c): reads the user file of the context's device. */
+void clattn__tuning_init(clattn_context *ctx);
+void clattn__tuning_release(clattn_context *ctx);
+int clattn__tuning_file(const clattn_context *ctx, char *buf, size_t size);
 const char *clattn__op_name(clattn_op op);
 int clattn__seq_q_class(int64_t seq_q);
 int clattn__log2_ceil(int64_t x);

@@ -7,7 +7,7 @@
 
 static int merge_wg(clattn_context *ctx)
 {
-    clattn_bucket b = {CLATTN_OP_MERGE, CLATTN_F32, 0, 0, 0};
+    clattn_bucket b = {CLATTN_OP_MERGE, CLATTN_F32, 0, 0, 0, 0};
     clattn_params pp;
     clattn__default_params(ctx, &b, &pp);
     int wg = pp.v[0] > 0 ? pp.v[0] : 64;

@@ -6,8 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern const clattn_kernel_source clattn_kernel_sources[];
-extern const int clattn_kernel_source_count;
 
 char *clattn__load_source(const char *file, size_t *len)
 {

@@ -32,7 +32,8 @@ static void gemm_params(clattn_context *ctx, int mode, const clattn_problem *p, 
 {
     clattn_bucket bucket = {mode == 0 ? CLATTN_OP_SCORES : CLATTN_OP_PV, p->dtype,
                             (int)p->head_dim, clattn__seq_q_class(p->seq_q),
-                            clattn__log2_ceil(p->seq_kv)};
+                            clattn__log2_ceil(p->seq_kv),
+                            clattn__mask_kind(p->causal, p->has_mask || p->kv_lengths)};
     clattn__default_params(ctx, &bucket, pp);
     sane_gemm(ctx, pp);
     if (mode != 0)

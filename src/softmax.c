@@ -12,7 +12,7 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
                                   cl_uint num_wait, const cl_event *wait, cl_event *done)
 {
     clattn_bucket bucket = {CLATTN_OP_SOFTMAX, in_dt, 0, clattn__seq_q_class(rows),
-                            clattn__log2_ceil(cols)};
+                            clattn__log2_ceil(cols), clattn__mask_kind(causal, mask || kvlen)};
     clattn_params pp;
     clattn__default_params(ctx, &bucket, &pp);
     int wg = pp.v[0];

@@ -1,31 +1,82 @@
-/* Kernel parameters per operation and problem bucket.
+/* Kernel parameters per operation and problem bucket, and where they come from.
  *
  * Meaning of clattn_params.v[] per operation (all are compile-time -D values of the kernel):
  *   SCORES, PV : WGX, WGY, RM, NS, TK, VW, KF, KT, DIRECT
- *                                             (gemm.cl: tile TM = WGY·RM rows, TN = WGX·VW·NS cols;
- *                                              scores only: KF 1 stages all of head_dim at once,
- *                                              KT 1 reads a Kᵀ copy written by transpose_k,
- *                                              DIRECT 1 (with KT) uses scores_direct: one
- *                                              work-item per RM x 16·NS tile, no local memory)
- *   SOFTMAX    : WG, ROWS                      (softmax.cl: work-items per row; ROWS > 0: one
- *                                              work-item per ROWS rows instead)
- *   FUSED      : WGX, WGY, RM, NS, VW          (fused.cl: BM = WGY·RM rows, BN = WGX·VW·NS keys)
+ *                (gemm.cl: tile TM = WGY·RM rows, TN = WGX·VW·NS cols; scores only: KF 1 stages
+ *                all of head_dim at once, KT 1 reads a Kᵀ copy written by transpose_k, DIRECT 1
+ *                (with KT) uses scores_direct: one work-item per RM x 16·NS tile, no local memory;
+ *                P·V ignores the last three)
+ *   SOFTMAX    : WG, ROWS  (softmax.cl: work-items per row; ROWS > 0: one work-item per ROWS rows)
+ *   FUSED      : WGX, WGY, RM, NS, VW  (fused.cl: BM = WGY·RM rows, BN = WGX·VW·NS keys)
  *   DECODE     : WGX, WGY, RM, NS, VW, splits  (fused.cl with key splits; RM 0 = cover the packed
- *                                              rows, splits 0 = automatic)
- *   MERGE      : WG                            (merge.cl)
- * Lookup: CLATTN_PARAMS_<OP> environment override, then defaults by device type. */
+ *                rows, splits 0 = automatic)
+ *   MERGE      : WG  (merge.cl)
+ * Lookup order: clattn_set_params override, CLATTN_PARAMS_<OP>, the user tuning file of the
+ * device, built-in tables (tuning/ in the source tree, embedded), vendor defaults, generic defaults. */
 #include "internal.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const char *const op_names[CLATTN_OP_COUNT] = {"scores", "pv", "softmax", "fused", "decode",
                                                       "merge"};
 
+typedef struct op_space {
+    int count;
+    const char *names[CLATTN_MAX_PARAMS];
+    int ncand[CLATTN_MAX_PARAMS];
+    int cand[CLATTN_MAX_PARAMS][8];
+} op_space;
+
+/* Parameter names and the values clattn-tune tries (constraints are checked when a candidate is
+ * built and run: each op clamps to the device, and the tuner drops what fails). */
+static const op_space spaces[CLATTN_OP_COUNT] = {
+    /* SCORES */
+    {9,
+     {"WGX", "WGY", "RM", "NS", "TK", "VW", "KF", "KT", "DIRECT"},
+     {5, 5, 6, 4, 4, 3, 2, 2, 2},
+     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4, 6, 8, 16}, {1, 2, 3, 4}, {8, 16, 32, 64},
+      {4, 8, 16}, {0, 1}, {0, 1}, {0, 1}}},
+    /* PV */
+    {9,
+     {"WGX", "WGY", "RM", "NS", "TK", "VW", "KF", "KT", "DIRECT"},
+     {5, 5, 5, 3, 4, 3, 1, 1, 1},
+     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4}, {8, 16, 32, 64}, {4, 8, 16},
+      {0}, {0}, {0}}},
+    /* SOFTMAX */
+    {2, {"WG", "ROWS"}, {8, 5}, {{1, 4, 8, 16, 32, 64, 128, 256}, {0, 1, 2, 4, 8}}},
+    /* FUSED */
+    {5,
+     {"WGX", "WGY", "RM", "NS", "VW"},
+     {5, 5, 5, 2, 3},
+     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2}, {4, 8, 16}}},
+    /* DECODE */
+    {6,
+     {"WGX", "WGY", "RM", "NS", "VW", "SPLITS"},
+     {5, 3, 4, 3, 3, 5},
+     {{1, 2, 8, 16, 32}, {1, 2, 4}, {0, 1, 4, 16}, {1, 2, 4}, {4, 8, 16}, {0, 2, 8, 32, 128}}},
+    /* MERGE */
+    {1, {"WG"}, {5}, {{16, 32, 64, 128, 256}}},
+};
+
 const char *clattn__op_name(clattn_op op) { return op < CLATTN_OP_COUNT ? op_names[op] : "?"; }
 
+int clattn__param_count(clattn_op op) { return op < CLATTN_OP_COUNT ? spaces[op].count : 0; }
+
+int clattn__param_candidates(clattn_op op, int i, const int **vals)
+{
+    if (op >= CLATTN_OP_COUNT || i < 0 || i >= spaces[op].count)
+        return 0;
+    *vals = spaces[op].cand[i];
+    return spaces[op].ncand[i];
+}
+
 int clattn__seq_q_class(int64_t seq_q) { return seq_q <= 1 ? 0 : seq_q <= 16 ? 1 : seq_q <= 128 ? 2 : 3; }
+
+int clattn__mask_kind(int causal, int masked) { return masked ? 2 : causal ? 1 : 0; }
 
 int clattn__log2_ceil(int64_t x)
 {
@@ -35,8 +86,84 @@ int clattn__log2_ceil(int64_t x)
     return l;
 }
 
-/* "a,b,c" -> up to CLATTN_MAX_PARAMS integers; returns 1 only for a fully valid list. */
-static int parse_list(const char *s, clattn_params *p)
+/* ---- defaults ---- */
+
+/* Generic: modest tiles any OpenCL 1.2 GPU runs (work-groups <= 256, little local memory). */
+static void generic_defaults(clattn_op op, clattn_params *p)
+{
+    static const int v[CLATTN_OP_COUNT][CLATTN_MAX_PARAMS] = {
+        {16, 16, 4, 1, 16, 4, 0, 0, 0}, /* scores */
+        {16, 16, 4, 1, 16, 4, 0, 0, 0}, /* pv */
+        {256, 0},                       /* softmax */
+        {8, 8, 4, 1, 4},                /* fused */
+        {32, 1, 0, 1, 4, 0},            /* decode */
+        {64},                           /* merge */
+    };
+    memcpy(p->v, v[op], sizeof v[op]);
+}
+
+/* Vendor defaults: CPUs (PoCL, Intel's CPU runtime) want one work-item doing a lot with wide
+ * vectors and no barriers; measured on PoCL, AVX-512. Returns 0 when there is no vendor table. */
+static int vendor_defaults(const clattn_devinfo *d, clattn_op op, clattn_params *p, const char **what)
+{
+    if (d->type & CL_DEVICE_TYPE_CPU) {
+        static const int v[CLATTN_OP_COUNT][CLATTN_MAX_PARAMS] = {
+            {1, 1, 6, 4, 16, 16, 1, 1, 1}, /* scores: direct, 6 x 64 register tile */
+            {2, 4, 8, 1, 64, 16, 0, 0, 0}, /* pv */
+            {16, 2},                       /* softmax: one work-item per 2 rows */
+            {1, 4, 16, 1, 16},             /* fused */
+            {1, 1, 0, 4, 16, 0},           /* decode */
+            {16},                          /* merge */
+        };
+        memcpy(p->v, v[op], sizeof v[op]);
+        *what = "vendor defaults (CPU devices)";
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- matching a table ---- */
+
+/* Higher is better; -1: no match. Fields must equal unless "*"; log2 seq_kv may be off by 2. */
+static int entry_score(const clattn_tuning_entry *e, const clattn_bucket *b)
+{
+    if (e->op != b->op)
+        return -1;
+    const int have[4] = {e->dtype, e->head_dim, e->mask_kind, e->sq_class};
+    const int want[4] = {(int)b->dtype, b->head_dim, b->mask_kind, b->seq_q_class};
+    int score = 0;
+    for (int i = 0; i < 4; i++) {
+        if (have[i] < 0)
+            continue;
+        if (have[i] != want[i])
+            return -1;
+        score += 16;
+    }
+    if (e->log2_skv >= 0) {
+        const int d = abs(e->log2_skv - b->log2_seq_kv);
+        if (d > 2)
+            return -1;
+        score += 8 - 2 * d;
+    }
+    return score;
+}
+
+static const clattn_tuning_entry *best_entry(const clattn_tuning_table *t, const clattn_bucket *b)
+{
+    const clattn_tuning_entry *best = NULL;
+    int best_score = -1;
+    for (int i = 0; t && i < t->n; i++) {
+        const int s = entry_score(&t->e[i], b);
+        if (s >= 0 && s >= best_score) {
+            best = &t->e[i];
+            best_score = s;
+        }
+    }
+    return best;
+}
+
+/* "a,b,c" -> exactly `want` integers in [0, 4096]; returns 1 only for a fully valid list. */
+static int parse_list(const char *s, int want, clattn_params *p)
 {
     clattn_params t;
     memset(&t, 0, sizeof t);
@@ -53,53 +180,328 @@ static int parse_list(const char *s, clattn_params *p)
         else if (*s)
             return 0;
     }
-    if (*s || n == 0)
+    if (*s || n == 0 || n > want)
         return 0;
+    /* A shorter list sets the leading parameters and keeps the rest. */
     for (int i = 0; i < n; i++)
         p->v[i] = t.v[i];
     return 1;
 }
 
-void clattn__default_params(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p)
+void clattn__params_for(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p,
+                        clattn_params_source *source, char *origin, size_t origin_size)
 {
+    clattn_params_source src = CLATTN_SOURCE_GENERIC;
+    char where[600] = "generic defaults";
     memset(p, 0, sizeof *p);
-    const int cpu = (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0;
-    switch (b->op) {
-    case CLATTN_OP_SCORES:
-    case CLATTN_OP_PV: {
-        const int gpu_v[9] = {16, 16, 4, 1, 16, 4, 0, 0, 0};
-        const int cpu_v[9] = {1, 1, 6, 4, 16, 16, 1, 1, 1};
-        memcpy(p->v, cpu ? cpu_v : gpu_v, sizeof gpu_v);
-        break;
+    generic_defaults(b->op, p);
+    const char *what = NULL;
+    if (vendor_defaults(&ctx->dev, b->op, p, &what)) {
+        src = CLATTN_SOURCE_VENDOR;
+        snprintf(where, sizeof where, "%s", what);
     }
-    case CLATTN_OP_SOFTMAX:
-        p->v[0] = cpu ? 16 : 256;
-        p->v[1] = cpu ? 2 : 0;
-        break;
-    case CLATTN_OP_FUSED: {
-        const int gpu_v[5] = {8, 8, 4, 1, 4};
-        const int cpu_v[5] = {1, 4, 16, 1, 16};
-        memcpy(p->v, cpu ? cpu_v : gpu_v, sizeof gpu_v);
-        break;
+    const int count = spaces[b->op].count;
+    char line[200];
+    for (int i = 0; i < ctx->nbuiltin; i++) {
+        const clattn_tuning_entry *e = best_entry(ctx->builtin[i], b);
+        if (e) {
+            memcpy(p->v, e->v, sizeof p->v);
+            src = CLATTN_SOURCE_BUILTIN;
+            clattn__tuning_entry_text(e, line, sizeof line);
+            snprintf(where, sizeof where, "built-in table for \"%.200s\": %.180s", ctx->builtin[i]->device, line);
+            break;
+        }
     }
-    case CLATTN_OP_DECODE: {
-        const int gpu_v[6] = {32, 1, 0, 1, 4, 0};
-        const int cpu_v[6] = {1, 1, 0, 4, 16, 0};
-        memcpy(p->v, cpu ? cpu_v : gpu_v, sizeof gpu_v);
-        break;
-    }
-    case CLATTN_OP_MERGE:
-        p->v[0] = cpu ? 16 : 64;
-        break;
-    case CLATTN_OP_COUNT:
-        break;
+    const clattn_tuning_entry *e = best_entry(ctx->user_tuning, b);
+    if (e) {
+        memcpy(p->v, e->v, sizeof p->v);
+        src = CLATTN_SOURCE_USER_FILE;
+        clattn__tuning_entry_text(e, line, sizeof line);
+        char path[4200];
+        if (!clattn__tuning_file(ctx, path, sizeof path))
+            path[0] = '\0';
+        snprintf(where, sizeof where, "%.300s%s: %s", path,
+                 ctx->user_driver_changed ? " (written under another driver)" : "", line);
     }
     char name[64];
     snprintf(name, sizeof name, "CLATTN_PARAMS_%s", clattn__op_name(b->op));
     for (char *c = name; *c; c++)
-        if (*c >= 'a' && *c <= 'z')
-            *c = (char)(*c - 'a' + 'A');
+        *c = (char)toupper((unsigned char)*c);
     const char *env = getenv(name);
-    if (env && *env)
-        parse_list(env, p); /* an invalid list leaves the defaults in place */
+    if (env && *env && parse_list(env, count, p)) { /* an invalid list is ignored */
+        src = CLATTN_SOURCE_ENVIRONMENT;
+        snprintf(where, sizeof where, "%s=%.200s", name, env);
+    }
+    if (ctx->override_n[b->op] > 0) {
+        memcpy(p->v, ctx->override_v[b->op], sizeof p->v);
+        src = CLATTN_SOURCE_OVERRIDE;
+        snprintf(where, sizeof where, "clattn_set_params");
+    }
+    if (source)
+        *source = src;
+    if (origin && origin_size)
+        snprintf(origin, origin_size, "%s", where);
+}
+
+void clattn__default_params(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p)
+{
+    clattn__params_for(ctx, b, p, NULL, NULL, 0);
+}
+
+/* ---- the context's tables ---- */
+
+int clattn__tuning_file(const clattn_context *ctx, char *buf, size_t size)
+{
+    if (!ctx->tuning_dir[0])
+        return 0;
+    clattn_hash h;
+    clattn__hash_init(&h);
+    clattn__hash_str(&h, ctx->dev.key);
+    char hex[33];
+    clattn__hash_hex(&h, hex);
+    int n = snprintf(buf, size, "%s/%.16s.tuning", ctx->tuning_dir, hex);
+    return n > 0 && (size_t)n < size;
+}
+
+static void report(clattn_context *ctx, const char *fmt, const char *a, const char *b)
+{
+    char *r = ctx->tuning_report;
+    const size_t size = sizeof ctx->tuning_report;
+    size_t n = strlen(r);
+    if (n && n + 2 < size) {
+        r[n++] = ';';
+        r[n++] = ' ';
+        r[n] = '\0';
+    }
+    if (n + 1 < size)
+        snprintf(r + n, size - n, fmt, a, b);
+}
+
+/* Every part of `pattern` separated by " & " is a case-insensitive substring of `hay`. */
+static int pattern_matches(const char *pattern, const char *hay)
+{
+    char pat[512];
+    snprintf(pat, sizeof pat, "%s", pattern);
+    for (char *part = pat; part && *part;) {
+        char *next = strstr(part, " & ");
+        if (next) {
+            *next = '\0';
+            next += 3;
+        }
+        const size_t n = strlen(part);
+        int found = 0;
+        for (const char *h = hay; *h && !found; h++)
+            found = strncasecmp(h, part, n) == 0;
+        if (!found)
+            return 0;
+        part = next;
+    }
+    return 1;
+}
+
+static void load_builtin(clattn_context *ctx)
+{
+    char hay[600];
+    snprintf(hay, sizeof hay, "%s | %s", ctx->dev.platform_name, ctx->dev.name);
+    for (int i = 0; i < clattn_kernel_source_count && ctx->nbuiltin < 4; i++) {
+        const clattn_kernel_source *s = &clattn_kernel_sources[i];
+        const size_t n = strlen(s->name);
+        if (n < 8 || strcmp(s->name + n - 7, ".tuning") != 0)
+            continue;
+        clattn_tuning_table *t = calloc(1, sizeof *t);
+        char err[200];
+        if (!t)
+            return;
+        if (clattn__tuning_parse(s->text, s->length, t, err, sizeof err) != 0 ||
+            !t->device_is_pattern || !pattern_matches(t->device, hay)) {
+            clattn__tuning_free(t);
+            free(t);
+            continue;
+        }
+        ctx->builtin[ctx->nbuiltin++] = t;
+        report(ctx, "built-in table %.400s applies%.400s", s->name, "");
+    }
+}
+
+static void load_user(clattn_context *ctx)
+{
+    char path[4200];
+    if (!clattn__tuning_file(ctx, path, sizeof path)) {
+        report(ctx, "no user tuning directory (set CLATTN_TUNING_DIR)%.400s%.400s", "", "");
+        return;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        report(ctx, "no user tuning file %.400s%.400s", path, "");
+        return;
+    }
+    char *buf = malloc(1 << 20);
+    size_t len = buf ? fread(buf, 1, 1 << 20, f) : 0;
+    const int too_big = buf && len == (1 << 20);
+    fclose(f);
+    if (!buf)
+        return;
+    clattn_tuning_table *t = calloc(1, sizeof *t);
+    char err[200];
+    if (!t) {
+        free(buf);
+        return;
+    }
+    if (too_big) {
+        report(ctx, "ignored user tuning file %.400s: %.400s", path, "larger than 1 MiB");
+    } else if (clattn__tuning_parse(buf, len, t, err, sizeof err) != 0) {
+        report(ctx, "ignored user tuning file %.400s: %.400s", path, err);
+    } else if (t->device_is_pattern || strcmp(t->device, ctx->dev.key) != 0) {
+        report(ctx, "ignored user tuning file %.400s: written for another device (%.400s)", path, t->device);
+    } else {
+        ctx->user_tuning = t;
+        ctx->user_driver_changed = strcmp(t->driver, ctx->dev.driver) != 0;
+        char what[64];
+        snprintf(what, sizeof what, "%d entries", t->n);
+        report(ctx, "user tuning file %.400s: %.400s", path, what);
+        if (ctx->user_driver_changed)
+            report(ctx, "its driver tag \"%.400s\" differs from the driver in use: entries are still used, re-run clattn-tune to re-check them%.400s",
+                   t->driver, "");
+        t = NULL;
+    }
+    if (t) {
+        clattn__tuning_free(t);
+        free(t);
+    }
+    free(buf);
+}
+
+void clattn__tuning_release(clattn_context *ctx)
+{
+    if (ctx->user_tuning) {
+        clattn__tuning_free(ctx->user_tuning);
+        free(ctx->user_tuning);
+        ctx->user_tuning = NULL;
+    }
+    for (int i = 0; i < ctx->nbuiltin; i++) {
+        clattn__tuning_free(ctx->builtin[i]);
+        free(ctx->builtin[i]);
+    }
+    ctx->nbuiltin = 0;
+    ctx->user_driver_changed = 0;
+    ctx->tuning_report[0] = '\0';
+}
+
+void clattn__tuning_init(clattn_context *ctx)
+{
+    const char *dir = getenv("CLATTN_TUNING_DIR");
+    int n;
+    if (dir && *dir)
+        n = snprintf(ctx->tuning_dir, sizeof ctx->tuning_dir, "%s", dir);
+    else if (ctx->cache_dir[0])
+        n = snprintf(ctx->tuning_dir, sizeof ctx->tuning_dir, "%s/tuning", ctx->cache_dir);
+    else
+        n = -1;
+    if (n < 0 || (size_t)n >= sizeof ctx->tuning_dir)
+        ctx->tuning_dir[0] = '\0';
+    load_user(ctx);
+    load_builtin(ctx);
+}
+
+/* ---- public API ---- */
+
+const char *clattn_operation_name(clattn_operation op)
+{
+    return (unsigned)op < CLATTN_OP_COUNT ? op_names[op] : NULL;
+}
+
+int clattn_param_count(clattn_operation op)
+{
+    return (unsigned)op < CLATTN_OP_COUNT ? spaces[op].count : 0;
+}
+
+const char *clattn_param_name(clattn_operation op, int index)
+{
+    if ((unsigned)op >= CLATTN_OP_COUNT || index < 0 || index >= spaces[op].count)
+        return NULL;
+    return spaces[op].names[index];
+}
+
+const char *clattn_params_source_name(clattn_params_source source)
+{
+    static const char *const names[] = {"generic", "vendor", "built-in", "user file", "environment",
+                                        "override"};
+    return (unsigned)source < sizeof names / sizeof names[0] ? names[source] : "?";
+}
+
+clattn_status clattn_set_params(clattn_context *ctx, clattn_operation op, const int *values, int count)
+{
+    if (!ctx)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_set_params: ctx must not be NULL");
+    clattn__clear_error(ctx);
+    if ((unsigned)op >= CLATTN_OP_COUNT)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "op is not a clattn_operation (%d)", (int)op);
+    if (!values && count == 0) {
+        ctx->override_n[op] = 0;
+        return CLATTN_SUCCESS;
+    }
+    if (!values)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "values is NULL but count is %d", count);
+    if (count != spaces[op].count)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "count is %d; %s takes %d parameters", count,
+                            op_names[op], spaces[op].count);
+    for (int i = 0; i < count; i++)
+        if (values[i] < 0 || values[i] > 4096)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "values[%d] (%s) is %d, not in [0, 4096]",
+                                i, spaces[op].names[i], values[i]);
+    memset(ctx->override_v[op], 0, sizeof ctx->override_v[op]);
+    memcpy(ctx->override_v[op], values, (size_t)count * sizeof *values);
+    ctx->override_n[op] = count;
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn_get_params(clattn_context *ctx, const clattn_problem_class *pc,
+                                clattn_kernel_params *out)
+{
+    if (!ctx)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_get_params: ctx must not be NULL");
+    clattn__clear_error(ctx);
+    if (!pc || !out)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s must not be NULL", pc ? "out" : "pc");
+    if ((unsigned)pc->operation >= CLATTN_OP_COUNT)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "pc->operation is not a clattn_operation (%d)",
+                            (int)pc->operation);
+    if ((unsigned)pc->dtype > CLATTN_BF16)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "pc->dtype is not a clattn_dtype (%d)",
+                            (int)pc->dtype);
+    if (pc->head_dim < 0 || pc->head_dim > CLATTN_MAX_HEAD_DIM || pc->seq_q < 0 || pc->seq_kv < 0)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "pc sizes out of range (head_dim %lld, seq_q %lld, seq_kv %lld)",
+                            (long long)pc->head_dim, (long long)pc->seq_q, (long long)pc->seq_kv);
+    const clattn_bucket b = {(clattn_op)pc->operation, pc->dtype, (int)pc->head_dim,
+                             clattn__seq_q_class(pc->seq_q), clattn__log2_ceil(pc->seq_kv),
+                             clattn__mask_kind(pc->causal != 0, pc->masked != 0)};
+    clattn_params p;
+    memset(out, 0, sizeof *out);
+    clattn__params_for(ctx, &b, &p, &out->source, out->origin, sizeof out->origin);
+    out->count = spaces[pc->operation].count;
+    memcpy(out->values, p.v, sizeof out->values);
+    return CLATTN_SUCCESS;
+}
+
+const char *clattn_tuning_report(const clattn_context *ctx) { return ctx ? ctx->tuning_report : ""; }
+
+clattn_status clattn_reload_tuning(clattn_context *ctx)
+{
+    if (!ctx)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_reload_tuning: ctx must not be NULL");
+    clattn__clear_error(ctx);
+    clattn__tuning_release(ctx);
+    clattn__tuning_init(ctx);
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn_tuning_path(const clattn_context *ctx, char *buf, size_t size)
+{
+    if (!ctx || !buf || size == 0)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_tuning_path: ctx, buf and size must be given");
+    if (!clattn__tuning_file(ctx, buf, size))
+        return clattn__fail((clattn_context *)ctx, CLATTN_IO_ERROR,
+                            "no tuning directory (set CLATTN_TUNING_DIR) or path longer than %zu bytes", size);
+    return CLATTN_SUCCESS;
 }

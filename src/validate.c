@@ -155,9 +155,30 @@ clattn_status clattn__check_wait(clattn_context *ctx, cl_uint num_wait, const cl
     if (num_wait > 0 && !wait)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "wait is NULL but num_wait is %u",
                             (unsigned)num_wait);
-    for (cl_uint i = 0; i < num_wait; i++)
+    /* With num_wait 0 the list is ignored (enqueues get NULL), as OpenCL itself requires. */
+    for (cl_uint i = 0; i < num_wait; i++) {
         if (!wait[i])
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "wait[%u] is NULL", (unsigned)i);
+        cl_context ev_ctx = NULL;
+        cl_int exec = CL_COMPLETE;
+        if (clGetEventInfo(wait[i], CL_EVENT_CONTEXT, sizeof ev_ctx, &ev_ctx, NULL) != CL_SUCCESS ||
+            clGetEventInfo(wait[i], CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof exec, &exec, NULL) !=
+                CL_SUCCESS)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "wait[%u] is not a valid cl_event",
+                                (unsigned)i);
+        if (ev_ctx != ctx->context)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                "wait[%u] belongs to another OpenCL context", (unsigned)i);
+        /* A command that waits on a failed event would never run (or run on garbage, depending
+         * on the driver): refuse before enqueueing anything. An event that fails later, while
+         * our commands wait on it, is the driver's business. */
+        if (exec < 0) {
+            ctx->cl_error = CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST;
+            return clattn__fail(ctx, CLATTN_OPENCL_ERROR,
+                                "wait[%u] has failed (execution status %d); nothing was enqueued",
+                                (unsigned)i, (int)exec);
+        }
+    }
     return CLATTN_SUCCESS;
 }
 

@@ -557,6 +557,68 @@ static void h_widths(const char *label, info_num pref, info_num native)
         puts("n/a");
 }
 
+
+/* Which kernel parameters apply on this device, and from where (tuning store, defaults), for a
+ * representative problem per operation: d 64, f32, seq 1024 (decode: one query, 16384 keys). */
+typedef struct tuning_view {
+    int ok;
+    char report[1100];
+    clattn_kernel_params params[CLATTN_OPERATION_COUNT];
+} tuning_view;
+
+static void query_tuning(cl_uint p, cl_uint d, tuning_view *tv)
+{
+    memset(tv, 0, sizeof *tv);
+    char spec[32];
+    snprintf(spec, sizeof spec, "%u:%u", (unsigned)p, (unsigned)d);
+    clattn_context *ctx = NULL;
+    if (clattn_create(spec, &ctx) != CLATTN_SUCCESS)
+        return;
+    snprintf(tv->report, sizeof tv->report, "%s", clattn_tuning_report(ctx));
+    tv->ok = 1;
+    for (int op = 0; op < CLATTN_OPERATION_COUNT; op++) {
+        clattn_problem_class pc = {(clattn_operation)op, CLATTN_F32, 64, 1024, 1024, 0, 0};
+        if (op == CLATTN_OPERATION_DECODE) {
+            pc.seq_q = 1;
+            pc.seq_kv = 16384;
+        }
+        if (op == CLATTN_OPERATION_SOFTMAX || op == CLATTN_OPERATION_MERGE)
+            pc.head_dim = 0;
+        if (clattn_get_params(ctx, &pc, &tv->params[op]) != CLATTN_SUCCESS)
+            tv->ok = 0;
+    }
+    clattn_release(ctx);
+}
+
+static void params_text(const clattn_kernel_params *kp, clattn_operation op, char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < kp->count && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%s=%d", i ? " " : "", clattn_param_name(op, i),
+                              kp->values[i]);
+}
+
+static void print_tuning_human(cl_uint p, cl_uint d)
+{
+    tuning_view tv;
+    query_tuning(p, d, &tv);
+    if (!tv.ok) {
+        h_text("tuning", "n/a (no context on this device)");
+        return;
+    }
+    h_text("tuning store", tv.report);
+    for (int op = 0; op < CLATTN_OPERATION_COUNT; op++) {
+        char label[40], vals[256];
+        snprintf(label, sizeof label, "  %s", clattn_operation_name((clattn_operation)op));
+        params_text(&tv.params[op], (clattn_operation)op, vals, sizeof vals);
+        h_label(label);
+        printf("%s  [%s: ", vals, clattn_params_source_name(tv.params[op].source));
+        put_text(tv.params[op].origin);
+        puts("]");
+    }
+}
+
 static void print_device_human(const dev_info *di, cl_uint p, cl_uint d)
 {
     char type[64], buf[64];
@@ -628,6 +690,7 @@ static void print_device_human(const dev_info *di, cl_uint p, cl_uint d)
     h_num("timer resolution", di->timer_res_ns, "ns");
     h_text("device key", di->key);
     h_text("clattn_create(NULL)", di->is_default ? "picks this device" : "no");
+    print_tuning_human(p, d);
 }
 
 static void print_selection_human(const char *title, const selection *sel, const plat_info *plats)
@@ -900,6 +963,25 @@ static void print_device_json(json_writer *w, const dev_info *di, cl_uint p, cl_
     jw_num(w, "profiling_timer_resolution_ns", di->timer_res_ns);
     jw_str(w, "device_key", di->key);
     jw_bool(w, "default", di->is_default ? TRI_YES : TRI_NO);
+    tuning_view tv;
+    query_tuning(p, d, &tv);
+    if (tv.ok) {
+        jw_open(w, "tuning", '{');
+        jw_str(w, "report", tv.report);
+        jw_open(w, "params", '[');
+        for (int op = 0; op < CLATTN_OPERATION_COUNT; op++) {
+            char vals[256];
+            params_text(&tv.params[op], (clattn_operation)op, vals, sizeof vals);
+            jw_open(w, NULL, '{');
+            jw_str(w, "operation", clattn_operation_name((clattn_operation)op));
+            jw_str(w, "values", vals);
+            jw_str(w, "source", clattn_params_source_name(tv.params[op].source));
+            jw_str(w, "origin", tv.params[op].origin);
+            jw_close(w, '}');
+        }
+        jw_close(w, ']');
+        jw_close(w, '}');
+    }
     jw_close(w, '}');
 }
 

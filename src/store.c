@@ -1,0 +1,333 @@
+/* The tuning store's text format: parse, format, atomic write.
+ *
+ *   clattn-tuning 1
+ *   device 10de:NVIDIA H100 80GB HBM3:132:233472    (user files: the exact device key)
+ *   match pthread                                   (built-in files: a device-name substring)
+ *   driver 550.54.15                                (a tag: a new driver re-checks, not a miss)
+ *   # op  dtype head_dim mask seq_q log2_seq_kv = parameters
+ *   fused f32   64       none >128  10          = 1,4,16,1,16
+ *   softmax *   *        *    *     *           = 16,2
+ *
+ * Every field but op may be "*". mask: none, causal, masked (an additive mask or key lengths,
+ * with or without causal). seq_q: 1, <=16, <=128, >128. Lines are at most 1023 bytes; '#' starts
+ * a comment. Any other line makes the whole file malformed: a store is used whole or not at all. */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *const mask_names[3] = {"none", "causal", "masked"};
+static const char *const sq_names[4] = {"1", "<=16", "<=128", ">128"};
+static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
+
+void clattn__tuning_free(clattn_tuning_table *t)
+{
+    free(t->e);
+    memset(t, 0, sizeof *t);
+}
+
+static int add_entry(clattn_tuning_table *t, const clattn_tuning_entry *e)
+{
+    if (t->n == t->cap) {
+        int cap = t->cap ? 2 * t->cap : 16;
+        clattn_tuning_entry *p = realloc(t->e, (size_t)cap * sizeof *p);
+        if (!p)
+            return -1;
+        t->e = p;
+        t->cap = cap;
+    }
+    t->e[t->n++] = *e;
+    return 0;
+}
+
+int clattn__tuning_put(clattn_tuning_table *t, const clattn_tuning_entry *e)
+{
+    for (int i = 0; i < t->n; i++) {
+        const clattn_tuning_entry *x = &t->e[i];
+        if (x->op == e->op && x->dtype == e->dtype && x->head_dim == e->head_dim &&
+            x->mask_kind == e->mask_kind && x->sq_class == e->sq_class && x->log2_skv == e->log2_skv) {
+            t->e[i] = *e;
+            return 0;
+        }
+    }
+    return add_entry(t, e);
+}
+
+/* A field that is "*" (-1) or one of `names`. */
+static int field_name(const char *s, const char *const *names, int n, int *out)
+{
+    if (strcmp(s, "*") == 0) {
+        *out = -1;
+        return 1;
+    }
+    for (int i = 0; i < n; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *out = i;
+            return 1;
+        }
+    return 0;
+}
+
+/* A field that is "*" (-1) or an integer in [lo, hi]. */
+static int field_int(const char *s, int lo, int hi, int *out)
+{
+    if (strcmp(s, "*") == 0) {
+        *out = -1;
+        return 1;
+    }
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi)
+        return 0;
+    *out = (int)v;
+    return 1;
+}
+
+static int parse_entry(char *line, clattn_tuning_entry *e, const char **why)
+{
+    memset(e, 0, sizeof *e);
+    char *eq = strrchr(line, '='); /* the last one: "<=16" holds one too */
+    if (!eq) {
+        *why = "no '='";
+        return 0;
+    }
+    *eq = '\0';
+    char *tok[7];
+    int nt = 0;
+    for (char *s = strtok(line, " \t"); s; s = strtok(NULL, " \t")) {
+        if (nt == 7) {
+            *why = "too many fields before '='";
+            return 0;
+        }
+        tok[nt++] = s;
+    }
+    if (nt != 6) {
+        *why = "expected: op dtype head_dim mask seq_q log2_seq_kv = values";
+        return 0;
+    }
+    int op = -1;
+    for (int i = 0; i < CLATTN_OP_COUNT; i++)
+        if (strcmp(tok[0], clattn__op_name((clattn_op)i)) == 0)
+            op = i;
+    if (op < 0) {
+        *why = "unknown operation";
+        return 0;
+    }
+    e->op = (clattn_op)op;
+    if (!field_name(tok[1], dtype_names, 3, &e->dtype) || !field_int(tok[2], 1, CLATTN_MAX_HEAD_DIM, &e->head_dim) ||
+        !field_name(tok[3], mask_names, 3, &e->mask_kind) ||
+        !field_name(tok[4], sq_names, 4, &e->sq_class) || !field_int(tok[5], 0, 62, &e->log2_skv)) {
+        *why = "bad dtype, head_dim, mask, seq_q or log2_seq_kv field";
+        return 0;
+    }
+    /* Values: exactly the operation's count of integers in [0, 4096]. */
+    const int want = clattn__param_count(e->op);
+    char *s = eq + 1;
+    while (*s == ' ' || *s == '\t')
+        s++;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (end == s || errno || v < 0 || v > 4096 || e->n == CLATTN_MAX_PARAMS) {
+            *why = "values must be integers in [0, 4096]";
+            return 0;
+        }
+        e->v[e->n++] = (int)v;
+        s = end;
+        while (*s == ' ' || *s == '\t')
+            s++;
+        if (*s == ',') {
+            s++;
+            continue;
+        }
+        if (*s == '\0' || *s == '#')
+            break;
+        *why = "values must be a comma-separated list";
+        return 0;
+    }
+    if (e->n != want) {
+        *why = "wrong number of values for the operation";
+        return 0;
+    }
+    return 1;
+}
+
+int clattn__tuning_parse(const char *text, size_t len, clattn_tuning_table *t, char *err,
+                         size_t errsz)
+{
+    memset(t, 0, sizeof *t);
+    int lineno = 0, have_header = 0, have_device = 0;
+    size_t pos = 0;
+    char line[1024];
+    const char *why = NULL;
+    while (pos < len) {
+        size_t end = pos;
+        while (end < len && text[end] != '\n')
+            end++;
+        lineno++;
+        if (end - pos >= sizeof line) {
+            why = "line too long";
+            goto bad;
+        }
+        if (end == len && end > pos) {
+            /* Writers end every line with '\n': a last line without one is a truncated file. */
+            why = "truncated (last line has no newline)";
+            goto bad;
+        }
+        memcpy(line, text + pos, end - pos);
+        line[end - pos] = '\0';
+        size_t n = end - pos;
+        pos = end + 1;
+        if (strlen(line) != n) {
+            why = "NUL byte in a line";
+            goto bad;
+        }
+        /* Strip a trailing '\r' and blanks, then leading blanks. */
+        while (n > 0 && (line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t'))
+            line[--n] = '\0';
+        char *s = line;
+        while (*s == ' ' || *s == '\t')
+            s++;
+        if (!have_header) {
+            if (strncmp(s, "clattn-tuning ", 14) != 0) {
+                why = "not a clattn tuning file (first line must be \"clattn-tuning 1\")";
+                goto bad;
+            }
+            if (strcmp(s + 14, "1") != 0) {
+                why = "unsupported format version (this library reads version 1)";
+                goto bad;
+            }
+            have_header = 1;
+            continue;
+        }
+        if (*s == '\0' || *s == '#')
+            continue;
+        if (strncmp(s, "device ", 7) == 0 || strncmp(s, "match ", 6) == 0) {
+            if (have_device) {
+                why = "second device/match line";
+                goto bad;
+            }
+            const int exact = s[0] == 'd';
+            snprintf(t->device, sizeof t->device, "%s", s + (exact ? 7 : 6));
+            t->device_is_pattern = !exact;
+            have_device = 1;
+            continue;
+        }
+        if (strncmp(s, "driver ", 7) == 0) {
+            snprintf(t->driver, sizeof t->driver, "%s", s + 7);
+            continue;
+        }
+        clattn_tuning_entry e;
+        if (!parse_entry(s, &e, &why))
+            goto bad;
+        if (!have_device) {
+            why = "entry before the device line";
+            goto bad;
+        }
+        if (clattn__tuning_put(t, &e) != 0) {
+            why = "out of host memory";
+            goto bad;
+        }
+    }
+    if (!have_header) {
+        why = "empty file";
+        lineno = 1;
+        goto bad;
+    }
+    if (!have_device) {
+        why = "no device line";
+        goto bad;
+    }
+    return 0;
+bad:
+    if (err && errsz)
+        snprintf(err, errsz, "line %d: %s", lineno, why);
+    clattn__tuning_free(t);
+    return -1;
+}
+
+static void put_field(char *buf, size_t size, int v, const char *const *names)
+{
+    if (v < 0)
+        snprintf(buf, size, "*");
+    else if (names)
+        snprintf(buf, size, "%s", names[v]);
+    else
+        snprintf(buf, size, "%d", v);
+}
+
+/* One entry line without the newline. */
+void clattn__tuning_entry_text(const clattn_tuning_entry *e, char *buf, size_t size)
+{
+    char f[5][16];
+    put_field(f[0], sizeof f[0], e->dtype, dtype_names);
+    put_field(f[1], sizeof f[1], e->head_dim, NULL);
+    put_field(f[2], sizeof f[2], e->mask_kind, mask_names);
+    put_field(f[3], sizeof f[3], e->sq_class, sq_names);
+    put_field(f[4], sizeof f[4], e->log2_skv, NULL);
+    int n = snprintf(buf, size, "%-7s %-4s %-3s %-6s %-5s %-2s =", clattn__op_name(e->op), f[0], f[1],
+                     f[2], f[3], f[4]);
+    for (int i = 0; i < e->n && n > 0 && (size_t)n < size; i++)
+        n += snprintf(buf + n, size - (size_t)n, "%s%d", i ? "," : " ", e->v[i]);
+}
+
+char *clattn__tuning_format(const clattn_tuning_table *t)
+{
+    size_t cap = 1024 + (size_t)t->n * 160, n = 0;
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    n += (size_t)snprintf(out + n, cap - n, "clattn-tuning 1\n%s %s\n", t->device_is_pattern ? "match" : "device",
+                          t->device);
+    if (t->driver[0])
+        n += (size_t)snprintf(out + n, cap - n, "driver %s\n", t->driver);
+    n += (size_t)snprintf(out + n, cap - n,
+                          "# op     dtype hd mask   seq_q log2_seq_kv = parameters (see clattn-info --params)\n");
+    for (int i = 0; i < t->n && n < cap; i++) {
+        char line[160];
+        clattn__tuning_entry_text(&t->e[i], line, sizeof line);
+        n += (size_t)snprintf(out + n, cap - n, "%s\n", line);
+    }
+    if (n >= cap) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+int clattn__tuning_write(const char *path, const clattn_tuning_table *t, char *err, size_t errsz)
+{
+    char *text = clattn__tuning_format(t);
+    if (!text) {
+        snprintf(err, errsz, "out of host memory");
+        return -1;
+    }
+    /* Temporary name unique per process, thread and call; rename() replaces atomically, so a
+     * reader sees the old file or the new one, never a mix (two tuners: the last rename wins). */
+    static _Thread_local unsigned counter;
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    char tmp[4400];
+    snprintf(tmp, sizeof tmp, "%s.%ld.%lx.%lx.%u.tmp", path, (long)getpid(),
+             (unsigned long)(uintptr_t)&counter, (unsigned long)ts.tv_nsec, counter++);
+    FILE *f = fopen(tmp, "wb");
+    int ok = f != NULL;
+    if (ok) {
+        const size_t len = strlen(text);
+        ok = fwrite(text, 1, len, f) == len;
+        ok = (fclose(f) == 0) && ok;
+        ok = ok && rename(tmp, path) == 0;
+        if (!ok)
+            remove(tmp);
+    }
+    if (!ok)
+        snprintf(err, errsz, "cannot write %s: %s", path, strerror(errno));
+    free(text);
+    return ok ? 0 : -1;
+}

@@ -1,0 +1,460 @@
+/* The tuning store: text format round trip, rejected files (malformed, truncated, foreign,
+ * unsupported version), lookup order and fallbacks, the public override and read-back, a wrong
+ * candidate is never chosen by clattn-tune, and concurrent writers leave a valid file. */
+#define _POSIX_C_SOURCE 200809L
+#include "internal.h"
+#include "ref.h"
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[96];
+
+static void make_dir(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/clattn-tuning-test-%ld", (long)getpid());
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", dir, dir);
+    assert_int_equal(system(cmd), 0);
+    setenv("CLATTN_TUNING_DIR", dir, 1);
+}
+
+static void write_file(const char *path, const char *text, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, len, f), len);
+    fclose(f);
+}
+
+/* A fresh context that has read the tuning directory. */
+static clattn_context *fresh(void)
+{
+    clattn_context *ctx = tu_context();
+    return ctx;
+}
+
+/* ---- format ---- */
+
+static void test_round_trip(void **state)
+{
+    (void)state;
+    clattn_tuning_table t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.device, sizeof t.device, "10de:NVIDIA_H100:132:228");
+    snprintf(t.driver, sizeof t.driver, "550.54.15");
+    clattn_tuning_entry a = {CLATTN_OP_FUSED, 0, 64, 1, 3, 12, 5, {8, 8, 4, 1, 4}};
+    clattn_tuning_entry b = {CLATTN_OP_SOFTMAX, -1, -1, -1, -1, -1, 2, {256, 0}};
+    clattn_tuning_entry c = {CLATTN_OP_SCORES, 2, 128, 2, 0, 20, 9, {1, 1, 6, 4, 16, 16, 1, 1, 1}};
+    assert_int_equal(clattn__tuning_put(&t, &a), 0);
+    assert_int_equal(clattn__tuning_put(&t, &b), 0);
+    assert_int_equal(clattn__tuning_put(&t, &c), 0);
+    char *text = clattn__tuning_format(&t);
+    assert_non_null(text);
+    clattn_tuning_table u;
+    char err[200] = "";
+    assert_int_equal(clattn__tuning_parse(text, strlen(text), &u, err, sizeof err), 0);
+    assert_string_equal(u.device, t.device);
+    assert_string_equal(u.driver, t.driver);
+    assert_int_equal(u.n, 3);
+    for (int i = 0; i < 3; i++)
+        assert_memory_equal(&u.e[i], &t.e[i], sizeof u.e[i]);
+    /* Replacing an entry of the same bucket keeps one. */
+    a.v[0] = 16;
+    assert_int_equal(clattn__tuning_put(&u, &a), 0);
+    assert_int_equal(u.n, 3);
+    assert_int_equal(u.e[0].v[0], 16);
+    free(text);
+    clattn__tuning_free(&t);
+    clattn__tuning_free(&u);
+}
+
+typedef struct bad_row {
+    const char *name;
+    const char *text;
+    const char *why; /* substring of the parser's message */
+} bad_row;
+
+static const bad_row bad_rows[] = {
+    {"empty", "", "empty"},
+    {"foreign_header", "hello world\n", "not a clattn tuning file"},
+    {"version_2", "clattn-tuning 2\ndevice x\n", "unsupported format version"},
+    {"truncated", "clattn-tuning 1\ndevice x\nfused f32 64 none >128 10 = 1,4,16", "truncated"},
+    {"no_device", "clattn-tuning 1\nfused f32 64 none >128 10 = 1,4,16,1,16\n", "before the device"},
+    {"two_devices", "clattn-tuning 1\ndevice x\ndevice y\n", "second device"},
+    {"unknown_op", "clattn-tuning 1\ndevice x\nflash f32 64 none >128 10 = 1\n", "unknown operation"},
+    {"bad_dtype", "clattn-tuning 1\ndevice x\nfused f64 64 none >128 10 = 1,4,16,1,16\n", "bad dtype"},
+    {"bad_head_dim", "clattn-tuning 1\ndevice x\nfused f32 999 none >128 10 = 1,4,16,1,16\n", "bad dtype"},
+    {"bad_mask", "clattn-tuning 1\ndevice x\nfused f32 64 some >128 10 = 1,4,16,1,16\n", "bad dtype"},
+    {"few_values", "clattn-tuning 1\ndevice x\nfused f32 64 none >128 10 = 1,4,16\n", "wrong number"},
+    {"many_values", "clattn-tuning 1\ndevice x\nmerge * * * * * = 1,2\n", "wrong number"},
+    {"negative", "clattn-tuning 1\ndevice x\nmerge * * * * * = -4\n", "integers"},
+    {"huge", "clattn-tuning 1\ndevice x\nmerge * * * * * = 99999999999999999999\n", "integers"},
+    {"garbage_value", "clattn-tuning 1\ndevice x\nmerge * * * * * = 4x\n", "comma-separated"},
+    {"no_equals", "clattn-tuning 1\ndevice x\nmerge * * * * * 4\n", "no '='"},
+    {"few_fields", "clattn-tuning 1\ndevice x\nmerge * * = 4\n", "expected"},
+};
+
+static void test_bad_file(void **state)
+{
+    const bad_row *r = *state;
+    clattn_tuning_table t;
+    char err[200] = "";
+    assert_int_equal(clattn__tuning_parse(r->text, strlen(r->text), &t, err, sizeof err), -1);
+    if (!strstr(err, r->why))
+        fail_msg("message \"%s\" lacks \"%s\"", err, r->why);
+    assert_int_equal(t.n, 0);
+    assert_null(t.e);
+}
+
+static void test_nul_and_long_lines(void **state)
+{
+    (void)state;
+    clattn_tuning_table t;
+    char err[200];
+    const char nul[] = "clattn-tuning 1\ndevice x\0y\n";
+    assert_int_equal(clattn__tuning_parse(nul, sizeof nul - 1, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "NUL"));
+    char *big = malloc(5000);
+    assert_non_null(big);
+    memset(big, 'a', 4999);
+    memcpy(big, "clattn-tuning 1\ndevice ", 23);
+    big[4998] = '\n';
+    assert_int_equal(clattn__tuning_parse(big, 4999, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "too long"));
+    free(big);
+    /* Random bytes: rejected or accepted, never a crash (the fuzz harness goes further). */
+    tu_rng rng;
+    tu_seed(&rng, 7);
+    char buf[300];
+    for (int i = 0; i < 2000; i++) {
+        const size_t n = tu_next(&rng) % sizeof buf;
+        for (size_t j = 0; j < n; j++)
+            buf[j] = (char)(j < 16 ? "clattn-tuning 1\n"[j] : " \n=,*0123456789abcdefuscore"[tu_next(&rng) % 27]);
+        if (clattn__tuning_parse(buf, n, &t, err, sizeof err) == 0)
+            clattn__tuning_free(&t);
+    }
+}
+
+/* ---- the context side ---- */
+
+static void path_of(clattn_context *ctx, char *buf, size_t size)
+{
+    assert_int_equal(clattn_tuning_path(ctx, buf, size), CLATTN_SUCCESS);
+    assert_non_null(strstr(buf, dir));
+}
+
+static clattn_kernel_params get(clattn_context *ctx, clattn_operation op)
+{
+    clattn_problem_class pc = {op, CLATTN_F32, 64, 1024, 1024, 0, 0};
+    clattn_kernel_params kp;
+    assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_SUCCESS);
+    return kp;
+}
+
+static void test_lookup_order(void **state)
+{
+    (void)state;
+    make_dir();
+    unsetenv("CLATTN_PARAMS_FUSED");
+    clattn_context *ctx = fresh();
+    clattn_kernel_params base = get(ctx, CLATTN_OPERATION_FUSED);
+    assert_true(base.source <= CLATTN_SOURCE_BUILTIN); /* no user file yet */
+    assert_int_equal(base.count, 5);
+    assert_non_null(strstr(clattn_tuning_report(ctx), "no user tuning file"));
+
+    /* A user file for this device wins over the defaults, for its bucket only. */
+    char path[4200], text[1200];
+    path_of(ctx, path, sizeof path);
+    snprintf(text, sizeof text,
+             "clattn-tuning 1\ndevice %s\ndriver %s\nfused f32 64 none >128 10 = 2,4,8,1,8\n", ctx->dev.key,
+             ctx->dev.driver);
+    write_file(path, text, strlen(text));
+    assert_int_equal(clattn_reload_tuning(ctx), CLATTN_SUCCESS);
+    clattn_kernel_params u = get(ctx, CLATTN_OPERATION_FUSED);
+    assert_int_equal(u.source, CLATTN_SOURCE_USER_FILE);
+    const int want[5] = {2, 4, 8, 1, 8};
+    assert_memory_equal(u.values, want, sizeof want);
+    assert_non_null(strstr(u.origin, path));
+    clattn_problem_class causal = {CLATTN_OPERATION_FUSED, CLATTN_F32, 64, 1024, 1024, 1, 0};
+    clattn_kernel_params c;
+    assert_int_equal(clattn_get_params(ctx, &causal, &c), CLATTN_SUCCESS);
+    assert_int_equal(c.source, base.source); /* other mask kind: not this entry */
+    clattn_problem_class far = {CLATTN_OPERATION_FUSED, CLATTN_F32, 64, 1024, 1 << 20, 0, 0};
+    assert_int_equal(clattn_get_params(ctx, &far, &c), CLATTN_SUCCESS);
+    assert_int_equal(c.source, base.source); /* log2 seq_kv 20 is too far from 10 */
+
+    /* The environment beats the file; an override beats both; removing it restores the file. */
+    setenv("CLATTN_PARAMS_FUSED", "1,8,4,1,4", 1);
+    assert_int_equal(get(ctx, CLATTN_OPERATION_FUSED).source, CLATTN_SOURCE_ENVIRONMENT);
+    const int ov[5] = {4, 4, 4, 1, 4};
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_FUSED, ov, 5), CLATTN_SUCCESS);
+    clattn_kernel_params o = get(ctx, CLATTN_OPERATION_FUSED);
+    assert_int_equal(o.source, CLATTN_SOURCE_OVERRIDE);
+    assert_memory_equal(o.values, ov, sizeof ov);
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_FUSED, NULL, 0), CLATTN_SUCCESS);
+    unsetenv("CLATTN_PARAMS_FUSED");
+    assert_int_equal(get(ctx, CLATTN_OPERATION_FUSED).source, CLATTN_SOURCE_USER_FILE);
+
+    /* A driver change keeps the entries and says so. */
+    snprintf(text, sizeof text, "clattn-tuning 1\ndevice %s\ndriver 0.0-old\nfused f32 64 none >128 10 = 2,4,8,1,8\n",
+             ctx->dev.key);
+    write_file(path, text, strlen(text));
+    assert_int_equal(clattn_reload_tuning(ctx), CLATTN_SUCCESS);
+    assert_int_equal(get(ctx, CLATTN_OPERATION_FUSED).source, CLATTN_SOURCE_USER_FILE);
+    assert_non_null(strstr(clattn_tuning_report(ctx), "re-run clattn-tune"));
+    clattn_release(ctx);
+}
+
+typedef struct file_row {
+    const char *name;
+    const char *body; /* after the header; %s is the device key */
+    int header;       /* 1: write "clattn-tuning 1\n" first */
+    const char *why;
+} file_row;
+
+static const file_row file_rows[] = {
+    {"foreign", "device 0000:another_device:1:1\nfused f32 64 none >128 10 = 2,4,8,1,8\n", 1, "another device"},
+    {"pattern_as_user", "match %s\nfused f32 64 none >128 10 = 2,4,8,1,8\n", 1, "another device"},
+    {"truncated", "device %s\nfused f32 64 none >128 10 = 2,4,8", 1, "truncated"},
+    {"malformed", "device %s\nfused f32 64 none >128 10 = 2,4,8,1,8,9\n", 1, "wrong number"},
+    {"garbage", "\x7f" "ELF\x02\x01\x01 binary garbage %s\n", 0, "not a clattn tuning file"},
+    {"stale_version", "clattn-tuning 0\ndevice %s\n", 0, "unsupported format version"},
+};
+
+static void test_bad_user_file(void **state)
+{
+    const file_row *r = *state;
+    make_dir();
+    clattn_context *ctx = fresh();
+    const clattn_kernel_params before = get(ctx, CLATTN_OPERATION_FUSED);
+    char path[4200], body[1200], text[1300];
+    path_of(ctx, path, sizeof path);
+    snprintf(body, sizeof body, r->body, ctx->dev.key);
+    snprintf(text, sizeof text, "%s%s", r->header ? "clattn-tuning 1\n" : "", body);
+    write_file(path, text, strlen(text));
+    assert_int_equal(clattn_reload_tuning(ctx), CLATTN_SUCCESS);
+    const char *rep = clattn_tuning_report(ctx);
+    if (!strstr(rep, "ignored") || !strstr(rep, r->why))
+        fail_msg("report \"%s\" lacks \"ignored\" / \"%s\"", rep, r->why);
+    clattn_kernel_params after = get(ctx, CLATTN_OPERATION_FUSED);
+    assert_int_equal(after.source, before.source);
+    assert_memory_equal(after.values, before.values, sizeof after.values);
+    clattn_release(ctx);
+    /* A new context on the same bad file is created normally. */
+    ctx = fresh();
+    assert_non_null(strstr(clattn_tuning_report(ctx), "ignored"));
+    clattn_release(ctx);
+}
+
+static void test_set_params_errors(void **state)
+{
+    (void)state;
+    clattn_context *ctx = tu_ctx_get();
+    const int v[9] = {1, 1, 6, 4, 16, 16, 1, 1, 1};
+    assert_int_equal(clattn_set_params(NULL, CLATTN_OPERATION_SCORES, v, 9), CLATTN_INVALID_ARGUMENT);
+    assert_int_equal(clattn_set_params(ctx, (clattn_operation)99, v, 9), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "op"));
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_SCORES, v, 8), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "count"));
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_SCORES, NULL, 9), CLATTN_INVALID_ARGUMENT);
+    const int neg[9] = {1, 1, -6, 4, 16, 16, 1, 1, 1};
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_SCORES, neg, 9), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "RM"));
+    clattn_kernel_params kp;
+    assert_int_equal(clattn_get_params(ctx, NULL, &kp), CLATTN_INVALID_ARGUMENT);
+    clattn_problem_class pc = {CLATTN_OPERATION_SCORES, (clattn_dtype)7, 64, 1, 1, 0, 0};
+    assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_INVALID_ARGUMENT);
+    assert_int_equal(clattn_param_count(CLATTN_OPERATION_SOFTMAX), 2);
+    assert_string_equal(clattn_param_name(CLATTN_OPERATION_SOFTMAX, 1), "ROWS");
+    assert_null(clattn_param_name(CLATTN_OPERATION_SOFTMAX, 2));
+    assert_null(clattn_operation_name(CLATTN_OPERATION_COUNT));
+}
+
+/* An override that the device cannot run as given (huge work-group, huge tiles) is clamped, and
+ * the result still matches the reference: overrides change speed, never answers. */
+static void test_override_computes(void **state)
+{
+    (void)state;
+    clattn_context *ctx = tu_ctx_get();
+    const int B = 1, H = 2, S = 37, D = 24;
+    const size_t n = (size_t)B * H * S * D;
+    float *q = tu_xalloc(n * 4), *k = tu_xalloc(n * 4), *v = tu_xalloc(n * 4), *o = tu_xalloc(n * 4);
+    double *qd = tu_xdoubles(n), *kd = tu_xdoubles(n), *vd = tu_xdoubles(n), *want = tu_xdoubles(n);
+    tu_rng rng;
+    tu_seed(&rng, 11);
+    tu_fill(&rng, CLATTN_F32, q, qd, n, -1, 1);
+    tu_fill(&rng, CLATTN_F32, k, kd, n, -1, 1);
+    tu_fill(&rng, CLATTN_F32, v, vd, n, -1, 1);
+    ref_attn ra;
+    memset(&ra, 0, sizeof ra);
+    ra.batch = B;
+    ra.heads_q = ra.heads_kv = H;
+    ra.seq_q = ra.seq_kv = S;
+    ra.head_dim = D;
+    ra.causal = 1;
+    ref_attention(&ra, qd, kd, vd, want, NULL, NULL);
+    const int ovs[3][5] = {{4096, 4096, 64, 2, 16}, {1, 1, 1, 1, 4}, {3, 5, 7, 2, 8}};
+    for (int t = 0; t < 3; t++) {
+        assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_FUSED, ovs[t], 5), CLATTN_SUCCESS);
+        clattn_attention_desc desc;
+        memset(&desc, 0, sizeof desc);
+        desc.batch = B;
+        desc.heads_q = desc.heads_kv = H;
+        desc.seq_q = desc.seq_kv = S;
+        desc.head_dim = D;
+        desc.causal = 1;
+        desc.algorithm = CLATTN_ALGORITHM_FUSED;
+        assert_int_equal(clattn_attention_host(ctx, &desc, CLATTN_F32, q, k, v, o, NULL), CLATTN_SUCCESS);
+        double *got = tu_xdoubles(n);
+        for (size_t i = 0; i < n; i++)
+            got[i] = o[i];
+        tu_assert_allclose("fused with override", got, want, n, 1e-5, 1e-4);
+    }
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_FUSED, NULL, 0), CLATTN_SUCCESS);
+}
+
+/* clattn-tune end to end on a tiny problem: it writes a store this device accepts, every entry is
+ * at least as fast as the defaults by its own report, and a wrong candidate is never chosen. */
+#ifdef CLATTN_TUNE_PATH
+static int run_tuner(const char *extra)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "%s --dir %s --budget 8 --iters 2 --seed 3 --shape 1,2,2,64,64,16 --ops scores,softmax %s "
+             ">%s/report.json 2>%s/tune.log",
+             CLATTN_TUNE_PATH, dir, extra, dir, dir);
+    return system(cmd);
+}
+#endif
+
+static void test_tuner(void **state)
+{
+    (void)state;
+#ifndef CLATTN_TUNE_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    assert_int_equal(run_tuner("--json"), 0);
+    clattn_context *ctx = fresh();
+    assert_non_null(strstr(clattn_tuning_report(ctx), "user tuning file"));
+    assert_null(strstr(clattn_tuning_report(ctx), "ignored"));
+    clattn_problem_class pc = {CLATTN_OPERATION_SCORES, CLATTN_F32, 16, 64, 64, 0, 0};
+    clattn_kernel_params kp;
+    assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_SUCCESS);
+    assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE);
+    clattn_release(ctx);
+    char path[400];
+    snprintf(path, sizeof path, "%s/report.json", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char buf[8192];
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    buf[len] = '\0';
+    fclose(f);
+    assert_non_null(strstr(buf, "\"op\": \"scores\""));
+    for (const char *p = strstr(buf, "\"speedup\": "); p; p = strstr(p + 1, "\"speedup\": "))
+        assert_true(atof(p + 11) >= 1.0);
+
+    /* Poison: kernels (CLATTN_KERNEL_DIR) whose scores are wrong unless RM is the defaults'
+     * value: every other candidate must be rejected, none chosen. */
+    make_dir();
+    ctx = fresh(); /* the defaults' RM on this device, from an empty tuning directory */
+    clattn_kernel_params dk;
+    assert_int_equal(clattn_get_params(ctx, &pc, &dk), CLATTN_SUCCESS);
+    const int rm = dk.values[2];
+    clattn_release(ctx);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s/cl && cp %s/cl/*.cl %s/cl/ && { printf '#if defined(RM) && RM != %d\\n#undef MAD\\n"
+             "#define MAD(a, b, c) ((a) * (b) + (c) + 1.0f)\\n#endif\\n'; cat %s/cl/gemm.cl; } "
+             "> %s/cl/gemm.tmp && mv %s/cl/gemm.tmp %s/cl/gemm.cl",
+             dir, CLATTN_SOURCE_DIR, dir, rm, CLATTN_SOURCE_DIR, dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    char kdir[200];
+    snprintf(kdir, sizeof kdir, "%s/cl", dir);
+    setenv("CLATTN_KERNEL_DIR", kdir, 1);
+    const int rc = run_tuner("--json");
+    unsetenv("CLATTN_KERNEL_DIR");
+    assert_int_equal(rc, 0);
+    snprintf(path, sizeof path, "%s/report.json", dir);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    len = fread(buf, 1, sizeof buf - 1, f);
+    buf[len] = '\0';
+    fclose(f);
+    const char *sc = strstr(buf, "\"op\": \"scores\"");
+    assert_non_null(sc);
+    const char *wrong = strstr(sc, "\"wrong\": ");
+    assert_non_null(wrong);
+    assert_true(atoi(wrong + 9) > 0); /* the poison was met and rejected */
+    const char *params = strstr(sc, "\"params\": [");
+    assert_non_null(params);
+    int v[9];
+    assert_int_equal(sscanf(params + 11, "%d, %d, %d", &v[0], &v[1], &v[2]), 3);
+    assert_int_equal(v[2], rm);
+#endif
+}
+
+/* Two tuners writing one store at once: the file ends valid and complete (one of the two). */
+static void test_two_writers(void **state)
+{
+    (void)state;
+    make_dir();
+    clattn_context *ctx = tu_ctx_get();
+    char path[4200];
+    path_of(ctx, path, sizeof path);
+    pid_t pids[2];
+    for (int w = 0; w < 2; w++) {
+        pids[w] = fork();
+        assert_true(pids[w] >= 0);
+        if (pids[w] == 0) {
+            clattn_tuning_table t;
+            memset(&t, 0, sizeof t);
+            snprintf(t.device, sizeof t.device, "%s", ctx->dev.key);
+            for (int i = 0; i < 200; i++) {
+                clattn_tuning_entry e = {CLATTN_OP_MERGE, 0, -1, -1, -1, i % 40, 1, {16 + w}};
+                clattn__tuning_put(&t, &e);
+            }
+            char err[300];
+            for (int r = 0; r < 50; r++)
+                if (clattn__tuning_write(path, &t, err, sizeof err) != 0)
+                    _exit(1);
+            _exit(0);
+        }
+    }
+    for (int w = 0; w < 2; w++) {
+        int status = 0;
+        assert_int_equal(waitpid(pids[w], &status, 0), pids[w]);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    assert_int_equal(clattn_reload_tuning(ctx), CLATTN_SUCCESS);
+    assert_non_null(strstr(clattn_tuning_report(ctx), "40 entries"));
+    /* No temporary file is left behind. */
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "ls %s | grep -q tmp", dir);
+    assert_int_not_equal(system(cmd), 0);
+}
+
+int main(void)
+{
+    tu_add_test("format/round_trip", NULL, test_round_trip, NULL);
+    TU_ADD_TABLE("format/bad", test_bad_file, bad_rows);
+    tu_add_test("format/nul_long_random", NULL, test_nul_and_long_lines, NULL);
+    tu_add_test("lookup/order", NULL, test_lookup_order, NULL);
+    TU_ADD_TABLE("lookup/bad_user_file", test_bad_user_file, file_rows);
+    tu_add_test("api/set_params_errors", NULL, test_set_params_errors, NULL);
+    tu_add_test("api/override_computes", NULL, test_override_computes, NULL);
+    tu_add_test("tuner/end_to_end", NULL, test_tuner, NULL);
+    tu_add_test("store/two_writers", NULL, test_two_writers, NULL);
+    const int rc = tu_run_tests("tuning");
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (dir[0] && system(cmd) != 0)
+        return 1;
+    return rc;
+}

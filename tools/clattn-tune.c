@@ -1,0 +1,671 @@
+/* clattn-tune: searches each kernel's parameters for one device and writes the tuning store.
+ *
+ * For every (shape, operation) task: the defaults (what the library uses without a user file)
+ * are timed first; then candidates from the operation's parameter space (all of it when small,
+ * else a random walk around the best so far) are each run once, dropped if the run fails (build
+ * failure, work-group or local-memory limits, private-memory spill on GPUs) or if sampled output
+ * rows differ from a float64 reference, and otherwise timed (wall clock around every kernel the
+ * operation enqueues: warm-up, median of N). The winner, or the defaults when nothing beats them,
+ * goes into the device's user tuning file, written atomically. */
+#define _POSIX_C_SOURCE 200809L
+#include "clattn.h"
+#include "internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct shape {
+    long long b, h, hkv, sq, skv, d;
+    int causal;
+} shape;
+
+typedef struct task {
+    shape s;
+    clattn_operation op;
+    /* results */
+    int tried, pruned, rejected;
+    double default_ms, best_ms;
+    int best[CLATTN_MAX_KERNEL_PARAMS], defaults[CLATTN_MAX_KERNEL_PARAMS];
+} task;
+
+static clattn_context *ctx;
+static cl_command_queue queue;
+static int iters = 5, tty;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "clattn-tune: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(1);
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float frand(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+
+/* ---- buffers and the float64 reference on sampled rows ---- */
+
+typedef struct data {
+    float *q, *k, *v, *x;        /* host copies (x: softmax input) */
+    cl_mem dq, dk, dv, dx, dout; /* device */
+    size_t nq, nk, nout;
+    long long rows[8][3]; /* sampled (b, h, i) */
+    int nrows;
+} data;
+
+static cl_mem upload(const float *h, size_t n)
+{
+    cl_int err;
+    cl_mem m = clCreateBuffer(clattn_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                              n * sizeof(float), (void *)h, &err);
+    if (err != CL_SUCCESS)
+        die("clCreateBuffer (%zu floats): %d", n, err);
+    return m;
+}
+
+static float *random_floats(size_t n)
+{
+    float *p = malloc(n * sizeof *p);
+    if (!p)
+        die("out of host memory");
+    for (size_t i = 0; i < n; i++)
+        p[i] = frand();
+    return p;
+}
+
+static void make_data(const shape *s, clattn_operation op, data *dd)
+{
+    memset(dd, 0, sizeof *dd);
+    dd->nq = (size_t)(s->b * s->h * s->sq * s->d);
+    dd->nk = (size_t)(s->b * s->hkv * s->skv * s->d);
+    dd->nout = op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_SOFTMAX
+                   ? (size_t)(s->b * s->h * s->sq * s->skv)
+                   : dd->nq;
+    if (op == CLATTN_OPERATION_SOFTMAX) {
+        dd->x = random_floats(dd->nout);
+        for (size_t i = 0; i < dd->nout; i++)
+            dd->x[i] *= 8.0f;
+        dd->dx = upload(dd->x, dd->nout);
+    } else {
+        dd->q = random_floats(dd->nq);
+        dd->k = random_floats(dd->nk);
+        dd->v = random_floats(dd->nk);
+        dd->dq = upload(dd->q, dd->nq);
+        dd->dk = upload(dd->k, dd->nk);
+        dd->dv = upload(dd->v, dd->nk);
+    }
+    cl_int err;
+    dd->dout = clCreateBuffer(clattn_cl_context(ctx), CL_MEM_READ_WRITE, dd->nout * sizeof(float), NULL, &err);
+    if (err != CL_SUCCESS)
+        die("clCreateBuffer (output): %d", err);
+    dd->nrows = 8;
+    for (int r = 0; r < 8; r++) {
+        dd->rows[r][0] = (long long)(rnd() % (uint64_t)s->b);
+        dd->rows[r][1] = (long long)(rnd() % (uint64_t)s->h);
+        dd->rows[r][2] = r == 0 ? 0 : r == 1 ? s->sq - 1 : (long long)(rnd() % (uint64_t)s->sq);
+    }
+}
+
+static void free_data(data *dd)
+{
+    cl_mem ms[5] = {dd->dq, dd->dk, dd->dv, dd->dx, dd->dout};
+    for (int i = 0; i < 5; i++)
+        if (ms[i])
+            clReleaseMemObject(ms[i]);
+    free(dd->q);
+    free(dd->k);
+    free(dd->v);
+    free(dd->x);
+}
+
+/* Reference row (b, h, i) of the task's output into ref (length = row length). */
+static size_t ref_row(const shape *s, clattn_operation op, const data *dd, long long b, long long h,
+                      long long i, double *ref)
+{
+    const double scale = 1.0 / sqrt((double)s->d);
+    const long long hk = h / (s->h / s->hkv);
+    const long long vis = s->causal ? i + 1 + (s->skv - s->sq) : s->skv;
+    if (op == CLATTN_OPERATION_SOFTMAX) {
+        const float *x = dd->x + ((b * s->h + h) * s->sq + i) * s->skv;
+        double m = -INFINITY, sum = 0;
+        for (long long j = 0; j < s->skv; j++)
+            if (j < vis && x[j] > m)
+                m = x[j];
+        for (long long j = 0; j < s->skv; j++)
+            sum += j < vis ? exp(x[j] - m) : 0.0;
+        for (long long j = 0; j < s->skv; j++)
+            ref[j] = j < vis ? exp(x[j] - m) / sum : 0.0;
+        return (size_t)s->skv;
+    }
+    const float *q = dd->q + ((b * s->h + h) * s->sq + i) * s->d;
+    double *sc = malloc((size_t)s->skv * sizeof *sc);
+    if (!sc)
+        die("out of host memory");
+    double m = -INFINITY;
+    for (long long j = 0; j < s->skv; j++) {
+        const float *k = dd->k + ((b * s->hkv + hk) * s->skv + j) * s->d;
+        double acc = 0;
+        for (long long e = 0; e < s->d; e++)
+            acc += (double)q[e] * k[e];
+        sc[j] = j < vis ? acc * scale : -INFINITY;
+        if (sc[j] > m)
+            m = sc[j];
+    }
+    if (op == CLATTN_OPERATION_SCORES) {
+        memcpy(ref, sc, (size_t)s->skv * sizeof *ref);
+        free(sc);
+        return (size_t)s->skv;
+    }
+    double sum = 0;
+    for (long long j = 0; j < s->skv; j++)
+        sum += sc[j] == -INFINITY ? 0.0 : exp(sc[j] - m);
+    for (long long e = 0; e < s->d; e++)
+        ref[e] = 0;
+    for (long long j = 0; j < vis && j < s->skv; j++) {
+        const double p = exp(sc[j] - m) / sum;
+        const float *v = dd->v + ((b * s->hkv + hk) * s->skv + j) * s->d;
+        for (long long e = 0; e < s->d; e++)
+            ref[e] += p * v[e];
+    }
+    free(sc);
+    return (size_t)s->d;
+}
+
+/* Max error of the sampled rows of the device output, relative to the row's largest value. */
+static double check_rows(const shape *s, clattn_operation op, const data *dd)
+{
+    const size_t len = (size_t)(op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_SOFTMAX ? s->skv : s->d);
+    double *ref = malloc(len * sizeof *ref);
+    float *got = malloc(len * sizeof *got);
+    if (!ref || !got)
+        die("out of host memory");
+    double worst = 0;
+    for (int r = 0; r < dd->nrows; r++) {
+        const long long b = dd->rows[r][0], h = dd->rows[r][1], i = dd->rows[r][2];
+        ref_row(s, op, dd, b, h, i, ref);
+        const size_t off = (size_t)((b * s->h + h) * s->sq + i) * len;
+        if (clEnqueueReadBuffer(queue, dd->dout, CL_TRUE, off * sizeof(float), len * sizeof(float), got,
+                                0, NULL, NULL) != CL_SUCCESS)
+            die("clEnqueueReadBuffer failed");
+        double norm = 1e-30;
+        for (size_t j = 0; j < len; j++)
+            if (isfinite(ref[j]) && fabs(ref[j]) > norm)
+                norm = fabs(ref[j]);
+        for (size_t j = 0; j < len; j++) {
+            double e;
+            if (isinf(ref[j]))
+                e = got[j] == ref[j] ? 0.0 : INFINITY;
+            else
+                e = isfinite(got[j]) ? fabs(got[j] - ref[j]) / norm : INFINITY;
+            if (e > worst)
+                worst = e;
+        }
+    }
+    free(ref);
+    free(got);
+    return worst;
+}
+
+/* ---- running one operation ---- */
+
+static clattn_status run_once(const shape *s, clattn_operation op, const data *dd)
+{
+    clattn_attention_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.batch = s->b;
+    desc.heads_q = s->h;
+    desc.heads_kv = s->hkv;
+    desc.seq_q = s->sq;
+    desc.seq_kv = s->skv;
+    desc.head_dim = s->d;
+    desc.causal = s->causal;
+    desc.algorithm = op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_PV || op == CLATTN_OPERATION_SOFTMAX
+                         ? CLATTN_ALGORITHM_UNFUSED
+                         : CLATTN_ALGORITHM_FUSED;
+    clattn_tensor q = clattn_tensor_bhsd(dd->dq, CLATTN_F32, s->b, s->h, s->sq, s->d);
+    clattn_tensor k = clattn_tensor_bhsd(dd->dk, CLATTN_F32, s->b, s->hkv, s->skv, s->d);
+    clattn_tensor v = clattn_tensor_bhsd(dd->dv, CLATTN_F32, s->b, s->hkv, s->skv, s->d);
+    clattn_status st;
+    if (op == CLATTN_OPERATION_SCORES) {
+        clattn_tensor sc = clattn_tensor_bhsd(dd->dout, CLATTN_F32, s->b, s->h, s->sq, s->skv);
+        st = clattn_scores(ctx, &desc, &q, &k, &sc, 0, NULL, NULL);
+    } else if (op == CLATTN_OPERATION_SOFTMAX) {
+        clattn_softmax_desc sd;
+        memset(&sd, 0, sizeof sd);
+        sd.batch = s->b;
+        sd.heads = s->h;
+        sd.rows = s->sq;
+        sd.cols = s->skv;
+        sd.causal = s->causal;
+        clattn_tensor in = clattn_tensor_bhsd(dd->dx, CLATTN_F32, s->b, s->h, s->sq, s->skv);
+        clattn_tensor out = clattn_tensor_bhsd(dd->dout, CLATTN_F32, s->b, s->h, s->sq, s->skv);
+        st = clattn_softmax(ctx, &sd, &in, &out, 0, NULL, NULL);
+    } else {
+        clattn_tensor o = clattn_tensor_bhsd(dd->dout, CLATTN_F32, s->b, s->h, s->sq, s->d);
+        st = clattn_attention(ctx, &desc, &q, &k, &v, &o, 0, NULL, NULL);
+    }
+    if (st == CLATTN_SUCCESS && clFinish(queue) != CL_SUCCESS)
+        st = CLATTN_OPENCL_ERROR;
+    return st;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median wall time (ms) of `iters` runs after one warm-up; < 0 on failure. */
+static double time_op(const shape *s, clattn_operation op, const data *dd)
+{
+    if (run_once(s, op, dd) != CLATTN_SUCCESS)
+        return -1;
+    double t[64];
+    const int n = iters < 64 ? iters : 64;
+    for (int i = 0; i < n; i++) {
+        const double t0 = now_s();
+        if (run_once(s, op, dd) != CLATTN_SUCCESS)
+            return -1;
+        t[i] = 1e3 * (now_s() - t0);
+    }
+    qsort(t, (size_t)n, sizeof t[0], cmp_double);
+    return t[n / 2];
+}
+
+/* GPUs: a kernel of the last build that needs private memory spills registers. */
+static int spills(int programs_before)
+{
+    if (ctx->dev.type & CL_DEVICE_TYPE_CPU)
+        return 0;
+    for (int i = programs_before; i < ctx->nprograms; i++)
+        for (int j = 0; j < ctx->programs[i].nkernels; j++) {
+            cl_ulong priv = 0;
+            if (clGetKernelWorkGroupInfo(ctx->programs[i].kernels[j], ctx->device,
+                                         CL_KERNEL_PRIVATE_MEM_SIZE, sizeof priv, &priv, NULL) == CL_SUCCESS &&
+                priv > 0)
+                return 1;
+        }
+    return 0;
+}
+
+/* ---- the search ---- */
+
+static int same(const int *a, const int *b, int n) { return memcmp(a, b, (size_t)n * sizeof *a) == 0; }
+
+/* Removes choices that cannot matter, so equivalent candidates compare equal. */
+static void canonical(clattn_operation op, int *v)
+{
+    if (op == CLATTN_OPERATION_SCORES) {
+        if (v[8]) { /* direct: only RM and NS count */
+            v[0] = v[1] = 1;
+            v[4] = 16;
+            v[5] = 16;
+            v[6] = 1;
+            v[7] = 1;
+        }
+    }
+}
+
+static size_t space_size(clattn_operation op)
+{
+    size_t n = 1;
+    for (int i = 0; i < clattn_param_count(op); i++) {
+        const int *vals;
+        n *= (size_t)clattn__param_candidates((clattn_op)op, i, &vals);
+    }
+    return n;
+}
+
+static void nth_candidate(clattn_operation op, size_t idx, int *v)
+{
+    for (int i = 0; i < clattn_param_count(op); i++) {
+        const int *vals;
+        const int n = clattn__param_candidates((clattn_op)op, i, &vals);
+        v[i] = vals[idx % (size_t)n];
+        idx /= (size_t)n;
+    }
+    canonical(op, v);
+}
+
+/* A neighbour of `from`: one or two parameters moved to another candidate value. */
+static void mutate(clattn_operation op, const int *from, int *v)
+{
+    const int np = clattn_param_count(op);
+    memcpy(v, from, (size_t)np * sizeof *v);
+    const int moves = 1 + (int)(rnd() % 2);
+    for (int m = 0; m < moves; m++) {
+        const int i = (int)(rnd() % (uint64_t)np);
+        const int *vals;
+        const int n = clattn__param_candidates((clattn_op)op, i, &vals);
+        v[i] = vals[rnd() % (uint64_t)n];
+    }
+    canonical(op, v);
+}
+
+static const char *shape_text(const shape *s, char *buf, size_t size)
+{
+    snprintf(buf, size, "B%lld H%lld/%lld Sq%lld Skv%lld d%lld%s", s->b, s->h, s->hkv, s->sq, s->skv,
+             s->d, s->causal ? " causal" : "");
+    return buf;
+}
+
+static void progress(double done, double total, int ti, int nt, const char *what)
+{
+    if (!tty)
+        return;
+    const double f = total > 0 ? (done / total > 1 ? 1 : done / total) : 1;
+    char bar[31];
+    for (int i = 0; i < 30; i++)
+        bar[i] = i < (int)(f * 30) ? '#' : '.';
+    bar[30] = '\0';
+    const double eta = total - done > 0 ? total - done : 0;
+    fprintf(stderr, "\r[%s] %3.0f%%  task %d/%d %-12s ETA %dm%02ds ", bar, 100 * f, ti + 1, nt, what,
+            (int)eta / 60, (int)eta % 60);
+    fflush(stderr);
+}
+
+static void tune(task *t, double budget, double t_start, double total_budget, int ti, int nt)
+{
+    const shape *s = &t->s;
+    const clattn_operation op = t->op;
+    const int np = clattn_param_count(op);
+    data dd;
+    make_data(s, op, &dd);
+    const double tol = 1e-4;
+
+    /* Defaults: what the library picks with no user file (and no environment override). */
+    clattn_tuning_table *saved = ctx->user_tuning;
+    ctx->user_tuning = NULL;
+    clattn_set_params(ctx, op, NULL, 0);
+    clattn_problem_class pc = {op, CLATTN_F32, s->d, s->sq, s->skv, s->causal, 0};
+    if (op == CLATTN_OPERATION_SOFTMAX)
+        pc.head_dim = 0;
+    clattn_kernel_params kp;
+    if (clattn_get_params(ctx, &pc, &kp) != CLATTN_SUCCESS)
+        die("clattn_get_params: %s", clattn_last_error(ctx));
+    ctx->user_tuning = saved;
+    memcpy(t->defaults, kp.values, sizeof t->defaults);
+    clattn_set_params(ctx, op, t->defaults, np);
+    t->default_ms = time_op(s, op, &dd);
+    if (t->default_ms < 0)
+        die("the defaults fail on %s: %s", clattn_operation_name(op), clattn_last_error(ctx));
+    const double derr = check_rows(s, op, &dd);
+    if (derr > tol)
+        die("the defaults give wrong results on %s (error %.3g)", clattn_operation_name(op), derr);
+    memcpy(t->best, t->defaults, sizeof t->best);
+    t->best_ms = t->default_ms;
+
+    const size_t space = space_size(op);
+    const int exhaustive = space <= 96;
+    int seen[512][CLATTN_MAX_KERNEL_PARAMS];
+    int nseen = 0;
+    memcpy(seen[nseen++], t->defaults, sizeof seen[0]);
+    const double t0 = now_s();
+    for (size_t iter = 0;; iter++) {
+        if (now_s() - t0 > budget || nseen == 512 || (exhaustive && iter >= space))
+            break;
+        int v[CLATTN_MAX_KERNEL_PARAMS] = {0};
+        if (exhaustive)
+            nth_candidate(op, iter, v);
+        else if (rnd() % 3 == 0)
+            nth_candidate(op, (size_t)(rnd() % space), v);
+        else
+            mutate(op, t->best, v);
+        int dup = 0;
+        for (int i = 0; i < nseen && !dup; i++)
+            dup = same(seen[i], v, np);
+        if (dup)
+            continue;
+        memcpy(seen[nseen++], v, sizeof seen[0]);
+        t->tried++;
+        progress(now_s() - t_start, total_budget, ti, nt, clattn_operation_name(op));
+        clattn_set_params(ctx, op, v, np);
+        const int before = ctx->nprograms;
+        /* One run first: a failure (build, launch limits) or a spill prunes the candidate. */
+        if (run_once(s, op, &dd) != CLATTN_SUCCESS || spills(before)) {
+            t->pruned++;
+            continue;
+        }
+        if (check_rows(s, op, &dd) > tol) {
+            t->rejected++;
+            continue;
+        }
+        const double ms = time_op(s, op, &dd);
+        if (ms < 0) {
+            t->pruned++;
+            continue;
+        }
+        if (ms < t->best_ms) {
+            /* Re-time before believing a win: these machines are noisy. */
+            const double again = time_op(s, op, &dd);
+            if (again > 0 && again < t->best_ms) {
+                t->best_ms = ms > again ? ms : again;
+                memcpy(t->best, v, sizeof t->best);
+            }
+        }
+    }
+    /* The defaults again, in the same conditions as the end of the search. */
+    clattn_set_params(ctx, op, t->defaults, np);
+    const double d2 = time_op(s, op, &dd);
+    if (d2 > 0 && d2 < t->default_ms)
+        t->default_ms = d2;
+    if (t->best_ms >= t->default_ms) {
+        memcpy(t->best, t->defaults, sizeof t->best);
+        t->best_ms = t->default_ms;
+    }
+    clattn_set_params(ctx, op, NULL, 0);
+    free_data(&dd);
+}
+
+static clattn_tuning_entry entry_of(const task *t)
+{
+    clattn_tuning_entry e;
+    memset(&e, 0, sizeof e);
+    e.op = (clattn_op)t->op;
+    e.dtype = CLATTN_F32;
+    e.head_dim = t->op == CLATTN_OPERATION_SOFTMAX ? -1 : (int)t->s.d;
+    e.mask_kind = clattn__mask_kind(t->s.causal, 0);
+    e.sq_class = clattn__seq_q_class(t->s.sq);
+    e.log2_skv = clattn__log2_ceil(t->s.skv);
+    e.n = clattn_param_count(t->op);
+    memcpy(e.v, t->best, sizeof e.v);
+    return e;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: clattn-tune [options]\n\n"
+            "Tunes every kernel's parameters for one device and writes its user tuning file\n"
+            "(CLATTN_TUNING_DIR, default <cache dir>/tuning), which the library then reads.\n\n"
+            "  --device SPEC    device as clattn_create takes it (default: CLATTN_DEVICE / first GPU)\n"
+            "  --shape B,H,HKV,SQ,SKV,D[,causal]\n"
+            "                   a problem to tune for (repeatable); default: a set per device type\n"
+            "  --ops LIST       comma list of scores, softmax, pv, fused, decode (default: all that\n"
+            "                   apply: seq_q <= 16 tunes decode, otherwise the others)\n"
+            "  --budget SEC     total search time (default 300), shared between tasks\n"
+            "  --iters N        timed runs per candidate (default 5), median\n"
+            "  --dir DIR        tuning directory (sets CLATTN_TUNING_DIR)\n"
+            "  --dry-run        search and report, write nothing\n"
+            "  --json           print a JSON report on stdout\n"
+            "  --seed N         random search seed\n"
+            "  --help           this text\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *device = NULL, *ops = NULL;
+    double budget = 300;
+    int json = 0, dry = 0;
+    shape shapes[16];
+    int nshapes = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "--dry-run")) {
+            dry = 1;
+        } else if (val && !strcmp(a, "--device")) {
+            device = argv[++i];
+        } else if (val && !strcmp(a, "--ops")) {
+            ops = argv[++i];
+        } else if (val && !strcmp(a, "--budget")) {
+            budget = atof(argv[++i]);
+            if (!(budget > 0))
+                die("--budget must be a positive number of seconds");
+        } else if (val && !strcmp(a, "--iters")) {
+            iters = atoi(argv[++i]);
+            if (iters < 1 || iters > 64)
+                die("--iters must be 1..64");
+        } else if (val && !strcmp(a, "--seed")) {
+            rng_state = strtoull(argv[++i], NULL, 10);
+        } else if (val && !strcmp(a, "--dir")) {
+            if (setenv("CLATTN_TUNING_DIR", argv[++i], 1) != 0)
+                die("setenv failed");
+        } else if (val && !strcmp(a, "--shape")) {
+            shape s = {0, 0, 0, 0, 0, 0, 0};
+            char extra[16] = "";
+            const int n = sscanf(argv[++i], "%lld,%lld,%lld,%lld,%lld,%lld,%15s", &s.b, &s.h, &s.hkv,
+                                 &s.sq, &s.skv, &s.d, extra);
+            s.causal = n == 7 && !strcmp(extra, "causal");
+            if ((n != 6 && !(n == 7 && s.causal)) || s.b < 1 || s.h < 1 || s.hkv < 1 || s.h % s.hkv ||
+                s.sq < 1 || s.skv < 1 || s.d < 1 || s.d > CLATTN_MAX_HEAD_DIM || (s.causal && s.sq > s.skv))
+                die("bad --shape %s (B,H,HKV,SQ,SKV,D[,causal] with HKV dividing H, D <= %d)", argv[i],
+                    CLATTN_MAX_HEAD_DIM);
+            if (nshapes == 16)
+                die("at most 16 --shape");
+            shapes[nshapes++] = s;
+        } else {
+            usage(stderr);
+            die("unknown or incomplete option %s", a);
+        }
+    }
+    clattn_status st = clattn_create(device, &ctx);
+    if (st != CLATTN_SUCCESS)
+        die("%s", clattn_last_error(NULL));
+    queue = clattn_queue(ctx);
+    tty = isatty(2);
+    const int cpu = (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0;
+    if (nshapes == 0) {
+        const shape cpu_set[3] = {{1, 8, 8, 1024, 1024, 64, 0}, {1, 8, 8, 1024, 1024, 64, 1},
+                                  {1, 8, 8, 1, 16384, 64, 0}};
+        const shape gpu_set[3] = {{4, 16, 16, 4096, 4096, 64, 0}, {4, 16, 16, 4096, 4096, 64, 1},
+                                  {16, 32, 32, 1, 8192, 128, 0}};
+        for (int i = 0; i < 3; i++)
+            shapes[nshapes++] = cpu ? cpu_set[i] : gpu_set[i];
+    }
+    task tasks[64];
+    int nt = 0;
+    for (int i = 0; i < nshapes; i++) {
+        const clattn_operation decode_ops[1] = {CLATTN_OPERATION_DECODE};
+        const clattn_operation full_ops[4] = {CLATTN_OPERATION_FUSED, CLATTN_OPERATION_SCORES,
+                                              CLATTN_OPERATION_SOFTMAX, CLATTN_OPERATION_PV};
+        const int decode = shapes[i].sq <= 16;
+        for (int j = 0; j < (decode ? 1 : 4); j++) {
+            const clattn_operation op = decode ? decode_ops[j] : full_ops[j];
+            if (ops && !strstr(ops, clattn_operation_name(op)))
+                continue;
+            memset(&tasks[nt], 0, sizeof tasks[nt]);
+            tasks[nt].s = shapes[i];
+            tasks[nt].op = op;
+            nt++;
+        }
+    }
+    if (nt == 0)
+        die("nothing to tune (check --ops)");
+    char path[4200];
+    if (clattn_tuning_path(ctx, path, sizeof path) != CLATTN_SUCCESS)
+        die("%s", clattn_last_error(ctx));
+    fprintf(stderr, "clattn-tune: %s, %d task(s), budget %.0f s, store %s\n", ctx->dev.name, nt, budget,
+            path);
+    const double t_start = now_s();
+    for (int i = 0; i < nt; i++) {
+        const double left = budget - (now_s() - t_start);
+        tune(&tasks[i], left > 0 ? left / (nt - i) : 0.1, t_start, budget, i, nt);
+    }
+    if (tty)
+        fprintf(stderr, "\n");
+
+    /* Report: tuned vs default per bucket. */
+    for (int i = 0; i < nt; i++) {
+        const task *t = &tasks[i];
+        char sh[128];
+        clattn_tuning_entry e = entry_of(t);
+        char line[200];
+        clattn__tuning_entry_text(&e, line, sizeof line);
+        fprintf(stderr, "%-8s %-40s default %8.3f ms  tuned %8.3f ms  x%.2f  (%d tried, %d pruned, %d wrong)\n  %s\n",
+                clattn_operation_name(t->op), shape_text(&t->s, sh, sizeof sh), t->default_ms, t->best_ms,
+                t->default_ms / t->best_ms, t->tried, t->pruned, t->rejected, line);
+    }
+    int written = 0;
+    if (!dry) {
+        if (clattn__make_dirs(ctx->tuning_dir) != 0)
+            die("cannot create the tuning directory for %s", path);
+        clattn_tuning_table tab;
+        memset(&tab, 0, sizeof tab);
+        if (ctx->user_tuning && !ctx->user_tuning->device_is_pattern) {
+            for (int i = 0; i < ctx->user_tuning->n; i++)
+                if (clattn__tuning_put(&tab, &ctx->user_tuning->e[i]) != 0)
+                    die("out of host memory");
+        }
+        snprintf(tab.device, sizeof tab.device, "%s", ctx->dev.key);
+        snprintf(tab.driver, sizeof tab.driver, "%s", ctx->dev.driver);
+        for (int i = 0; i < nt; i++) {
+            clattn_tuning_entry e = entry_of(&tasks[i]);
+            if (clattn__tuning_put(&tab, &e) != 0)
+                die("out of host memory");
+        }
+        char err[512];
+        if (clattn__tuning_write(path, &tab, err, sizeof err) != 0)
+            die("%s", err);
+        clattn__tuning_free(&tab);
+        written = 1;
+        fprintf(stderr, "wrote %s\n", path);
+    }
+    if (json) {
+        printf("{\"device\": \"%s\", \"store\": \"%s\", \"written\": %s, \"budget_s\": %.1f, \"tasks\": [", ctx->dev.name,
+               path, written ? "true" : "false", budget);
+        for (int i = 0; i < nt; i++) {
+            const task *t = &tasks[i];
+            printf("%s\n  {\"op\": \"%s\", \"shape\": [%lld, %lld, %lld, %lld, %lld, %lld], \"causal\": %d, "
+                   "\"default_ms\": %.4f, \"tuned_ms\": %.4f, \"speedup\": %.3f, \"tried\": %d, \"pruned\": %d, "
+                   "\"wrong\": %d, \"params\": [",
+                   i ? "," : "", clattn_operation_name(t->op), t->s.b, t->s.h, t->s.hkv, t->s.sq, t->s.skv, t->s.d,
+                   t->s.causal, t->default_ms, t->best_ms, t->default_ms / t->best_ms, t->tried, t->pruned,
+                   t->rejected);
+            for (int j = 0; j < clattn_param_count(t->op); j++)
+                printf("%s%d", j ? ", " : "", t->best[j]);
+            printf("]}");
+        }
+        printf("\n]}\n");
+    }
+    clattn_release(ctx);
+    return 0;
+}
