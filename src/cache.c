@@ -9,6 +9,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,9 +94,19 @@ unsigned char *clattn__cache_load(clattn_context *ctx, const char *hex, size_t *
     char path[4200];
     if (!entry_path(ctx, hex, path, sizeof path))
         return NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* Only a regular file is read: opening a FIFO planted under the entry's name would block for
+     * ever, and a directory or a device is no cache entry either. O_NONBLOCK keeps the open of a
+     * FIFO from waiting for a writer; it changes nothing for a regular file. */
+    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
         return NULL;
+    struct stat st;
+    FILE *f = NULL;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !(f = fdopen(fd, "rb"))) {
+        close(fd);
+        ctx->stats.disk_rejects++;
+        return NULL;
+    }
     unsigned char head[HEADER_SIZE];
     unsigned char *bin = NULL;
     int ok = fread(head, 1, HEADER_SIZE, f) == HEADER_SIZE && memcmp(head, MAGIC, 16) == 0 &&

@@ -1,6 +1,7 @@
 /*
  * The program cache: memory hits, disk misses and hits, files that must be ignored (corrupt,
- * truncated, foreign, garbage) and healed, CLATTN_CACHE=0, directories that cannot be written,
+ * truncated, foreign, garbage, or no regular file at all: a FIFO, a directory, a device) and healed,
+ * CLATTN_CACHE=0, directories that cannot be written or read,
  * several processes writing one entry at once, kernels that fail to compile, and the time a warm
  * cache saves (printed, not asserted).
  *
@@ -501,7 +502,9 @@ typedef enum unwritable {
     UNWRITABLE_UNDER_FILE, /* <tmp>/file/sub with <tmp>/file a regular file */
     UNWRITABLE_READONLY,  /* <tmp>/ro with mode 0500 (meaningless as root: skipped) */
     UNWRITABLE_PROC_DIR,  /* /proc/self/fdinfo: exists, but no file can be created there, root or not */
-    UNWRITABLE_TOO_LONG   /* a path longer than any buffer the library keeps */
+    UNWRITABLE_TOO_LONG,  /* a path longer than any buffer the library keeps */
+    UNWRITABLE_IS_FILE,   /* CLATTN_CACHE_DIR names a regular file: nothing can be read or written */
+    UNWRITABLE_UNREADABLE /* <tmp>/locked with mode 0 holding a valid entry (meaningless as root: skipped) */
 } unwritable;
 
 typedef struct unwritable_row {
@@ -515,6 +518,8 @@ static const unwritable_row unwritable_rows[] = {
     {"read_only_dir", UNWRITABLE_READONLY},
     {"existing_dir_no_create", UNWRITABLE_PROC_DIR},
     {"path_too_long", UNWRITABLE_TOO_LONG},
+    {"dir_is_a_regular_file", UNWRITABLE_IS_FILE},
+    {"unreadable_dir", UNWRITABLE_UNREADABLE},
 };
 
 static void test_unwritable(void **state)
@@ -549,6 +554,24 @@ static void test_unwritable(void **state)
         dir[n] = '\0';
         break;
     }
+    case UNWRITABLE_IS_FILE:
+        snprintf(dir, sizeof dir, "%s/file", g_dir);
+        write_whole(dir, "x", 1);
+        break;
+    case UNWRITABLE_UNREADABLE: {
+        if (geteuid() == 0) {
+            print_message("skipping: root reads directories of mode 0\n");
+            skip();
+        }
+        /* A valid entry inside, so a directory that could be read would give a disk hit. */
+        const seed *a = get_seed_a();
+        snprintf(dir, sizeof dir, "%s/locked", g_dir);
+        assert_int_equal(mkdir(dir, 0700), 0);
+        snprintf(file, sizeof file, "%s/locked/%s", g_dir, a->file);
+        write_whole(file, a->content.data, a->content.size);
+        assert_int_equal(chmod(dir, 0), 0);
+        break;
+    }
     }
     setenv("CLATTN_CACHE_DIR", dir, 1);
     clattn_context *ctx = new_context();
@@ -580,6 +603,79 @@ static void test_unwritable(void **state)
         assert_int_equal(count_files(dir, ".clbin", NULL, 0), 0);
         assert_int_equal(count_files(dir, ".tmp", NULL, 0), 0);
         break;
+    case UNWRITABLE_IS_FILE:
+        assert_int_equal(stat(dir, &st), 0);
+        assert_true(S_ISREG(st.st_mode) && st.st_size == 1); /* left alone */
+        assert_int_equal(count_entries(g_dir), 1);
+        break;
+    case UNWRITABLE_UNREADABLE:
+        assert_int_equal(chmod(dir, 0700), 0);
+        assert_int_equal(count_entries(dir), 1); /* the planted entry, nothing added */
+        assert_int_equal(count_files(dir, ".tmp", NULL, 0), 0);
+        break;
+    }
+}
+
+/* =============================== entries that are not files =============================== */
+
+typedef enum not_file {
+    NOT_FILE_FIFO,      /* a FIFO under the entry's name: reading it would block for ever */
+    NOT_FILE_DIRECTORY, /* a directory under the entry's name: cannot be read nor replaced */
+    NOT_FILE_DEV_ZERO   /* a symbolic link to /dev/zero */
+} not_file;
+
+typedef struct not_file_row {
+    const char *name;
+    not_file kind;
+} not_file_row;
+
+static const not_file_row not_file_rows[] = {
+    {"fifo", NOT_FILE_FIFO},
+    {"directory", NOT_FILE_DIRECTORY},
+    {"symlink_to_dev_zero", NOT_FILE_DEV_ZERO},
+};
+
+static void test_not_a_file(void **state)
+{
+    const not_file_row *r = *state;
+    const seed *a = get_seed_a();
+    char path[PATH_MAX + 256];
+    snprintf(path, sizeof path, "%s/%s", g_dir, a->file);
+    switch (r->kind) {
+    case NOT_FILE_FIFO:
+        assert_int_equal(mkfifo(path, 0600), 0);
+        break;
+    case NOT_FILE_DIRECTORY:
+        assert_int_equal(mkdir(path, 0700), 0);
+        break;
+    case NOT_FILE_DEV_ZERO:
+        assert_int_equal(symlink("/dev/zero", path), 0);
+        break;
+    }
+    clattn_context *ctx = new_context();
+    get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+    print_stats(r->name, ctx);
+    assert_int_equal(ctx->stats.builds, 1);
+    assert_int_equal(ctx->stats.disk_rejects, 1);
+    assert_int_equal(ctx->stats.disk_hits, 0);
+    check_softmax_runs(ctx);
+    clattn_release(ctx);
+    assert_int_equal(count_files(g_dir, ".tmp", NULL, 0), 0);
+    struct stat st;
+    assert_int_equal(lstat(path, &st), 0);
+    if (r->kind == NOT_FILE_DIRECTORY) {
+        /* A directory cannot be renamed over: still there, nothing cached, and the next context
+         * rejects it again and still works. */
+        assert_true(S_ISDIR(st.st_mode));
+        clattn_context *again = new_context();
+        get_kernel_ok(again, "softmax.cl", OPT_A, "softmax");
+        assert_int_equal(again->stats.disk_rejects, 1);
+        assert_int_equal(again->stats.disk_writes, 0);
+        clattn_release(again);
+    } else {
+        /* The rebuilt binary replaced the odd entry with a regular file, which the next context uses. */
+        assert_true(S_ISREG(st.st_mode));
+        expect_disk_hit();
     }
 }
 
@@ -777,6 +873,7 @@ int main(int argc, char **argv)
     TU_ADD_TABLE("damaged", test_damaged, damage_rows);
     tu_add_test("off/no_file_written_none_read", NULL, test_cache_off, NULL);
     TU_ADD_TABLE("unwritable", test_unwritable, unwritable_rows);
+    TU_ADD_TABLE("not_a_file", test_not_a_file, not_file_rows);
     tu_add_test("concurrent/four_processes_one_entry", NULL, test_concurrent_writers, NULL);
     TU_ADD_TABLE("build_failure", test_build_failure, bad_build_rows);
     tu_add_test("timing/cold_vs_warm", NULL, test_cold_warm, NULL);

@@ -3,7 +3,8 @@
 # those missing, with sudo when not root. Sourced by run.sh and test.sh.
 set -euo pipefail
 clattn_packages=(build-essential cmake pkg-config ocl-icd-opencl-dev opencl-headers clinfo
-                 pocl-opencl-icd libcmocka-dev libclblast-dev python3-numpy libopenblas0-pthread)
+                 pocl-opencl-icd libcmocka-dev clang libclang-rt-14-dev valgrind
+                 libclblast-dev python3-numpy libopenblas0-pthread)
 clattn_missing=()
 for p in "${clattn_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || clattn_missing+=("$p")
@@ -13,10 +14,12 @@ if [ ${#clattn_missing[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
+  # clang with its libFuzzer runtime, and valgrind: test.sh's fuzzing and memcheck steps.
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    build-essential cmake pkg-config ocl-icd-opencl-dev opencl-headers clinfo pocl-opencl-icd libcmocka-dev \
+    clang libclang-rt-14-dev valgrind
   # CLBlast, numpy and OpenBLAS (numpy's BLAS: the reference BLAS is 20x slower) are only the
   # benchmark's peers: not fatal if unavailable.
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-    build-essential cmake pkg-config ocl-icd-opencl-dev opencl-headers clinfo pocl-opencl-icd libcmocka-dev
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     libclblast-dev python3-numpy libopenblas0-pthread || echo "setup: CLBlast/numpy not installed; the benchmark skips those peers"
 fi

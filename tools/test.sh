@@ -1,27 +1,89 @@
 #!/usr/bin/env bash
 # Set up, build, and run the whole test suite; then again under AddressSanitizer and
-# UndefinedBehaviorSanitizer. Set CLATTN_REQUIRE_DEVICE=1 to make device tests fail rather than
-# skip when no OpenCL device is found (CI does).
+# UndefinedBehaviorSanitizer; then part of it under valgrind memcheck; then every libFuzzer harness
+# for a minute. Set CLATTN_REQUIRE_DEVICE=1 to make device tests fail rather than skip when no
+# OpenCL device is found (CI does). CLATTN_FUZZ_SECONDS sets the time per fuzz harness (default 60;
+# 0 skips fuzzing), CLATTN_VALGRIND=0 skips the memcheck step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh
 jobs=$(nproc)
-# Both builds share one kernel binary cache: PoCL compiles each kernel variant once.
+# Every build shares one kernel binary cache: PoCL compiles each kernel variant once.
 cache="$PWD/build-test/kernel-cache"
 mkdir -p "$cache"
+step_start=$SECONDS
+step() { echo "== $1"; step_start=$SECONDS; }
+step_done() { echo "   ($((SECONDS - step_start)) s)"; }
 
-echo "== build and test (Release, -Werror)"
+step "build and test (Release, -Werror)"
 cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DCLATTN_TEST_CACHE_DIR="$cache" >/dev/null
 cmake --build build-test -j"$jobs"
 (cd build-test && ctest --output-on-failure -j1)
+step_done
 
-echo "== build and test under AddressSanitizer + UndefinedBehaviorSanitizer"
+step "build and test under AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLATTN_SANITIZE=ON \
   -DCLATTN_TEST_CACHE_DIR="$cache" >/dev/null
 cmake --build build-asan -j"$jobs"
 # LeakSanitizer's exit-time tracer crashes (SIGSEGV) while PoCL's worker threads are alive, so
-# leaks are not checked here; test_device checks that create/release cycles do not grow memory.
+# leaks are not checked here; test_device checks that create/release cycles do not grow memory,
+# test_soak that calls do not, and the valgrind step below checks leaks in the library's own code.
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:strict_string_checks=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 (cd build-asan && ctest --output-on-failure -j1 -E consumer)
-echo "== all tests passed (normal and sanitized)"
+step_done
+
+if [ "${CLATTN_VALGRIND:-1}" != 0 ]; then
+  step "valgrind memcheck on part of the suite (Release build)"
+  # Valgrind shows PoCL another CPU (no AVX-512), so PoCL compiles every kernel again for it, and
+  # LLVM under memcheck takes a minute a kernel. A first pass under valgrind's no-op tool (a few
+  # times slower than native, not fifty) fills the kernel caches for that CPU; memcheck then loads
+  # them. Only ocl-icd/PoCL/LLVM frames are suppressed (tests/valgrind.supp): a memory error or a
+  # definite leak in our code fails the run.
+  vg_tests="test_status test_reference test_bad_input test_failures test_soak"
+  export CLATTN_CACHE_DIR="$cache" CLATTN_SOAK_CALLS=2000
+  for t in $vg_tests; do
+    valgrind -q --tool=none "build-test/tests/$t" >"build-test/valgrind-warmup-$t.log" 2>&1 || true
+  done
+  for t in $vg_tests; do
+    t0=$SECONDS
+    if ! valgrind --error-exitcode=99 --leak-check=full --show-leak-kinds=definite \
+         --errors-for-leak-kinds=definite --suppressions=tests/valgrind.supp --num-callers=40 \
+         "build-test/tests/$t" >"build-test/valgrind-$t.log" 2>&1; then
+      tail -n 80 "build-test/valgrind-$t.log"
+      echo "valgrind: $t failed (whole log: build-test/valgrind-$t.log)"
+      exit 1
+    fi
+    echo "   $t: clean ($((SECONDS - t0)) s)"
+  done
+  unset CLATTN_CACHE_DIR CLATTN_SOAK_CALLS
+  step_done
+fi
+
+fuzz_seconds=${CLATTN_FUZZ_SECONDS:-60}
+if [ "$fuzz_seconds" != 0 ]; then
+  step "libFuzzer harnesses (clang, ASan + UBSan), ${fuzz_seconds} s each"
+  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLATTN_FUZZ=ON \
+    -DBUILD_TESTING=OFF -DCLATTN_BUILD_TOOLS=OFF >/dev/null
+  cmake --build build-fuzz -j"$jobs"
+  mkdir -p build-fuzz/artifacts
+  # Every fuzz_* the build made, each starting from its committed seeds (tests/fuzz/corpus/<name>)
+  # plus what earlier runs here found (build-fuzz/corpus/<name>, which new finds go to).
+  for exe in build-fuzz/tests/fuzz/fuzz_*; do
+    [ -f "$exe" ] && [ -x "$exe" ] || continue
+    name=${exe##*/fuzz_}
+    mkdir -p "build-fuzz/corpus/$name" "tests/fuzz/corpus/$name"
+    if ! CLATTN_CACHE_DIR="$cache" "$exe" -max_total_time="$fuzz_seconds" -timeout=120 \
+         -rss_limit_mb=4096 -detect_leaks=0 -print_final_stats=1 \
+         -artifact_prefix="build-fuzz/artifacts/$name-" \
+         "build-fuzz/corpus/$name" "tests/fuzz/corpus/$name" >"build-fuzz/fuzz-$name.log" 2>&1; then
+      tail -n 60 "build-fuzz/fuzz-$name.log"
+      echo "fuzz_$name found a problem; the input is in build-fuzz/artifacts/ (rerun: $exe <file>)"
+      exit 1
+    fi
+    echo "   fuzz_$name: $(grep -o 'number_of_executed_units: [0-9]*' "build-fuzz/fuzz-$name.log" | \
+      grep -o '[0-9]*') inputs, no problem"
+  done
+  step_done
+fi
+echo "== all tests passed (normal, sanitized, valgrind, fuzzed)"

@@ -1,0 +1,78 @@
+/*
+ * OpenCL interposition for tests: counts the OpenCL objects a test executable creates, retains and
+ * releases, and makes chosen calls fail on purpose, without changing the library.
+ *
+ * Tests link the static library, so a test executable that links clshim.c defines clCreateBuffer,
+ * clReleaseMemObject, ... itself: the library's calls (and the test's own) bind to these wrappers,
+ * which count and forward to the ICD loader's functions found with dlsym(RTLD_NEXT, ...). Nothing
+ * else changes: an executable that does not link clshim.c calls OpenCL directly.
+ *
+ * Counted: memory objects, kernels, programs, command queues, contexts and events (clCreateUserEvent
+ * and every event an enqueue function hands back). A kind is balanced when creations + retains ==
+ * releases; a leak shows as a live count that grows. Counters are atomic: any thread may call OpenCL.
+ *
+ * Fault injection: clshim_fail_at(fn, n, err) makes the n-th call (0-based, counted from the arming)
+ * of one wrapped function return `err` without reaching the driver; nothing is created and no event
+ * is handed back, as from a driver that ran out of memory.
+ */
+#ifndef CLATTN_TESTS_CLSHIM_H
+#define CLATTN_TESTS_CLSHIM_H
+
+#ifndef CL_TARGET_OPENCL_VERSION
+#define CL_TARGET_OPENCL_VERSION 120
+#endif
+#include <CL/cl.h>
+#include <stddef.h>
+
+typedef enum clshim_kind {
+    CLSHIM_MEM,
+    CLSHIM_KERNEL,
+    CLSHIM_PROGRAM,
+    CLSHIM_QUEUE,
+    CLSHIM_CONTEXT,
+    CLSHIM_EVENT,
+    CLSHIM_KINDS
+} clshim_kind;
+
+typedef struct clshim_counts {
+    long created[CLSHIM_KINDS];  /* successful clCreate* (and events handed back by enqueues) */
+    long retained[CLSHIM_KINDS]; /* successful clRetain* */
+    long released[CLSHIM_KINDS]; /* successful clRelease* */
+} clshim_counts;
+
+/* Functions whose calls are counted and can be made to fail. */
+typedef enum clshim_fn {
+    CLSHIM_CREATE_BUFFER,   /* clCreateBuffer */
+    CLSHIM_ENQUEUE_NDRANGE, /* clEnqueueNDRangeKernel */
+    CLSHIM_ENQUEUE_FILL,    /* clEnqueueFillBuffer */
+    CLSHIM_FNS
+} clshim_fn;
+
+/* "mem", "kernel", ... and "clCreateBuffer", ... for messages. */
+const char *clshim_kind_name(clshim_kind k);
+const char *clshim_fn_name(clshim_fn fn);
+
+/* 1 when the wrappers are the ones the executable calls (they are, once clshim.c is linked) and the
+ * real functions were found. Tests assert this first, so a build that lost the interposition fails
+ * loudly instead of counting nothing. */
+int clshim_active(void);
+
+/* A snapshot of the counters. */
+void clshim_get(clshim_counts *c);
+/* created + retained - released of one kind in a snapshot. */
+long clshim_live(const clshim_counts *c, clshim_kind k);
+/* 1 when every kind has the same live count in a and b; otherwise 0, and `why` (may be NULL) names
+ * each kind that differs, e.g. "mem 12 -> 13". */
+int clshim_same_live(const clshim_counts *a, const clshim_counts *b, char *why, size_t why_size);
+
+/* Calls of fn since the start of the process. */
+long clshim_calls(clshim_fn fn);
+/* From now on, call number `nth` (0 = the next one) of fn fails with err; disarms any earlier
+ * arming of fn. nth < 0 disarms. */
+void clshim_fail_at(clshim_fn fn, long nth, cl_int err);
+/* Failures injected into fn since the start of the process. */
+long clshim_injected(clshim_fn fn);
+/* Disarms every function. */
+void clshim_disarm(void);
+
+#endif /* CLATTN_TESTS_CLSHIM_H */

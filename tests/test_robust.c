@@ -1,0 +1,381 @@
+/*
+ * Inputs at the edge of the storage types' range, against the float64 reference (the wide-logit,
+ * -inf, NaN and all-masked cases live in test_attention.c and test_softmax.c).
+ *
+ * f16 tops out at 65504 and bf16 at 3.3895e38, the largest finite values; arithmetic is fp32 (largest
+ * finite 3.4028e38). Rows put Q, K and/or V near those maxima (magnitudes uniform in [max/2, max],
+ * random signs, or every element exactly max), with a scale that keeps the logits in a few units, so
+ * the exact results are ordinary numbers and any overflow, inf or NaN is the library's. bf16 cannot
+ * have Q and K both near its maximum with a finite fp32 dot product, so one of them is tiny
+ * (1e-36..1e-35, still normal) while the other is near 3e38. An f16 mask at -65504, its lowest finite
+ * value, must act as a large finite penalty (the key stays visible), not as -inf.
+ *
+ * Each row runs fused and unfused. Tolerances scale test_attention.c's with the magnitudes:
+ *   out: atol M·(2e-5 + s) + 2·e·M, rtol r, with M = max|V|, storage terms (s, r) = (0, 1e-4) for
+ *        f32, (2^-10, 2^-11) for f16, (2^-7, 2^-8) for bf16, and e the largest fp32 error of one
+ *        logit: (D+2)·2^-24·scale·Σ|q_d·k_d| for the dot product plus 2^-23·(|scale·q·k| + |mask|)
+ *        for the scaling and the mask (a perturbation e of every logit moves the softmax weights by
+ *        at most a factor e^{±2e}, and the output, a convex combination of V, by 2·e·M);
+ *   lse: atol 1e-5 + 2·e, rtol 4e-6.
+ * An output the reference has finite must not be inf or NaN (tu_close never matches them).
+ * Softmax rows feed f16/bf16 values near the maxima straight in (scale 1) and scaled down to ordinary
+ * logits; the tolerance of p_j is 1e-6 + 1e-5·p_j + p_j·(δ_j + Σ_k p_k·δ_k), δ_k the fp32 error of
+ * logit k minus the row's largest (0 for ties), which the storage spacing makes 0 or irrelevant
+ * for unscaled values near the maxima.
+ * Documented limits (GUARANTEES.md) and rows just inside them: the fused path accumulates
+ * Σ e^(s-m)·v unnormalised, so seq_kv·max|V| must stay below FLT_MAX (rows at FLT_MAX/2); logits
+ * are multiplied by log2(e) before the row maximum is subtracted, so |scale·q·k + mask| must stay
+ * below FLT_MAX/2. Rows beyond those limits, which fail today, run with CLATTN_TEST_BEYOND_LIMITS=1.
+ */
+#include "testutil.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+#define F32 CLATTN_F32
+#define F16 CLATTN_F16
+#define BF16 CLATTN_BF16
+
+#define F16_MAX 65504.0
+#define BF16_MAX 3.3895313892515355e38 /* 0x7F7F */
+
+typedef enum gen {
+    G_NORMAL,   /* uniform in [-1, 1] */
+    G_NEAR_MAX, /* magnitude uniform in [max/2, max], random sign */
+    G_ALL_MAX,  /* every element exactly +max */
+    G_TINY,     /* magnitude uniform in [1e-36, 1e-35], random sign (bf16) */
+    G_LIMIT     /* magnitude uniform in [limit/2, limit], random sign: the row's documented limit */
+} gen;
+
+static double dtype_max(clattn_dtype dt)
+{
+    return dt == F16 ? F16_MAX : dt == BF16 ? BF16_MAX : (double)FLT_MAX;
+}
+
+/* Typical magnitude of a generator's values, for choosing the scale. */
+static double typical(gen g, clattn_dtype dt)
+{
+    switch (g) {
+    case G_NORMAL:
+        return 0.5;
+    case G_NEAR_MAX:
+        return 0.75 * dtype_max(dt);
+    case G_ALL_MAX:
+        return dtype_max(dt);
+    case G_TINY:
+        return 5e-36;
+    case G_LIMIT:
+        return 1.0; /* only used for V and softmax inputs, which do not set the scale */
+    }
+    return 1.0;
+}
+
+static void generate(tu_rng *rng, gen g, clattn_dtype dt, double limit, void *typed, double *x, size_t n)
+{
+    const double m = dtype_max(dt);
+    for (size_t i = 0; i < n; ++i) {
+        const double sign = tu_uniform(rng, 0.0, 1.0) < 0.5 ? -1.0 : 1.0;
+        double v = 0.0;
+        switch (g) {
+        case G_NORMAL:
+            v = tu_uniform(rng, -1.0, 1.0);
+            break;
+        case G_NEAR_MAX:
+            v = sign * tu_uniform(rng, 0.5 * m, m);
+            break;
+        case G_ALL_MAX:
+            v = m;
+            break;
+        case G_TINY:
+            v = sign * tu_uniform(rng, 1e-36, 1e-35);
+            break;
+        case G_LIMIT:
+            v = sign * tu_uniform(rng, 0.5 * limit, limit);
+            break;
+        }
+        tu_put(dt, typed, x, i, v);
+    }
+}
+
+/* =============================== attention =============================== */
+
+typedef struct att_row {
+    const char *name;
+    int B, Hq, Hkv, Sq, Skv, D;
+    clattn_dtype dt;
+    gen q, k, v; /* G_LIMIT for V: the fused accumulator's limit, seq_kv·max|V| <= FLT_MAX/2 */
+    int causal;
+    int mask_lowest; /* f16 mask: -65504 at ~70% of entries, 0 elsewhere; row 0 all -65504 */
+    int beyond;      /* beyond the documented limits: run only with CLATTN_TEST_BEYOND_LIMITS=1 */
+} att_row;
+
+/* clang-format off */
+static const att_row att_rows[] = {
+    /* name                               B  Hq Hkv Sq Skv  D   dt    q           k           v           causal mask beyond */
+    {"f16_qk_near_max",                   1, 2, 1,  5, 37,  16, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NORMAL,   0,     0,   0},
+    {"f16_v_near_max",                    1, 2, 1,  5, 37,  16, F16,  G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 1,     0,   0},
+    {"f16_v_all_max",                     1, 2, 2,  5, 37,  16, F16,  G_NORMAL,   G_NORMAL,   G_ALL_MAX,  0,     0,   0},
+    {"f16_all_near_max",                  2, 2, 2,  6, 29,  16, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NEAR_MAX, 1,     0,   0},
+    {"f16_decode_all_near_max",           1, 4, 1,  1, 600, 32, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NEAR_MAX, 0,     0,   0},
+    {"f16_mask_lowest_finite",            1, 2, 2,  5, 37,  16, F16,  G_NORMAL,   G_NORMAL,   G_NORMAL,   0,     1,   0},
+    {"bf16_q_near_max",                   1, 2, 1,  5, 37,  16, BF16, G_NEAR_MAX, G_TINY,     G_NORMAL,   0,     0,   0},
+    {"bf16_k_near_max",                   1, 2, 1,  5, 37,  16, BF16, G_TINY,     G_NEAR_MAX, G_NORMAL,   1,     0,   0},
+    {"bf16_v_at_accumulator_limit",       1, 2, 1,  5, 37,  16, BF16, G_NORMAL,   G_NORMAL,   G_LIMIT,    0,     0,   0},
+    {"bf16_qv_at_accumulator_limit",      2, 2, 2,  6, 29,  16, BF16, G_NEAR_MAX, G_TINY,     G_LIMIT,    1,     0,   0},
+    {"bf16_decode_v_at_accumulator_limit",1, 4, 1,  1, 600, 32, BF16, G_NORMAL,   G_NORMAL,   G_LIMIT,    0,     0,   0},
+    /* Beyond the limit: the fused path's unnormalised accumulator Σ e^(s-m)·v overflows fp32 (-inf
+     * out) where the exact result is near -2e38; the unfused path gets these right. */
+    {"bf16_v_near_max",                   1, 2, 1,  5, 37,  16, BF16, G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 0,     0,   1},
+    {"bf16_qv_near_max",                  2, 2, 2,  6, 29,  16, BF16, G_NEAR_MAX, G_TINY,     G_NEAR_MAX, 1,     0,   1},
+    {"bf16_decode_v_near_max",            1, 4, 1,  1, 600, 32, BF16, G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 0,     0,   1},
+};
+/* clang-format on */
+
+/* Largest fp32 error of one logit, as in the file comment. */
+static double logit_error(const att_row *r, double scale, const double *xq, const double *xk, const double *xm)
+{
+    const int group = r->Hq / r->Hkv;
+    double worst = 0.0;
+    for (int b = 0; b < r->B; ++b)
+        for (int h = 0; h < r->Hq; ++h)
+            for (int i = 0; i < r->Sq; ++i)
+                for (int j = 0; j < r->Skv; ++j) {
+                    const double *q = xq + (((size_t)b * r->Hq + h) * r->Sq + i) * r->D;
+                    const double *k = xk + (((size_t)b * r->Hkv + h / group) * r->Skv + j) * r->D;
+                    double abs_sum = 0.0, dot = 0.0;
+                    for (int d = 0; d < r->D; ++d) {
+                        abs_sum += fabs(q[d] * k[d]);
+                        dot += q[d] * k[d];
+                    }
+                    const double m = xm != NULL ? fabs(xm[(((size_t)b * r->Hq + h) * r->Sq + i) * r->Skv + j]) : 0.0;
+                    const double e = (r->D + 2) * 0x1p-24 * scale * abs_sum + 0x1p-23 * (fabs(scale * dot) + m);
+                    worst = e > worst ? e : worst;
+                }
+    return worst;
+}
+
+static void test_attention_edge(void **state)
+{
+    const att_row *r = *state;
+    tu_ctx_get();
+    tu_failures = 0;
+    tu_rng rng;
+    tu_seed(&rng, tu_seed_of(r->name));
+    const size_t nq = (size_t)r->B * r->Hq * r->Sq * r->D, nk = (size_t)r->B * r->Hkv * r->Skv * r->D;
+    const size_t nrow = (size_t)r->B * r->Hq * r->Sq, nm = nrow * (size_t)r->Skv;
+    const size_t esz = clattn_dtype_size(r->dt);
+    void *tq = tu_xalloc(nq * esz), *tk = tu_xalloc(nk * esz), *tv = tu_xalloc(nk * esz);
+    double *xq = tu_xdoubles(nq), *xk = tu_xdoubles(nk), *xv = tu_xdoubles(nk);
+    generate(&rng, r->q, r->dt, 0.0, tq, xq, nq);
+    generate(&rng, r->k, r->dt, 0.0, tk, xk, nk);
+    generate(&rng, r->v, r->dt, (double)FLT_MAX / (2.0 * r->Skv), tv, xv, nk);
+    double *xm = NULL;
+    cl_mem mbuf = NULL;
+    clattn_tensor mask;
+    if (r->mask_lowest) {
+        uint16_t *tm = tu_xalloc(nm * sizeof *tm);
+        xm = tu_xdoubles(nm);
+        for (size_t i = 0; i < nm; ++i)
+            tu_put(F16, tm, xm, i, (i < (size_t)r->Skv || tu_uniform(&rng, 0.0, 1.0) < 0.7) ? -F16_MAX : 0.0);
+        mbuf = tu_xbuffer(nm * sizeof *tm, tm);
+        mask = clattn_tensor_bhsd(mbuf, F16, r->B, r->Hq, r->Sq, r->Skv);
+    }
+    /* Scale: a few units of logit from the typical magnitudes; rounded to float as the device gets it. */
+    const float scale = (float)(2.0 / (sqrt((double)r->D) * typical(r->q, r->dt) * typical(r->k, r->dt)));
+    assert_true(isfinite(scale) && scale > 0.0f);
+
+    ref_attn a;
+    memset(&a, 0, sizeof a);
+    a.batch = r->B;
+    a.heads_q = r->Hq;
+    a.heads_kv = r->Hkv;
+    a.seq_q = r->Sq;
+    a.seq_kv = r->Skv;
+    a.head_dim = r->D;
+    a.scale = (double)scale;
+    a.causal = r->causal;
+    a.mask = xm;
+    a.mask_shape[0] = r->B;
+    a.mask_shape[1] = r->Hq;
+    a.mask_shape[2] = r->Sq;
+    a.mask_shape[3] = r->Skv;
+    double *want = tu_xdoubles(nq), *want_lse = tu_xdoubles(nrow);
+    ref_attention(&a, xq, xk, xv, want, want_lse, NULL);
+    for (size_t i = 0; i < nq; ++i)
+        assert_true(isfinite(want[i])); /* the rows are built so that the exact result is finite */
+
+    double vmax = 0.0;
+    for (size_t i = 0; i < nk; ++i)
+        vmax = fabs(xv[i]) > vmax ? fabs(xv[i]) : vmax;
+    const double e = logit_error(r, (double)scale, xq, xk, xm);
+    const double s_atol = r->dt == F16 ? 0x1p-10 : r->dt == BF16 ? 0x1p-7 : 0.0;
+    const double rtol = r->dt == F16 ? 0x1p-11 : r->dt == BF16 ? 0x1p-8 : 1e-4;
+    const double atol = vmax * (2e-5 + s_atol) + 2.0 * e * vmax;
+    print_message("scale %.6g, max|V| %.6g, logit error bound %.3g: out atol %.6g rtol %.3g\n", (double)scale, vmax,
+                  e, atol, rtol);
+
+    cl_mem bq = tu_xbuffer(nq * esz, tq), bk = tu_xbuffer(nk * esz, tk), bv = tu_xbuffer(nk * esz, tv);
+    const clattn_tensor q = clattn_tensor_bhsd(bq, r->dt, r->B, r->Hq, r->Sq, r->D);
+    const clattn_tensor k = clattn_tensor_bhsd(bk, r->dt, r->B, r->Hkv, r->Skv, r->D);
+    const clattn_tensor v = clattn_tensor_bhsd(bv, r->dt, r->B, r->Hkv, r->Skv, r->D);
+    static const clattn_algorithm algs[2] = {CLATTN_ALGORITHM_FUSED, CLATTN_ALGORITHM_UNFUSED};
+    for (int ai = 0; ai < 2; ++ai) {
+        const char *alg = ai == 0 ? "fused" : "unfused";
+        cl_mem bo = tu_xbuffer(nq * esz, NULL), bl = tu_xbuffer(nrow * 4, NULL);
+        const clattn_tensor out = clattn_tensor_bhsd(bo, r->dt, r->B, r->Hq, r->Sq, r->D);
+        const clattn_tensor lse = clattn_tensor_bhsd(bl, F32, r->B, r->Hq, r->Sq, 1);
+        clattn_attention_desc d;
+        memset(&d, 0, sizeof d);
+        d.batch = r->B;
+        d.heads_q = r->Hq;
+        d.heads_kv = r->Hkv;
+        d.seq_q = r->Sq;
+        d.seq_kv = r->Skv;
+        d.head_dim = r->D;
+        d.scale = scale;
+        d.causal = r->causal;
+        d.mask = r->mask_lowest ? &mask : NULL;
+        d.lse = &lse;
+        d.algorithm = algs[ai];
+        const clattn_status st = clattn_attention(tu_ctx, &d, &q, &k, &v, &out, 0, NULL, NULL);
+        if (st != CLATTN_SUCCESS)
+            fail_msg("%s: %s: %s", alg, clattn_status_name(st), clattn_last_error(tu_ctx));
+        unsigned char *img = tu_xalloc(nq * esz);
+        float *lse_img = tu_xalloc(nrow * 4);
+        tu_read(tu_ctx, bo, nq * esz, img);
+        tu_read(tu_ctx, bl, nrow * 4, lse_img);
+        double *got = tu_xdoubles(nq), *got_lse = tu_xdoubles(nrow);
+        for (size_t i = 0; i < nq; ++i)
+            got[i] = tu_load(r->dt, img, i);
+        for (size_t i = 0; i < nrow; ++i)
+            got_lse[i] = lse_img[i];
+        char what[64];
+        snprintf(what, sizeof what, "%s out", alg);
+        tu_check_close(what, got, want, nq, atol, rtol);
+        snprintf(what, sizeof what, "%s lse", alg);
+        tu_check_close(what, got_lse, want_lse, nrow, 1e-5 + 2.0 * e, 4e-6);
+    }
+    if (tu_failures != 0)
+        fail_msg("%d check(s) failed", tu_failures);
+}
+
+/* =============================== softmax =============================== */
+
+typedef struct sm_row {
+    const char *name;
+    int B, H, R, C;
+    clattn_dtype dt; /* input; the output is f32 */
+    gen in;          /* G_LIMIT: the logit limit, |scale·x| <= FLT_MAX/2 */
+    float scale;     /* 0: 1 */
+    int beyond;      /* beyond the documented limits: run only with CLATTN_TEST_BEYOND_LIMITS=1 */
+} sm_row;
+
+/* clang-format off */
+static const sm_row sm_rows[] = {
+    {"f16_near_max",            1, 2, 5, 77,  F16,  G_NEAR_MAX, 0.0f,   0},
+    {"f16_near_max_scaled",     1, 2, 5, 77,  F16,  G_NEAR_MAX, 3e-5f,  0},
+    {"bf16_near_max_scaled",    2, 1, 5, 300, BF16, G_NEAR_MAX, 1e-38f, 0},
+    {"bf16_at_logit_limit",     1, 2, 5, 77,  BF16, G_LIMIT,    0.0f,   0},
+    /* Beyond the limit: logits above FLT_MAX / log2(e) overflow when multiplied by log2(e) before
+     * the row maximum is subtracted, and the rows come out NaN. */
+    {"bf16_near_max",           1, 2, 5, 77,  BF16, G_NEAR_MAX, 0.0f,   1},
+    {"bf16_all_max",            1, 1, 3, 19,  BF16, G_ALL_MAX,  0.0f,   1},
+};
+/* clang-format on */
+
+static void test_softmax_edge(void **state)
+{
+    const sm_row *r = *state;
+    tu_ctx_get();
+    tu_rng rng;
+    tu_seed(&rng, tu_seed_of(r->name));
+    const size_t n = (size_t)r->B * r->H * r->R * r->C, esz = clattn_dtype_size(r->dt);
+    void *tin = tu_xalloc(n * esz);
+    double *x = tu_xdoubles(n), *want = tu_xdoubles(n), *got = tu_xdoubles(n);
+    generate(&rng, r->in, r->dt, (double)FLT_MAX / 2.0, tin, x, n);
+    const ref_softmax s = {r->B, r->H, r->R, r->C, (double)r->scale, 0, NULL, {0, 0, 0, 0}, NULL};
+    ref_softmax_rows(&s, x, want);
+    /* Per element: p_j·(δ_j + Σ_k p_k·δ_k) for the fp32 error δ_k of the difference between logit k
+     * and the row's largest, 2^-23·(|scale·x_k| + |scale·x_max|) (0 for a tie: equal inputs give
+     * equal logits), on top of 1e-6 + 1e-5·p_j. Huge logits then cost nothing where the storage
+     * spacing makes every difference either 0 or far beyond exp's range. */
+    const double scale = r->scale != 0.0f ? (double)r->scale : 1.0;
+    double *allowed = tu_xdoubles(n);
+    for (size_t row = 0; row < n / (size_t)r->C; ++row) {
+        const double *xr = x + row * (size_t)r->C, *pr = want + row * (size_t)r->C;
+        double xmax = -INFINITY, mixed = 0.0;
+        for (int j = 0; j < r->C; ++j)
+            xmax = scale * xr[j] > xmax ? scale * xr[j] : xmax;
+        for (int j = 0; j < r->C; ++j)
+            if (scale * xr[j] != xmax)
+                mixed += pr[j] * 0x1p-23 * (fabs(scale * xr[j]) + fabs(xmax));
+        for (int j = 0; j < r->C; ++j) {
+            const double dj = scale * xr[j] != xmax ? 0x1p-23 * (fabs(scale * xr[j]) + fabs(xmax)) : 0.0;
+            allowed[row * (size_t)r->C + (size_t)j] = 1e-6 + 1e-5 * pr[j] + pr[j] * (dj + mixed);
+        }
+    }
+    cl_mem bin = tu_xbuffer(n * esz, tin), bout = tu_xbuffer(n * 4, NULL);
+    const clattn_tensor in = clattn_tensor_bhsd(bin, r->dt, r->B, r->H, r->R, r->C);
+    const clattn_tensor out = clattn_tensor_bhsd(bout, F32, r->B, r->H, r->R, r->C);
+    clattn_softmax_desc d;
+    memset(&d, 0, sizeof d);
+    d.batch = r->B;
+    d.heads = r->H;
+    d.rows = r->R;
+    d.cols = r->C;
+    d.scale = r->scale;
+    const clattn_status st = clattn_softmax(tu_ctx, &d, &in, &out, 0, NULL, NULL);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("%s: %s", clattn_status_name(st), clattn_last_error(tu_ctx));
+    float *img = tu_xalloc(n * 4);
+    tu_read(tu_ctx, bout, n * 4, img);
+    for (size_t i = 0; i < n; ++i)
+        got[i] = img[i];
+    size_t bad = 0, first = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        const double diff = fabs(got[i] - want[i]);
+        if (!(diff <= allowed[i]) && bad++ == 0) /* NaN fails too */
+            first = i;
+        if (diff / allowed[i] > worst)
+            worst = diff / allowed[i];
+    }
+    print_message("worst |diff| / allowed %.3g\n", worst);
+    if (bad != 0)
+        fail_msg("softmax: element %zu: got %.9g, want %.9g (allowed %.3g); %zu of %zu elements out of tolerance",
+                 first, got[first], want[first], allowed[first], bad, n);
+}
+
+/* =============================== registration =============================== */
+
+int main(void)
+{
+    const int beyond = tu_getenv_int("CLATTN_TEST_BEYOND_LIMITS", 0) == 1;
+    int left_out = 0;
+    tu_set_fixtures(NULL, tu_teardown);
+    for (size_t i = 0; i < N_OF(att_rows); ++i) {
+        if (att_rows[i].beyond && !beyond)
+            ++left_out;
+        else
+            tu_add_test("attention", att_rows[i].name, test_attention_edge, &att_rows[i]);
+    }
+    for (size_t i = 0; i < N_OF(sm_rows); ++i) {
+        if (sm_rows[i].beyond && !beyond)
+            ++left_out;
+        else
+            tu_add_test("softmax", sm_rows[i].name, test_softmax_edge, &sm_rows[i]);
+    }
+    if (left_out != 0)
+        printf("test_robust: %d rows beyond the documented numerical limits not run "
+               "(CLATTN_TEST_BEYOND_LIMITS=1 runs them)\n", left_out);
+    const int failed = tu_run_tests("robust");
+    clattn_release(tu_ctx);
+    return failed;
+}
