@@ -16,6 +16,7 @@
 #include "internal.h"
 
 #include <ctype.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,59 +189,78 @@ static int parse_list(const char *s, int want, clattn_params *p)
     return 1;
 }
 
+/* The environment variable of an op: CLATTN_PARAMS_<OP>. */
+static const char *env_name(clattn_op op, char *buf, size_t size)
+{
+    snprintf(buf, size, "CLATTN_PARAMS_%s", clattn__op_name(op));
+    for (char *c = buf; *c; c++)
+        *c = (char)toupper((unsigned char)*c);
+    return buf;
+}
+
+/* Sources in priority order; the first that applies wins. The origin text is only formatted when
+ * asked for (clattn_get_params), not on every launch. */
 void clattn__params_for(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p,
                         clattn_params_source *source, char *origin, size_t origin_size)
 {
-    clattn_params_source src = CLATTN_SOURCE_GENERIC;
-    char where[600] = "generic defaults";
-    memset(p, 0, sizeof *p);
-    generic_defaults(b->op, p);
-    const char *what = NULL;
-    if (vendor_defaults(&ctx->dev, b->op, p, &what)) {
-        src = CLATTN_SOURCE_VENDOR;
-        snprintf(where, sizeof where, "%s", what);
-    }
-    const int count = spaces[b->op].count;
+    clattn_params_source src;
     char line[200];
-    for (int i = 0; i < ctx->nbuiltin; i++) {
-        const clattn_tuning_entry *e = best_entry(ctx->builtin[i], b);
-        if (e) {
-            memcpy(p->v, e->v, sizeof p->v);
-            src = CLATTN_SOURCE_BUILTIN;
-            clattn__tuning_entry_text(e, line, sizeof line);
-            snprintf(where, sizeof where, "built-in table for \"%.200s\": %.180s", ctx->builtin[i]->device, line);
-            break;
-        }
-    }
-    const clattn_tuning_entry *e = best_entry(ctx->user_tuning, b);
-    if (e) {
-        memcpy(p->v, e->v, sizeof p->v);
-        src = CLATTN_SOURCE_USER_FILE;
-        clattn__tuning_entry_text(e, line, sizeof line);
-        char path[4200];
-        if (!clattn__tuning_file(ctx, path, sizeof path))
-            path[0] = '\0';
-        snprintf(where, sizeof where, "%.300s%s: %s", path,
-                 ctx->user_driver_changed ? " (written under another driver)" : "", line);
-    }
+    const clattn_tuning_entry *e = NULL;
+    const clattn_tuning_table *from = NULL;
+    const char *vendor = NULL;
     char name[64];
-    snprintf(name, sizeof name, "CLATTN_PARAMS_%s", clattn__op_name(b->op));
-    for (char *c = name; *c; c++)
-        *c = (char)toupper((unsigned char)*c);
-    const char *env = getenv(name);
-    if (env && *env && parse_list(env, count, p)) { /* an invalid list is ignored */
-        src = CLATTN_SOURCE_ENVIRONMENT;
-        snprintf(where, sizeof where, "%s=%.200s", name, env);
-    }
+    const char *env = getenv(env_name(b->op, name, sizeof name));
+    memset(p, 0, sizeof *p);
+    /* Defaults first: a shorter environment list keeps the trailing values of what it replaces. */
+    generic_defaults(b->op, p);
+    const int has_vendor = vendor_defaults(&ctx->dev, b->op, p, &vendor);
     if (ctx->override_n[b->op] > 0) {
         memcpy(p->v, ctx->override_v[b->op], sizeof p->v);
         src = CLATTN_SOURCE_OVERRIDE;
-        snprintf(where, sizeof where, "clattn_set_params");
+    } else if ((e = best_entry(ctx->user_tuning, b)) != NULL) {
+        from = ctx->user_tuning;
+        src = CLATTN_SOURCE_USER_FILE;
+    } else {
+        for (int i = 0; i < ctx->nbuiltin && !e; i++)
+            if ((e = best_entry(ctx->builtin[i], b)) != NULL)
+                from = ctx->builtin[i];
+        src = e ? CLATTN_SOURCE_BUILTIN : has_vendor ? CLATTN_SOURCE_VENDOR : CLATTN_SOURCE_GENERIC;
     }
+    if (e)
+        memcpy(p->v, e->v, sizeof p->v);
+    /* The environment beats the files and defaults, not an override; an invalid list is ignored. */
+    if (src != CLATTN_SOURCE_OVERRIDE && env && *env && parse_list(env, spaces[b->op].count, p))
+        src = CLATTN_SOURCE_ENVIRONMENT;
     if (source)
         *source = src;
-    if (origin && origin_size)
-        snprintf(origin, origin_size, "%s", where);
+    if (!origin || !origin_size)
+        return;
+    if (e)
+        clattn__tuning_entry_text(e, line, sizeof line);
+    char path[4200] = "";
+    switch (src) {
+    case CLATTN_SOURCE_OVERRIDE:
+        snprintf(origin, origin_size, "clattn_set_params");
+        break;
+    case CLATTN_SOURCE_ENVIRONMENT:
+        snprintf(origin, origin_size, "%s=%.200s", name, env);
+        break;
+    case CLATTN_SOURCE_USER_FILE:
+        if (!clattn__tuning_file(ctx, path, sizeof path))
+            path[0] = '\0';
+        snprintf(origin, origin_size, "%.300s%s: %s", path,
+                 ctx->user_driver_changed ? " (written under another driver)" : "", line);
+        break;
+    case CLATTN_SOURCE_BUILTIN:
+        snprintf(origin, origin_size, "built-in table for \"%.200s\": %.180s", from->device, line);
+        break;
+    case CLATTN_SOURCE_VENDOR:
+        snprintf(origin, origin_size, "%s", vendor);
+        break;
+    case CLATTN_SOURCE_GENERIC:
+        snprintf(origin, origin_size, "generic defaults");
+        break;
+    }
 }
 
 void clattn__default_params(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p)
@@ -263,7 +283,13 @@ int clattn__tuning_file(const clattn_context *ctx, char *buf, size_t size)
     return n > 0 && (size_t)n < size;
 }
 
-static void report(clattn_context *ctx, const char *fmt, const char *a, const char *b)
+/* Appends "; <message>" to the context's tuning report (truncated when full). */
+static void report(clattn_context *ctx, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void report(clattn_context *ctx, const char *fmt, ...)
 {
     char *r = ctx->tuning_report;
     const size_t size = sizeof ctx->tuning_report;
@@ -273,8 +299,12 @@ static void report(clattn_context *ctx, const char *fmt, const char *a, const ch
         r[n++] = ' ';
         r[n] = '\0';
     }
-    if (n + 1 < size)
-        snprintf(r + n, size - n, fmt, a, b);
+    if (n + 1 < size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(r + n, size - n, fmt, ap);
+        va_end(ap);
+    }
 }
 
 /* Every part of `pattern` separated by " & " is a case-insensitive substring of `hay`. */
@@ -319,7 +349,7 @@ static void load_builtin(clattn_context *ctx)
             continue;
         }
         ctx->builtin[ctx->nbuiltin++] = t;
-        report(ctx, "built-in table %.400s applies%.400s", s->name, "");
+        report(ctx, "built-in table %s applies", s->name);
     }
 }
 
@@ -327,12 +357,12 @@ static void load_user(clattn_context *ctx)
 {
     char path[4200];
     if (!clattn__tuning_file(ctx, path, sizeof path)) {
-        report(ctx, "no user tuning directory (set CLATTN_TUNING_DIR)%.400s%.400s", "", "");
+        report(ctx, "no user tuning directory (set CLATTN_TUNING_DIR)");
         return;
     }
     FILE *f = fopen(path, "rb");
     if (!f) {
-        report(ctx, "no user tuning file %.400s%.400s", path, "");
+        report(ctx, "no user tuning file %.400s", path);
         return;
     }
     char *buf = malloc(1 << 20);
@@ -356,12 +386,11 @@ static void load_user(clattn_context *ctx)
     } else {
         ctx->user_tuning = t;
         ctx->user_driver_changed = strcmp(t->driver, ctx->dev.driver) != 0;
-        char what[64];
-        snprintf(what, sizeof what, "%d entries", t->n);
-        report(ctx, "user tuning file %.400s: %.400s", path, what);
+        report(ctx, "user tuning file %.400s: %d entries", path, t->n);
         if (ctx->user_driver_changed)
-            report(ctx, "its driver tag \"%.400s\" differs from the driver in use: entries are still used, re-run clattn-tune to re-check them%.400s",
-                   t->driver, "");
+            report(ctx, "its driver tag \"%.200s\" differs from the driver in use: entries are "
+                        "still used, re-run clattn-tune to re-check them",
+                   t->driver);
         t = NULL;
     }
     if (t) {

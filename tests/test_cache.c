@@ -714,51 +714,8 @@ static void test_concurrent_writers(void **state)
 {
     (void)state;
     clattn_release(tu_context()); /* skip here, not in the children, without a device */
-    int ready[2], start[2];
-    assert_int_equal(pipe(ready), 0);
-    assert_int_equal(pipe(start), 0);
-    pid_t pids[CHILDREN];
-    int forked = 0;
-    for (int i = 0; i < CHILDREN; ++i) {
-        fflush(NULL);
-        pids[i] = fork();
-        if (pids[i] < 0)
-            break; /* the children already started still get their start signal and are reaped */
-        ++forked;
-        if (pids[i] == 0) {
-            close(ready[0]);
-            close(start[1]);
-            char rfd[16], sfd[16];
-            snprintf(rfd, sizeof rfd, "%d", ready[1]);
-            snprintf(sfd, sizeof sfd, "%d", start[0]);
-            execl("/proc/self/exe", "test_cache", "--cache-child", rfd, sfd, (char *)NULL);
-            _exit(127);
-        }
-    }
-    close(ready[1]);
-    close(start[0]);
-    /* Every child has its context before any starts building, so the builds overlap. */
-    int got = 0;
-    char buf[CHILDREN];
-    while (got < forked) {
-        const ssize_t n = read(ready[0], buf, (size_t)(forked - got));
-        if (n <= 0)
-            break; /* a child died before reporting; its exit status tells */
-        got += (int)n;
-    }
-    close(ready[0]);
-    close(start[1]); /* go */
-    int failures = 0;
-    for (int i = 0; i < forked; ++i) {
-        int status = 0;
-        assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            print_error("child %d (pid %ld) failed: %s %d\n", i, (long)pids[i],
-                        WIFEXITED(status) ? "exit" : "signal",
-                        WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-            ++failures;
-        }
-    }
+    int forked = 0, got = 0;
+    const int failures = tu_run_children("test_cache", "--cache-child", CHILDREN, &forked, &got);
     assert_int_equal(forked, CHILDREN);
     assert_int_equal(got, CHILDREN);
     assert_int_equal(failures, 0);

@@ -402,50 +402,9 @@ static void test_shared_cache_dir(void **state)
     char dir[PATH_MAX];
     make_tmpdir(dir, sizeof dir);
     setenv("CLATTN_CACHE_DIR", dir, 1); /* inherited by the children */
-    int ready[2], start[2];
-    assert_int_equal(pipe(ready), 0);
-    assert_int_equal(pipe(start), 0);
-    pid_t pids[PROCESSES];
-    int forked = 0;
-    for (int i = 0; i < PROCESSES; ++i) {
-        fflush(NULL);
-        pids[i] = fork();
-        if (pids[i] < 0)
-            break; /* the children already started still get their start signal and are reaped */
-        ++forked;
-        if (pids[i] == 0) {
-            close(ready[0]);
-            close(start[1]);
-            char rfd[16], sfd[16];
-            snprintf(rfd, sizeof rfd, "%d", ready[1]);
-            snprintf(sfd, sizeof sfd, "%d", start[0]);
-            execl("/proc/self/exe", "test_threads", "--process-child", rfd, sfd, (char *)NULL);
-            _exit(127);
-        }
-    }
+    int forked = 0, got = 0;
+    const int failures = tu_run_children("test_threads", "--process-child", PROCESSES, &forked, &got);
     restore_cache_dir();
-    close(ready[1]);
-    close(start[0]);
-    /* Both have a context before either starts, so their builds overlap. */
-    int got = 0;
-    char buf[PROCESSES];
-    while (got < forked) {
-        const ssize_t n = read(ready[0], buf, (size_t)(forked - got));
-        if (n <= 0)
-            break; /* a child died before reporting; its exit status tells */
-        got += (int)n;
-    }
-    close(ready[0]);
-    close(start[1]); /* go */
-    int failures = 0;
-    for (int i = 0; i < forked; ++i) {
-        int status = 0;
-        if (waitpid(pids[i], &status, 0) != pids[i] || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            print_error("process %d (pid %ld) failed: %s %d\n", i, (long)pids[i], WIFEXITED(status) ? "exit" : "signal",
-                        WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-            ++failures;
-        }
-    }
     const int tmp = count_files(dir, ".tmp"), bins = count_files(dir, ".clbin"), all = count_files(dir, "");
     print_message("shared cache directory: %d entries, %d temporary files, %d in all\n", bins, tmp, all);
     if (forked != PROCESSES || got != PROCESSES || failures != 0 || tmp != 0 || bins <= 0 || all != bins) {

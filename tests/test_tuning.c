@@ -31,13 +31,6 @@ static void write_file(const char *path, const char *text, size_t len)
     fclose(f);
 }
 
-/* A fresh context that has read the tuning directory. */
-static clattn_context *fresh(void)
-{
-    clattn_context *ctx = tu_context();
-    return ctx;
-}
-
 /* ---- format ---- */
 
 static void test_round_trip(void **state)
@@ -161,7 +154,7 @@ static void test_lookup_order(void **state)
     (void)state;
     make_dir();
     unsetenv("CLATTN_PARAMS_FUSED");
-    clattn_context *ctx = fresh();
+    clattn_context *ctx = tu_context();
     clattn_kernel_params base = get(ctx, CLATTN_OPERATION_FUSED);
     assert_true(base.source <= CLATTN_SOURCE_BUILTIN); /* no user file yet */
     assert_int_equal(base.count, 5);
@@ -230,7 +223,7 @@ static void test_bad_user_file(void **state)
 {
     const file_row *r = *state;
     make_dir();
-    clattn_context *ctx = fresh();
+    clattn_context *ctx = tu_context();
     const clattn_kernel_params before = get(ctx, CLATTN_OPERATION_FUSED);
     char path[4200], body[1200], text[1300];
     path_of(ctx, path, sizeof path);
@@ -246,7 +239,7 @@ static void test_bad_user_file(void **state)
     assert_memory_equal(after.values, before.values, sizeof after.values);
     clattn_release(ctx);
     /* A new context on the same bad file is created normally. */
-    ctx = fresh();
+    ctx = tu_context();
     assert_non_null(strstr(clattn_tuning_report(ctx), "ignored"));
     clattn_release(ctx);
 }
@@ -340,7 +333,7 @@ static void test_tuner(void **state)
 #else
     make_dir();
     assert_int_equal(run_tuner("--json"), 0);
-    clattn_context *ctx = fresh();
+    clattn_context *ctx = tu_context();
     assert_non_null(strstr(clattn_tuning_report(ctx), "user tuning file"));
     assert_null(strstr(clattn_tuning_report(ctx), "ignored"));
     clattn_problem_class pc = {CLATTN_OPERATION_SCORES, CLATTN_F32, 16, 64, 64, 0, 0};
@@ -363,7 +356,7 @@ static void test_tuner(void **state)
     /* Poison: kernels (CLATTN_KERNEL_DIR) whose scores are wrong unless RM is the defaults'
      * value: every other candidate must be rejected, none chosen. */
     make_dir();
-    ctx = fresh(); /* the defaults' RM on this device, from an empty tuning directory */
+    ctx = tu_context(); /* the defaults' RM on this device, from an empty tuning directory */
     clattn_kernel_params dk;
     assert_int_equal(clattn_get_params(ctx, &pc, &dk), CLATTN_SUCCESS);
     const int rm = dk.values[2];

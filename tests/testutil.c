@@ -1,4 +1,5 @@
 /* Shared test helpers; see testutil.h. */
+#define _POSIX_C_SOURCE 200809L /* fork, pipe, waitpid */
 #include "testutil.h"
 
 #include <errno.h>
@@ -7,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* ---- random numbers ---- */
 
@@ -526,4 +530,55 @@ int tu_run_tests(const char *group)
     reg_tests = NULL;
     reg_count = reg_cap = 0;
     return failed;
+}
+
+int tu_run_children(const char *argv0, const char *flag, int n, int *forked_out, int *ready_out)
+{
+    int ready[2], start[2];
+    if (pipe(ready) != 0 || pipe(start) != 0)
+        fail_msg("pipe: %s", strerror(errno));
+    pid_t pids[64];
+    int forked = 0;
+    for (int i = 0; i < n && i < 64; ++i) {
+        fflush(NULL);
+        pids[i] = fork();
+        if (pids[i] < 0)
+            break; /* the children already started still get their start signal and are reaped */
+        ++forked;
+        if (pids[i] == 0) {
+            close(ready[0]);
+            close(start[1]);
+            char rfd[16], sfd[16];
+            snprintf(rfd, sizeof rfd, "%d", ready[1]);
+            snprintf(sfd, sizeof sfd, "%d", start[0]);
+            execl("/proc/self/exe", argv0, flag, rfd, sfd, (char *)NULL);
+            _exit(127);
+        }
+    }
+    close(ready[1]);
+    close(start[0]);
+    /* Every child has reported ready before any starts, so their work overlaps. */
+    int got = 0;
+    char buf[64];
+    while (got < forked) {
+        const ssize_t r = read(ready[0], buf, (size_t)(forked - got));
+        if (r <= 0)
+            break; /* a child died before reporting; its exit status tells */
+        got += (int)r;
+    }
+    close(ready[0]);
+    close(start[1]); /* go */
+    int failures = 0;
+    for (int i = 0; i < forked; ++i) {
+        int status = 0;
+        if (waitpid(pids[i], &status, 0) != pids[i] || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            print_error("child %d (pid %ld) failed: %s %d\n", i, (long)pids[i],
+                        WIFEXITED(status) ? "exit" : "signal",
+                        WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+            ++failures;
+        }
+    }
+    *forked_out = forked;
+    *ready_out = got;
+    return failures;
 }

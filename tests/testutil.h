@@ -97,6 +97,12 @@ int tu_teardown(void **state);
 /* FNV-1a of the row name: a fixed seed per case that does not move when rows are reordered. */
 uint64_t tu_seed_of(const char *name);
 
+/* Runs n (<= 64) copies of this executable as "/proc/self/exe <flag> <ready_fd> <start_fd>" (argv[0]
+ * = argv0): each writes one byte to ready_fd once set up, then waits for start_fd to close. All are
+ * started together, then reaped. Returns how many failed (non-zero exit or signal, reported);
+ * *forked and *ready say how many were started and how many reported ready. */
+int tu_run_children(const char *argv0, const char *flag, int n, int *forked, int *ready);
+
 /* ---- strided tensor views with guarded buffers ---- */
 
 typedef enum tu_layout {

@@ -10,6 +10,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "clattn.h"
 #include "internal.h"
+#include "ref.h" /* the tests' float64 reference (tests/ref.c) */
 
 #include <math.h>
 #include <stdarg.h>
@@ -141,57 +142,44 @@ static void free_data(data *dd)
     free(dd->x);
 }
 
-/* Reference row (b, h, i) of the task's output into ref (length = row length). */
-static size_t ref_row(const shape *s, clattn_operation op, const data *dd, long long b, long long h,
-                      long long i, double *ref)
+static double *to_doubles(const float *src, size_t n)
 {
-    const double scale = 1.0 / sqrt((double)s->d);
-    const long long hk = h / (s->h / s->hkv);
-    const long long vis = s->causal ? i + 1 + (s->skv - s->sq) : s->skv;
-    if (op == CLATTN_OPERATION_SOFTMAX) {
-        const float *x = dd->x + ((b * s->h + h) * s->sq + i) * s->skv;
-        double m = -INFINITY, sum = 0;
-        for (long long j = 0; j < s->skv; j++)
-            if (j < vis && x[j] > m)
-                m = x[j];
-        for (long long j = 0; j < s->skv; j++)
-            sum += j < vis ? exp(x[j] - m) : 0.0;
-        for (long long j = 0; j < s->skv; j++)
-            ref[j] = j < vis ? exp(x[j] - m) / sum : 0.0;
-        return (size_t)s->skv;
-    }
-    const float *q = dd->q + ((b * s->h + h) * s->sq + i) * s->d;
-    double *sc = malloc((size_t)s->skv * sizeof *sc);
-    if (!sc)
+    double *d = malloc((n ? n : 1) * sizeof *d);
+    if (!d)
         die("out of host memory");
-    double m = -INFINITY;
-    for (long long j = 0; j < s->skv; j++) {
-        const float *k = dd->k + ((b * s->hkv + hk) * s->skv + j) * s->d;
-        double acc = 0;
-        for (long long e = 0; e < s->d; e++)
-            acc += (double)q[e] * k[e];
-        sc[j] = j < vis ? acc * scale : -INFINITY;
-        if (sc[j] > m)
-            m = sc[j];
+    for (size_t i = 0; i < n; i++)
+        d[i] = src[i];
+    return d;
+}
+
+/* Reference row (b, h, i) of the task's output into ref, from tests/ref.c on a one-row problem:
+ * the row's visible keys (causal, bottom-right) become that problem's key length. */
+static void ref_row(const shape *s, clattn_operation op, const data *dd, long long b, long long h,
+                    long long i, double *ref)
+{
+    const long long hk = h / (s->h / s->hkv);
+    long long vis = s->causal ? i + 1 + (s->skv - s->sq) : s->skv;
+    int kvlen = (int)(vis < 0 ? 0 : vis > s->skv ? s->skv : vis);
+    if (op == CLATTN_OPERATION_SOFTMAX) {
+        double *in = to_doubles(dd->x + ((b * s->h + h) * s->sq + i) * s->skv, (size_t)s->skv);
+        const ref_softmax rs = {1, 1, 1, (int)s->skv, 1.0, 0, NULL, {0, 0, 0, 0}, &kvlen};
+        ref_softmax_rows(&rs, in, ref);
+        free(in);
+        return;
     }
+    const size_t kv = (size_t)(s->skv * s->d), kv_off = (size_t)((b * s->hkv + hk) * s->skv * s->d);
+    double *q = to_doubles(dd->q + ((b * s->h + h) * s->sq + i) * s->d, (size_t)s->d);
+    double *k = to_doubles(dd->k + kv_off, kv);
+    const ref_attn a = {1, 1, 1, 1, (int)s->skv, (int)s->d, 0, 0.0, 0, NULL, {0, 0, 0, 0}, &kvlen};
     if (op == CLATTN_OPERATION_SCORES) {
-        memcpy(ref, sc, (size_t)s->skv * sizeof *ref);
-        free(sc);
-        return (size_t)s->skv;
+        ref_scores(&a, q, k, ref);
+    } else {
+        double *v = to_doubles(dd->v + kv_off, kv);
+        ref_attention(&a, q, k, v, ref, NULL, NULL);
+        free(v);
     }
-    double sum = 0;
-    for (long long j = 0; j < s->skv; j++)
-        sum += sc[j] == -INFINITY ? 0.0 : exp(sc[j] - m);
-    for (long long e = 0; e < s->d; e++)
-        ref[e] = 0;
-    for (long long j = 0; j < vis && j < s->skv; j++) {
-        const double p = exp(sc[j] - m) / sum;
-        const float *v = dd->v + ((b * s->hkv + hk) * s->skv + j) * s->d;
-        for (long long e = 0; e < s->d; e++)
-            ref[e] += p * v[e];
-    }
-    free(sc);
-    return (size_t)s->d;
+    free(q);
+    free(k);
 }
 
 /* Max error of the sampled rows of the device output, relative to the row's largest value. */
