@@ -529,8 +529,10 @@ clattn_status clattn_tuning_path(const clattn_context *ctx, char *buf, size_t si
 {
     if (!ctx || !buf || size == 0)
         return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_tuning_path: ctx, buf and size must be given");
-    if (!clattn__tuning_file(ctx, buf, size))
+    char path[4200];
+    if (!clattn__tuning_file(ctx, path, sizeof path) || strlen(path) >= size)
         return clattn__fail((clattn_context *)ctx, CLATTN_IO_ERROR,
                             "no tuning directory (set CLATTN_TUNING_DIR) or path longer than %zu bytes", size);
+    memcpy(buf, path, strlen(path) + 1); /* buf is untouched on failure */
     return CLATTN_SUCCESS;
 }

@@ -262,6 +262,25 @@ static void test_set_params_errors(void **state)
     assert_int_equal(clattn_get_params(ctx, NULL, &kp), CLATTN_INVALID_ARGUMENT);
     clattn_problem_class pc = {CLATTN_OPERATION_SCORES, (clattn_dtype)7, 64, 1, 1, 0, 0};
     assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_INVALID_ARGUMENT);
+    assert_int_equal(clattn_get_params(NULL, &pc, &kp), CLATTN_INVALID_ARGUMENT);
+    assert_int_equal(clattn_get_params(ctx, &pc, NULL), CLATTN_INVALID_ARGUMENT);
+    clattn_problem_class neg_hd = {CLATTN_OPERATION_FUSED, CLATTN_F32, -1, 1, 1, 0, 0};
+    assert_int_equal(clattn_get_params(ctx, &neg_hd, &kp), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "head_dim"));
+    clattn_problem_class big_hd = {CLATTN_OPERATION_FUSED, CLATTN_F32, CLATTN_MAX_HEAD_DIM + 1, 1, 1, 0, 0};
+    assert_int_equal(clattn_get_params(ctx, &big_hd, &kp), CLATTN_INVALID_ARGUMENT);
+    assert_int_equal(clattn_reload_tuning(NULL), CLATTN_INVALID_ARGUMENT);
+    assert_string_equal(clattn_tuning_report(NULL), "");
+    char path[64];
+    assert_int_equal(clattn_tuning_path(NULL, path, sizeof path), CLATTN_INVALID_ARGUMENT);
+    assert_int_equal(clattn_tuning_path(ctx, NULL, 10), CLATTN_INVALID_ARGUMENT);
+    assert_int_equal(clattn_tuning_path(ctx, path, 0), CLATTN_INVALID_ARGUMENT);
+    char tiny[4] = "abc";
+    assert_int_equal(clattn_tuning_path(ctx, tiny, sizeof tiny), CLATTN_IO_ERROR);
+    assert_string_equal(tiny, "abc"); /* untouched on failure */
+    assert_int_equal(clattn_param_count((clattn_operation)-1), 0);
+    assert_null(clattn_param_name(CLATTN_OPERATION_FUSED, -1));
+    assert_string_equal(clattn_params_source_name((clattn_params_source)42), "?");
     assert_int_equal(clattn_param_count(CLATTN_OPERATION_SOFTMAX), 2);
     assert_string_equal(clattn_param_name(CLATTN_OPERATION_SOFTMAX, 1), "ROWS");
     assert_null(clattn_param_name(CLATTN_OPERATION_SOFTMAX, 2));
