@@ -14,8 +14,11 @@
  * at VW·(tx + WGX·s); of O the NV column blocks of VW at VW·(tx + WGX·c). Interleaving keeps
  * neighbouring work-items on neighbouring local-memory words. Q and P are row-major in local
  * memory (their values are read as broadcast scalars), K is transposed (Ks[d][key]) and V
- * row-major so both are read as VW-wide vectors. Q is pre-multiplied by scale·log2(e) when
- * staged, so scores are in log2 units and softmax uses exp2. */
+ * row-major so both are read as VW-wide vectors. The scale multiplies the dot products (as in
+ * the unfused path), and the row maximum is subtracted before the multiplication by log2(e)
+ * that exp2 needs, so any finite logit works. O is kept normalised after every tile,
+ * o' = o·(l·α/l') + Σ (p/l')·v with the tile's row sums reduced before P·V: a convex
+ * combination of V rows, which cannot overflow whatever seq_kv and |V| are. */
 
 #ifndef WGX
 #define WGX 8 /* work-items across keys (S) and across head_dim_v (O) */
@@ -72,13 +75,14 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
       __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,
       __global const int *kvlen, ulong o_split, ulong l_split, int seq_q, int seq_kv, int heads_kv,
       int group, int D, int DV, int causal, int has_mask, int has_lse, int splits, int split_len,
-      float qscale)
+      float scale)
 {
     __local float Qs[BM][DP];
     __local float Ks[DP][BN];
     __local float Vs[BN][DVP];
     __local float Ps[BM][BN];
-    __local float red[BM][WGX];
+    __local float red[BM][WGX];  /* row maxima of each work-item's keys */
+    __local float rsum[BM][WGX]; /* row sums of each work-item's p */
 
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int lid = ty * WGX + tx;
@@ -109,14 +113,14 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
         float4 x = (float4)(0.0f);
         if (row < R) {
             const int hq = hk * group + row / seq_q, i = row % seq_q;
-            x = row_load4(Q + q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)i * q_ss, d, D) *
-                qscale;
+            x = row_load4(Q + q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)i * q_ss, d, D);
         }
         vstore4(x, 0, &Qs[r][d]);
     }
 
-    /* Per-row state of this work-item's rows. */
-    float m[RM], l[RM];
+    /* Per-row state of this work-item's rows: running max m and sum l of e^(s - m);
+     * o is kept normalised (a convex combination of V rows: it cannot overflow). */
+    float m[RM], l[RM], keep[RM];
     int rend[RM]; /* one past the last key the row may see */
     ulong mrow[RM];
     floatV o[RM][NV];
@@ -168,6 +172,10 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
             }
         }
 
+        for (int i = 0; i < RM; i++)
+            for (int j = 0; j < NS; j++)
+                s[i][j] *= scale;
+
         if (guarded) {
             for (int i = 0; i < RM; i++)
                 for (int j = 0; j < NS; j++) {
@@ -180,7 +188,7 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
                         } else if (has_mask) {
                             /* A -inf mask hides the key even when its score is NaN. */
                             const float mv = LD_MASK(mask, mrow[i] + key);
-                            t[e] = mv == NEG_INF ? NEG_INF : t[e] + mv * LOG2E;
+                            t[e] = mv == NEG_INF ? NEG_INF : t[e] + mv;
                         }
                     }
                     s[i][j] = vloadV(0, t);
@@ -207,15 +215,37 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
             const float mnew = fmax(m[i], mt);
             /* A row that has seen only -inf keeps a 0 reference so exp2 never sees -inf - -inf. */
             const float mref = mnew == NEG_INF ? 0.0f : mnew;
-            const float alpha = exp2(m[i] - mref);
+            keep[i] = exp2((m[i] - mref) * LOG2E); /* alpha, the old sum's rescaling */
             m[i] = mnew;
-            l[i] *= alpha;
-            for (int c = 0; c < NV; c++)
-                o[i][c] *= alpha;
-            for (int j = 0; j < NS; j++)
-                vstoreV(exp2V(s[i][j] - mref), 0, &Ps[ty * RM + i][VW * (tx + WGX * j)]);
+            floatV ps = (floatV)(0.0f);
+            for (int j = 0; j < NS; j++) {
+                const floatV pj = exp2V((s[i][j] - mref) * LOG2E);
+                ps += pj;
+                vstoreV(pj, 0, &Ps[ty * RM + i][VW * (tx + WGX * j)]);
+            }
+            float t[VW];
+            vstoreV(ps, 0, t);
+            float r = t[0];
+            for (int e = 1; e < VW; e++)
+                r += t[e];
+            rsum[ty * RM + i][tx] = r;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+
+        /* New sum l' = l·alpha + Σ p; o' = o·(l·alpha/l') + Σ (p/l')·v. l' is 0 while the row has
+         * seen no key (o stays 0) and NaN once a score was NaN. */
+        float inv[RM];
+        for (int i = 0; i < RM; i++) {
+            float ts = rsum[ty * RM + i][0];
+            for (int t = 1; t < WGX; t++)
+                ts += rsum[ty * RM + i][t];
+            const float lnew = l[i] * keep[i] + ts;
+            inv[i] = lnew > 0.0f ? 1.0f / lnew : 0.0f;
+            keep[i] = isnan(lnew) ? lnew : l[i] * keep[i] * inv[i];
+            l[i] = lnew;
+            for (int c = 0; c < NV; c++)
+                o[i][c] *= keep[i];
+        }
 
         if (guarded) {
             const int nkeys = min(BN, k_hi - kt);
@@ -224,9 +254,8 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
                 for (int c = 0; c < NV; c++)
                     vv[c] = vloadV(0, &Vs[n][VW * (tx + WGX * c)]);
                 for (int i = 0; i < RM; i++) {
-                    const float p = Ps[ty * RM + i][n];
+                    const float p = Ps[ty * RM + i][n] * inv[i];
                     if (p != 0.0f) {
-                        l[i] += p;
                         for (int c = 0; c < NV; c++)
                             o[i][c] = MAD((floatV)(p), vv[c], o[i][c]);
                     }
@@ -238,8 +267,7 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
                 for (int c = 0; c < NV; c++)
                     vv[c] = vloadV(0, &Vs[n][VW * (tx + WGX * c)]);
                 for (int i = 0; i < RM; i++) {
-                    const float p = Ps[ty * RM + i][n];
-                    l[i] += p;
+                    const float p = Ps[ty * RM + i][n] * inv[i];
                     for (int c = 0; c < NV; c++)
                         o[i][c] = MAD((floatV)(p), vv[c], o[i][c]);
                 }
@@ -258,11 +286,10 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
         /* No visible key: output exactly 0 and LSE -inf. A row whose scores were all NaN also
          * keeps m = -inf (fmax skips NaN) but has l = NaN: it is NaN, not empty. */
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
-        const float inv = empty ? 0.0f : 1.0f / l[i];
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
         for (int c = 0; c < NV; c++) {
             float t[VW];
-            vstoreV(empty ? (floatV)(0.0f) : o[i][c] * inv, 0, t);
+            vstoreV(empty ? (floatV)(0.0f) : o[i][c], 0, t);
             for (int q = 0; q < VW; q += 4) {
                 const int col = VW * (tx + WGX * c) + q;
                 if (col + 3 < DV) {
@@ -275,6 +302,252 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
         }
         if (has_lse && tx == 0)
             LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] =
-                empty ? NEG_INF : (m[i] + log2(l[i])) * LN2;
+                empty ? NEG_INF : m[i] + log(l[i]);
+    }
+}
+
+/* ---- CPUs: fused_direct (DIRECT 1) ----
+ *
+ * One work-item per block of RM packed rows (as above) and key split, no local memory, no
+ * barrier: on a CPU a work-group's work-items run one after another, so local tiles and barriers
+ * only add copies and spills. Keys are read from a Kᵀ copy (transpose_k in gemm.cl, f32, rows of
+ * kt_ss floats) as float16 vectors of 16 consecutive keys, V from a zero-padded f32 copy (pack_v)
+ * as float16 vectors of 16 columns; both copies cost O(seq_kv) and stay hot in cache while every
+ * row block of the head streams them. A block of BN = 16·NS keys: scores S[RM][BN] in registers,
+ * the row maxima, p = e^(s - m) with exp2p16, then O += P·V with P read back as broadcast scalars.
+ *
+ * Numerics: the scale and mask are applied in natural units and the maximum is subtracted before
+ * the multiplication by log2(e), so any finite logit works (no overflow near FLT_MAX). O is kept
+ * normalised after every block, o' = o·(l·α/l') + Σ (p/l')·v, a convex combination of V rows
+ * that cannot overflow whatever seq_kv and |V| are. Hidden keys get s = -inf, p = 0, and are
+ * skipped in P·V so NaN/Inf in their K/V never reach O. */
+#ifndef DV16
+#define DV16 4 /* O columns in float16 blocks: 16·DV16 >= head_dim_v */
+#endif
+#define DBN (16 * NS)
+
+inline float hmax16(float16 v)
+{
+    const float8 a = fmax(v.lo, v.hi);
+    const float4 b = fmax(a.lo, a.hi);
+    const float2 c = fmax(b.lo, b.hi);
+    return fmax(c.x, c.y);
+}
+
+inline float hsum16(float16 v)
+{
+    const float8 a = v.lo + v.hi;
+    const float4 b = a.lo + a.hi;
+    const float2 c = b.lo + b.hi;
+    return c.x + c.y;
+}
+
+/* Vp[z][n][c] = V[b][hk][n][c] as f32 for c < DV, 0 for DV <= c < 16·DV16; z = b·heads_kv + hk.
+ * One work-item per key. */
+__kernel void pack_v(__global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,
+                     __global float *Vp, ulong vp_off, ulong vp_sz, ulong vp_ss, int N, int DV,
+                     int heads_kv)
+{
+    const int n = get_global_id(0), z = get_global_id(1);
+    if (n >= N)
+        return;
+    const int b = z / heads_kv, hk = z % heads_kv;
+    __global const T_IN *src = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh + (ulong)n * v_ss;
+    __global float *dst = Vp + vp_off + (ulong)z * vp_sz + (ulong)n * vp_ss;
+    int c = 0;
+    for (; c + 3 < DV; c += 4)
+        vstore4(LD4_IN(src, c), 0, dst + c);
+    for (; c < 16 * DV16; c++)
+        dst[c] = c < DV ? LD_IN(src, c) : 0.0f;
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
+fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
+             __global const float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss,
+             __global const float *Vp, ulong vp_off, ulong vp_sz, ulong vp_ss,
+             __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,
+             __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
+             __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,
+             __global const int *kvlen, ulong o_split, ulong l_split, int seq_q, int seq_kv,
+             int heads_kv, int group, int D, int DV, int causal, int has_mask, int has_lse,
+             int splits, int split_len, float scale)
+{
+    const int zz = get_group_id(2);
+    const int split = zz % splits;
+    const int z = zz / splits;
+    const int b = z / heads_kv, hk = z % heads_kv;
+    const int R = group * seq_q;
+    const int r0 = get_group_id(1) * RM;
+    const int r1 = min(R, r0 + RM) - 1;
+
+    const int L = keys_of_batch(kvlen, b, seq_kv);
+    const int spans = (r0 / seq_q) != (r1 / seq_q);
+    const int i_min = spans ? 0 : r0 % seq_q;
+    const int i_max = spans ? seq_q - 1 : r1 % seq_q;
+    const int k_lo = split * split_len;
+    const int k_hi = min(min(L, k_lo + split_len), causal_end(causal, i_max, seq_q, L));
+    const int k_all = min(k_hi, causal_end(causal, i_min, seq_q, L));
+
+    __global const float *Ktb = Kt + kt_off + (ulong)z * kt_sz;
+    __global const float *Vpb = Vp + vp_off + (ulong)z * vp_sz;
+
+    float qs[RM][DP];
+    float m[RM], l[RM];
+    int rend[RM];
+    ulong mrow[RM];
+    float16 o[RM][DV16];
+#pragma unroll
+    for (int i = 0; i < RM; i++) {
+        const int row = min(r0 + i, R - 1); /* rows past R compute on a copy, never stored */
+        const int pos = row % seq_q, hq = hk * group + row / seq_q;
+        __global const T_IN *qrow = Q + q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)pos * q_ss;
+        for (int d = 0; d < D; d++)
+            qs[i][d] = LD_IN(qrow, d);
+        m[i] = NEG_INF;
+        l[i] = 0.0f;
+        rend[i] = r0 + i < R ? min(k_hi, causal_end(causal, pos, seq_q, L)) : 0;
+        mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
+#pragma unroll
+        for (int c = 0; c < DV16; c++)
+            o[i][c] = (float16)(0.0f);
+    }
+
+    for (int kt = k_lo; kt < k_hi; kt += DBN) {
+        float16 s[RM][NS];
+#pragma unroll
+        for (int i = 0; i < RM; i++)
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+                s[i][j] = (float16)(0.0f);
+        __global const float *kp = Ktb + kt;
+        for (int d = 0; d < D; d++, kp += kt_ss) {
+            float16 kv[NS];
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+                kv[j] = vload16(j, kp);
+#pragma unroll
+            for (int i = 0; i < RM; i++) {
+                const float a = qs[i][d];
+#pragma unroll
+                for (int j = 0; j < NS; j++)
+                    s[i][j] = MAD((float16)(a), kv[j], s[i][j]);
+            }
+        }
+
+        /* A block is guarded when some row hides some key of it. */
+        const int guarded = has_mask || kt + DBN > k_all;
+        float pb[RM][DBN];
+#pragma unroll
+        for (int i = 0; i < RM; i++) {
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+                s[i][j] *= scale;
+            if (guarded) {
+#pragma unroll
+                for (int j = 0; j < NS; j++) {
+                    float t[16];
+                    vstore16(s[i][j], 0, t);
+                    for (int e = 0; e < 16; e++) {
+                        const int key = kt + 16 * j + e;
+                        if (key >= rend[i]) {
+                            t[e] = NEG_INF;
+                        } else if (has_mask) {
+                            /* A -inf mask hides the key even when its score is NaN. */
+                            const float mv = LD_MASK(mask, mrow[i] + key);
+                            t[e] = mv == NEG_INF ? NEG_INF : t[e] + mv;
+                        }
+                    }
+                    s[i][j] = vload16(0, t);
+                }
+            }
+            float16 mx = s[i][0];
+#pragma unroll
+            for (int j = 1; j < NS; j++)
+                mx = fmax(mx, s[i][j]);
+            const float mnew = fmax(m[i], hmax16(mx));
+            /* A row that has seen only -inf keeps a 0 reference so that -inf - -inf never occurs. */
+            const float mref = mnew == NEG_INF ? 0.0f : mnew;
+            const float alpha = exp2((m[i] - mref) * LOG2E);
+            float16 p[NS], ps = (float16)(0.0f);
+#pragma unroll
+            for (int j = 0; j < NS; j++) {
+                p[j] = exp2p16((s[i][j] - mref) * LOG2E);
+                ps += p[j];
+            }
+            const float lnew = l[i] * alpha + hsum16(ps);
+            /* lnew is 0 while the row has seen no key (o stays 0), NaN once a score was NaN. */
+            const float inv = lnew > 0.0f ? 1.0f / lnew : 0.0f;
+            const float keep = isnan(lnew) ? lnew : l[i] * alpha * inv;
+#pragma unroll
+            for (int c = 0; c < DV16; c++)
+                o[i][c] *= keep;
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+                vstore16(p[j] * inv, j, pb[i]);
+            m[i] = mnew;
+            l[i] = lnew;
+        }
+
+        __global const float *vp = Vpb + (ulong)kt * vp_ss;
+        if (!guarded) {
+            for (int n = 0; n < DBN; n++, vp += vp_ss) {
+                float pn[RM];
+#pragma unroll
+                for (int i = 0; i < RM; i++)
+                    pn[i] = pb[i][n];
+#pragma unroll
+                for (int c = 0; c < DV16; c++) {
+                    const float16 vv = vload16(c, vp);
+#pragma unroll
+                    for (int i = 0; i < RM; i++)
+                        o[i][c] = MAD((float16)(pn[i]), vv, o[i][c]);
+                }
+            }
+        } else {
+            const int nkeys = min(DBN, k_hi - kt);
+            for (int n = 0; n < nkeys; n++, vp += vp_ss) {
+#pragma unroll
+                for (int i = 0; i < RM; i++) {
+                    const float pn = pb[i][n];
+                    if (pn != 0.0f) {
+#pragma unroll
+                        for (int c = 0; c < DV16; c++)
+                            o[i][c] = MAD((float16)(pn), vload16(c, vp), o[i][c]);
+                    }
+                }
+            }
+        }
+    }
+
+    O += o_off + (ulong)split * o_split;
+    LSE += l_off + (ulong)split * l_split;
+#pragma unroll
+    for (int i = 0; i < RM; i++) {
+        const int row = r0 + i;
+        if (row >= R)
+            continue;
+        const int hq = hk * group + row / seq_q, pos = row % seq_q;
+        /* No visible key: 0 and LSE -inf. A row whose scores were all NaN keeps m = -inf too
+         * (fmax skips NaN) but has l = NaN: it is NaN, not empty. */
+        const int empty = m[i] == NEG_INF && !isnan(l[i]);
+        __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
+#pragma unroll
+        for (int c = 0; c < DV16; c++) {
+            const float16 x = empty ? (float16)(0.0f) : o[i][c];
+            const int col = 16 * c;
+#if DT_OUT == 0
+            if (col + 15 < DV) {
+                vstore16(x, 0, orow + col);
+                continue;
+            }
+#endif
+            float t[16];
+            vstore16(x, 0, t);
+            for (int e = 0; e < 16 && col + e < DV; e++)
+                ST_OUT(orow, col + e, t[e]);
+        }
+        if (has_lse)
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] =
+                empty ? NEG_INF : m[i] + log(l[i]);
     }
 }

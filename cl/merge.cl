@@ -38,17 +38,20 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
     } else if (mx != NEG_INF) {
         for (int p = 0; p < parts; p++) {
             const float lp = PL[lrow + p * pl_split];
-            if (lp == NEG_INF)
-                continue;
-            const float w = exp(lp - mx);
-            sum += w;
-            if (c < DV)
-                acc += w * P[prow + p * p_split + c];
+            if (lp != NEG_INF)
+                sum += exp(lp - mx);
+        }
+        /* Normalised weights: out is a convex combination of the parts and cannot overflow. */
+        const float inv = 1.0f / sum;
+        for (int p = 0; p < parts && c < DV; p++) {
+            const float lp = PL[lrow + p * pl_split];
+            if (lp != NEG_INF)
+                acc += (exp(lp - mx) * inv) * P[prow + p * p_split + c];
         }
     }
     if (c < DV)
         ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)i * o_ss + c,
-               mx == NEG_INF ? 0.0f : acc / sum);
+               mx == NEG_INF ? 0.0f : acc);
     if (has_lse && c == 0)
         LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] =
             mx == NEG_INF ? NEG_INF : mx + log(sum);

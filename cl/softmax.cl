@@ -4,9 +4,10 @@
  * (grid x = rows·WG, y = batch·heads). Columns hidden by kv_lengths or causal (bottom-right, see
  * common.cl), a -inf mask and -inf entries give 0. Work-item lid reads float4 chunks at 4·(lid + WG·t) so the work-group
  * streams the row contiguously. Three branch-free passes, each a local-memory tree reduction:
- * row max (NaN is ignored by fmax here but re-enters through the sum), sum of exp2(x - max),
- * then the normalised write. Short rows stay in cache between passes; long rows (up to and
- * beyond 10^6) just stream. Optional LSE (natural log) per row. In place is fine: each element
+ * row max (NaN is ignored by fmax here but re-enters through the sum), sum of
+ * exp2((x - max)·log2 e), then the normalised write. The maximum is subtracted before the
+ * multiplication by log2 e, so logits anywhere up to FLT_MAX work. Short rows stay in cache
+ * between passes; long rows (up to and beyond 10^6) just stream. Optional LSE (natural log) per row. In place is fine: each element
  * is read, then written, by the same work-item. */
 
 #ifndef WG
@@ -19,7 +20,7 @@
 #define LD4_MASK(p, i) vload_half4(0, (p) + (i))
 #endif
 
-/* Element j..j+3 of the row in log2 units; hidden columns are -inf. */
+/* Element j..j+3 of the row (scale·x + mask, natural units); hidden columns are -inf. */
 inline float4 row4(__global const T_A *x, __global const T_MASK *mk, int j, int cend, float sc,
                    int has_mask)
 {
@@ -29,13 +30,13 @@ inline float4 row4(__global const T_A *x, __global const T_MASK *mk, int j, int 
         if (has_mask) {
             const float4 mv = LD4_MASK(mk, j);
             /* A -inf mask hides the entry even when it is NaN. */
-            v = select(v + mv * LOG2E, (float4)(NEG_INF), mv == (float4)(NEG_INF));
+            v = select(v + mv, (float4)(NEG_INF), mv == (float4)(NEG_INF));
         }
     } else {
         float t[4];
         for (int e = 0; e < 4; e++) {
             const float mv = has_mask && j + e < cend ? LD_MASK(mk, j + e) : 0.0f;
-            t[e] = j + e < cend && mv != NEG_INF ? LD_A(x, j + e) * sc + mv * LOG2E : NEG_INF;
+            t[e] = j + e < cend && mv != NEG_INF ? LD_A(x, j + e) * sc + mv : NEG_INF;
         }
         v = vload4(0, t);
     }
@@ -61,7 +62,7 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
     __global const T_A *x = X + x_off + (ulong)b * x_sb + (ulong)h * x_sh + (ulong)i * x_ss;
     __global T_OUT *y = Y + y_off + (ulong)b * y_sb + (ulong)h * y_sh + (ulong)i * y_ss;
     __global const T_MASK *mk = mask + m_off + (ulong)b * m_sb + (ulong)h * m_sh + (ulong)i * m_ss;
-    const float sc = scale * LOG2E;
+    const float sc = scale;
 
     float4 m4 = (float4)(NEG_INF);
     for (int j = 4 * lid; j < cend; j += 4 * WG)
@@ -81,7 +82,7 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
 
     float4 s4 = (float4)(0.0f);
     for (int j = 4 * lid; j < cend; j += 4 * WG)
-        s4 += exp2(row4(x, mk, j, cend, sc, has_mask) - ref);
+        s4 += exp2((row4(x, mk, j, cend, sc, has_mask) - ref) * LOG2E);
     red[lid] = (s4.s0 + s4.s1) + (s4.s2 + s4.s3);
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int w = WG / 2; w > 0; w /= 2) {
@@ -96,7 +97,7 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
     for (int j = 4 * lid; j < cols; j += 4 * WG) {
         const float4 v = row4(x, mk, j, cend, sc, has_mask);
         /* Hidden and -inf entries are exactly 0, also in a NaN row (where inv is NaN). */
-        const float4 p = select(exp2(v - ref) * inv, (float4)(0.0f), v == (float4)(NEG_INF));
+        const float4 p = select(exp2((v - ref) * LOG2E) * inv, (float4)(0.0f), v == (float4)(NEG_INF));
         if (j + 3 < cols) {
             ST4_OUT(y, j, p);
         } else {
@@ -108,7 +109,7 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
     }
     if (has_lse && lid == 0)
         LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] =
-            S == 0.0f ? NEG_INF : (ref + log2(S)) * LN2;
+            S == 0.0f ? NEG_INF : ref + log(S);
 }
 
 /* CPU variant: one work-item walks ROWS whole rows alone, 16 columns at a time, with no local
@@ -150,14 +151,14 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
     } while (0)
 #endif
 
-/* Columns j..j+15, all visible (j + 15 < cend), in log2 units. */
+/* Columns j..j+15, all visible (j + 15 < cend), natural units. */
 inline float16 row16(__global const T_A *x, __global const T_MASK *mk, int j, float sc,
                      int has_mask)
 {
     float16 v = LD16_A(x, j) * sc;
     if (has_mask) {
         const float16 mv = LD16_MASK(mk, j);
-        v = select(v + mv * LOG2E, (float16)(NEG_INF), mv == (float16)(NEG_INF));
+        v = select(v + mv, (float16)(NEG_INF), mv == (float16)(NEG_INF));
     }
     return v;
 }
@@ -169,7 +170,7 @@ inline float col1(__global const T_A *x, __global const T_MASK *mk, int j, int c
     if (j >= cend)
         return NEG_INF;
     const float mv = has_mask ? LD_MASK(mk, j) : 0.0f;
-    return mv == NEG_INF ? NEG_INF : LD_A(x, j) * sc + mv * LOG2E;
+    return mv == NEG_INF ? NEG_INF : LD_A(x, j) * sc + mv;
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
@@ -183,7 +184,7 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
     const int z = get_group_id(1);
     const int b = z / heads, h = z % heads;
     const int L = keys_of_batch(kvlen, b, cols);
-    const float sc = scale * LOG2E;
+    const float sc = scale;
     const int i0 = get_group_id(0) * ROWS;
     for (int i = i0; i < min(rows, i0 + ROWS); i++) {
         const int cend = max(0, causal_end(causal, i, rows, L));
@@ -210,7 +211,7 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
         float16 s16 = (float16)(0.0f);
         for (int j = 0; j < vend; j += 16) {
             const float16 v = row16(x, mk, j, sc, has_mask);
-            const float16 e = exp2p16(v - ref);
+            const float16 e = exp2p16((v - ref) * LOG2E);
             s16 += e;
 #if DT_OUT == 0
             ST16_OUT(y, j, select(e, (float16)(-0.0f), v == (float16)(NEG_INF)));
@@ -220,7 +221,7 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
         float4 s4 = s8.lo + s8.hi;
         float S = (s4.s0 + s4.s1) + (s4.s2 + s4.s3);
         for (int j = vend; j < cend; j++)
-            S += exp2p(col1(x, mk, j, cend, sc, has_mask) - ref);
+            S += exp2p((col1(x, mk, j, cend, sc, has_mask) - ref) * LOG2E);
         const float inv = S == 0.0f ? 0.0f : 1.0f / S;
 
         for (int j = 0; j < vend; j += 16) {
@@ -229,7 +230,7 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
             ST16_OUT(y, j, select(e * inv, (float16)(0.0f), as_int16(e) == (int16)(INT_MIN)));
 #else
             const float16 v = row16(x, mk, j, sc, has_mask);
-            ST16_OUT(y, j, select(exp2p16(v - ref) * inv, (float16)(0.0f), v == (float16)(NEG_INF)));
+            ST16_OUT(y, j, select(exp2p16((v - ref) * LOG2E) * inv, (float16)(0.0f), v == (float16)(NEG_INF)));
 #endif
         }
         for (int j = vend; j < cols;) {
@@ -239,12 +240,12 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
                 continue;
             }
             const float v = col1(x, mk, j, cend, sc, has_mask);
-            ST_OUT(y, j, v == NEG_INF ? 0.0f : exp2p(v - ref) * inv);
+            ST_OUT(y, j, v == NEG_INF ? 0.0f : exp2p((v - ref) * LOG2E) * inv);
             j++;
         }
         if (has_lse)
             LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] =
-                S == 0.0f ? NEG_INF : (ref + log2(S)) * LN2;
+                S == 0.0f ? NEG_INF : ref + log(S);
     }
 }
 #endif

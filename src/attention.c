@@ -4,8 +4,26 @@
 #include <stdio.h>
 #include <string.h>
 
+static clattn_status unfused_launches(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
+                                      const cl_event *wait, cl_event *done);
+
+/* The softmax launch writes the caller's lse and probabilities before P·V runs, so every kernel
+ * is built, the workspace allocated and every argument set (a rehearsal that enqueues nothing)
+ * before the first launch: a build failure or an allocation failure then leaves the caller's
+ * tensors untouched. */
 static clattn_status run_unfused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                  const cl_event *wait, cl_event *done)
+{
+    ctx->rehearse = 1;
+    clattn_status st = unfused_launches(ctx, p, num_wait, wait, NULL);
+    ctx->rehearse = 0;
+    if (st)
+        return st;
+    return unfused_launches(ctx, p, num_wait, wait, done);
+}
+
+static clattn_status unfused_launches(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
+                                      const cl_event *wait, cl_event *done)
 {
     const uint64_t elems = (uint64_t)p->batch * (uint64_t)p->heads_q * (uint64_t)p->seq_q *
                            (uint64_t)p->seq_kv;

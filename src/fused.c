@@ -13,7 +13,13 @@ static size_t fused_local_bytes(const fused_cfg *c)
 {
     const size_t bm = (size_t)c->wgy * c->rm, bn = (size_t)c->wgx * c->vw * c->ns,
                  dvp = (size_t)c->wgx * c->vw * c->nv;
-    return 4 * (c->dp * bm + c->dp * bn + bn * dvp + bn * bm + bm * c->wgx);
+    return 4 * (c->dp * bm + c->dp * bn + bn * dvp + bn * bm + 2 * bm * c->wgx);
+}
+
+/* Floats of one split's partial result (O and LSE). */
+static size_t part_floats(const clattn_problem *p)
+{
+    return (size_t)(p->batch * p->heads_q * p->seq_q) * (size_t)(p->head_dim_v + 1);
 }
 
 static int pow2_at_least(int x)
@@ -48,6 +54,158 @@ static int fit(const clattn_context *ctx, fused_cfg *c, int dv)
     return 0;
 }
 
+/* Key splits (flash-decoding): enough work-groups to fill the device (4 per compute unit), each
+ * split keeping at least 4 key blocks of bn, and the partials within a modest workspace.
+ * split_len is a multiple of bn. */
+static int choose_splits(const clattn_context *ctx, const clattn_problem *p, long long tiles, int bn,
+                         int requested, int *split_len)
+{
+    int splits = requested;
+    const long long target = 4LL * ctx->dev.compute_units;
+    if (splits == 1 && tiles < target)
+        splits = (int)((target + tiles - 1) / tiles);
+    const long long max_by_len = (p->seq_kv + 4LL * bn - 1) / (4LL * bn);
+    if (splits > max_by_len)
+        splits = (int)max_by_len;
+    if (splits > 256)
+        splits = 256;
+    const size_t part_rows = (size_t)(p->batch * p->heads_q * p->seq_q);
+    const size_t part_bytes = part_rows * (size_t)(p->head_dim_v + 1) * 4;
+    while (splits > 1 && (size_t)splits * part_bytes > ((size_t)256 << 20))
+        splits /= 2;
+    if (splits < 1)
+        splits = 1;
+    int len = (int)((p->seq_kv + splits - 1) / splits);
+    len = (len + bn - 1) / bn * bn;
+    *split_len = len;
+    return (int)((p->seq_kv + len - 1) / len);
+}
+
+/* The f32 partial results of split launches: O [split][B][Hq][Sq][Dv], then LSE [split][B][Hq][Sq],
+ * at element offset base of the workspace ws. */
+static void partial_views(const clattn_problem *p, cl_mem ws, uint64_t base, int splits,
+                          clattn_view *out, clattn_view *lse, cl_ulong *o_split, cl_ulong *l_split)
+{
+    const cl_ulong dv = (cl_ulong)p->head_dim_v, sq = (cl_ulong)p->seq_q, hq = (cl_ulong)p->heads_q;
+    const cl_ulong rows = (cl_ulong)p->batch * hq * sq;
+    *out = (clattn_view){ws, CLATTN_F32, base, {hq * sq * dv, sq * dv, dv}};
+    *lse = (clattn_view){ws, CLATTN_F32, base + (cl_ulong)splits * rows * dv, {hq * sq, sq, 1}};
+    *o_split = rows * dv;
+    *l_split = rows;
+}
+
+/* fused_direct (CPUs): Kᵀ and a padded V copy in the workspace, then one work-item per block of
+ * rm packed rows and key split. Sets *used = 0 (and enqueues nothing) when the copies do not fit
+ * the device's max allocation; the tiled kernel then runs instead. */
+static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
+                                cl_uint num_wait, const cl_event *wait, cl_event *done, int *used)
+{
+    *used = 0;
+    const int group = (int)(p->heads_q / p->heads_kv), R = group * (int)p->seq_q;
+    const int decode = p->seq_q <= 16;
+    /* Decode with RM 0: one block covers the packed rows (up to 16). */
+    const int rm0 = decode && pp->v[2] <= 0 ? (R < 16 ? R : 16) : pp->v[2];
+    const int rm = rm0 < 1 ? 1 : rm0 > 32 ? 32 : rm0;
+    const int ns = pp->v[3] < 1 ? 1 : pp->v[3] > 4 ? 4 : pp->v[3];
+    const int bn = 16 * ns, dv16 = (int)((p->head_dim_v + 15) / 16);
+    const uint64_t zs = (uint64_t)p->batch * (uint64_t)p->heads_kv;
+    const uint64_t pitch = ((uint64_t)p->seq_kv + bn - 1) / bn * bn + 16; /* see kt_pitch */
+    const uint64_t vp_ss = 16u * (uint64_t)dv16;
+    const uint64_t kt_floats = zs * (uint64_t)p->head_dim * pitch,
+                   vp_floats = zs * (uint64_t)p->seq_kv * vp_ss;
+    const int row_blocks = (R + rm - 1) / rm;
+    int split_len;
+    const int splits = choose_splits(ctx, p, (long long)row_blocks * (long long)zs, bn,
+                                     decode && pp->v[5] > 0 ? pp->v[5] : 1, &split_len);
+    const uint64_t part = splits > 1 ? (uint64_t)splits * part_floats(p) : 0;
+    const uint64_t total = kt_floats + vp_floats + part;
+    if (total > ctx->dev.max_alloc / 4 || total > (uint64_t)SIZE_MAX / 4)
+        return CLATTN_SUCCESS;
+
+    /* Every kernel is built before anything is enqueued: a build failure leaves no partial work. */
+    char opts[256];
+    snprintf(opts, sizeof opts,
+             "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=1 -DWGY=1 "
+             "-DRM=%d -DNS=%d -DVW=16 -DNV=1 -DDP=%d -DDV16=%d -DEXP2_POLY=1",
+             (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
+             p->has_mask ? (int)p->mask.dtype : 0, rm, ns, (int)((p->head_dim + 3) / 4 * 4), dv16);
+    cl_kernel kpack, kdirect;
+    clattn_status st;
+    if ((st = clattn__get_kernel(ctx, "fused.cl", opts, "pack_v", &kpack)) ||
+        (st = clattn__get_kernel(ctx, "fused.cl", opts, "fused_direct", &kdirect)))
+        return st;
+    cl_mem ws;
+    if ((st = clattn__workspace(ctx, (size_t)total * 4, &ws)))
+        return st;
+    *used = 1;
+    if ((st = clattn__run_transpose_k(ctx, p, ws, 0, pitch, num_wait, wait)))
+        return st;
+
+    const cl_ulong vp_off = kt_floats, vp_sz = (cl_ulong)p->seq_kv * vp_ss, vp_pitch = vp_ss;
+    const int n = (int)p->seq_kv, dv = (int)p->head_dim_v, hkv = (int)p->heads_kv;
+    clattn_args a = {kpack, 0, CL_SUCCESS};
+    clattn__arg_view(&a, &p->v);
+    clattn__arg(&a, sizeof(cl_mem), &ws);
+    clattn__arg(&a, sizeof(cl_ulong), &vp_off);
+    clattn__arg(&a, sizeof(cl_ulong), &vp_sz);
+    clattn__arg(&a, sizeof(cl_ulong), &vp_pitch);
+    clattn__arg(&a, sizeof(int), &n);
+    clattn__arg(&a, sizeof(int), &dv);
+    clattn__arg(&a, sizeof(int), &hkv);
+    const size_t pglobal[2] = {(size_t)(((uint64_t)p->seq_kv + 15) / 16 * 16), (size_t)zs};
+    const size_t plocal[2] = {16, 1};
+    if ((st = clattn__enqueue(ctx, &a, 2, pglobal, ctx->dev.max_wg >= 16 ? plocal : NULL, 0, NULL,
+                              NULL, "pack_v")))
+        return st;
+
+    clattn_view out = p->out, lse = p->lse;
+    int has_lse = p->lse.buffer != NULL;
+    cl_ulong o_split = 0, l_split = 0;
+    if (splits > 1) {
+        partial_views(p, ws, kt_floats + vp_floats, splits, &out, &lse, &o_split, &l_split);
+        has_lse = 1;
+    }
+    const cl_ulong kt_off = 0, kt_sz = (cl_ulong)p->head_dim * pitch, kt_ss = pitch;
+    const int seq_q = (int)p->seq_q, seq_kv = (int)p->seq_kv, D = (int)p->head_dim,
+              causal = p->causal, has_mask = p->has_mask;
+    a = (clattn_args){kdirect, 0, CL_SUCCESS};
+    clattn__arg_view(&a, &p->q);
+    clattn__arg(&a, sizeof(cl_mem), &ws);
+    clattn__arg(&a, sizeof(cl_ulong), &kt_off);
+    clattn__arg(&a, sizeof(cl_ulong), &kt_sz);
+    clattn__arg(&a, sizeof(cl_ulong), &kt_ss);
+    clattn__arg(&a, sizeof(cl_mem), &ws);
+    clattn__arg(&a, sizeof(cl_ulong), &vp_off);
+    clattn__arg(&a, sizeof(cl_ulong), &vp_sz);
+    clattn__arg(&a, sizeof(cl_ulong), &vp_pitch);
+    clattn__arg_view(&a, &out);
+    clattn__arg_view(&a, has_lse ? &lse : NULL);
+    clattn__arg_view(&a, has_mask ? &p->mask : NULL);
+    clattn__arg(&a, sizeof(cl_mem), p->kv_lengths ? &p->kv_lengths : NULL);
+    clattn__arg(&a, sizeof(cl_ulong), &o_split);
+    clattn__arg(&a, sizeof(cl_ulong), &l_split);
+    clattn__arg(&a, sizeof(int), &seq_q);
+    clattn__arg(&a, sizeof(int), &seq_kv);
+    clattn__arg(&a, sizeof(int), &hkv);
+    clattn__arg(&a, sizeof(int), &group);
+    clattn__arg(&a, sizeof(int), &D);
+    clattn__arg(&a, sizeof(int), &dv);
+    clattn__arg(&a, sizeof(int), &causal);
+    clattn__arg(&a, sizeof(int), &has_mask);
+    clattn__arg(&a, sizeof(int), &has_lse);
+    clattn__arg(&a, sizeof(int), &splits);
+    clattn__arg(&a, sizeof(int), &split_len);
+    clattn__arg(&a, sizeof(float), &p->scale);
+    const size_t local[3] = {1, 1, 1};
+    const size_t global[3] = {1, (size_t)row_blocks, (size_t)zs * (size_t)splits};
+    if (splits == 1)
+        return clattn__enqueue(ctx, &a, 3, global, local, 0, NULL, done, "fused_direct");
+    if ((st = clattn__enqueue(ctx, &a, 3, global, local, 0, NULL, NULL, "fused_direct (split)")))
+        return st;
+    return clattn__run_merge(ctx, splits, p->batch, p->heads_q, p->seq_q, p->head_dim_v, &out, &lse,
+                             &p->out, p->lse.buffer ? &p->lse : NULL, 0, NULL, done);
+}
+
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done)
 {
@@ -59,6 +217,12 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
                             clattn__mask_kind(p->causal, p->has_mask || p->kv_lengths)};
     clattn_params pp;
     clattn__default_params(ctx, &bucket, &pp);
+    if (decode ? pp.v[6] > 0 : pp.v[5] > 0) {
+        int used;
+        clattn_status st = run_direct(ctx, p, &pp, num_wait, wait, done, &used);
+        if (st || used)
+            return st;
+    }
     const int vw = pp.v[4] == 8 || pp.v[4] == 16 ? pp.v[4] : 4;
     fused_cfg c = {pp.v[0] > 0 ? pp.v[0] : 8, pp.v[1] > 0 ? pp.v[1] : 1, pp.v[2], pp.v[3] > 0 ? pp.v[3] : 1,
                    vw, 1, (int)((p->head_dim + 3) / 4 * 4)};
@@ -74,42 +238,18 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     const int row_tiles = (R + bm - 1) / bm;
     const long long tiles = (long long)row_tiles * p->batch * p->heads_kv;
 
-    /* Splits: enough work-groups to fill the device (4 per compute unit), each split keeping at
-     * least 4 key tiles, and the partials within a modest workspace. */
-    int splits = pp.v[5] > 0 && decode ? pp.v[5] : 1;
-    const long long target = 4LL * ctx->dev.compute_units;
-    if (splits == 1 && tiles < target)
-        splits = (int)((target + tiles - 1) / tiles);
-    const long long max_by_len = (p->seq_kv + 4LL * bn - 1) / (4LL * bn);
-    if (splits > max_by_len)
-        splits = (int)max_by_len;
-    if (splits > 256)
-        splits = 256;
-    const size_t part_rows = (size_t)(p->batch * p->heads_q * p->seq_q);
-    const size_t part_bytes = part_rows * (size_t)(p->head_dim_v + 1) * 4;
-    while (splits > 1 && (size_t)splits * part_bytes > ((size_t)256 << 20))
-        splits /= 2;
-    if (splits < 1)
-        splits = 1;
-    int split_len = (int)((p->seq_kv + splits - 1) / splits);
-    split_len = (split_len + bn - 1) / bn * bn;
-    splits = (int)((p->seq_kv + split_len - 1) / split_len);
-
+    int split_len;
+    const int splits = choose_splits(ctx, p, tiles, bn, pp.v[5] > 0 && decode ? pp.v[5] : 1, &split_len);
     clattn_view out = p->out, lse = p->lse;
     int has_lse = p->lse.buffer != NULL;
     cl_ulong o_split = 0, l_split = 0;
     clattn_dtype out_dt = p->out.dtype;
     if (splits > 1) {
         cl_mem ws;
-        clattn_status st = clattn__workspace(ctx, (size_t)splits * part_bytes, &ws);
+        clattn_status st = clattn__workspace(ctx, (size_t)splits * part_floats(p) * 4, &ws);
         if (st)
             return st;
-        /* Partials: O as f32 [split][B][Hq][Sq][Dv], then LSE [split][B][Hq][Sq]. */
-        const cl_ulong dv = (cl_ulong)p->head_dim_v, sq = (cl_ulong)p->seq_q, hq = (cl_ulong)p->heads_q;
-        out = (clattn_view){ws, CLATTN_F32, 0, {hq * sq * dv, sq * dv, dv}};
-        lse = (clattn_view){ws, CLATTN_F32, (cl_ulong)splits * part_rows * dv, {hq * sq, sq, 1}};
-        o_split = part_rows * dv;
-        l_split = part_rows;
+        partial_views(p, ws, 0, splits, &out, &lse, &o_split, &l_split);
         has_lse = 1;
         out_dt = CLATTN_F32;
     }
@@ -127,7 +267,6 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     const int seq_q = (int)p->seq_q, seq_kv = (int)p->seq_kv, hkv = (int)p->heads_kv,
               D = (int)p->head_dim, DV = (int)p->head_dim_v, causal = p->causal,
               has_mask = p->has_mask;
-    const float qscale = p->scale * 1.4426950408889634f;
     clattn_args a = {k, 0, CL_SUCCESS};
     clattn__arg_view(&a, &p->q);
     clattn__arg_view(&a, &p->k);
@@ -149,7 +288,7 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     clattn__arg(&a, sizeof(int), &has_lse);
     clattn__arg(&a, sizeof(int), &splits);
     clattn__arg(&a, sizeof(int), &split_len);
-    clattn__arg(&a, sizeof(float), &qscale);
+    clattn__arg(&a, sizeof(float), &p->scale);
     const size_t local[3] = {(size_t)c.wgx, (size_t)c.wgy, 1};
     const size_t global[3] = {(size_t)c.wgx, (size_t)row_tiles * c.wgy,
                               (size_t)(p->batch * p->heads_kv) * (size_t)splits};

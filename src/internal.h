@@ -72,6 +72,9 @@ struct clattn_context {
 
     cl_mem workspace;
     size_t workspace_size;
+    /* Set while a multi-kernel operation rehearses its launches: kernels are built, the workspace
+     * allocated and arguments set, but clattn__enqueue enqueues nothing (see run_unfused). */
+    int rehearse;
 
     /* Tuning: the user file of this device (if any, valid), built-in tables that match it,
      * what reading them found, and the application's overrides per op. */
@@ -269,6 +272,11 @@ int clattn__log2_ceil(int64_t x);
 /* Scores (gemm.cl). `scratch` (may be NULL) from element `scratch_off` holds
  * clattn__scores_scratch() bytes for the transposed K of the KT variant. */
 size_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p);
+/* Kᵀ of the problem's K as f32 into scratch (element offset off, rows of pitch floats, one
+ * head_dim x pitch block per batch·heads_kv); for KT scores and fused_direct. */
+clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem *p, cl_mem scratch,
+                                      uint64_t off, uint64_t pitch, cl_uint num_wait,
+                                      const cl_event *wait);
 clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
                                  cl_mem scratch, uint64_t scratch_off, cl_uint num_wait,
                                  const cl_event *wait, cl_event *done);

@@ -116,6 +116,36 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
                            mode == 0 ? "gemm scores" : "gemm pv");
 }
 
+/* Kt[z][d][n] = K[b][hk][n][d] as f32 (z = b·heads_kv + hk) into scratch at element offset off,
+ * rows of pitch floats, head blocks of head_dim·pitch. */
+clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem *p, cl_mem scratch,
+                                      uint64_t off, uint64_t pitch, cl_uint num_wait,
+                                      const cl_event *wait)
+{
+    char opts[96];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0", (int)p->k.dtype);
+    cl_kernel k;
+    clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, "transpose_k", &k);
+    if (st)
+        return st;
+    const cl_ulong kt_sz = (cl_ulong)p->head_dim * pitch, kt_ss = pitch, kt_off = off;
+    const int n = (int)p->seq_kv, d = (int)p->head_dim, hkv = (int)p->heads_kv;
+    clattn_args a = {k, 0, CL_SUCCESS};
+    clattn__arg_view(&a, &p->k);
+    clattn__arg(&a, sizeof(cl_mem), &scratch);
+    clattn__arg(&a, sizeof(cl_ulong), &kt_off);
+    clattn__arg(&a, sizeof(cl_ulong), &kt_sz);
+    clattn__arg(&a, sizeof(cl_ulong), &kt_ss);
+    clattn__arg(&a, sizeof(int), &n);
+    clattn__arg(&a, sizeof(int), &d);
+    clattn__arg(&a, sizeof(int), &hkv);
+    const size_t local[2] = {16, 1};
+    const size_t global[2] = {(size_t)(((uint64_t)p->seq_kv + 15) / 16 * 16),
+                              (size_t)(p->batch * p->heads_kv)};
+    return clattn__enqueue(ctx, &a, 2, global, ctx->dev.max_wg >= 16 ? local : NULL, num_wait, wait,
+                           NULL, "transpose_k");
+}
+
 clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
                                  cl_mem scratch, uint64_t scratch_off, cl_uint num_wait,
                                  const cl_event *wait, cl_event *done)
@@ -130,31 +160,11 @@ clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, c
 
     /* KT: Kᵀ into the scratch, then the GEMM reads it like P·V reads V. */
     const uint64_t pitch = kt_pitch(p, &pp), hsz = (uint64_t)p->head_dim * pitch;
-    char opts[96];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0", (int)p->k.dtype);
-    cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, "transpose_k", &k);
+    clattn_status st = clattn__run_transpose_k(ctx, p, scratch, scratch_off, pitch, num_wait, wait);
     if (st)
         return st;
-    const cl_ulong kt_sz = hsz, kt_ss = pitch;
-    const int n = (int)p->seq_kv, d = (int)p->head_dim, hkv = (int)p->heads_kv;
     const clattn_view ktv = {scratch, CLATTN_F32, scratch_off,
                              {hsz * (uint64_t)p->heads_kv, hsz, pitch}};
-    const cl_ulong kt_off = scratch_off;
-    clattn_args a = {k, 0, CL_SUCCESS};
-    clattn__arg_view(&a, &p->k);
-    clattn__arg(&a, sizeof(cl_mem), &scratch);
-    clattn__arg(&a, sizeof(cl_ulong), &kt_off);
-    clattn__arg(&a, sizeof(cl_ulong), &kt_sz);
-    clattn__arg(&a, sizeof(cl_ulong), &kt_ss);
-    clattn__arg(&a, sizeof(int), &n);
-    clattn__arg(&a, sizeof(int), &d);
-    clattn__arg(&a, sizeof(int), &hkv);
-    const size_t local[2] = {16, 1};
-    const size_t global[2] = {(size_t)pitch, (size_t)(p->batch * p->heads_kv)};
-    if ((st = clattn__enqueue(ctx, &a, 2, global, ctx->dev.max_wg >= 16 ? local : NULL, num_wait,
-                              wait, NULL, "transpose_k")))
-        return st;
     return gemm(ctx, 0, p, &pp, &p->q, &ktv, dst, (int)p->seq_q, (int)p->seq_kv, (int)p->head_dim,
                 0, NULL, done);
 }

@@ -7,7 +7,9 @@
  *                (with KT) uses scores_direct: one work-item per RM x 16·NS tile, no local memory;
  *                P·V ignores the last three)
  *   SOFTMAX    : WG, ROWS  (softmax.cl: work-items per row; ROWS > 0: one work-item per ROWS rows)
- *   FUSED      : WGX, WGY, RM, NS, VW  (fused.cl: BM = WGY·RM rows, BN = WGX·VW·NS keys)
+ *   FUSED      : WGX, WGY, RM, NS, VW, DIRECT  (fused.cl: BM = WGY·RM rows, BN = WGX·VW·NS keys;
+ *                DIRECT 1: fused_direct, one work-item per RM rows and 16·NS-key blocks reading
+ *                Kᵀ and padded V copies, WGX/WGY/VW unused)
  *   DECODE     : WGX, WGY, RM, NS, VW, splits  (fused.cl with key splits; RM 0 = cover the packed
  *                rows, splits 0 = automatic)
  *   MERGE      : WG  (merge.cl)
@@ -50,15 +52,15 @@ static const op_space spaces[CLATTN_OP_COUNT] = {
     /* SOFTMAX */
     {2, {"WG", "ROWS"}, {8, 5}, {{1, 4, 8, 16, 32, 64, 128, 256}, {0, 1, 2, 4, 8}}},
     /* FUSED */
-    {5,
-     {"WGX", "WGY", "RM", "NS", "VW"},
-     {5, 5, 5, 2, 3},
-     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2}, {4, 8, 16}}},
-    /* DECODE */
     {6,
-     {"WGX", "WGY", "RM", "NS", "VW", "SPLITS"},
-     {5, 3, 4, 3, 3, 5},
-     {{1, 2, 8, 16, 32}, {1, 2, 4}, {0, 1, 4, 16}, {1, 2, 4}, {4, 8, 16}, {0, 2, 8, 32, 128}}},
+     {"WGX", "WGY", "RM", "NS", "VW", "DIRECT"},
+     {5, 5, 6, 2, 3, 2},
+     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 3, 4, 8, 16}, {1, 2}, {4, 8, 16}, {0, 1}}},
+    /* DECODE */
+    {7,
+     {"WGX", "WGY", "RM", "NS", "VW", "SPLITS", "DIRECT"},
+     {5, 3, 4, 3, 3, 5, 2},
+     {{1, 2, 8, 16, 32}, {1, 2, 4}, {0, 1, 4, 16}, {1, 2, 4}, {4, 8, 16}, {0, 2, 8, 32, 128}, {0, 1}}},
     /* MERGE */
     {1, {"WG"}, {5}, {{16, 32, 64, 128, 256}}},
 };
@@ -96,8 +98,8 @@ static void generic_defaults(clattn_op op, clattn_params *p)
         {16, 16, 4, 1, 16, 4, 0, 0, 0}, /* scores */
         {16, 16, 4, 1, 16, 4, 0, 0, 0}, /* pv */
         {256, 0},                       /* softmax */
-        {8, 8, 4, 1, 4},                /* fused */
-        {32, 1, 0, 1, 4, 0},            /* decode */
+        {8, 8, 4, 1, 4, 0},             /* fused */
+        {32, 1, 0, 1, 4, 0, 0},         /* decode */
         {64},                           /* merge */
     };
     memcpy(p->v, v[op], sizeof v[op]);
@@ -112,7 +114,7 @@ static int vendor_defaults(const clattn_devinfo *d, clattn_op op, clattn_params 
             {1, 1, 6, 4, 16, 16, 1, 1, 1}, /* scores: direct, 6 x 64 register tile */
             {2, 4, 8, 1, 64, 16, 0, 0, 0}, /* pv */
             {16, 2},                       /* softmax: one work-item per 2 rows */
-            {1, 4, 16, 1, 16},             /* fused */
+            {1, 1, 4, 2, 16, 1},           /* fused: direct, 4 rows x 32-key blocks */
             {1, 1, 0, 4, 16, 0},           /* decode */
             {16},                          /* merge */
         };

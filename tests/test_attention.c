@@ -23,7 +23,8 @@
  * relative error, so for seq_kv above 4096 the relative tolerances (and lse's atol, which is that
  * relative error) grow by sqrt(seq_kv / 4096). The numerator Σ e·v over V of random sign has
  * partial sums far below the denominator's, so its absolute error stays ~2^-24: atol does not grow.
- * Rows with logits shifted to ~1e4 add the fp32 rounding at that magnitude, see logit_error().
+ * Rows with logits shifted to ~1e4 add the fp32 rounding at that magnitude, see logit_error(), and
+ * every row adds half an ulp of its largest logits (|lse|), which matters with scale -1e4.
  * Rows without a visible key must give exactly 0 and lse -inf; hidden probabilities exactly 0.
  */
 #include "testutil.h"
@@ -411,8 +412,8 @@ typedef struct tols {
 } tols;
 
 /* Bound on the extra absolute error of logits near 1e4, where fp32 rounds at half an ulp = 2^-11:
- * with a mask shift a logit passes through up to two roundings at that magnitude (the add of the
- * mask, then the multiplication by log2(e) in the kernels that work in log2 units); q·k with one
+ * with a mask shift a logit passes through up to two roundings at that magnitude (the product's
+ * scaling and the add of the mask); q·k with one
  * large term rounds at that magnitude in every addition after it, ~sqrt(D) half ulps in a random
  * walk, plus the same two. A logit error of at most e moves lse by at most e, a probability by a
  * factor within 1 ± 2e, and the output (a mean of V in [-1, 1]) by at most 2e. */
@@ -426,10 +427,23 @@ static double logit_error(const att_case *c)
     return 0.0;
 }
 
-static tols tolerances(const att_case *c, clattn_dtype out_dt)
+/* Largest |lse| of the problem's rows: a bound on the magnitude of each row's largest logits. */
+static double max_abs_lse(const problem *p)
 {
+    double m = 0.0;
+    for (size_t i = 0; i < p->nrow; i++)
+        if (isfinite(p->ref_lse[i]) && fabs(p->ref_lse[i]) > m)
+            m = fabs(p->ref_lse[i]);
+    return m;
+}
+
+static tols tolerances(const problem *p, clattn_dtype out_dt)
+{
+    const att_case *c = p->c;
     const double g = c->Skv > 4096 ? sqrt(c->Skv / 4096.0) : 1.0;
-    const double e = logit_error(c);
+    /* Each fp32 logit is rounded once at its own magnitude (~|lse| for the logits that matter,
+     * e.g. ~1e5 with scale -1e4): half an ulp, 2^-24·|lse|, for the row's largest and for each. */
+    const double e = logit_error(c) + 2.0 * 0x1p-24 * max_abs_lse(p);
     tols t;
     t.out_atol = 2e-5 + 2.0 * e;
     t.out_rtol = 1e-4 * g;
@@ -556,7 +570,7 @@ static void run(const problem *p, clattn_algorithm alg, result *r)
         tu_download(what, &probs, r->probs);
     }
 
-    const tols t = tolerances(c, c->dt);
+    const tols t = tolerances(p, c->dt);
     snprintf(what, sizeof what, "%s out vs reference", alg_name(alg));
     tu_check_close(what, r->out, p->ref_out, p->nout, t.out_atol, t.out_rtol);
     if (r->lse != NULL) {
@@ -604,7 +618,7 @@ static void test_case(void **state)
     if ((algos & ALG_FUSED) && (algos & ALG_UNFUSED)) {
         /* Both round fp32 results that differ by fp32 rounding to the storage type: they agree
          * within fp32 error plus one storage ulp (2^-10 relative for f16, 2^-7 for bf16). */
-        const tols t = tolerances(c, F32);
+        const tols t = tolerances(&p, F32);
         const double rtol = c->dt == F16 ? 0x1p-10 : c->dt == BF16 ? 0x1p-7 : t.out_rtol;
         tu_check_close("fused vs unfused out", fused.out, unfused.out, p.nout, t.out_atol, rtol);
         if (fused.lse != NULL)

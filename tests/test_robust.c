@@ -22,10 +22,10 @@
  * logits; the tolerance of p_j is 1e-6 + 1e-5·p_j + p_j·(δ_j + Σ_k p_k·δ_k), δ_k the fp32 error of
  * logit k minus the row's largest (0 for ties), which the storage spacing makes 0 or irrelevant
  * for unscaled values near the maxima.
- * Documented limits (GUARANTEES.md) and rows just inside them: the fused path accumulates
- * Σ e^(s-m)·v unnormalised, so seq_kv·max|V| must stay below FLT_MAX (rows at FLT_MAX/2); logits
- * are multiplied by log2(e) before the row maximum is subtracted, so |scale·q·k + mask| must stay
- * below FLT_MAX/2. Rows beyond those limits, which fail today, run with CLATTN_TEST_BEYOND_LIMITS=1.
+ * Former limits, now rows of the table: the fused kernels keep O normalised (a convex combination
+ * of V rows), so V near FLT_MAX with many keys stays finite (G_LIMIT rows put V at
+ * FLT_MAX/(2·seq_kv), the *_near_max rows at the maximum itself); every kernel subtracts the row
+ * maximum before multiplying by log2(e), so logits near FLT_MAX work (softmax bf16_near_max).
  */
 #include "testutil.h"
 
@@ -110,31 +110,34 @@ typedef struct att_row {
     const char *name;
     int B, Hq, Hkv, Sq, Skv, D;
     clattn_dtype dt;
-    gen q, k, v; /* G_LIMIT for V: the fused accumulator's limit, seq_kv·max|V| <= FLT_MAX/2 */
+    gen q, k, v; /* G_LIMIT for V: seq_kv·max|V| = FLT_MAX/2 */
     int causal;
     int mask_lowest; /* f16 mask: -65504 at ~70% of entries, 0 elsewhere; row 0 all -65504 */
-    int beyond;      /* beyond the documented limits: run only with CLATTN_TEST_BEYOND_LIMITS=1 */
 } att_row;
 
 /* clang-format off */
 static const att_row att_rows[] = {
-    /* name                               B  Hq Hkv Sq Skv  D   dt    q           k           v           causal mask beyond */
-    {"f16_qk_near_max",                   1, 2, 1,  5, 37,  16, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NORMAL,   0,     0,   0},
-    {"f16_v_near_max",                    1, 2, 1,  5, 37,  16, F16,  G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 1,     0,   0},
-    {"f16_v_all_max",                     1, 2, 2,  5, 37,  16, F16,  G_NORMAL,   G_NORMAL,   G_ALL_MAX,  0,     0,   0},
-    {"f16_all_near_max",                  2, 2, 2,  6, 29,  16, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NEAR_MAX, 1,     0,   0},
-    {"f16_decode_all_near_max",           1, 4, 1,  1, 600, 32, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NEAR_MAX, 0,     0,   0},
-    {"f16_mask_lowest_finite",            1, 2, 2,  5, 37,  16, F16,  G_NORMAL,   G_NORMAL,   G_NORMAL,   0,     1,   0},
-    {"bf16_q_near_max",                   1, 2, 1,  5, 37,  16, BF16, G_NEAR_MAX, G_TINY,     G_NORMAL,   0,     0,   0},
-    {"bf16_k_near_max",                   1, 2, 1,  5, 37,  16, BF16, G_TINY,     G_NEAR_MAX, G_NORMAL,   1,     0,   0},
-    {"bf16_v_at_accumulator_limit",       1, 2, 1,  5, 37,  16, BF16, G_NORMAL,   G_NORMAL,   G_LIMIT,    0,     0,   0},
-    {"bf16_qv_at_accumulator_limit",      2, 2, 2,  6, 29,  16, BF16, G_NEAR_MAX, G_TINY,     G_LIMIT,    1,     0,   0},
-    {"bf16_decode_v_at_accumulator_limit",1, 4, 1,  1, 600, 32, BF16, G_NORMAL,   G_NORMAL,   G_LIMIT,    0,     0,   0},
-    /* Beyond the limit: the fused path's unnormalised accumulator Σ e^(s-m)·v overflows fp32 (-inf
-     * out) where the exact result is near -2e38; the unfused path gets these right. */
-    {"bf16_v_near_max",                   1, 2, 1,  5, 37,  16, BF16, G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 0,     0,   1},
-    {"bf16_qv_near_max",                  2, 2, 2,  6, 29,  16, BF16, G_NEAR_MAX, G_TINY,     G_NEAR_MAX, 1,     0,   1},
-    {"bf16_decode_v_near_max",            1, 4, 1,  1, 600, 32, BF16, G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 0,     0,   1},
+    /* name                               B  Hq Hkv Sq Skv  D   dt    q           k           v           causal mask */
+    {"f16_qk_near_max",                   1, 2, 1,  5, 37,  16, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NORMAL,   0,     0},
+    {"f16_v_near_max",                    1, 2, 1,  5, 37,  16, F16,  G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 1,     0},
+    {"f16_v_all_max",                     1, 2, 2,  5, 37,  16, F16,  G_NORMAL,   G_NORMAL,   G_ALL_MAX,  0,     0},
+    {"f16_all_near_max",                  2, 2, 2,  6, 29,  16, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NEAR_MAX, 1,     0},
+    {"f16_decode_all_near_max",           1, 4, 1,  1, 600, 32, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NEAR_MAX, 0,     0},
+    {"f16_mask_lowest_finite",            1, 2, 2,  5, 37,  16, F16,  G_NORMAL,   G_NORMAL,   G_NORMAL,   0,     1},
+    {"bf16_q_near_max",                   1, 2, 1,  5, 37,  16, BF16, G_NEAR_MAX, G_TINY,     G_NORMAL,   0,     0},
+    {"bf16_k_near_max",                   1, 2, 1,  5, 37,  16, BF16, G_TINY,     G_NEAR_MAX, G_NORMAL,   1,     0},
+    {"bf16_v_at_accumulator_limit",       1, 2, 1,  5, 37,  16, BF16, G_NORMAL,   G_NORMAL,   G_LIMIT,    0,     0},
+    {"bf16_qv_at_accumulator_limit",      2, 2, 2,  6, 29,  16, BF16, G_NEAR_MAX, G_TINY,     G_LIMIT,    1,     0},
+    {"bf16_decode_v_at_accumulator_limit",1, 4, 1,  1, 600, 32, BF16, G_NORMAL,   G_NORMAL,   G_LIMIT,    0,     0},
+    /* V at the maximum: an unnormalised accumulator Σ e^(s-m)·v would overflow fp32 where the exact
+     * result is near -2e38. */
+    {"bf16_v_near_max",                   1, 2, 1,  5, 37,  16, BF16, G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 0,     0},
+    {"bf16_qv_near_max",                  2, 2, 2,  6, 29,  16, BF16, G_NEAR_MAX, G_TINY,     G_NEAR_MAX, 1,     0},
+    {"bf16_decode_v_near_max",            1, 4, 1,  1, 600, 32, BF16, G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 0,     0},
+    /* Prefill shapes (seq_q > 16): the kernels that CPUs use for prefill (fused_direct, unfused). */
+    {"f16_prefill_all_near_max",          1, 2, 1,  40, 70, 16, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NEAR_MAX, 1,     0},
+    {"bf16_prefill_v_near_max",           1, 2, 2,  33, 90, 24, BF16, G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 0,     0},
+    {"bf16_prefill_qv_near_max",          1, 4, 2,  20, 41, 16, BF16, G_NEAR_MAX, G_TINY,     G_NEAR_MAX, 1,     1},
 };
 /* clang-format on */
 
@@ -272,21 +275,20 @@ typedef struct sm_row {
     const char *name;
     int B, H, R, C;
     clattn_dtype dt; /* input; the output is f32 */
-    gen in;          /* G_LIMIT: the logit limit, |scale·x| <= FLT_MAX/2 */
+    gen in;          /* G_LIMIT: |scale·x| up to FLT_MAX/2 */
     float scale;     /* 0: 1 */
-    int beyond;      /* beyond the documented limits: run only with CLATTN_TEST_BEYOND_LIMITS=1 */
 } sm_row;
 
 /* clang-format off */
 static const sm_row sm_rows[] = {
-    {"f16_near_max",            1, 2, 5, 77,  F16,  G_NEAR_MAX, 0.0f,   0},
-    {"f16_near_max_scaled",     1, 2, 5, 77,  F16,  G_NEAR_MAX, 3e-5f,  0},
-    {"bf16_near_max_scaled",    2, 1, 5, 300, BF16, G_NEAR_MAX, 1e-38f, 0},
-    {"bf16_at_logit_limit",     1, 2, 5, 77,  BF16, G_LIMIT,    0.0f,   0},
-    /* Beyond the limit: logits above FLT_MAX / log2(e) overflow when multiplied by log2(e) before
-     * the row maximum is subtracted, and the rows come out NaN. */
-    {"bf16_near_max",           1, 2, 5, 77,  BF16, G_NEAR_MAX, 0.0f,   1},
-    {"bf16_all_max",            1, 1, 3, 19,  BF16, G_ALL_MAX,  0.0f,   1},
+    {"f16_near_max",            1, 2, 5, 77,  F16,  G_NEAR_MAX, 0.0f},
+    {"f16_near_max_scaled",     1, 2, 5, 77,  F16,  G_NEAR_MAX, 3e-5f},
+    {"bf16_near_max_scaled",    2, 1, 5, 300, BF16, G_NEAR_MAX, 1e-38f},
+    {"bf16_at_logit_limit",     1, 2, 5, 77,  BF16, G_LIMIT,    0.0f},
+    /* Logits above FLT_MAX / log2(e): they would overflow if multiplied by log2(e) before the row
+     * maximum is subtracted. */
+    {"bf16_near_max",           1, 2, 5, 77,  BF16, G_NEAR_MAX, 0.0f},
+    {"bf16_all_max",            1, 1, 3, 19,  BF16, G_ALL_MAX,  0.0f},
 };
 /* clang-format on */
 
@@ -357,24 +359,11 @@ static void test_softmax_edge(void **state)
 
 int main(void)
 {
-    const int beyond = tu_getenv_int("CLATTN_TEST_BEYOND_LIMITS", 0) == 1;
-    int left_out = 0;
     tu_set_fixtures(NULL, tu_teardown);
-    for (size_t i = 0; i < N_OF(att_rows); ++i) {
-        if (att_rows[i].beyond && !beyond)
-            ++left_out;
-        else
-            tu_add_test("attention", att_rows[i].name, test_attention_edge, &att_rows[i]);
-    }
-    for (size_t i = 0; i < N_OF(sm_rows); ++i) {
-        if (sm_rows[i].beyond && !beyond)
-            ++left_out;
-        else
-            tu_add_test("softmax", sm_rows[i].name, test_softmax_edge, &sm_rows[i]);
-    }
-    if (left_out != 0)
-        printf("test_robust: %d rows beyond the documented numerical limits not run "
-               "(CLATTN_TEST_BEYOND_LIMITS=1 runs them)\n", left_out);
+    for (size_t i = 0; i < N_OF(att_rows); ++i)
+        tu_add_test("attention", att_rows[i].name, test_attention_edge, &att_rows[i]);
+    for (size_t i = 0; i < N_OF(sm_rows); ++i)
+        tu_add_test("softmax", sm_rows[i].name, test_softmax_edge, &sm_rows[i]);
     const int failed = tu_run_tests("robust");
     clattn_release(tu_ctx);
     return failed;

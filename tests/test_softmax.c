@@ -8,11 +8,12 @@
  * the input's NaN padding must survive). Rows with nothing visible must be exactly 0, and so must
  * every hidden or -inf entry.
  *
- * Tolerance (relative; probabilities are positive): the kernel forms t = x·scale·log2(e) + mask in
- * fp32 (|t| <= ~12 here, so ~2^-24·12 absolute each), takes exp2 (a few ulp) and divides by a sum
- * of C positive terms (~sqrt(C)·2^-24 relative): rtol 1e-5, times sqrt(C / 1024) for longer rows.
- * An offset of ±1e4 makes t ~1.4e4, rounded to half an ulp = 2^-11 there: each probability and
- * the sum move by at most that, so rtol grows by 2·|offset·scale|·2^-23 (≈ 2.4e-3 for 1e4).
+ * Tolerance (relative; probabilities are positive): the kernel forms t = x·scale + mask in fp32
+ * (|t| <= ~8 here, so ~2^-24·8 absolute each), takes exp2((t - max)·log2 e) (a few ulp) and
+ * divides by a sum of C positive terms (~sqrt(C)·2^-24 relative): rtol 1e-5, times
+ * sqrt(C / 1024) for longer rows. An offset of ±1e4 makes t ~1e4, rounded to half an ulp = 2^-11
+ * there: each probability and the sum move by at most that (times log2 e in exp2's argument), so
+ * rtol grows by 2·|offset·scale|·2^-23 (≈ 2.4e-3 for 1e4).
  * f16 output adds half an ulp (rtol 2^-11, atol 2^-25 among subnormals); bf16 output rtol 2^-8.
  */
 #include "testutil.h"

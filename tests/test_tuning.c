@@ -40,7 +40,7 @@ static void test_round_trip(void **state)
     memset(&t, 0, sizeof t);
     snprintf(t.device, sizeof t.device, "10de:NVIDIA_H100:132:228");
     snprintf(t.driver, sizeof t.driver, "550.54.15");
-    clattn_tuning_entry a = {CLATTN_OP_FUSED, 0, 64, 1, 3, 12, 5, {8, 8, 4, 1, 4}};
+    clattn_tuning_entry a = {CLATTN_OP_FUSED, 0, 64, 1, 3, 12, 6, {8, 8, 4, 1, 4, 0}};
     clattn_tuning_entry b = {CLATTN_OP_SOFTMAX, -1, -1, -1, -1, -1, 2, {256, 0}};
     clattn_tuning_entry c = {CLATTN_OP_SCORES, 2, 128, 2, 0, 20, 9, {1, 1, 6, 4, 16, 16, 1, 1, 1}};
     assert_int_equal(clattn__tuning_put(&t, &a), 0);
@@ -77,12 +77,12 @@ static const bad_row bad_rows[] = {
     {"foreign_header", "hello world\n", "not a clattn tuning file"},
     {"version_2", "clattn-tuning 2\ndevice x\n", "unsupported format version"},
     {"truncated", "clattn-tuning 1\ndevice x\nfused f32 64 none >128 10 = 1,4,16", "truncated"},
-    {"no_device", "clattn-tuning 1\nfused f32 64 none >128 10 = 1,4,16,1,16\n", "before the device"},
+    {"no_device", "clattn-tuning 1\nfused f32 64 none >128 10 = 1,1,4,2,16,1\n", "before the device"},
     {"two_devices", "clattn-tuning 1\ndevice x\ndevice y\n", "second device"},
     {"unknown_op", "clattn-tuning 1\ndevice x\nflash f32 64 none >128 10 = 1\n", "unknown operation"},
-    {"bad_dtype", "clattn-tuning 1\ndevice x\nfused f64 64 none >128 10 = 1,4,16,1,16\n", "bad dtype"},
-    {"bad_head_dim", "clattn-tuning 1\ndevice x\nfused f32 999 none >128 10 = 1,4,16,1,16\n", "bad dtype"},
-    {"bad_mask", "clattn-tuning 1\ndevice x\nfused f32 64 some >128 10 = 1,4,16,1,16\n", "bad dtype"},
+    {"bad_dtype", "clattn-tuning 1\ndevice x\nfused f64 64 none >128 10 = 1,1,4,2,16,1\n", "bad dtype"},
+    {"bad_head_dim", "clattn-tuning 1\ndevice x\nfused f32 999 none >128 10 = 1,1,4,2,16,1\n", "bad dtype"},
+    {"bad_mask", "clattn-tuning 1\ndevice x\nfused f32 64 some >128 10 = 1,1,4,2,16,1\n", "bad dtype"},
     {"few_values", "clattn-tuning 1\ndevice x\nfused f32 64 none >128 10 = 1,4,16\n", "wrong number"},
     {"many_values", "clattn-tuning 1\ndevice x\nmerge * * * * * = 1,2\n", "wrong number"},
     {"negative", "clattn-tuning 1\ndevice x\nmerge * * * * * = -4\n", "integers"},
@@ -157,20 +157,20 @@ static void test_lookup_order(void **state)
     clattn_context *ctx = tu_context();
     clattn_kernel_params base = get(ctx, CLATTN_OPERATION_FUSED);
     assert_true(base.source <= CLATTN_SOURCE_BUILTIN); /* no user file yet */
-    assert_int_equal(base.count, 5);
+    assert_int_equal(base.count, 6);
     assert_non_null(strstr(clattn_tuning_report(ctx), "no user tuning file"));
 
     /* A user file for this device wins over the defaults, for its bucket only. */
     char path[4200], text[1200];
     path_of(ctx, path, sizeof path);
     snprintf(text, sizeof text,
-             "clattn-tuning 1\ndevice %s\ndriver %s\nfused f32 64 none >128 10 = 2,4,8,1,8\n", ctx->dev.key,
+             "clattn-tuning 1\ndevice %s\ndriver %s\nfused f32 64 none >128 10 = 2,4,8,1,8,0\n", ctx->dev.key,
              ctx->dev.driver);
     write_file(path, text, strlen(text));
     assert_int_equal(clattn_reload_tuning(ctx), CLATTN_SUCCESS);
     clattn_kernel_params u = get(ctx, CLATTN_OPERATION_FUSED);
     assert_int_equal(u.source, CLATTN_SOURCE_USER_FILE);
-    const int want[5] = {2, 4, 8, 1, 8};
+    const int want[6] = {2, 4, 8, 1, 8, 0};
     assert_memory_equal(u.values, want, sizeof want);
     assert_non_null(strstr(u.origin, path));
     clattn_problem_class causal = {CLATTN_OPERATION_FUSED, CLATTN_F32, 64, 1024, 1024, 1, 0};
@@ -184,8 +184,8 @@ static void test_lookup_order(void **state)
     /* The environment beats the file; an override beats both; removing it restores the file. */
     setenv("CLATTN_PARAMS_FUSED", "1,8,4,1,4", 1);
     assert_int_equal(get(ctx, CLATTN_OPERATION_FUSED).source, CLATTN_SOURCE_ENVIRONMENT);
-    const int ov[5] = {4, 4, 4, 1, 4};
-    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_FUSED, ov, 5), CLATTN_SUCCESS);
+    const int ov[6] = {4, 4, 4, 1, 4, 0};
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_FUSED, ov, 6), CLATTN_SUCCESS);
     clattn_kernel_params o = get(ctx, CLATTN_OPERATION_FUSED);
     assert_int_equal(o.source, CLATTN_SOURCE_OVERRIDE);
     assert_memory_equal(o.values, ov, sizeof ov);
@@ -194,7 +194,7 @@ static void test_lookup_order(void **state)
     assert_int_equal(get(ctx, CLATTN_OPERATION_FUSED).source, CLATTN_SOURCE_USER_FILE);
 
     /* A driver change keeps the entries and says so. */
-    snprintf(text, sizeof text, "clattn-tuning 1\ndevice %s\ndriver 0.0-old\nfused f32 64 none >128 10 = 2,4,8,1,8\n",
+    snprintf(text, sizeof text, "clattn-tuning 1\ndevice %s\ndriver 0.0-old\nfused f32 64 none >128 10 = 2,4,8,1,8,0\n",
              ctx->dev.key);
     write_file(path, text, strlen(text));
     assert_int_equal(clattn_reload_tuning(ctx), CLATTN_SUCCESS);
@@ -211,10 +211,10 @@ typedef struct file_row {
 } file_row;
 
 static const file_row file_rows[] = {
-    {"foreign", "device 0000:another_device:1:1\nfused f32 64 none >128 10 = 2,4,8,1,8\n", 1, "another device"},
-    {"pattern_as_user", "match %s\nfused f32 64 none >128 10 = 2,4,8,1,8\n", 1, "another device"},
+    {"foreign", "device 0000:another_device:1:1\nfused f32 64 none >128 10 = 2,4,8,1,8,0\n", 1, "another device"},
+    {"pattern_as_user", "match %s\nfused f32 64 none >128 10 = 2,4,8,1,8,0\n", 1, "another device"},
     {"truncated", "device %s\nfused f32 64 none >128 10 = 2,4,8", 1, "truncated"},
-    {"malformed", "device %s\nfused f32 64 none >128 10 = 2,4,8,1,8,9\n", 1, "wrong number"},
+    {"malformed", "device %s\nfused f32 64 none >128 10 = 2,4,8,1,8,0,9\n", 1, "wrong number"},
     {"garbage", "\x7f" "ELF\x02\x01\x01 binary garbage %s\n", 0, "not a clattn tuning file"},
     {"stale_version", "clattn-tuning 0\ndevice %s\n", 0, "unsupported format version"},
 };
@@ -310,9 +310,11 @@ static void test_override_computes(void **state)
     ra.head_dim = D;
     ra.causal = 1;
     ref_attention(&ra, qd, kd, vd, want, NULL, NULL);
-    const int ovs[3][5] = {{4096, 4096, 64, 2, 16}, {1, 1, 1, 1, 4}, {3, 5, 7, 2, 8}};
-    for (int t = 0; t < 3; t++) {
-        assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_FUSED, ovs[t], 5), CLATTN_SUCCESS);
+    /* Tiled (DIRECT 0) and direct (DIRECT 1) kernels, each with extreme and odd values. */
+    const int ovs[6][6] = {{4096, 4096, 64, 2, 16, 0}, {1, 1, 1, 1, 4, 0}, {3, 5, 7, 2, 8, 0},
+                           {1, 1, 4096, 4096, 4, 1},   {1, 1, 1, 1, 4, 1}, {1, 1, 3, 3, 8, 1}};
+    for (int t = 0; t < 6; t++) {
+        assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_FUSED, ovs[t], 6), CLATTN_SUCCESS);
         clattn_attention_desc desc;
         memset(&desc, 0, sizeof desc);
         desc.batch = B;
