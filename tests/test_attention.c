@@ -201,6 +201,7 @@ static const att_case cases[] = {
     /* long key sequences, fused (the reference is O(Sq·Skv·D)) */
     {"long_64x16384", 1, 1, 1, 64, 16384, 64, 0, F32, .causal = 0},
     {"long_64x65536", 1, 1, 1, 64, 65536, 64, 0, F32, .algos = ALG_FUSED},
+    {"long_64x131072", 1, 1, 1, 64, 131072, 64, 0, F32, .algos = ALG_FUSED},
     {"long_64x65536_f16_causal", 1, 1, 1, 64, 65536, 64, 0, F16, .causal = 1, .algos = ALG_FUSED},
     {"long_4096x4096_causal", 1, 1, 1, 4096, 4096, 64, 0, F32, .causal = 1, .algos = ALG_FUSED},
 };

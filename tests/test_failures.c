@@ -90,6 +90,7 @@ static const op_row rows[] = {
     /* name                 op            B  Hq Hkv Sq Skv  D   alg      causal lse probs probs_dt parts late_from */
     {"fused",               OP_ATTENTION, 1, 2, 1,  8, 24,  16, FUSED,   1,     1,  0,    F32,     0,    -1},
     {"fused_split",         OP_ATTENTION, 1, 4, 1,  1, 700, 32, FUSED,   0,     1,  0,    F32,     0,    -1},
+    {"fused_prefill",       OP_ATTENTION, 1, 2, 1,  20, 37, 16, FUSED,   1,     1,  0,    F32,     0,    -1},
     {"unfused",             OP_ATTENTION, 2, 2, 1,  5, 19,  8,  UNFUSED, 1,     1,  1,    F32,     0,    2},
     {"unfused_f16_probs",   OP_ATTENTION, 2, 2, 2,  5, 19,  8,  AUTO,    0,     1,  1,    F16,     0,    2},
     {"scores",              OP_SCORES,    2, 2, 1,  5, 19,  8,  AUTO,    1,     0,  0,    F32,     0,    -1},
