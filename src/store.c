@@ -9,8 +9,9 @@
  *   softmax *   *        *    *     *           = 16,2
  *
  * Every field but op may be "*". mask: none, causal, masked (an additive mask or key lengths,
- * with or without causal). seq_q: 1, <=16, <=128, >128. Lines are at most 1023 bytes; '#' starts
- * a comment. Any other line makes the whole file malformed: a store is used whole or not at all. */
+ * with or without causal). seq_q: 1, <=16, <=128, >128. Lines are at most 1023 bytes (a device
+ * value 511, a driver tag 255); '#' starts a comment. Any other line makes the whole file
+ * malformed: a store is used whole or not at all. */
 #include "internal.h"
 
 #include <errno.h>
@@ -214,12 +215,21 @@ int clattn__tuning_parse(const char *text, size_t len, clattn_tuning_table *t, c
                 goto bad;
             }
             const int exact = s[0] == 'd';
+            /* Cut short, a key could end in a blank the next read strips: refuse, never truncate. */
+            if (strlen(s + (exact ? 7 : 6)) >= sizeof t->device) {
+                why = "device key too long";
+                goto bad;
+            }
             snprintf(t->device, sizeof t->device, "%s", s + (exact ? 7 : 6));
             t->device_is_pattern = !exact;
             have_device = 1;
             continue;
         }
         if (strncmp(s, "driver ", 7) == 0) {
+            if (strlen(s + 7) >= sizeof t->driver) {
+                why = "driver tag too long";
+                goto bad;
+            }
             snprintf(t->driver, sizeof t->driver, "%s", s + 7);
             continue;
         }

@@ -21,6 +21,23 @@
  *                                  both build, both check their results against the reference; the
  *                                  directory then holds only whole, valid entries (no temporary
  *                                  file; a new context loads every program from it and builds none).
+ *   processes/shared_tuning_dir    two processes share one fresh cache directory and one tuning
+ *                                  directory; in each, one thread builds and checks the process
+ *                                  problems while another, on its own context, does what clattn-tune
+ *                                  does when it writes, over and over: read the store (the library's
+ *                                  reader, clattn_reload_tuning), merge in its own results (buckets
+ *                                  of its own, one more per round up to TUNE_ROUNDS), write it
+ *                                  atomically (clattn__tuning_write). Every read, in both processes,
+ *                                  must find a valid store once the process wrote it. The writer
+ *                                  promises atomic replacement, not merging (the last rename wins,
+ *                                  a result the other process wrote after the read is lost), so
+ *                                  afterwards: one .tuning file and nothing else in the directory;
+ *                                  it parses, names this device and driver, and holds only entries
+ *                                  the processes wrote, with their values; each process's entries
+ *                                  are a prefix of its rounds, and one process's are all there. A
+ *                                  new context reports the file without a problem, clattn_get_params
+ *                                  gives every entry in it as USER_FILE, and the process problems
+ *                                  run from the cache alone and match the reference.
  *
  * Threads never call cmocka (its assertions longjmp): each records a status and a message, and the
  * main thread asserts on them after joining.
@@ -32,12 +49,15 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "attnprob.h"
@@ -52,7 +72,7 @@
 #define UNFUSED CLATTN_ALGORITHM_UNFUSED
 #define AUTO CLATTN_ALGORITHM_AUTO
 
-enum { THREADS = 4, ROUNDS = 20, PROCESSES = 2 };
+enum { THREADS = 4, ROUNDS = 20, PROCESSES = 2, TUNE_ROUNDS = 8 };
 
 /* clang-format off */
 static const ap_shape shapes[] = {
@@ -71,14 +91,20 @@ static const ap_shape process_shapes[] = {
 
 /* =============================== files =============================== */
 
-static char *saved_cache_dir; /* the environment the run started with, restored after each test */
+/* The environment the run started with, restored after each test. */
+static char *saved_cache_dir, *saved_tuning_dir;
+
+static void restore_env(const char *name, const char *saved)
+{
+    if (saved != NULL)
+        setenv(name, saved, 1);
+    else
+        unsetenv(name);
+}
 
 static void restore_cache_dir(void)
 {
-    if (saved_cache_dir != NULL)
-        setenv("CLATTN_CACHE_DIR", saved_cache_dir, 1);
-    else
-        unsetenv("CLATTN_CACHE_DIR");
+    restore_env("CLATTN_CACHE_DIR", saved_cache_dir);
 }
 
 static void make_tmpdir(char *out, size_t size)
@@ -353,6 +379,29 @@ static void test_create_errors(void **state)
 
 /* =============================== processes =============================== */
 
+/* Runs and checks every process shape on ctx, starting at shape `first`. 0, or 1 with `why`. */
+static int run_process_shapes(clattn_context *ctx, size_t first, char *why, size_t why_size)
+{
+    for (size_t j = 0; j < N_OF(process_shapes); ++j) {
+        const ap_shape *s = &process_shapes[(first + j) % N_OF(process_shapes)];
+        ap_problem p;
+        if (ap_init(&p, ctx, s, tu_seed_of(s->name), why, why_size) != 0)
+            return 1;
+        const clattn_status st = ap_run(&p, 0, NULL, NULL);
+        int failed = 0;
+        if (st != CLATTN_SUCCESS) {
+            failed = 1;
+            snprintf(why, why_size, "%s: %s: %s", s->name, clattn_status_name(st), clattn_last_error(ctx));
+        } else if (ap_check(&p, why, why_size) != 0) {
+            failed = 1;
+        }
+        ap_free(&p);
+        if (failed)
+            return 1;
+    }
+    return 0;
+}
+
 /* Child mode: context, "ready" on ready_fd, wait for EOF on start_fd, run and check every process
  * shape. Exit status 0 when every result matched. */
 static int child_main(int ready_fd, int start_fd)
@@ -370,24 +419,8 @@ static int child_main(int ready_fd, int start_fd)
     while (read(start_fd, &c, 1) > 0) {
     }
     close(start_fd);
-    int failed = 0;
     char why[512] = "";
-    for (size_t i = 0; i < N_OF(process_shapes) && !failed; ++i) {
-        ap_problem p;
-        if (ap_init(&p, ctx, &process_shapes[i], tu_seed_of(process_shapes[i].name), why, sizeof why) != 0) {
-            failed = 1;
-            break;
-        }
-        const clattn_status st = ap_run(&p, 0, NULL, NULL);
-        if (st != CLATTN_SUCCESS) {
-            failed = 1;
-            snprintf(why, sizeof why, "%s: %s: %s", process_shapes[i].name, clattn_status_name(st),
-                     clattn_last_error(ctx));
-        } else if (ap_check(&p, why, sizeof why) != 0) {
-            failed = 1;
-        }
-        ap_free(&p);
-    }
+    const int failed = run_process_shapes(ctx, 0, why, sizeof why);
     fprintf(stderr, "child %ld: %s; builds %u disk_hits %u disk_rejects %u disk_writes %u\n", (long)getpid(),
             failed ? why : "all results match", ctx->stats.builds, ctx->stats.disk_hits, ctx->stats.disk_rejects,
             ctx->stats.disk_writes);
@@ -414,8 +447,289 @@ static void test_shared_cache_dir(void **state)
     }
     expect_all_from_disk(dir, process_shapes, N_OF(process_shapes));
     remove_dir(dir);
-    /* The tuning-directory half (two processes tuning into one CLATTN_TUNING_DIR, the file valid
-     * afterwards) belongs here, once clattn-tune exists: add it as processes/shared_tuning_dir. */
+}
+
+/* ---- processes/shared_tuning_dir ---- */
+
+/* Process k's result of round r: its own operation (fused, or decode with its seventh value),
+ * f32, head_dim 64, no mask, and a log2 seq_kv no process shape comes within 2 of, so the store
+ * never changes which programs the process shapes build. Values tell process and round apart. */
+static clattn_tuning_entry tune_entry(int k, int r)
+{
+    clattn_tuning_entry e;
+    memset(&e, 0, sizeof e);
+    e.op = k == 0 ? CLATTN_OP_FUSED : CLATTN_OP_DECODE;
+    e.dtype = CLATTN_F32;
+    e.head_dim = 64;
+    e.mask_kind = 0;
+    e.sq_class = k == 0 ? 3 : 0;
+    e.log2_skv = (k == 0 ? 24 : 40) + r;
+    e.n = clattn__param_count(e.op);
+    for (int i = 0; i < e.n; ++i)
+        e.v[i] = 100 * (k + 1) + 10 * r + i;
+    return e;
+}
+
+/* The problem class whose bucket is exactly tune_entry(k, r). */
+static clattn_problem_class tune_class(int k, int r)
+{
+    const clattn_tuning_entry e = tune_entry(k, r);
+    const clattn_problem_class pc = {(clattn_operation)e.op, CLATTN_F32, 64, k == 0 ? 1024 : 1,
+                                     (int64_t)1 << e.log2_skv, 0, 0};
+    return pc;
+}
+
+/* Checks a store's entries against what the processes write: every entry is tune_entry(k, r) of
+ * some process k and round r, value for value; have[k] gets the rounds present as a bit mask.
+ * 0, or 1 with `why`. */
+static int check_store_entries(const clattn_tuning_table *t, unsigned have[PROCESSES], char *why, size_t why_size)
+{
+    for (int k = 0; k < PROCESSES; ++k)
+        have[k] = 0;
+    for (int i = 0; i < t->n; ++i) {
+        int found = 0;
+        for (int k = 0; k < PROCESSES && !found; ++k)
+            for (int r = 0; r < TUNE_ROUNDS && !found; ++r) {
+                const clattn_tuning_entry e = tune_entry(k, r);
+                if (memcmp(&e, &t->e[i], sizeof e) == 0) {
+                    found = 1;
+                    have[k] |= 1u << r;
+                }
+            }
+        if (!found) {
+            char line[200];
+            clattn__tuning_entry_text(&t->e[i], line, sizeof line);
+            snprintf(why, why_size, "the store holds an entry no process wrote: %s", line);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+typedef struct tune_writer {
+    clattn_context *ctx; /* the writer's own context */
+    int k;
+    atomic_int *attention_done;
+    /* results */
+    int failed;
+    char why[512];
+    int writes;
+} tune_writer;
+
+/* What clattn-tune does when it writes, in a loop: read the store through the library (the
+ * context's user file), take its entries, put this process's results over them, write it. Keeps
+ * going until it has written every round and the attention thread has finished. */
+static void *tune_writer_main(void *arg)
+{
+    tune_writer *w = arg;
+    char path[4200], err[512];
+    if (clattn_tuning_path(w->ctx, path, sizeof path) != CLATTN_SUCCESS) {
+        w->failed = 1;
+        snprintf(w->why, sizeof w->why, "clattn_tuning_path: %s", clattn_last_error(w->ctx));
+        return NULL;
+    }
+    for (int iter = 0; !w->failed && (iter < TUNE_ROUNDS || !atomic_load(w->attention_done)); ++iter) {
+        clattn_reload_tuning(w->ctx);
+        const char *report = clattn_tuning_report(w->ctx);
+        const clattn_tuning_table *cur = w->ctx->user_tuning;
+        unsigned have[PROCESSES];
+        if (strstr(report, "ignored") != NULL || (w->writes > 0 && cur == NULL)) {
+            w->failed = 1;
+            snprintf(w->why, sizeof w->why, "read %d: %.400s", iter, report);
+            break;
+        }
+        if (cur != NULL && check_store_entries(cur, have, w->why, sizeof w->why) != 0) {
+            w->failed = 1;
+            break;
+        }
+        clattn_tuning_table tab;
+        memset(&tab, 0, sizeof tab);
+        snprintf(tab.device, sizeof tab.device, "%s", w->ctx->dev.key);
+        snprintf(tab.driver, sizeof tab.driver, "%s", w->ctx->dev.driver);
+        int bad = 0;
+        for (int i = 0; cur != NULL && i < cur->n && !bad; ++i)
+            bad = clattn__tuning_put(&tab, &cur->e[i]) != 0;
+        for (int r = 0; r < TUNE_ROUNDS && r <= iter && !bad; ++r) {
+            const clattn_tuning_entry e = tune_entry(w->k, r);
+            bad = clattn__tuning_put(&tab, &e) != 0;
+        }
+        if (bad || clattn__tuning_write(path, &tab, err, sizeof err) != 0) {
+            w->failed = 1;
+            snprintf(w->why, sizeof w->why, "write %d: %.400s", iter, bad ? "out of host memory" : err);
+        } else {
+            ++w->writes;
+        }
+        clattn__tuning_free(&tab);
+        const struct timespec pause = {0, 2000000}; /* 2 ms: many writes, yet the builds progress */
+        nanosleep(&pause, NULL);
+    }
+    return NULL;
+}
+
+/* Child mode (--tuning-child): claim an index in $CLATTN_TEST_SLOT_DIR, make two contexts, report
+ * ready, wait for the start, then build and check the process shapes on one thread while the
+ * other writes the tuning store. Exit status 0 when everything held. */
+static int tuning_child_main(int ready_fd, int start_fd)
+{
+    const char *slots = getenv("CLATTN_TEST_SLOT_DIR");
+    int k = -1;
+    for (int i = 0; slots != NULL && i < PROCESSES && k < 0; ++i) {
+        char slot[PATH_MAX];
+        snprintf(slot, sizeof slot, "%s/slot-%d", slots, i);
+        const int fd = open(slot, O_CREAT | O_EXCL | O_WRONLY, 0600);
+        if (fd >= 0) {
+            close(fd);
+            k = i;
+        }
+    }
+    if (k < 0) {
+        fprintf(stderr, "tuning child %ld: no free slot in %s\n", (long)getpid(), slots ? slots : "(unset)");
+        return 2;
+    }
+    clattn_context *ctx = NULL, *wctx = NULL;
+    if (clattn_create(NULL, &ctx) != CLATTN_SUCCESS || clattn_create(NULL, &wctx) != CLATTN_SUCCESS) {
+        fprintf(stderr, "tuning child %d: clattn_create: %s\n", k, clattn_last_error(NULL));
+        clattn_release(ctx);
+        return 2;
+    }
+    const char one = 1;
+    if (write(ready_fd, &one, 1) != 1)
+        return 3;
+    close(ready_fd);
+    char c;
+    while (read(start_fd, &c, 1) > 0) {
+    }
+    close(start_fd);
+
+    atomic_int done = 0;
+    tune_writer w;
+    memset(&w, 0, sizeof w);
+    w.ctx = wctx;
+    w.k = k;
+    w.attention_done = &done;
+    pthread_t tid;
+    if (pthread_create(&tid, NULL, tune_writer_main, &w) != 0) {
+        fprintf(stderr, "tuning child %d: pthread_create failed\n", k);
+        return 4;
+    }
+    char why[512] = "";
+    const int failed = run_process_shapes(ctx, (size_t)k, why, sizeof why);
+    atomic_store(&done, 1);
+    pthread_join(tid, NULL);
+    fprintf(stderr, "tuning child %d: attention: %s (builds %u, disk_hits %u); store: %s, %d writes\n", k,
+            failed ? why : "all results match", ctx->stats.builds, ctx->stats.disk_hits,
+            w.failed ? w.why : "every read valid", w.writes);
+    clattn_release(ctx);
+    clattn_release(wctx);
+    return failed || w.failed ? 1 : 0;
+}
+
+/* Checks the tuning directory after the children; the caller removes the directories. */
+static void expect_valid_store(const char *tdir)
+{
+    const int tmp = count_files(tdir, ".tmp"), stores = count_files(tdir, ".tuning"), all = count_files(tdir, "");
+    print_message("tuning directory: %d store file(s), %d temporary, %d in all\n", stores, tmp, all);
+    if (tmp != 0 || stores != 1 || all != 1)
+        fail_msg("the tuning directory holds %d store files, %d temporary files, %d files in all", stores, tmp, all);
+
+    clattn_context *ctx = tu_context(); /* CLATTN_TUNING_DIR is still the shared directory */
+    char path[4200];
+    assert_int_equal(clattn_tuning_path(ctx, path, sizeof path), CLATTN_SUCCESS);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        fail_msg("cannot open the store %s: %s", path, strerror(errno));
+    static char text[1 << 16];
+    const size_t len = fread(text, 1, sizeof text, f);
+    fclose(f);
+    assert_true(len > 0 && len < sizeof text);
+    clattn_tuning_table t;
+    char err[200] = "";
+    if (clattn__tuning_parse(text, len, &t, err, sizeof err) != 0)
+        fail_msg("the store does not parse: %s", err);
+    char why[512] = "";
+    unsigned have[PROCESSES];
+    const int bad = check_store_entries(&t, have, why, sizeof why);
+    const int pattern = t.device_is_pattern, same_device = strcmp(t.device, ctx->dev.key) == 0,
+              same_driver = strcmp(t.driver, ctx->dev.driver) == 0, n = t.n;
+    /* The entries the get_params check below expects, before the table goes. */
+    int rounds[PROCESSES];
+    for (int k = 0; k < PROCESSES; ++k) {
+        rounds[k] = 0;
+        while (rounds[k] < TUNE_ROUNDS && ((have[k] >> rounds[k]) & 1u))
+            ++rounds[k];
+        print_message("process %d: %d of %d rounds in the store (mask 0x%x)\n", k, rounds[k], TUNE_ROUNDS, have[k]);
+    }
+    clattn__tuning_free(&t);
+    if (bad)
+        fail_msg("%s", why);
+    assert_false(pattern);
+    assert_true(same_device);
+    assert_true(same_driver);
+    /* Each process's results are a prefix of its rounds (every write of it held all earlier ones),
+     * and the last writer's are all there. */
+    int complete = 0;
+    for (int k = 0; k < PROCESSES; ++k) {
+        if (have[k] != (1u << rounds[k]) - 1u)
+            fail_msg("process %d's entries are not a prefix of its rounds (mask 0x%x)", k, have[k]);
+        complete += rounds[k] == TUNE_ROUNDS;
+    }
+    assert_true(complete >= 1);
+    assert_int_equal(n, rounds[0] + rounds[1]);
+
+    const char *report = clattn_tuning_report(ctx);
+    char want[64];
+    snprintf(want, sizeof want, ": %d entries", n);
+    print_message("new context: %s\n", report);
+    if (strstr(report, "user tuning file") == NULL || strstr(report, want) == NULL ||
+        strstr(report, "ignored") != NULL || strstr(report, "differs") != NULL)
+        fail_msg("the tuning report of a new context is \"%s\"", report);
+    for (int k = 0; k < PROCESSES; ++k)
+        for (int r = 0; r < rounds[k]; ++r) {
+            const clattn_problem_class pc = tune_class(k, r);
+            const clattn_tuning_entry e = tune_entry(k, r);
+            clattn_kernel_params kp;
+            assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_SUCCESS);
+            if (kp.source != CLATTN_SOURCE_USER_FILE || kp.count != e.n ||
+                memcmp(kp.values, e.v, sizeof e.v) != 0)
+                fail_msg("process %d round %d: clattn_get_params gives %s values (%d, %d, ...): %s", k, r,
+                         clattn_params_source_name(kp.source), kp.values[0], kp.values[1], kp.origin);
+        }
+    clattn_release(ctx);
+}
+
+static void test_shared_tuning_dir(void **state)
+{
+    (void)state;
+    clattn_release(tu_context()); /* skip here, not in the children, without a device */
+    char cdir[PATH_MAX], tdir[PATH_MAX], sdir[PATH_MAX];
+    make_tmpdir(cdir, sizeof cdir);
+    make_tmpdir(tdir, sizeof tdir);
+    make_tmpdir(sdir, sizeof sdir);
+    /* Inherited by the children; an environment override would hide the store's entries. */
+    setenv("CLATTN_CACHE_DIR", cdir, 1);
+    setenv("CLATTN_TUNING_DIR", tdir, 1);
+    setenv("CLATTN_TEST_SLOT_DIR", sdir, 1);
+    unsetenv("CLATTN_PARAMS_FUSED");
+    unsetenv("CLATTN_PARAMS_DECODE");
+    int forked = 0, got = 0;
+    const int failures = tu_run_children("test_threads", "--tuning-child", PROCESSES, &forked, &got);
+    unsetenv("CLATTN_TEST_SLOT_DIR");
+    remove_dir(sdir);
+    const int ctmp = count_files(cdir, ".tmp"), bins = count_files(cdir, ".clbin"), call = count_files(cdir, "");
+    if (forked != PROCESSES || got != PROCESSES || failures != 0 || ctmp != 0 || bins <= 0 || call != bins) {
+        restore_cache_dir();
+        restore_env("CLATTN_TUNING_DIR", saved_tuning_dir);
+        remove_dir(cdir);
+        remove_dir(tdir);
+        fail_msg("forked %d of %d, %d ready, %d failed; cache directory: %d entries, %d temporary, %d in all",
+                 forked, PROCESSES, got, failures, bins, ctmp, call);
+    }
+    /* The directories stay behind if a check fails, for a look at them. */
+    expect_valid_store(tdir);
+    expect_all_from_disk(cdir, process_shapes, N_OF(process_shapes)); /* with the store in place */
+    restore_env("CLATTN_TUNING_DIR", saved_tuning_dir);
+    remove_dir(cdir);
+    remove_dir(tdir);
 }
 
 /* =============================== registration =============================== */
@@ -424,15 +738,21 @@ int main(int argc, char **argv)
 {
     if (argc == 4 && strcmp(argv[1], "--process-child") == 0)
         return child_main(atoi(argv[2]), atoi(argv[3]));
+    if (argc == 4 && strcmp(argv[1], "--tuning-child") == 0)
+        return tuning_child_main(atoi(argv[2]), atoi(argv[3]));
     const char *e = getenv("CLATTN_CACHE_DIR");
     saved_cache_dir = e != NULL ? strdup(e) : NULL;
+    e = getenv("CLATTN_TUNING_DIR");
+    saved_tuning_dir = e != NULL ? strdup(e) : NULL;
 
     tu_add_test("threads/contexts_in_parallel", NULL, test_contexts_in_parallel, NULL);
     tu_add_test("threads/fresh_cache_dir", NULL, test_fresh_cache_dir, NULL);
     tu_add_test("threads/shared_queue", NULL, test_shared_queue, NULL);
     tu_add_test("threads/create_errors", NULL, test_create_errors, NULL);
     tu_add_test("processes/shared_cache_dir", NULL, test_shared_cache_dir, NULL);
+    tu_add_test("processes/shared_tuning_dir", NULL, test_shared_tuning_dir, NULL);
     const int failed = tu_run_tests("threads");
     free(saved_cache_dir);
+    free(saved_tuning_dir);
     return failed;
 }

@@ -333,7 +333,8 @@ static void test_override_computes(void **state)
 }
 
 /* clattn-tune end to end on a tiny problem: it writes a store this device accepts, every entry is
- * at least as fast as the defaults by its own report, and a wrong candidate is never chosen. */
+ * at least as fast as the defaults by its own report, a wrong candidate is never chosen, and the
+ * merge task writes the bucket clattn_merge reads. */
 #ifdef CLATTN_TUNE_PATH
 static int run_tuner(const char *extra)
 {
@@ -343,6 +344,17 @@ static int run_tuner(const char *extra)
              ">%s/report.json 2>%s/tune.log",
              CLATTN_TUNE_PATH, dir, extra, dir, dir);
     return system(cmd);
+}
+
+static void read_report(char *buf, size_t size)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/report.json", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t len = fread(buf, 1, size - 1, f);
+    buf[len] = '\0';
+    fclose(f);
 }
 #endif
 
@@ -362,17 +374,38 @@ static void test_tuner(void **state)
     assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_SUCCESS);
     assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE);
     clattn_release(ctx);
-    char path[400];
-    snprintf(path, sizeof path, "%s/report.json", dir);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
     char buf[8192];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    buf[len] = '\0';
-    fclose(f);
+    read_report(buf, sizeof buf);
     assert_non_null(strstr(buf, "\"op\": \"scores\""));
     for (const char *p = strstr(buf, "\"speedup\": "); p; p = strstr(p + 1, "\"speedup\": "))
         assert_true(atof(p + 11) >= 1.0);
+
+    /* merge on a decode shape (5 candidates, a few seconds): added to the same store, and the
+     * library's merge lookup (src/merge.c: f32, head_dim 0, seq 1) now comes from it. */
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd,
+             "%s --dir %s --budget 3 --iters 2 --seed 3 --shape 1,2,2,1,64,16 --ops merge --json "
+             ">%s/report.json 2>%s/tune.log",
+             CLATTN_TUNE_PATH, dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    read_report(buf, sizeof buf);
+    const char *mt = strstr(buf, "\"op\": \"merge\"");
+    assert_non_null(mt);
+    const char *sp = strstr(mt, "\"speedup\": "), *wr = strstr(mt, "\"wrong\": "),
+               *mp = strstr(mt, "\"params\": [");
+    assert_true(sp && wr && mp && strstr(mt, "\"parts\": 4"));
+    assert_true(atof(sp + 11) >= 1.0);
+    assert_int_equal(atoi(wr + 9), 0);
+    const int merge_wg = atoi(mp + 11);
+    ctx = tu_context();
+    assert_null(strstr(clattn_tuning_report(ctx), "ignored"));
+    const clattn_problem_class mpc = {CLATTN_OPERATION_MERGE, CLATTN_F32, 0, 1, 1, 0, 0};
+    assert_int_equal(clattn_get_params(ctx, &mpc, &kp), CLATTN_SUCCESS);
+    assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE);
+    assert_int_equal(kp.values[0], merge_wg);
+    assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_SUCCESS);
+    assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE); /* the scores entry is kept */
+    clattn_release(ctx);
 
     /* Poison: kernels (CLATTN_KERNEL_DIR) whose scores are wrong unless RM is the defaults'
      * value: every other candidate must be rejected, none chosen. */
@@ -382,7 +415,6 @@ static void test_tuner(void **state)
     assert_int_equal(clattn_get_params(ctx, &pc, &dk), CLATTN_SUCCESS);
     const int rm = dk.values[2];
     clattn_release(ctx);
-    char cmd[1200];
     snprintf(cmd, sizeof cmd,
              "mkdir -p %s/cl && cp %s/cl/*.cl %s/cl/ && { printf '#if defined(RM) && RM != %d\\n#undef MAD\\n"
              "#define MAD(a, b, c) ((a) * (b) + (c) + 1.0f)\\n#endif\\n'; cat %s/cl/gemm.cl; } "
@@ -395,12 +427,7 @@ static void test_tuner(void **state)
     const int rc = run_tuner("--json");
     unsetenv("CLATTN_KERNEL_DIR");
     assert_int_equal(rc, 0);
-    snprintf(path, sizeof path, "%s/report.json", dir);
-    f = fopen(path, "r");
-    assert_non_null(f);
-    len = fread(buf, 1, sizeof buf - 1, f);
-    buf[len] = '\0';
-    fclose(f);
+    read_report(buf, sizeof buf);
     const char *sc = strstr(buf, "\"op\": \"scores\"");
     assert_non_null(sc);
     const char *wrong = strstr(sc, "\"wrong\": ");

@@ -6,7 +6,11 @@
  * failure, work-group or local-memory limits, private-memory spill on GPUs) or if sampled output
  * rows differ from a float64 reference, and otherwise timed (wall clock around every kernel the
  * operation enqueues: warm-up, median of N). The winner, or the defaults when nothing beats them,
- * goes into the device's user tuning file, written atomically. */
+ * goes into the device's user tuning file, written atomically.
+ *
+ * merge is tuned as applications run it: clattn_merge of MERGE_PARTS f32 partials (O, LSE) of the
+ * shape's [B][H][Sq][D] rows, prepared once, checked against ref_merge. The library looks merge's
+ * parameters up in one bucket whatever the shape (src/merge.c, merge_wg), so a run tunes merge once. */
 #define _POSIX_C_SOURCE 200809L
 #include "clattn.h"
 #include "internal.h"
@@ -20,6 +24,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Partials a merge task combines; part MERGE_PARTS-1 has LSE -inf on every other row. */
+#define MERGE_PARTS 4
 
 typedef struct shape {
     long long b, h, hkv, sq, skv, d;
@@ -73,6 +80,10 @@ typedef struct data {
     float *q, *k, *v, *x;        /* host copies (x: softmax input) */
     cl_mem dq, dk, dv, dx, dout; /* device */
     size_t nq, nk, nout;
+    /* merge: partials [part][B][H][Sq][D] and LSEs [part][B][H][Sq], one buffer per part */
+    float *po, *pl;
+    cl_mem dpo[MERGE_PARTS], dpl[MERGE_PARTS], dlse;
+    size_t nrows_all;
     long long rows[8][3]; /* sampled (b, h, i) */
     int nrows;
 } data;
@@ -105,7 +116,15 @@ static void make_data(const shape *s, clattn_operation op, data *dd)
     dd->nout = op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_SOFTMAX
                    ? (size_t)(s->b * s->h * s->sq * s->skv)
                    : dd->nq;
-    if (op == CLATTN_OPERATION_SOFTMAX) {
+    if (op == CLATTN_OPERATION_MERGE) {
+        dd->nrows_all = (size_t)(s->b * s->h * s->sq);
+        dd->po = random_floats(MERGE_PARTS * dd->nout);
+        dd->pl = random_floats(MERGE_PARTS * dd->nrows_all);
+        for (size_t i = 0; i < MERGE_PARTS * dd->nrows_all; i++)
+            dd->pl[i] = 10.0f + 8.0f * dd->pl[i]; /* weights spread over e^16 */
+        for (size_t r = 0; r < dd->nrows_all; r += 2)
+            dd->pl[(MERGE_PARTS - 1) * dd->nrows_all + r] = -INFINITY;
+    } else if (op == CLATTN_OPERATION_SOFTMAX) {
         dd->x = random_floats(dd->nout);
         for (size_t i = 0; i < dd->nout; i++)
             dd->x[i] *= 8.0f;
@@ -128,14 +147,36 @@ static void make_data(const shape *s, clattn_operation op, data *dd)
         dd->rows[r][1] = (long long)(rnd() % (uint64_t)s->h);
         dd->rows[r][2] = r == 0 ? 0 : r == 1 ? s->sq - 1 : (long long)(rnd() % (uint64_t)s->sq);
     }
+    if (op == CLATTN_OPERATION_MERGE) {
+        /* The first sampled row has no visible key in any part: out 0, LSE -inf. */
+        const size_t r0 = (size_t)((dd->rows[0][0] * s->h + dd->rows[0][1]) * s->sq + dd->rows[0][2]);
+        for (int p = 0; p < MERGE_PARTS; p++)
+            dd->pl[(size_t)p * dd->nrows_all + r0] = -INFINITY;
+        for (int p = 0; p < MERGE_PARTS; p++) {
+            dd->dpo[p] = upload(dd->po + (size_t)p * dd->nout, dd->nout);
+            dd->dpl[p] = upload(dd->pl + (size_t)p * dd->nrows_all, dd->nrows_all);
+        }
+        dd->dlse = clCreateBuffer(clattn_cl_context(ctx), CL_MEM_READ_WRITE, dd->nrows_all * sizeof(float),
+                                  NULL, &err);
+        if (err != CL_SUCCESS)
+            die("clCreateBuffer (lse): %d", err);
+    }
 }
 
 static void free_data(data *dd)
 {
-    cl_mem ms[5] = {dd->dq, dd->dk, dd->dv, dd->dx, dd->dout};
-    for (int i = 0; i < 5; i++)
+    cl_mem ms[6] = {dd->dq, dd->dk, dd->dv, dd->dx, dd->dout, dd->dlse};
+    for (int i = 0; i < 6; i++)
         if (ms[i])
             clReleaseMemObject(ms[i]);
+    for (int p = 0; p < MERGE_PARTS; p++) {
+        if (dd->dpo[p])
+            clReleaseMemObject(dd->dpo[p]);
+        if (dd->dpl[p])
+            clReleaseMemObject(dd->dpl[p]);
+    }
+    free(dd->po);
+    free(dd->pl);
     free(dd->q);
     free(dd->k);
     free(dd->v);
@@ -153,10 +194,25 @@ static double *to_doubles(const float *src, size_t n)
 }
 
 /* Reference row (b, h, i) of the task's output into ref, from tests/ref.c on a one-row problem:
- * the row's visible keys (causal, bottom-right) become that problem's key length. */
+ * the row's visible keys (causal, bottom-right) become that problem's key length. merge: the row
+ * of every part through ref_merge, its merged LSE into *lse. */
 static void ref_row(const shape *s, clattn_operation op, const data *dd, long long b, long long h,
-                    long long i, double *ref)
+                    long long i, double *ref, double *lse)
 {
+    if (op == CLATTN_OPERATION_MERGE) {
+        const size_t row = (size_t)((b * s->h + h) * s->sq + i);
+        double *po[MERGE_PARTS], pl[MERGE_PARTS];
+        const double *cpo[MERGE_PARTS], *cpl[MERGE_PARTS];
+        for (int p = 0; p < MERGE_PARTS; p++) {
+            cpo[p] = po[p] = to_doubles(dd->po + (size_t)p * dd->nout + row * (size_t)s->d, (size_t)s->d);
+            pl[p] = dd->pl[(size_t)p * dd->nrows_all + row];
+            cpl[p] = &pl[p];
+        }
+        ref_merge(MERGE_PARTS, 1, (int)s->d, cpo, cpl, ref, lse);
+        for (int p = 0; p < MERGE_PARTS; p++)
+            free(po[p]);
+        return;
+    }
     const long long hk = h / (s->h / s->hkv);
     long long vis = s->causal ? i + 1 + (s->skv - s->sq) : s->skv;
     int kvlen = (int)(vis < 0 ? 0 : vis > s->skv ? s->skv : vis);
@@ -182,7 +238,8 @@ static void ref_row(const shape *s, clattn_operation op, const data *dd, long lo
     free(k);
 }
 
-/* Max error of the sampled rows of the device output, relative to the row's largest value. */
+/* Max error of the sampled rows of the device output, relative to the row's largest value (merge:
+ * and of the merged LSE, relative to max(1, |LSE|); -inf must be exact). */
 static double check_rows(const shape *s, clattn_operation op, const data *dd)
 {
     const size_t len = (size_t)(op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_SOFTMAX ? s->skv : s->d);
@@ -193,8 +250,21 @@ static double check_rows(const shape *s, clattn_operation op, const data *dd)
     double worst = 0;
     for (int r = 0; r < dd->nrows; r++) {
         const long long b = dd->rows[r][0], h = dd->rows[r][1], i = dd->rows[r][2];
-        ref_row(s, op, dd, b, h, i, ref);
-        const size_t off = (size_t)((b * s->h + h) * s->sq + i) * len;
+        double ref_lse = 0;
+        ref_row(s, op, dd, b, h, i, ref, &ref_lse);
+        const size_t row = (size_t)((b * s->h + h) * s->sq + i), off = row * len;
+        if (op == CLATTN_OPERATION_MERGE) {
+            float got_lse;
+            if (clEnqueueReadBuffer(queue, dd->dlse, CL_TRUE, row * sizeof(float), sizeof(float), &got_lse, 0,
+                                    NULL, NULL) != CL_SUCCESS)
+                die("clEnqueueReadBuffer failed");
+            const double scale = fabs(ref_lse) > 1 ? fabs(ref_lse) : 1;
+            const double e = isinf(ref_lse)    ? (got_lse == ref_lse ? 0.0 : INFINITY)
+                             : isfinite(got_lse) ? fabs(got_lse - ref_lse) / scale
+                                                 : INFINITY;
+            if (e > worst)
+                worst = e;
+        }
         if (clEnqueueReadBuffer(queue, dd->dout, CL_TRUE, off * sizeof(float), len * sizeof(float), got,
                                 0, NULL, NULL) != CL_SUCCESS)
             die("clEnqueueReadBuffer failed");
@@ -237,7 +307,16 @@ static clattn_status run_once(const shape *s, clattn_operation op, const data *d
     clattn_tensor k = clattn_tensor_bhsd(dd->dk, CLATTN_F32, s->b, s->hkv, s->skv, s->d);
     clattn_tensor v = clattn_tensor_bhsd(dd->dv, CLATTN_F32, s->b, s->hkv, s->skv, s->d);
     clattn_status st;
-    if (op == CLATTN_OPERATION_SCORES) {
+    if (op == CLATTN_OPERATION_MERGE) {
+        clattn_tensor po[MERGE_PARTS], pl[MERGE_PARTS];
+        for (int p = 0; p < MERGE_PARTS; p++) {
+            po[p] = clattn_tensor_bhsd(dd->dpo[p], CLATTN_F32, s->b, s->h, s->sq, s->d);
+            pl[p] = clattn_tensor_bhsd(dd->dpl[p], CLATTN_F32, s->b, s->h, s->sq, 1);
+        }
+        clattn_tensor o = clattn_tensor_bhsd(dd->dout, CLATTN_F32, s->b, s->h, s->sq, s->d);
+        clattn_tensor l = clattn_tensor_bhsd(dd->dlse, CLATTN_F32, s->b, s->h, s->sq, 1);
+        st = clattn_merge(ctx, MERGE_PARTS, po, pl, &o, &l, 0, NULL, NULL);
+    } else if (op == CLATTN_OPERATION_SCORES) {
         clattn_tensor sc = clattn_tensor_bhsd(dd->dout, CLATTN_F32, s->b, s->h, s->sq, s->skv);
         st = clattn_scores(ctx, &desc, &q, &k, &sc, 0, NULL, NULL);
     } else if (op == CLATTN_OPERATION_SOFTMAX) {
@@ -353,11 +432,31 @@ static void mutate(clattn_operation op, const int *from, int *v)
     canonical(op, v);
 }
 
-static const char *shape_text(const shape *s, char *buf, size_t size)
+static const char *task_text(const task *t, char *buf, size_t size)
 {
-    snprintf(buf, size, "B%lld H%lld/%lld Sq%lld Skv%lld d%lld%s", s->b, s->h, s->hkv, s->sq, s->skv,
-             s->d, s->causal ? " causal" : "");
+    const shape *s = &t->s;
+    if (t->op == CLATTN_OPERATION_MERGE)
+        snprintf(buf, size, "B%lld H%lld Sq%lld d%lld, %d parts", s->b, s->h, s->sq, s->d, MERGE_PARTS);
+    else
+        snprintf(buf, size, "B%lld H%lld/%lld Sq%lld Skv%lld d%lld%s", s->b, s->h, s->hkv, s->sq, s->skv,
+                 s->d, s->causal ? " causal" : "");
     return buf;
+}
+
+/* The problem class whose bucket the library looks the task's parameters up in. merge: the
+ * fixed bucket of src/merge.c (f32, head_dim 0, no mask, seq_q 1, seq_kv 1), whatever the shape. */
+static clattn_problem_class class_of(const task *t)
+{
+    const shape *s = &t->s;
+    clattn_problem_class pc = {t->op, CLATTN_F32, s->d, s->sq, s->skv, s->causal, 0};
+    if (t->op == CLATTN_OPERATION_SOFTMAX)
+        pc.head_dim = 0;
+    if (t->op == CLATTN_OPERATION_MERGE) {
+        pc.head_dim = 0;
+        pc.seq_q = pc.seq_kv = 1;
+        pc.causal = 0;
+    }
+    return pc;
 }
 
 static void progress(double done, double total, int ti, int nt, const char *what)
@@ -388,9 +487,7 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     clattn_tuning_table *saved = ctx->user_tuning;
     ctx->user_tuning = NULL;
     clattn_set_params(ctx, op, NULL, 0);
-    clattn_problem_class pc = {op, CLATTN_F32, s->d, s->sq, s->skv, s->causal, 0};
-    if (op == CLATTN_OPERATION_SOFTMAX)
-        pc.head_dim = 0;
+    const clattn_problem_class pc = class_of(t);
     clattn_kernel_params kp;
     if (clattn_get_params(ctx, &pc, &kp) != CLATTN_SUCCESS)
         die("clattn_get_params: %s", clattn_last_error(ctx));
@@ -468,16 +565,19 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     free_data(&dd);
 }
 
+/* The store entry of the task's bucket (class_of). head_dim 0 (softmax, merge) is written "*":
+ * the store's head_dim field is 1..256 or "*". */
 static clattn_tuning_entry entry_of(const task *t)
 {
+    const clattn_problem_class pc = class_of(t);
     clattn_tuning_entry e;
     memset(&e, 0, sizeof e);
     e.op = (clattn_op)t->op;
-    e.dtype = CLATTN_F32;
-    e.head_dim = t->op == CLATTN_OPERATION_SOFTMAX ? -1 : (int)t->s.d;
-    e.mask_kind = clattn__mask_kind(t->s.causal, 0);
-    e.sq_class = clattn__seq_q_class(t->s.sq);
-    e.log2_skv = clattn__log2_ceil(t->s.skv);
+    e.dtype = (int)pc.dtype;
+    e.head_dim = pc.head_dim > 0 ? (int)pc.head_dim : -1;
+    e.mask_kind = clattn__mask_kind(pc.causal, pc.masked);
+    e.sq_class = clattn__seq_q_class(pc.seq_q);
+    e.log2_skv = clattn__log2_ceil(pc.seq_kv);
     e.n = clattn_param_count(t->op);
     memcpy(e.v, t->best, sizeof e.v);
     return e;
@@ -492,15 +592,18 @@ static void usage(FILE *f)
             "  --device SPEC    device as clattn_create takes it (default: CLATTN_DEVICE / first GPU)\n"
             "  --shape B,H,HKV,SQ,SKV,D[,causal]\n"
             "                   a problem to tune for (repeatable); default: a set per device type\n"
-            "  --ops LIST       comma list of scores, softmax, pv, fused, decode (default: all that\n"
-            "                   apply: seq_q <= 16 tunes decode, otherwise the others)\n"
+            "  --ops LIST       comma list of scores, softmax, pv, fused, decode, merge (default: all\n"
+            "                   that apply: seq_q <= 16 tunes decode and merge, otherwise the\n"
+            "                   others). merge (clattn_merge of %d f32 partials) has one bucket for\n"
+            "                   all shapes: it is tuned once, on the first shape that has it\n"
             "  --budget SEC     total search time (default 300), shared between tasks\n"
             "  --iters N        timed runs per candidate (default 5), median\n"
             "  --dir DIR        tuning directory (sets CLATTN_TUNING_DIR)\n"
             "  --dry-run        search and report, write nothing\n"
             "  --json           print a JSON report on stdout\n"
             "  --seed N         random search seed\n"
-            "  --help           this text\n");
+            "  --help           this text\n",
+            MERGE_PARTS);
 }
 
 int main(int argc, char **argv)
@@ -569,17 +672,25 @@ int main(int argc, char **argv)
         for (int i = 0; i < 3; i++)
             shapes[nshapes++] = cpu ? cpu_set[i] : gpu_set[i];
     }
-    task tasks[64];
+    task tasks[16 * 4 + 1]; /* full shapes: 4 ops each, plus one merge */
     int nt = 0;
+    int have_merge = 0;
     for (int i = 0; i < nshapes; i++) {
-        const clattn_operation decode_ops[1] = {CLATTN_OPERATION_DECODE};
-        const clattn_operation full_ops[4] = {CLATTN_OPERATION_FUSED, CLATTN_OPERATION_SCORES,
-                                              CLATTN_OPERATION_SOFTMAX, CLATTN_OPERATION_PV};
+        const clattn_operation decode_ops[2] = {CLATTN_OPERATION_DECODE, CLATTN_OPERATION_MERGE};
+        const clattn_operation full_ops[5] = {CLATTN_OPERATION_FUSED, CLATTN_OPERATION_SCORES,
+                                              CLATTN_OPERATION_SOFTMAX, CLATTN_OPERATION_PV,
+                                              CLATTN_OPERATION_MERGE};
         const int decode = shapes[i].sq <= 16;
-        for (int j = 0; j < (decode ? 1 : 4); j++) {
+        for (int j = 0; j < (decode ? 2 : 5); j++) {
             const clattn_operation op = decode ? decode_ops[j] : full_ops[j];
             if (ops && !strstr(ops, clattn_operation_name(op)))
                 continue;
+            if (op == CLATTN_OPERATION_MERGE) {
+                /* By default with decode only; one task per run (the bucket ignores the shape). */
+                if ((!decode && !ops) || have_merge)
+                    continue;
+                have_merge = 1;
+            }
             memset(&tasks[nt], 0, sizeof tasks[nt]);
             tasks[nt].s = shapes[i];
             tasks[nt].op = op;
@@ -609,7 +720,7 @@ int main(int argc, char **argv)
         char line[200];
         clattn__tuning_entry_text(&e, line, sizeof line);
         fprintf(stderr, "%-8s %-40s default %8.3f ms  tuned %8.3f ms  x%.2f  (%d tried, %d pruned, %d wrong)\n  %s\n",
-                clattn_operation_name(t->op), shape_text(&t->s, sh, sizeof sh), t->default_ms, t->best_ms,
+                clattn_operation_name(t->op), task_text(t, sh, sizeof sh), t->default_ms, t->best_ms,
                 t->default_ms / t->best_ms, t->tried, t->pruned, t->rejected, line);
     }
     int written = 0;
@@ -644,10 +755,13 @@ int main(int argc, char **argv)
             const task *t = &tasks[i];
             printf("%s\n  {\"op\": \"%s\", \"shape\": [%lld, %lld, %lld, %lld, %lld, %lld], \"causal\": %d, "
                    "\"default_ms\": %.4f, \"tuned_ms\": %.4f, \"speedup\": %.3f, \"tried\": %d, \"pruned\": %d, "
-                   "\"wrong\": %d, \"params\": [",
+                   "\"wrong\": %d, ",
                    i ? "," : "", clattn_operation_name(t->op), t->s.b, t->s.h, t->s.hkv, t->s.sq, t->s.skv, t->s.d,
                    t->s.causal, t->default_ms, t->best_ms, t->default_ms / t->best_ms, t->tried, t->pruned,
                    t->rejected);
+            if (t->op == CLATTN_OPERATION_MERGE)
+                printf("\"parts\": %d, ", MERGE_PARTS);
+            printf("\"params\": [");
             for (int j = 0; j < clattn_param_count(t->op); j++)
                 printf("%s%d", j ? ", " : "", t->best[j]);
             printf("]}");
