@@ -176,10 +176,10 @@ static void test_lookup_order(void **state)
     clattn_problem_class causal = {CLATTN_OPERATION_FUSED, CLATTN_F32, 64, 1024, 1024, 1, 0};
     clattn_kernel_params c;
     assert_int_equal(clattn_get_params(ctx, &causal, &c), CLATTN_SUCCESS);
-    assert_int_equal(c.source, base.source); /* other mask kind: not this entry */
+    assert_int_not_equal(c.source, CLATTN_SOURCE_USER_FILE); /* other mask kind: not this entry */
     clattn_problem_class far = {CLATTN_OPERATION_FUSED, CLATTN_F32, 64, 1024, 1 << 20, 0, 0};
     assert_int_equal(clattn_get_params(ctx, &far, &c), CLATTN_SUCCESS);
-    assert_int_equal(c.source, base.source); /* log2 seq_kv 20 is too far from 10 */
+    assert_int_not_equal(c.source, CLATTN_SOURCE_USER_FILE); /* log2 seq_kv 20 is too far from 10 */
 
     /* The environment beats the file; an override beats both; removing it restores the file. */
     setenv("CLATTN_PARAMS_FUSED", "1,8,4,1,4", 1);
