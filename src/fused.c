@@ -115,8 +115,17 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
                    vp_floats = zs * (uint64_t)p->seq_kv * vp_ss;
     const int row_blocks = (R + rm - 1) / rm;
     int split_len;
-    const int splits = choose_splits(ctx, p, (long long)row_blocks * (long long)zs, bn,
-                                     decode && pp->v[5] > 0 ? pp->v[5] : 1, &split_len);
+    /* Long key ranges: chunks whose K/V copies take at most a quarter of the device's cache.
+     * The split is the slowest grid dimension within a head, so consecutive work-groups (row
+     * blocks) stream the same chunk while it is in cache instead of each sweeping all keys from
+     * memory; the partials are then merged. */
+    int want = decode && pp->v[5] > 0 ? pp->v[5] : 1;
+    if (!decode && ctx->dev.cache_size) {
+        const uint64_t chunk = ctx->dev.cache_size / 4 / (4u * ((uint64_t)p->head_dim + vp_ss));
+        if (chunk >= 16u * (uint64_t)bn && (uint64_t)p->seq_kv > chunk)
+            want = (int)(((uint64_t)p->seq_kv + chunk - 1) / chunk);
+    }
+    const int splits = choose_splits(ctx, p, (long long)row_blocks * (long long)zs, bn, want, &split_len);
     const uint64_t part = splits > 1 ? (uint64_t)splits * part_floats(p) : 0;
     const uint64_t total = kt_floats + vp_floats + part;
     if (total > ctx->dev.max_alloc / 4 || total > (uint64_t)SIZE_MAX / 4)

@@ -24,6 +24,7 @@ typedef struct clattn_devinfo {
     cl_ulong local_mem;
     cl_ulong global_mem;
     cl_ulong max_alloc;
+    cl_ulong cache_size; /* CL_DEVICE_GLOBAL_MEM_CACHE_SIZE, 0 if unknown */
     size_t max_wg;
     size_t max_item[3];
     cl_uint mem_align_bits;
