@@ -66,6 +66,31 @@ inline float4 row_load4(__global const T_IN *p, int i, int n)
                     i + 2 < n ? LD_IN(p, i + 2) : 0.0f, 0.0f);
 }
 
+/* What one work-group covers: grid z = (batch·heads_kv + kv head)·splits + split, packed rows
+ * r0..r1, and the keys [k_lo, k_hi) of its split that those rows may see (causal: the positions
+ * of the first and last rows bound the range of all), every row seeing keys below k_all. */
+typedef struct work_range {
+    int split, z, b, hk, L, k_lo, k_hi, k_all;
+} work_range;
+
+inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv, int seq_q,
+                                int seq_kv, int causal, __global const int *kvlen, int r0, int r1)
+{
+    work_range w;
+    w.split = zz % splits;
+    w.z = zz / splits;
+    w.b = w.z / heads_kv;
+    w.hk = w.z % heads_kv;
+    w.L = keys_of_batch(kvlen, w.b, seq_kv);
+    const int spans = (r0 / seq_q) != (r1 / seq_q);
+    const int i_min = spans ? 0 : r0 % seq_q;
+    const int i_max = spans ? seq_q - 1 : r1 % seq_q;
+    w.k_lo = w.split * split_len;
+    w.k_hi = min(min(w.L, w.k_lo + split_len), causal_end(causal, i_max, seq_q, w.L));
+    w.k_all = min(w.k_hi, causal_end(causal, i_min, seq_q, w.L));
+    return w;
+}
+
 __kernel __attribute__((reqd_work_group_size(WGX, WGY, 1))) void
 fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
       __global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
@@ -86,22 +111,12 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
 
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int lid = ty * WGX + tx;
-    const int zz = get_group_id(2);
-    const int split = zz % splits;
-    const int bh = zz / splits;
-    const int b = bh / heads_kv, hk = bh % heads_kv;
     const int R = group * seq_q;
     const int r0 = get_group_id(1) * BM;
-    const int r1 = min(R, r0 + BM) - 1;
-
-    const int L = keys_of_batch(kvlen, b, seq_kv);
-    /* Positions of the tile's first and last rows bound the causal key range of all its rows. */
-    const int spans = (r0 / seq_q) != (r1 / seq_q);
-    const int i_min = spans ? 0 : r0 % seq_q;
-    const int i_max = spans ? seq_q - 1 : r1 % seq_q;
-    const int k_lo = split * split_len;
-    const int k_hi = min(min(L, k_lo + split_len), causal_end(causal, i_max, seq_q, L));
-    const int k_all = min(k_hi, causal_end(causal, i_min, seq_q, L)); /* every row sees k < k_all */
+    const work_range w = work_range_of(get_group_id(2), splits, split_len, heads_kv, seq_q, seq_kv,
+                                       causal, kvlen, r0, min(R, r0 + BM) - 1);
+    const int split = w.split, b = w.b, hk = w.hk, L = w.L, k_lo = w.k_lo, k_hi = w.k_hi,
+              k_all = w.k_all;
 
     __global const T_IN *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
     __global const T_IN *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
@@ -372,21 +387,12 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
              int heads_kv, int group, int D, int DV, int causal, int has_mask, int has_lse,
              int splits, int split_len, float scale)
 {
-    const int zz = get_group_id(2);
-    const int split = zz % splits;
-    const int z = zz / splits;
-    const int b = z / heads_kv, hk = z % heads_kv;
     const int R = group * seq_q;
     const int r0 = get_group_id(1) * RM;
-    const int r1 = min(R, r0 + RM) - 1;
-
-    const int L = keys_of_batch(kvlen, b, seq_kv);
-    const int spans = (r0 / seq_q) != (r1 / seq_q);
-    const int i_min = spans ? 0 : r0 % seq_q;
-    const int i_max = spans ? seq_q - 1 : r1 % seq_q;
-    const int k_lo = split * split_len;
-    const int k_hi = min(min(L, k_lo + split_len), causal_end(causal, i_max, seq_q, L));
-    const int k_all = min(k_hi, causal_end(causal, i_min, seq_q, L));
+    const work_range w = work_range_of(get_group_id(2), splits, split_len, heads_kv, seq_q, seq_kv,
+                                       causal, kvlen, r0, min(R, r0 + RM) - 1);
+    const int split = w.split, z = w.z, b = w.b, hk = w.hk, L = w.L, k_lo = w.k_lo,
+              k_hi = w.k_hi, k_all = w.k_all;
 
     __global const float *Ktb = Kt + kt_off + (ulong)z * kt_sz;
     __global const float *Vpb = Vp + vp_off + (ulong)z * vp_sz;

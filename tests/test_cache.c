@@ -691,14 +691,8 @@ static int child_main(int ready_fd, int start_fd)
         fprintf(stderr, "child %ld: clattn_create: %s\n", (long)getpid(), clattn_last_error(NULL));
         return 2;
     }
-    const char one = 1;
-    if (write(ready_fd, &one, 1) != 1)
+    if (tu_child_ready_then_wait(ready_fd, start_fd))
         return 3;
-    close(ready_fd);
-    char c;
-    while (read(start_fd, &c, 1) > 0) {
-    }
-    close(start_fd);
     cl_kernel k = NULL;
     const clattn_status st = clattn__get_kernel(ctx, "softmax.cl", OPT_A, "softmax", &k);
     const clattn_cache_stats s = ctx->stats;

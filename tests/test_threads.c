@@ -411,14 +411,8 @@ static int child_main(int ready_fd, int start_fd)
         fprintf(stderr, "child %ld: clattn_create: %s\n", (long)getpid(), clattn_last_error(NULL));
         return 2;
     }
-    const char one = 1;
-    if (write(ready_fd, &one, 1) != 1)
+    if (tu_child_ready_then_wait(ready_fd, start_fd))
         return 3;
-    close(ready_fd);
-    char c;
-    while (read(start_fd, &c, 1) > 0) {
-    }
-    close(start_fd);
     char why[512] = "";
     const int failed = run_process_shapes(ctx, 0, why, sizeof why);
     fprintf(stderr, "child %ld: %s; builds %u disk_hits %u disk_rejects %u disk_writes %u\n", (long)getpid(),
@@ -592,14 +586,8 @@ static int tuning_child_main(int ready_fd, int start_fd)
         clattn_release(ctx);
         return 2;
     }
-    const char one = 1;
-    if (write(ready_fd, &one, 1) != 1)
+    if (tu_child_ready_then_wait(ready_fd, start_fd))
         return 3;
-    close(ready_fd);
-    char c;
-    while (read(start_fd, &c, 1) > 0) {
-    }
-    close(start_fd);
 
     atomic_int done = 0;
     tune_writer w;

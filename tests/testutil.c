@@ -532,6 +532,19 @@ int tu_run_tests(const char *group)
     return failed;
 }
 
+int tu_child_ready_then_wait(int ready_fd, int start_fd)
+{
+    const char one = 1;
+    if (write(ready_fd, &one, 1) != 1)
+        return 3;
+    close(ready_fd);
+    char c;
+    while (read(start_fd, &c, 1) > 0) {
+    }
+    close(start_fd);
+    return 0;
+}
+
 int tu_run_children(const char *argv0, const char *flag, int n, int *forked_out, int *ready_out)
 {
     int ready[2], start[2];

@@ -102,6 +102,9 @@ uint64_t tu_seed_of(const char *name);
  * started together, then reaped. Returns how many failed (non-zero exit or signal, reported);
  * *forked and *ready say how many were started and how many reported ready. */
 int tu_run_children(const char *argv0, const char *flag, int n, int *forked, int *ready);
+/* The child's side of tu_run_children: reports ready on ready_fd, then blocks until start_fd
+ * closes (every child is then set up). Returns 0, or 3 if the ready byte cannot be written. */
+int tu_child_ready_then_wait(int ready_fd, int start_fd);
 
 /* ---- strided tensor views with guarded buffers ---- */
 
