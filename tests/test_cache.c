@@ -68,32 +68,6 @@ static void make_tmpdir(char *out, size_t size)
         fail_msg("mkdtemp(%s): %s", out, strerror(errno));
 }
 
-/* rm -r for the shallow trees these tests make (a directory of files and subdirectories). */
-static void remove_tree(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) != 0)
-        return;
-    if (!S_ISDIR(st.st_mode)) {
-        unlink(path);
-        return;
-    }
-    chmod(path, 0700); /* the read-only case */
-    DIR *d = opendir(path);
-    if (d != NULL) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                continue;
-            char sub[PATH_MAX + 256];
-            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-            remove_tree(sub);
-        }
-        closedir(d);
-    }
-    rmdir(path);
-}
-
 static int ends_with(const char *s, const char *suffix)
 {
     const size_t n = strlen(s), m = strlen(suffix);
@@ -172,7 +146,7 @@ static int setup_dir(void **state)
     (void)state;
     /* cmocka 1.1.5 skips the teardown of a test that failed or skipped: clean up after it here. */
     if (g_dir[0] != '\0')
-        remove_tree(g_dir);
+        tu_remove_tree(g_dir);
     const char *base = getenv("TMPDIR");
     if (base == NULL || *base == '\0')
         base = "/tmp";
@@ -189,7 +163,7 @@ static int setup_dir(void **state)
 static int teardown_dir(void **state)
 {
     (void)state;
-    remove_tree(g_dir);
+    tu_remove_tree(g_dir);
     g_dir[0] = '\0';
     restore_env("CLATTN_CACHE_DIR", saved_cache_dir);
     restore_env("CLATTN_CACHE", saved_cache);
@@ -291,7 +265,7 @@ static void build_seed(seed *s, const char *options)
     assert_int_equal(count_files(dir, ".clbin", path, sizeof path), 1);
     s->content = read_whole(path);
     snprintf(s->file, sizeof s->file, "%s", strrchr(path, '/') + 1);
-    remove_tree(dir);
+    tu_remove_tree(dir);
     s->ready = 1;
 }
 
@@ -831,7 +805,7 @@ int main(int argc, char **argv)
 
     const int failed = tu_run_tests("cache");
     if (g_dir[0] != '\0')
-        remove_tree(g_dir); /* the last test's, when it failed or skipped */
+        tu_remove_tree(g_dir); /* the last test's, when it failed or skipped */
     free(seed_a.content.data);
     free(seed_b.content.data);
     free(saved_cache_dir);

@@ -117,24 +117,6 @@ static void make_tmpdir(char *out, size_t size)
         fail_msg("mkdtemp(%s): %s", out, strerror(errno));
 }
 
-/* Removes a flat directory of files. */
-static void remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d != NULL) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                continue;
-            char path[PATH_MAX + 256];
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
 /* Entries of dir whose names end in suffix ("" counts everything but . and ..). */
 static int count_files(const char *dir, const char *suffix)
 {
@@ -333,11 +315,11 @@ static void test_fresh_cache_dir(void **state)
     const int tmp = count_files(dir, ".tmp"), bins = count_files(dir, ".clbin"), all = count_files(dir, "");
     print_message("cache directory after the threads: %d entries, %d temporary files, %d in all\n", bins, tmp, all);
     if (tmp != 0 || bins <= 0 || all != bins) {
-        remove_dir(dir);
+        tu_remove_tree(dir);
         fail_msg("the shared cache directory holds %d entries, %d temporary files, %d files in all", bins, tmp, all);
     }
     expect_all_from_disk(dir, shapes, N_OF(shapes));
-    remove_dir(dir);
+    tu_remove_tree(dir);
 }
 
 static void *create_error_worker(void *arg)
@@ -435,12 +417,12 @@ static void test_shared_cache_dir(void **state)
     const int tmp = count_files(dir, ".tmp"), bins = count_files(dir, ".clbin"), all = count_files(dir, "");
     print_message("shared cache directory: %d entries, %d temporary files, %d in all\n", bins, tmp, all);
     if (forked != PROCESSES || got != PROCESSES || failures != 0 || tmp != 0 || bins <= 0 || all != bins) {
-        remove_dir(dir);
+        tu_remove_tree(dir);
         fail_msg("forked %d of %d, %d ready, %d failed; directory: %d entries, %d temporary, %d in all", forked,
                  PROCESSES, got, failures, bins, tmp, all);
     }
     expect_all_from_disk(dir, process_shapes, N_OF(process_shapes));
-    remove_dir(dir);
+    tu_remove_tree(dir);
 }
 
 /* ---- processes/shared_tuning_dir ---- */
@@ -702,13 +684,13 @@ static void test_shared_tuning_dir(void **state)
     int forked = 0, got = 0;
     const int failures = tu_run_children("test_threads", "--tuning-child", PROCESSES, &forked, &got);
     unsetenv("CLATTN_TEST_SLOT_DIR");
-    remove_dir(sdir);
+    tu_remove_tree(sdir);
     const int ctmp = count_files(cdir, ".tmp"), bins = count_files(cdir, ".clbin"), call = count_files(cdir, "");
     if (forked != PROCESSES || got != PROCESSES || failures != 0 || ctmp != 0 || bins <= 0 || call != bins) {
         restore_cache_dir();
         restore_env("CLATTN_TUNING_DIR", saved_tuning_dir);
-        remove_dir(cdir);
-        remove_dir(tdir);
+        tu_remove_tree(cdir);
+        tu_remove_tree(tdir);
         fail_msg("forked %d of %d, %d ready, %d failed; cache directory: %d entries, %d temporary, %d in all",
                  forked, PROCESSES, got, failures, bins, ctmp, call);
     }
@@ -716,8 +698,8 @@ static void test_shared_tuning_dir(void **state)
     expect_valid_store(tdir);
     expect_all_from_disk(cdir, process_shapes, N_OF(process_shapes)); /* with the store in place */
     restore_env("CLATTN_TUNING_DIR", saved_tuning_dir);
-    remove_dir(cdir);
-    remove_dir(tdir);
+    tu_remove_tree(cdir);
+    tu_remove_tree(tdir);
 }
 
 /* =============================== registration =============================== */

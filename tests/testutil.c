@@ -1,13 +1,15 @@
 /* Shared test helpers; see testutil.h. */
-#define _POSIX_C_SOURCE 200809L /* fork, pipe, waitpid */
+#define _POSIX_C_SOURCE 200809L /* fork, pipe, waitpid, dirent, lstat */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -594,4 +596,29 @@ int tu_run_children(const char *argv0, const char *flag, int n, int *forked_out,
     *forked_out = forked;
     *ready_out = got;
     return failures;
+}
+
+void tu_remove_tree(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return;
+    if (!S_ISDIR(st.st_mode)) {
+        unlink(path);
+        return;
+    }
+    chmod(path, 0700); /* the read-only case */
+    DIR *d = opendir(path);
+    if (d != NULL) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            char sub[PATH_MAX + 256];
+            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+            tu_remove_tree(sub);
+        }
+        closedir(d);
+    }
+    rmdir(path);
 }

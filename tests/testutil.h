@@ -105,6 +105,8 @@ int tu_run_children(const char *argv0, const char *flag, int n, int *forked, int
 /* The child's side of tu_run_children: reports ready on ready_fd, then blocks until start_fd
  * closes (every child is then set up). Returns 0, or 3 if the ready byte cannot be written. */
 int tu_child_ready_then_wait(int ready_fd, int start_fd);
+/* rm -r for the shallow trees the tests make (files and subdirectories; read-only ones too). */
+void tu_remove_tree(const char *path);
 
 /* ---- strided tensor views with guarded buffers ---- */
 
