@@ -120,32 +120,34 @@ inline int causal_end(int causal, int i, int seq_q, int L)
 #endif
 #endif
 
-/* exp2 that vectorises: PoCL (without fast-math, which masks cannot use: they need -inf) turns
- * the built-in exp2 on wide vectors into one library call per lane (3x slower fused attention
- * on AVX-512; on float4 the built-in is the faster one). 2^x = 2^n · e^(f·ln 2) with
- * n = rint(x), |f| <= 1/2, and e^y by its degree-7 Taylor polynomial (|y| <= 0.347: truncation
- * below 6e-9 relative, under float rounding). Exactly 0 below -126 (so -inf gives 0, as masked
- * keys need), +inf above 127, NaN stays NaN. */
-#define DEFINE_EXP2(NAME, FT, CONVERT_INT, AS_FLOAT)                                   \
+/* 2^x for x <= 0 (every caller passes a difference from a running maximum), in a form that
+ * vectorises: PoCL (without fast-math, which masks cannot use: they need -inf) turns the
+ * built-in exp2 on wide vectors into one library call per lane. 2^x = 2^n · 2^f with n the
+ * nearest integer and |f| <= 1/2: adding 1.5·2^23 rounds x to an integer in the low mantissa
+ * bits (round to nearest is the OpenCL default, and nothing here reassociates), so the same
+ * sum gives n as a float and, shifted into the exponent field, 2^n. 2^f is a degree-6
+ * polynomial fitted for relative error on [-1/2, 1/2] (2e-9), evaluated with MAD. Measured
+ * against exp2 in double on every float in [-126, 0] with a hardware FMA: at most 0.67 ulp.
+ * Below -126.5 (and at -inf) the exponent field is 0, so the result is exactly 0, as masked
+ * keys need. NaN stays NaN: the clamp is a select that lets it through. 14 vector operations
+ * (the previous Taylor form with rint and range selects took about 35). A positive x up to
+ * 127 still works; nothing guards larger ones. */
+#define DEFINE_EXP2(NAME, FT, UT, AS_UINT, AS_FLOAT)                                   \
     inline FT NAME(FT x)                                                              \
     {                                                                                 \
-        const FT xc = fmin(fmax(x, (FT)(-126.0f)), (FT)(127.0f));                     \
-        const FT n = rint(xc);                                                        \
-        const FT y = (xc - n) * 0.6931471805599453f;                                  \
-        FT p = (FT)(1.0f / 5040.0f);                                                  \
-        p = mad(p, y, (FT)(1.0f / 720.0f));                                           \
-        p = mad(p, y, (FT)(1.0f / 120.0f));                                           \
-        p = mad(p, y, (FT)(1.0f / 24.0f));                                            \
-        p = mad(p, y, (FT)(1.0f / 6.0f));                                             \
-        p = mad(p, y, (FT)(0.5f));                                                    \
-        p = mad(p, y, (FT)(1.0f));                                                    \
-        p = mad(p, y, (FT)(1.0f));                                                    \
-        FT r = p * AS_FLOAT((CONVERT_INT(n) + 127) << 23);                            \
-        r = select(r, (FT)(0.0f), x < (FT)(-126.0f));                                 \
-        r = select(r, (FT)(INFINITY), x > (FT)(127.0f));                              \
-        return select(r, x, isnan(x));                                                \
+        const FT xc = select(x, (FT)(-127.0f), x < (FT)(-127.0f));                    \
+        const FT t = xc + (FT)(12582912.0f);                                          \
+        const FT f = xc - (t - (FT)(12582912.0f));                                    \
+        FT p = (FT)(1.535335904918611e-4f);                                           \
+        p = MAD(p, f, (FT)(1.3398876180872321e-3f));                                  \
+        p = MAD(p, f, (FT)(9.61843691766262e-3f));                                    \
+        p = MAD(p, f, (FT)(5.5503323674201965e-2f));                                  \
+        p = MAD(p, f, (FT)(0.24022647738456726f));                                    \
+        p = MAD(p, f, (FT)(0.6931471824645996f));                                     \
+        p = MAD(p, f, (FT)(1.0f));                                                    \
+        return p * AS_FLOAT((AS_UINT(t) + (UT)(127u)) << 23);                         \
     }
-DEFINE_EXP2(exp2p, float, convert_int, as_float)
-DEFINE_EXP2(exp2p4, float4, convert_int4, as_float4)
-DEFINE_EXP2(exp2p8, float8, convert_int8, as_float8)
-DEFINE_EXP2(exp2p16, float16, convert_int16, as_float16)
+DEFINE_EXP2(exp2p, float, uint, as_uint, as_float)
+DEFINE_EXP2(exp2p4, float4, uint4, as_uint4, as_float4)
+DEFINE_EXP2(exp2p8, float8, uint8, as_uint8, as_float8)
+DEFINE_EXP2(exp2p16, float16, uint16, as_uint16, as_float16)
