@@ -13,6 +13,9 @@
 #else
 #define MAD(a, b, c) mad((a), (b), (c))
 #endif
+/* The larger of a and b lane by lane, where a never holds NaN and a NaN in b is skipped: one
+ * compare and one blend (fmax must also test a, which PoCL compiles to twice the work). */
+#define MAX_SKIP_NAN(a, b) select((a), (b), (b) > (a))
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
@@ -120,18 +123,19 @@ inline int causal_end(int causal, int i, int seq_q, int L)
 #endif
 #endif
 
-/* 2^x for x <= 0 (every caller passes a difference from a running maximum), in a form that
+/* 2^x for x <= 8 (every caller passes a score minus a running reference: the row maximum, or
+ * in fused_direct a reference that trails it by at most 8 in log2 units), in a form that
  * vectorises: PoCL (without fast-math, which masks cannot use: they need -inf) turns the
  * built-in exp2 on wide vectors into one library call per lane. 2^x = 2^n · 2^f with n the
  * nearest integer and |f| <= 1/2: adding 1.5·2^23 rounds x to an integer in the low mantissa
  * bits (round to nearest is the OpenCL default, and nothing here reassociates), so the same
  * sum gives n as a float and, shifted into the exponent field, 2^n. 2^f is a degree-6
  * polynomial fitted for relative error on [-1/2, 1/2] (2e-9), evaluated with MAD. Measured
- * against exp2 in double on every float in [-126, 0] with a hardware FMA: at most 0.67 ulp.
+ * against exp2 in double on every float in [-126, 8] with a hardware FMA: at most 0.67 ulp.
  * Below -126.5 (and at -inf) the exponent field is 0, so the result is exactly 0, as masked
  * keys need. NaN stays NaN: the clamp is a select that lets it through. 14 vector operations
- * (the previous Taylor form with rint and range selects took about 35). A positive x up to
- * 127 still works; nothing guards larger ones. */
+ * (the previous Taylor form with rint and range selects took about 35). x up to 127 still
+ * works; nothing guards larger ones. */
 #define DEFINE_EXP2(NAME, FT, UT, AS_UINT, AS_FLOAT)                                   \
     inline FT NAME(FT x)                                                              \
     {                                                                                 \

@@ -334,19 +334,26 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
  * Numerics: the scale and mask are applied in natural units and the maximum is subtracted before
  * the multiplication by log2(e), so any finite logit works (no overflow near FLT_MAX). O is kept
  * normalised after every block, o' = o·(l·α/l') + Σ (p/l')·v, a convex combination of V rows
- * that cannot overflow whatever seq_kv and |V| are. Hidden keys get s = -inf, p = 0, and are
- * skipped in P·V so NaN/Inf in their K/V never reach O. */
+ * that cannot overflow whatever seq_kv and |V| are. The reference m is not always the running
+ * maximum: it moves only when a score passes it by more than REF_SLACK, so most blocks skip the
+ * row maximum and the exponential of the rescaling; p <= 2^8 in between, and the result is the
+ * same since the reference cancels. Hidden keys get s = -inf, p = 0, and are skipped in P·V so
+ * NaN/Inf in their K/V never reach O. */
 #ifndef DV16
 #define DV16 4 /* O columns in float16 blocks: 16·DV16 >= head_dim_v */
 #endif
 #define DBN (16 * NS)
+/* How far a score may exceed the row's reference before the reference moves: 8·ln 2, so
+ * p = e^(s - m) <= 2^8 and the sums stay far from overflow (l <= 2^8·seq_kv). */
+#define REF_SLACK 5.5451774f
 
+/* Largest lane of v, which holds no NaN. */
 inline float hmax16(float16 v)
 {
-    const float8 a = fmax(v.lo, v.hi);
-    const float4 b = fmax(a.lo, a.hi);
-    const float2 c = fmax(b.lo, b.hi);
-    return fmax(c.x, c.y);
+    const float8 a = MAX_SKIP_NAN(v.lo, v.hi);
+    const float4 b = MAX_SKIP_NAN(a.lo, a.hi);
+    const float2 c = MAX_SKIP_NAN(b.lo, b.hi);
+    return MAX_SKIP_NAN(c.x, c.y);
 }
 
 inline float hsum16(float16 v)
@@ -442,7 +449,12 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
 
         /* A block is guarded when some row hides some key of it. */
         const int guarded = has_mask || kt + DBN > k_all;
-        float pb[RM][DBN];
+        /* P row by row: written as whole vectors, read back as scalars to broadcast (a plain
+         * float array would be written 4 floats at a time). */
+        union {
+            float16 v[NS];
+            float f[DBN];
+        } pb[RM];
 #pragma unroll
         for (int i = 0; i < RM; i++) {
 #pragma unroll
@@ -466,14 +478,24 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
                     s[i][j] = vload16(0, t);
                 }
             }
-            float16 mx = s[i][0];
+            /* The reference m moves only when a score passes it by more than REF_SLACK (always
+             * while m is -inf): most blocks skip the row maximum and the rescaling. */
+            int passes = 0;
 #pragma unroll
-            for (int j = 1; j < NS; j++)
-                mx = fmax(mx, s[i][j]);
-            const float mnew = fmax(m[i], hmax16(mx));
+            for (int j = 0; j < NS; j++)
+                passes |= any(s[i][j] > (float16)(m[i] + REF_SLACK));
+            float mnew = m[i], alpha = 1.0f;
             /* A row that has seen only -inf keeps a 0 reference so that -inf - -inf never occurs. */
-            const float mref = mnew == NEG_INF ? 0.0f : mnew;
-            const float alpha = exp2((m[i] - mref) * LOG2E);
+            float mref = mnew == NEG_INF ? 0.0f : mnew;
+            if (passes) {
+                float16 mx = (float16)(NEG_INF);
+#pragma unroll
+                for (int j = 0; j < NS; j++)
+                    mx = MAX_SKIP_NAN(mx, s[i][j]);
+                mnew = fmax(m[i], hmax16(mx));
+                mref = mnew == NEG_INF ? 0.0f : mnew;
+                alpha = exp2p((m[i] - mref) * LOG2E);
+            }
             float16 p[NS], ps = (float16)(0.0f);
 #pragma unroll
             for (int j = 0; j < NS; j++) {
@@ -489,7 +511,7 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
                 o[i][c] *= keep;
 #pragma unroll
             for (int j = 0; j < NS; j++)
-                vstore16(p[j] * inv, j, pb[i]);
+                pb[i].v[j] = p[j] * inv;
             m[i] = mnew;
             l[i] = lnew;
         }
@@ -500,7 +522,7 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
                 float pn[RM];
 #pragma unroll
                 for (int i = 0; i < RM; i++)
-                    pn[i] = pb[i][n];
+                    pn[i] = pb[i].f[n];
 #pragma unroll
                 for (int c = 0; c < DV16; c++) {
                     const float16 vv = vload16(c, vp);
@@ -514,7 +536,7 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
             for (int n = 0; n < nkeys; n++, vp += vp_ss) {
 #pragma unroll
                 for (int i = 0; i < RM; i++) {
-                    const float pn = pb[i][n];
+                    const float pn = pb[i].f[n];
                     if (pn != 0.0f) {
 #pragma unroll
                         for (int c = 0; c < DV16; c++)

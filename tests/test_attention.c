@@ -81,6 +81,8 @@ typedef struct att_case {
     int no_lse;
     int probs;       /* 0 none; 1 f32 probabilities (unfused/AUTO); 2 in the storage dtype */
     unsigned algos;  /* 0: FUSED | UNFUSED */
+    float ramp;      /* mask entry of key j += ramp·j (contiguous mask): rows whose largest logit
+                      * keeps rising along the keys (> 0), or sits in the first keys (< 0) */
 } att_case;
 
 /* clang-format off */
@@ -159,6 +161,13 @@ static const att_case cases[] = {
      .probs = 1},
     {"shift_qk_1e4", 1, 2, 2, 33, 47, 64, 0, F32, .causal = 1, .special = SP_SHIFT_QK},
     {"shift_qk_1e4_f16", 1, 2, 2, 33, 47, 64, 0, F16, .special = SP_SHIFT_QK},
+    /* The fused kernels move a row's reference maximum only when a score passes it by a margin
+     * (8·ln 2): rising by 16 per 32-key block (moves every block), by 3.2 (every other block,
+     * probabilities up to 2^8 in between) and falling (never moves after the first block). */
+    {"ramp_up", 1, 2, 2, 40, 300, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32, .ramp = 0.5f, .probs = 1},
+    {"ramp_slow_causal", 1, 2, 2, 40, 300, 64, 0, F32, .causal = 1, .mask = MASK_FULL, .mask_dt = F32,
+     .ramp = 0.1f},
+    {"ramp_down_decode", 2, 4, 1, 3, 300, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32, .ramp = -0.5f},
     {"scale_neg_1e4", 2, 2, 2, 33, 47, 64, 0, F32, .scale = -1e4f, .probs = 1},
     {"scale_explicit", 2, 2, 1, 33, 47, 64, 0, F32, .scale = 0.3f},
     {"poison_kvlen", 2, 2, 2, 33, 70, 64, 0, F32, .has_kv = 1, .kv = {40, 3}, .special = SP_POISON},
@@ -293,6 +302,9 @@ static void build(problem *p)
         for (size_t i = 0; i < n; ++i)
             if (tu_uniform(&rng, 0.0, 1.0) < 0.1)
                 tu_put(c->mask_dt, tm, p->xmask, i, -INFINITY);
+        if (c->ramp != 0.0f)
+            for (size_t i = 0; i < n; ++i)
+                tu_put(c->mask_dt, tm, p->xmask, i, p->xmask[i] + c->ramp * (double)(i % (size_t)c->Skv));
     }
 
     /* Special inputs. */
