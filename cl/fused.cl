@@ -321,14 +321,14 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
     }
 }
 
-/* ---- CPUs: fused_direct (DIRECT 1) ----
+/* ---- CPUs: fused_direct (FUSED DIRECT 1, DECODE DIRECT 1) ----
  *
  * One work-item per block of RM packed rows (as above) and key split, no local memory, no
  * barrier: on a CPU a work-group's work-items run one after another, so local tiles and barriers
- * only add copies and spills. Keys are read from a Kᵀ copy (transpose_k in gemm.cl, f32, rows of
- * kt_ss floats) as float16 vectors of 16 consecutive keys, V from a zero-padded f32 copy (pack_v)
- * as float16 vectors of 16 columns; both copies cost O(seq_kv) and stay hot in cache while every
- * row block of the head streams them. A block of BN = 16·NS keys: scores S[RM][BN] in registers,
+ * only add copies and spills. Prefill reads keys from a Kᵀ copy (transpose_k in gemm.cl, f32,
+ * rows of k_ss floats) as float16 vectors of 16 consecutive keys, V from a zero-padded f32 copy
+ * (pack_v) as float16 vectors of 16 columns; both copies cost O(seq_kv) and stay hot in cache
+ * while every row block of the head streams them. Decode reads K and V in place (IN_PLACE below). A block of BN = 16·NS keys: scores S[RM][BN] in registers,
  * the row maxima, p = e^(s - m) with exp2p16, then O += P·V with P read back as broadcast scalars.
  *
  * Numerics: the scale and mask are applied in natural units and the maximum is subtracted before
@@ -343,6 +343,60 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
 #define DV16 4 /* O columns in float16 blocks: 16·DV16 >= head_dim_v */
 #endif
 #define DBN (16 * NS)
+
+/* IN_PLACE 1 (decode on CPUs, DECODE DIRECT 1): K and V are read where they are, in their
+ * storage type, instead of from the copies: decode reads each key once, so copying would triple
+ * the traffic. Blocks of 16 keys (NS 1); a row's 16 partial dot products (float16 over the head
+ * dimension, Q zero-padded to DP = 16·ceil(D/16)) become one float16 of scores through hsum16x16.
+ * KV_FULL 1 when head_dim and head_dim_v are multiples of 16 (no tail loads). */
+#if IN_PLACE
+#define T_KV T_IN
+#if NS != 1
+#error "IN_PLACE needs NS 1"
+#endif
+#if DT_IN == 0
+#define LD16_IN(p, i) vload16(0, (p) + (i))
+#elif DT_IN == 1
+#define LD16_IN(p, i) vload_half16(0, (p) + (i))
+#else
+#define LD16_IN(p, i) as_float16(convert_uint16(vload16(0, (p) + (i))) << 16)
+#endif
+
+/* Elements col..col+15 of a K or V row of n elements, 0 past n. */
+inline float16 ld16_row(__global const T_IN *p, int col, int n)
+{
+#if !KV_FULL
+    if (col + 15 >= n) {
+        float t[16];
+        for (int e = 0; e < 16; e++)
+            t[e] = col + e < n ? LD_IN(p, col + e) : 0.0f;
+        return vload16(0, t);
+    }
+#endif
+    return LD16_IN(p, col);
+}
+
+/* Lane e of the result is the sum of the 16 lanes of t[e]: four rounds of pairwise sums, each
+ * halving the vectors (two shuffles and an add per output vector). */
+inline float16 hsum16x16(const float16 *t)
+{
+    float16 w[8], x[4], y[2];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        w[k] = (float16)(t[2 * k].even, t[2 * k + 1].even) + (float16)(t[2 * k].odd, t[2 * k + 1].odd);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        x[k] = (float16)(w[2 * k].even, w[2 * k + 1].even) + (float16)(w[2 * k].odd, w[2 * k + 1].odd);
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        y[k] = (float16)(x[2 * k].even, x[2 * k + 1].even) + (float16)(x[2 * k].odd, x[2 * k + 1].odd);
+    return (float16)(y[0].even, y[1].even) + (float16)(y[0].odd, y[1].odd);
+}
+#define LDV16(p, c) ld16_row((p), 16 * (c), DV)
+#else
+#define T_KV float
+#define LDV16(p, c) vload16((c), (p))
+#endif
 /* How far a score may exceed the row's reference before the reference moves: 8·ln 2, so
  * p = e^(s - m) <= 2^8 and the sums stay far from overflow (l <= 2^8·seq_kv). */
 #define REF_SLACK 5.5451774f
@@ -385,8 +439,8 @@ __kernel void pack_v(__global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
-             __global const float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss,
-             __global const float *Vp, ulong vp_off, ulong vp_sz, ulong vp_ss,
+             __global const T_KV *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
+             __global const T_KV *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,
              __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,
              __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
              __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,
@@ -401,10 +455,15 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
     const int split = w.split, z = w.z, b = w.b, hk = w.hk, L = w.L, k_lo = w.k_lo,
               k_hi = w.k_hi, k_all = w.k_all;
 
-    __global const float *Ktb = Kt + kt_off + (ulong)z * kt_sz;
-    __global const float *Vpb = Vp + vp_off + (ulong)z * vp_sz;
+    /* The head's keys and values: K[key][d] and V[key][c] in place, or Kᵀ[d][key] (rows of k_ss
+     * floats) and padded V[key][c] (rows of v_ss floats) from the copies. */
+    __global const T_KV *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
+    __global const T_KV *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
 
-    float qs[RM][DP];
+    union {
+        float f[DP];
+        float16 v[(DP + 15) / 16];
+    } qs[RM];
     float m[RM], l[RM];
     int rend[RM];
     ulong mrow[RM];
@@ -414,8 +473,8 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
         const int row = min(r0 + i, R - 1); /* rows past R compute on a copy, never stored */
         const int pos = row % seq_q, hq = hk * group + row / seq_q;
         __global const T_IN *qrow = Q + q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)pos * q_ss;
-        for (int d = 0; d < D; d++)
-            qs[i][d] = LD_IN(qrow, d);
+        for (int d = 0; d < DP; d++)
+            qs[i].f[d] = d < D ? LD_IN(qrow, d) : 0.0f;
         m[i] = NEG_INF;
         l[i] = 0.0f;
         rend[i] = r0 + i < R ? min(k_hi, causal_end(causal, pos, seq_q, L)) : 0;
@@ -432,20 +491,38 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
 #pragma unroll
             for (int j = 0; j < NS; j++)
                 s[i][j] = (float16)(0.0f);
-        __global const float *kp = Ktb + kt;
-        for (int d = 0; d < D; d++, kp += kt_ss) {
+#if IN_PLACE
+        /* Keys past the range load the range's last key; they are hidden below (guarded). */
+#pragma unroll
+        for (int i = 0; i < RM; i++) {
+            float16 t[16];
+#pragma unroll
+            for (int e = 0; e < 16; e++) {
+                __global const T_IN *kr = Kb + (ulong)min(kt + e, k_hi - 1) * k_ss;
+                float16 acc = qs[i].v[0] * ld16_row(kr, 0, D);
+#pragma unroll
+                for (int c = 1; c < DP / 16; c++)
+                    acc = MAD(qs[i].v[c], ld16_row(kr, 16 * c, D), acc);
+                t[e] = acc;
+            }
+            s[i][0] = hsum16x16(t);
+        }
+#else
+        __global const float *kp = Kb + kt;
+        for (int d = 0; d < D; d++, kp += k_ss) {
             float16 kv[NS];
 #pragma unroll
             for (int j = 0; j < NS; j++)
                 kv[j] = vload16(j, kp);
 #pragma unroll
             for (int i = 0; i < RM; i++) {
-                const float a = qs[i][d];
+                const float a = qs[i].f[d];
 #pragma unroll
                 for (int j = 0; j < NS; j++)
                     s[i][j] = MAD((float16)(a), kv[j], s[i][j]);
             }
         }
+#endif
 
         /* A block is guarded when some row hides some key of it. */
         const int guarded = has_mask || kt + DBN > k_all;
@@ -516,16 +593,16 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
             l[i] = lnew;
         }
 
-        __global const float *vp = Vpb + (ulong)kt * vp_ss;
+        __global const T_KV *vp = Vb + (ulong)kt * v_ss;
         if (!guarded) {
-            for (int n = 0; n < DBN; n++, vp += vp_ss) {
+            for (int n = 0; n < DBN; n++, vp += v_ss) {
                 float pn[RM];
 #pragma unroll
                 for (int i = 0; i < RM; i++)
                     pn[i] = pb[i].f[n];
 #pragma unroll
                 for (int c = 0; c < DV16; c++) {
-                    const float16 vv = vload16(c, vp);
+                    const float16 vv = LDV16(vp, c);
 #pragma unroll
                     for (int i = 0; i < RM; i++)
                         o[i][c] = MAD((float16)(pn[i]), vv, o[i][c]);
@@ -533,14 +610,14 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
             }
         } else {
             const int nkeys = min(DBN, k_hi - kt);
-            for (int n = 0; n < nkeys; n++, vp += vp_ss) {
+            for (int n = 0; n < nkeys; n++, vp += v_ss) {
 #pragma unroll
                 for (int i = 0; i < RM; i++) {
                     const float pn = pb[i].f[n];
                     if (pn != 0.0f) {
 #pragma unroll
                         for (int c = 0; c < DV16; c++)
-                            o[i][c] = MAD((float16)(pn), vload16(c, vp), o[i][c]);
+                            o[i][c] = MAD((float16)(pn), LDV16(vp, c), o[i][c]);
                     }
                 }
             }

@@ -94,9 +94,62 @@ static void partial_views(const clattn_problem *p, cl_mem ws, uint64_t base, int
     *l_split = rows;
 }
 
-/* fused_direct (CPUs): Kᵀ and a padded V copy in the workspace, then one work-item per block of
- * rm packed rows and key split. Sets *used = 0 (and enqueues nothing) when the copies do not fit
- * the device's max allocation; the tiled kernel then runs instead. */
+/* Launches fused_direct over the views k and v (K and V in place, or the copies in ws), the key
+ * splits' partials at element offset part_off of ws, then merges them. */
+static clattn_status enqueue_direct(clattn_context *ctx, const clattn_problem *p, const clattn_view *k,
+                                    const clattn_view *v, cl_mem ws, cl_kernel kdirect, int row_blocks,
+                                    int splits, int split_len, uint64_t part_off, cl_uint num_wait,
+                                    const cl_event *wait, cl_event *done)
+{
+    clattn_view out = p->out, lse = p->lse;
+    int has_lse = p->lse.buffer != NULL;
+    cl_ulong o_split = 0, l_split = 0;
+    if (splits > 1) {
+        partial_views(p, ws, part_off, splits, &out, &lse, &o_split, &l_split);
+        has_lse = 1;
+    }
+    const int seq_q = (int)p->seq_q, seq_kv = (int)p->seq_kv, hkv = (int)p->heads_kv,
+              group = (int)(p->heads_q / p->heads_kv), D = (int)p->head_dim, dv = (int)p->head_dim_v,
+              causal = p->causal, has_mask = p->has_mask;
+    clattn_args a = {kdirect, 0, CL_SUCCESS};
+    clattn__arg_view(&a, &p->q);
+    clattn__arg_view(&a, k);
+    clattn__arg_view(&a, v);
+    clattn__arg_view(&a, &out);
+    clattn__arg_view(&a, has_lse ? &lse : NULL);
+    clattn__arg_view(&a, has_mask ? &p->mask : NULL);
+    clattn__arg(&a, sizeof(cl_mem), p->kv_lengths ? &p->kv_lengths : NULL);
+    clattn__arg(&a, sizeof(cl_ulong), &o_split);
+    clattn__arg(&a, sizeof(cl_ulong), &l_split);
+    clattn__arg(&a, sizeof(int), &seq_q);
+    clattn__arg(&a, sizeof(int), &seq_kv);
+    clattn__arg(&a, sizeof(int), &hkv);
+    clattn__arg(&a, sizeof(int), &group);
+    clattn__arg(&a, sizeof(int), &D);
+    clattn__arg(&a, sizeof(int), &dv);
+    clattn__arg(&a, sizeof(int), &causal);
+    clattn__arg(&a, sizeof(int), &has_mask);
+    clattn__arg(&a, sizeof(int), &has_lse);
+    clattn__arg(&a, sizeof(int), &splits);
+    clattn__arg(&a, sizeof(int), &split_len);
+    clattn__arg(&a, sizeof(float), &p->scale);
+    const size_t local[3] = {1, 1, 1};
+    const size_t global[3] = {1, (size_t)row_blocks,
+                              (size_t)(p->batch * p->heads_kv) * (size_t)splits};
+    if (splits == 1)
+        return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, "fused_direct");
+    clattn_status st = clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, NULL, "fused_direct (split)");
+    if (st)
+        return st;
+    return clattn__run_merge(ctx, splits, p->batch, p->heads_q, p->seq_q, p->head_dim_v, &out, &lse,
+                             &p->out, p->lse.buffer ? &p->lse : NULL, 0, NULL, done);
+}
+
+/* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
+ * Kᵀ and a padded V copy from the workspace; decode reads K and V in place (IN_PLACE: each key
+ * is read once, so a copy would triple the traffic). Sets *used = 0 (and enqueues nothing) when
+ * the copies and partials do not fit the device's max allocation; the tiled kernel then runs
+ * instead. */
 static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
                                 cl_uint num_wait, const cl_event *wait, cl_event *done, int *used)
 {
@@ -106,13 +159,14 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     /* Decode with RM 0: one block covers the packed rows (up to 16). */
     const int rm0 = decode && pp->v[2] <= 0 ? (R < 16 ? R : 16) : pp->v[2];
     const int rm = rm0 < 1 ? 1 : rm0 > 32 ? 32 : rm0;
-    const int ns = pp->v[3] < 1 ? 1 : pp->v[3] > 4 ? 4 : pp->v[3];
+    const int in_place = decode;
+    const int ns = in_place || pp->v[3] < 1 ? 1 : pp->v[3] > 4 ? 4 : pp->v[3];
     const int bn = 16 * ns, dv16 = (int)((p->head_dim_v + 15) / 16);
     const uint64_t zs = (uint64_t)p->batch * (uint64_t)p->heads_kv;
     const uint64_t pitch = ((uint64_t)p->seq_kv + bn - 1) / bn * bn + 16; /* see kt_pitch */
     const uint64_t vp_ss = 16u * (uint64_t)dv16;
-    const uint64_t kt_floats = zs * (uint64_t)p->head_dim * pitch,
-                   vp_floats = zs * (uint64_t)p->seq_kv * vp_ss;
+    const uint64_t kt_floats = in_place ? 0 : zs * (uint64_t)p->head_dim * pitch,
+                   vp_floats = in_place ? 0 : zs * (uint64_t)p->seq_kv * vp_ss;
     const int row_blocks = (R + rm - 1) / rm;
     int split_len;
     /* Long key ranges: chunks whose K/V copies take at most a quarter of the device's cache.
@@ -130,23 +184,28 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     const uint64_t total = kt_floats + vp_floats + part;
     if (total > ctx->dev.max_alloc / 4 || total > (uint64_t)SIZE_MAX / 4)
         return CLATTN_SUCCESS;
+    const int dp = in_place ? (int)((p->head_dim + 15) / 16 * 16) : (int)((p->head_dim + 3) / 4 * 4);
+    const int kv_full = p->head_dim % 16 == 0 && p->head_dim_v % 16 == 0;
 
     /* Every kernel is built before anything is enqueued: a build failure leaves no partial work. */
     char opts[256];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=1 -DWGY=1 "
-             "-DRM=%d -DNS=%d -DVW=16 -DNV=1 -DDP=%d -DDV16=%d -DEXP2_POLY=1",
+             "-DRM=%d -DNS=%d -DVW=16 -DNV=1 -DDP=%d -DDV16=%d -DEXP2_POLY=1 -DIN_PLACE=%d -DKV_FULL=%d",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
-             p->has_mask ? (int)p->mask.dtype : 0, rm, ns, (int)((p->head_dim + 3) / 4 * 4), dv16);
-    cl_kernel kpack, kdirect;
+             p->has_mask ? (int)p->mask.dtype : 0, rm, ns, dp, dv16, in_place, kv_full);
+    cl_kernel kpack = NULL, kdirect;
     clattn_status st;
-    if ((st = clattn__get_kernel(ctx, "fused.cl", opts, "pack_v", &kpack)) ||
+    if ((!in_place && (st = clattn__get_kernel(ctx, "fused.cl", opts, "pack_v", &kpack))) ||
         (st = clattn__get_kernel(ctx, "fused.cl", opts, "fused_direct", &kdirect)))
         return st;
-    cl_mem ws;
-    if ((st = clattn__workspace(ctx, (size_t)total * 4, &ws)))
+    cl_mem ws = NULL;
+    if (total > 0 && (st = clattn__workspace(ctx, (size_t)total * 4, &ws)))
         return st;
     *used = 1;
+    if (in_place)
+        return enqueue_direct(ctx, p, &p->k, &p->v, ws, kdirect, row_blocks, splits, split_len, 0,
+                              num_wait, wait, done);
     if ((st = clattn__run_transpose_k(ctx, p, ws, 0, pitch, num_wait, wait)))
         return st;
 
@@ -167,52 +226,12 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
                               NULL, "pack_v")))
         return st;
 
-    clattn_view out = p->out, lse = p->lse;
-    int has_lse = p->lse.buffer != NULL;
-    cl_ulong o_split = 0, l_split = 0;
-    if (splits > 1) {
-        partial_views(p, ws, kt_floats + vp_floats, splits, &out, &lse, &o_split, &l_split);
-        has_lse = 1;
-    }
-    const cl_ulong kt_off = 0, kt_sz = (cl_ulong)p->head_dim * pitch, kt_ss = pitch;
-    const int seq_q = (int)p->seq_q, seq_kv = (int)p->seq_kv, D = (int)p->head_dim,
-              causal = p->causal, has_mask = p->has_mask;
-    a = (clattn_args){kdirect, 0, CL_SUCCESS};
-    clattn__arg_view(&a, &p->q);
-    clattn__arg(&a, sizeof(cl_mem), &ws);
-    clattn__arg(&a, sizeof(cl_ulong), &kt_off);
-    clattn__arg(&a, sizeof(cl_ulong), &kt_sz);
-    clattn__arg(&a, sizeof(cl_ulong), &kt_ss);
-    clattn__arg(&a, sizeof(cl_mem), &ws);
-    clattn__arg(&a, sizeof(cl_ulong), &vp_off);
-    clattn__arg(&a, sizeof(cl_ulong), &vp_sz);
-    clattn__arg(&a, sizeof(cl_ulong), &vp_pitch);
-    clattn__arg_view(&a, &out);
-    clattn__arg_view(&a, has_lse ? &lse : NULL);
-    clattn__arg_view(&a, has_mask ? &p->mask : NULL);
-    clattn__arg(&a, sizeof(cl_mem), p->kv_lengths ? &p->kv_lengths : NULL);
-    clattn__arg(&a, sizeof(cl_ulong), &o_split);
-    clattn__arg(&a, sizeof(cl_ulong), &l_split);
-    clattn__arg(&a, sizeof(int), &seq_q);
-    clattn__arg(&a, sizeof(int), &seq_kv);
-    clattn__arg(&a, sizeof(int), &hkv);
-    clattn__arg(&a, sizeof(int), &group);
-    clattn__arg(&a, sizeof(int), &D);
-    clattn__arg(&a, sizeof(int), &dv);
-    clattn__arg(&a, sizeof(int), &causal);
-    clattn__arg(&a, sizeof(int), &has_mask);
-    clattn__arg(&a, sizeof(int), &has_lse);
-    clattn__arg(&a, sizeof(int), &splits);
-    clattn__arg(&a, sizeof(int), &split_len);
-    clattn__arg(&a, sizeof(float), &p->scale);
-    const size_t local[3] = {1, 1, 1};
-    const size_t global[3] = {1, (size_t)row_blocks, (size_t)zs * (size_t)splits};
-    if (splits == 1)
-        return clattn__enqueue(ctx, &a, 3, global, local, 0, NULL, done, "fused_direct");
-    if ((st = clattn__enqueue(ctx, &a, 3, global, local, 0, NULL, NULL, "fused_direct (split)")))
-        return st;
-    return clattn__run_merge(ctx, splits, p->batch, p->heads_q, p->seq_q, p->head_dim_v, &out, &lse,
-                             &p->out, p->lse.buffer ? &p->lse : NULL, 0, NULL, done);
+    /* The copies as views: Kᵀ [z][d][pitch], V [z][key][vp_ss], z = b·heads_kv + hk. */
+    const cl_ulong hk_n = (cl_ulong)p->heads_kv, kt_sz = (cl_ulong)p->head_dim * pitch;
+    const clattn_view kt = {ws, CLATTN_F32, 0, {hk_n * kt_sz, kt_sz, pitch}};
+    const clattn_view vpk = {ws, CLATTN_F32, vp_off, {hk_n * vp_sz, vp_sz, vp_pitch}};
+    return enqueue_direct(ctx, p, &kt, &vpk, ws, kdirect, row_blocks, splits, split_len,
+                          kt_floats + vp_floats, 0, NULL, done);
 }
 
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,

@@ -10,8 +10,10 @@
  *   FUSED      : WGX, WGY, RM, NS, VW, DIRECT  (fused.cl: BM = WGY·RM rows, BN = WGX·VW·NS keys;
  *                DIRECT 1: fused_direct, one work-item per RM rows and 16·NS-key blocks reading
  *                Kᵀ and padded V copies, WGX/WGY/VW unused)
- *   DECODE     : WGX, WGY, RM, NS, VW, splits  (fused.cl with key splits; RM 0 = cover the packed
- *                rows, splits 0 = automatic)
+ *   DECODE     : WGX, WGY, RM, NS, VW, SPLITS, DIRECT  (fused.cl with key splits; RM 0 = cover the
+ *                packed rows (up to 16), SPLITS 0 = automatic; DIRECT 1: fused_direct reading K
+ *                and V in place, one work-item per RM rows and key split, 16-key blocks,
+ *                WGX/WGY/NS/VW unused)
  *   MERGE      : WG  (merge.cl)
  * Lookup order: clattn_set_params override, CLATTN_PARAMS_<OP>, the user tuning file of the
  * device, built-in tables (tuning/ in the source tree, embedded), vendor defaults, generic defaults. */
@@ -115,7 +117,7 @@ static int vendor_defaults(const clattn_devinfo *d, clattn_op op, clattn_params 
             {2, 4, 8, 1, 64, 16, 0, 0, 0}, /* pv */
             {16, 2},                       /* softmax: one work-item per 2 rows */
             {1, 1, 4, 2, 16, 1},           /* fused: direct, 4 rows x 32-key blocks */
-            {1, 1, 0, 4, 16, 0},           /* decode */
+            {1, 1, 0, 4, 16, 0, 1},        /* decode: direct, K and V read in place */
             {16},                          /* merge */
         };
         memcpy(p->v, v[op], sizeof v[op]);
