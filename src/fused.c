@@ -94,12 +94,13 @@ static void partial_views(const clattn_problem *p, cl_mem ws, uint64_t base, int
     *l_split = rows;
 }
 
-/* Launches fused_direct over the views k and v (K and V in place, or the copies in ws), the key
- * splits' partials at element offset part_off of ws, then merges them. */
-static clattn_status enqueue_direct(clattn_context *ctx, const clattn_problem *p, const clattn_view *k,
-                                    const clattn_view *v, cl_mem ws, cl_kernel kdirect, int row_blocks,
-                                    int splits, int split_len, uint64_t part_off, cl_uint num_wait,
-                                    const cl_event *wait, cl_event *done)
+/* Launches kernel (fused or fused_direct, which take the same arguments) over global/local with
+ * K and V as the views k and v, writing the outputs, or with splits > 1 the partials at element
+ * offset part_off of ws, which are then merged. */
+static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_kernel kernel, const char *name,
+                            const clattn_view *k, const clattn_view *v, cl_mem ws, uint64_t part_off,
+                            int splits, int split_len, const size_t global[3], const size_t local[3],
+                            cl_uint num_wait, const cl_event *wait, cl_event *done)
 {
     clattn_view out = p->out, lse = p->lse;
     int has_lse = p->lse.buffer != NULL;
@@ -111,7 +112,7 @@ static clattn_status enqueue_direct(clattn_context *ctx, const clattn_problem *p
     const int seq_q = (int)p->seq_q, seq_kv = (int)p->seq_kv, hkv = (int)p->heads_kv,
               group = (int)(p->heads_q / p->heads_kv), D = (int)p->head_dim, dv = (int)p->head_dim_v,
               causal = p->causal, has_mask = p->has_mask;
-    clattn_args a = {kdirect, 0, CL_SUCCESS};
+    clattn_args a = {kernel, 0, CL_SUCCESS};
     clattn__arg_view(&a, &p->q);
     clattn__arg_view(&a, k);
     clattn__arg_view(&a, v);
@@ -133,12 +134,11 @@ static clattn_status enqueue_direct(clattn_context *ctx, const clattn_problem *p
     clattn__arg(&a, sizeof(int), &splits);
     clattn__arg(&a, sizeof(int), &split_len);
     clattn__arg(&a, sizeof(float), &p->scale);
-    const size_t local[3] = {1, 1, 1};
-    const size_t global[3] = {1, (size_t)row_blocks,
-                              (size_t)(p->batch * p->heads_kv) * (size_t)splits};
     if (splits == 1)
-        return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, "fused_direct");
-    clattn_status st = clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, NULL, "fused_direct (split)");
+        return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, name);
+    char what[64];
+    snprintf(what, sizeof what, "%s (split)", name);
+    clattn_status st = clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, NULL, what);
     if (st)
         return st;
     return clattn__run_merge(ctx, splits, p->batch, p->heads_q, p->seq_q, p->head_dim_v, &out, &lse,
@@ -159,7 +159,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     /* Decode with RM 0: one block covers the packed rows (up to 16). */
     const int rm0 = decode && pp->v[2] <= 0 ? (R < 16 ? R : 16) : pp->v[2];
     const int rm = rm0 < 1 ? 1 : rm0 > 32 ? 32 : rm0;
-    const int in_place = decode;
+    const int in_place = decode; /* decode reads K and V in place, prefill from the copies */
     const int ns = in_place || pp->v[3] < 1 ? 1 : pp->v[3] > 4 ? 4 : pp->v[3];
     const int bn = 16 * ns, dv16 = (int)((p->head_dim_v + 15) / 16);
     const uint64_t zs = (uint64_t)p->batch * (uint64_t)p->heads_kv;
@@ -203,9 +203,11 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     if (total > 0 && (st = clattn__workspace(ctx, (size_t)total * 4, &ws)))
         return st;
     *used = 1;
+    const size_t local[3] = {1, 1, 1};
+    const size_t global[3] = {1, (size_t)row_blocks, (size_t)zs * (size_t)splits};
     if (in_place)
-        return enqueue_direct(ctx, p, &p->k, &p->v, ws, kdirect, row_blocks, splits, split_len, 0,
-                              num_wait, wait, done);
+        return launch(ctx, p, kdirect, "fused_direct", &p->k, &p->v, ws, 0, splits, split_len, global,
+                      local, num_wait, wait, done);
     if ((st = clattn__run_transpose_k(ctx, p, ws, 0, pitch, num_wait, wait)))
         return st;
 
@@ -230,8 +232,8 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     const cl_ulong hk_n = (cl_ulong)p->heads_kv, kt_sz = (cl_ulong)p->head_dim * pitch;
     const clattn_view kt = {ws, CLATTN_F32, 0, {hk_n * kt_sz, kt_sz, pitch}};
     const clattn_view vpk = {ws, CLATTN_F32, vp_off, {hk_n * vp_sz, vp_sz, vp_pitch}};
-    return enqueue_direct(ctx, p, &kt, &vpk, ws, kdirect, row_blocks, splits, split_len,
-                          kt_floats + vp_floats, 0, NULL, done);
+    return launch(ctx, p, kdirect, "fused_direct", &kt, &vpk, ws, kt_floats + vp_floats, splits,
+                  split_len, global, local, 0, NULL, done);
 }
 
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
@@ -268,63 +270,27 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
 
     int split_len;
     const int splits = choose_splits(ctx, p, tiles, bn, pp.v[5] > 0 && decode ? pp.v[5] : 1, &split_len);
-    clattn_view out = p->out, lse = p->lse;
-    int has_lse = p->lse.buffer != NULL;
-    cl_ulong o_split = 0, l_split = 0;
-    clattn_dtype out_dt = p->out.dtype;
+    cl_mem ws = NULL;
     if (splits > 1) {
-        cl_mem ws;
         clattn_status st = clattn__workspace(ctx, (size_t)splits * part_floats(p) * 4, &ws);
         if (st)
             return st;
-        partial_views(p, ws, 0, splits, &out, &lse, &o_split, &l_split);
-        has_lse = 1;
-        out_dt = CLATTN_F32;
     }
 
     char opts[256];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=%d -DWGY=%d -DRM=%d -DNS=%d "
              "-DVW=%d -DNV=%d -DDP=%d -DEXP2_POLY=%d",
-             (int)p->dtype, (int)out_dt, p->has_mask ? (int)p->mask.dtype : 0, c.wgx, c.wgy, c.rm,
-             c.ns, c.vw, c.nv, c.dp, (ctx->dev.type & CL_DEVICE_TYPE_CPU) ? 1 : 0);
+             (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
+             p->has_mask ? (int)p->mask.dtype : 0, c.wgx, c.wgy, c.rm, c.ns, c.vw, c.nv, c.dp,
+             (ctx->dev.type & CL_DEVICE_TYPE_CPU) ? 1 : 0);
     cl_kernel k;
     clattn_status st = clattn__get_kernel(ctx, "fused.cl", opts, "fused", &k);
     if (st)
         return st;
-    const int seq_q = (int)p->seq_q, seq_kv = (int)p->seq_kv, hkv = (int)p->heads_kv,
-              D = (int)p->head_dim, DV = (int)p->head_dim_v, causal = p->causal,
-              has_mask = p->has_mask;
-    clattn_args a = {k, 0, CL_SUCCESS};
-    clattn__arg_view(&a, &p->q);
-    clattn__arg_view(&a, &p->k);
-    clattn__arg_view(&a, &p->v);
-    clattn__arg_view(&a, &out);
-    clattn__arg_view(&a, has_lse ? &lse : NULL);
-    clattn__arg_view(&a, has_mask ? &p->mask : NULL);
-    clattn__arg(&a, sizeof(cl_mem), p->kv_lengths ? &p->kv_lengths : NULL);
-    clattn__arg(&a, sizeof(cl_ulong), &o_split);
-    clattn__arg(&a, sizeof(cl_ulong), &l_split);
-    clattn__arg(&a, sizeof(int), &seq_q);
-    clattn__arg(&a, sizeof(int), &seq_kv);
-    clattn__arg(&a, sizeof(int), &hkv);
-    clattn__arg(&a, sizeof(int), &group);
-    clattn__arg(&a, sizeof(int), &D);
-    clattn__arg(&a, sizeof(int), &DV);
-    clattn__arg(&a, sizeof(int), &causal);
-    clattn__arg(&a, sizeof(int), &has_mask);
-    clattn__arg(&a, sizeof(int), &has_lse);
-    clattn__arg(&a, sizeof(int), &splits);
-    clattn__arg(&a, sizeof(int), &split_len);
-    clattn__arg(&a, sizeof(float), &p->scale);
     const size_t local[3] = {(size_t)c.wgx, (size_t)c.wgy, 1};
     const size_t global[3] = {(size_t)c.wgx, (size_t)row_tiles * c.wgy,
                               (size_t)(p->batch * p->heads_kv) * (size_t)splits};
-    if (splits == 1)
-        return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, "fused");
-    st = clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, NULL, "fused (split)");
-    if (st)
-        return st;
-    return clattn__run_merge(ctx, splits, p->batch, p->heads_q, p->seq_q, p->head_dim_v, &out, &lse,
-                             &p->out, p->lse.buffer ? &p->lse : NULL, 0, NULL, done);
+    return launch(ctx, p, k, "fused", &p->k, &p->v, ws, 0, splits, split_len, global, local, num_wait,
+                  wait, done);
 }
