@@ -118,6 +118,14 @@ static const att_case cases[] = {
     {"hd40_dv128", 1, 2, 2, 33, 47, 40, 128, F32, .causal = 0},
     {"hd16_dv256", 1, 1, 1, 20, 37, 16, 256, F32, .causal = 0},
     {"hd256_dv16", 1, 1, 1, 20, 37, 256, 16, F32, .causal = 0},
+    /* decode shapes (seq_q <= 16: on CPUs, K and V read in place, with tail loads when head_dim
+     * or head_dim_v is not a multiple of 16) */
+    {"decode_hd59", 1, 2, 1, 3, 47, 59, 0, F32, .causal = 1},
+    {"decode_hd111_f16", 1, 2, 1, 1, 300, 111, 0, F16, .causal = 0},
+    {"decode_hd40_dv128", 1, 2, 2, 4, 47, 40, 128, F32, .causal = 0},
+    {"decode_hd256_dv16_bf16", 1, 1, 1, 2, 37, 256, 16, BF16, .causal = 1},
+    {"decode_hd16_dv256_16rows", 1, 1, 1, 16, 37, 16, 256, F32, .causal = 0},
+    {"decode_hd59_poison_kvlen", 2, 2, 2, 4, 70, 59, 0, F32, .has_kv = 1, .kv = {40, 3}, .special = SP_POISON},
 
     /* grouped-query attention */
     {"gqa_3to1", 2, 6, 2, 37, 53, 64, 0, F32, .causal = 1},
