@@ -328,8 +328,9 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
  * only add copies and spills. Prefill reads keys from a Kᵀ copy (transpose_k in gemm.cl, f32,
  * rows of k_ss floats) as float16 vectors of 16 consecutive keys, V from a zero-padded f32 copy
  * (pack_v) as float16 vectors of 16 columns; both copies cost O(seq_kv) and stay hot in cache
- * while every row block of the head streams them. Decode reads K and V in place (IN_PLACE below). A block of BN = 16·NS keys: scores S[RM][BN] in registers,
- * the row maxima, p = e^(s - m) with exp2p16, then O += P·V with P read back as broadcast scalars.
+ * while every row block of the head streams them. Decode reads K and V in place (IN_PLACE
+ * below). A block of BN = 16·NS keys: scores S[RM][BN] in registers, the row maxima,
+ * p = e^(s - m) with exp2p16, then O += P·V with P read back as broadcast scalars.
  *
  * Numerics: the scale and mask are applied in natural units and the maximum is subtracted before
  * the multiplication by log2(e), so any finite logit works (no overflow near FLT_MAX). O is kept
