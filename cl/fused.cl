@@ -66,6 +66,23 @@ inline float4 row_load4(__global const T_IN *p, int i, int n)
                     i + 2 < n ? LD_IN(p, i + 2) : 0.0f, 0.0f);
 }
 
+/* Scores t[0..n) of one row for the keys key0..key0+n-1: -inf at or past rend (causal, key
+ * lengths, the split's end), the mask (row offset mrow) added otherwise. A -inf mask hides the
+ * key even when its score is NaN. */
+inline void hide_keys(float *t, int n, int key0, int rend, int has_mask, __global const T_MASK *mask,
+                      ulong mrow)
+{
+    for (int e = 0; e < n; e++) {
+        const int key = key0 + e;
+        if (key >= rend) {
+            t[e] = NEG_INF;
+        } else if (has_mask) {
+            const float mv = LD_MASK(mask, mrow + key);
+            t[e] = mv == NEG_INF ? NEG_INF : t[e] + mv;
+        }
+    }
+}
+
 /* What one work-group covers: grid z = (batch·heads_kv + kv head)·splits + split, packed rows
  * r0..r1, and the keys [k_lo, k_hi) of its split that those rows may see (causal: the positions
  * of the first and last rows bound the range of all), every row seeing keys below k_all. */
@@ -196,16 +213,7 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
                 for (int j = 0; j < NS; j++) {
                     float t[VW];
                     vstoreV(s[i][j], 0, t);
-                    for (int e = 0; e < VW; e++) {
-                        const int key = kt + VW * (tx + WGX * j) + e;
-                        if (key >= rend[i]) {
-                            t[e] = NEG_INF;
-                        } else if (has_mask) {
-                            /* A -inf mask hides the key even when its score is NaN. */
-                            const float mv = LD_MASK(mask, mrow[i] + key);
-                            t[e] = mv == NEG_INF ? NEG_INF : t[e] + mv;
-                        }
-                    }
+                    hide_keys(t, VW, kt + VW * (tx + WGX * j), rend[i], has_mask, mask, mrow[i]);
                     s[i][j] = vloadV(0, t);
                 }
         }
@@ -543,16 +551,7 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
                 for (int j = 0; j < NS; j++) {
                     float t[16];
                     vstore16(s[i][j], 0, t);
-                    for (int e = 0; e < 16; e++) {
-                        const int key = kt + 16 * j + e;
-                        if (key >= rend[i]) {
-                            t[e] = NEG_INF;
-                        } else if (has_mask) {
-                            /* A -inf mask hides the key even when its score is NaN. */
-                            const float mv = LD_MASK(mask, mrow[i] + key);
-                            t[e] = mv == NEG_INF ? NEG_INF : t[e] + mv;
-                        }
-                    }
+                    hide_keys(t, 16, kt + 16 * j, rend[i], has_mask, mask, mrow[i]);
                     s[i][j] = vload16(0, t);
                 }
             }
