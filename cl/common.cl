@@ -50,6 +50,25 @@ inline ushort f32_to_bf16(float x)
 #endif
 #endif
 
+#if defined(DT_IN)
+/* 16 consecutive elements as float16; the tail form zero-fills past element n of the row. */
+#if DT_IN == 0
+#define LD16_IN(p, i) vload16(0, (p) + (i))
+#elif DT_IN == 1
+#define LD16_IN(p, i) vload_half16(0, (p) + (i))
+#else
+#define LD16_IN(p, i) as_float16(convert_uint16(vload16(0, (p) + (i))) << 16)
+#endif
+
+inline float16 ld16_tail(__global const T_IN *p, int col, int n)
+{
+    float t[16];
+    for (int e = 0; e < 16; e++)
+        t[e] = col + e < n ? LD_IN(p, col + e) : 0.0f;
+    return vload16(0, t);
+}
+#endif
+
 #if defined(DT_A)
 #if DT_A == 0
 #define T_A float

@@ -72,7 +72,8 @@ inline float4 row_load4(__global const T_IN *p, int i, int n)
 inline void hide_keys(float *t, int n, int key0, int rend, int has_mask, __global const T_MASK *mask,
                       ulong mrow)
 {
-    for (int e = 0; e < n; e++) {
+    /* Without a mask, keys below rend are visible. */
+    for (int e = has_mask ? 0 : clamp(rend - key0, 0, n); e < n; e++) {
         const int key = key0 + e;
         if (key >= rend) {
             t[e] = NEG_INF;
@@ -333,12 +334,13 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
  *
  * One work-item per block of RM packed rows (as above) and key split, no local memory, no
  * barrier: on a CPU a work-group's work-items run one after another, so local tiles and barriers
- * only add copies and spills. Prefill reads keys from a Kᵀ copy (transpose_k in gemm.cl, f32,
- * rows of k_ss floats) as float16 vectors of 16 consecutive keys, V from a zero-padded f32 copy
- * (pack_v) as float16 vectors of 16 columns; both copies cost O(seq_kv) and stay hot in cache
- * while every row block of the head streams them. Decode reads K and V in place (IN_PLACE
- * below). A block of BN = 16·NS keys: scores S[RM][BN] in registers, the row maxima,
- * p = e^(s - m) with exp2p16, then O += P·V with P read back as broadcast scalars.
+ * only add copies and spills. Prefill reads keys from a Kᵀ copy (transpose_k16 in gemm.cl, f32,
+ * rows of k_ss floats) as float16 vectors of 16 consecutive keys, V as float16 vectors of 16
+ * columns, in place when it is f32 with head_dim_v a multiple of 16, else from a zero-padded f32
+ * copy (pack_v); the copies cost O(seq_kv) and stay hot in cache while every row block of the
+ * head streams them. Decode reads K and V in place (IN_PLACE below). Keys go in chunks of
+ * DBN = 16·NS through registers (S[RM][NS] float16 accumulators) into a block of NB keys (below),
+ * whose p = e^(s - m) (exp2p16) are then read back as broadcast scalars for O += P·V.
  *
  * Numerics: the scale and mask are applied in natural units and the maximum is subtracted before
  * the multiplication by log2(e), so any finite logit works (no overflow near FLT_MAX). O is kept
@@ -352,6 +354,14 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
 #define DV16 4 /* O columns in float16 blocks: 16·DV16 >= head_dim_v */
 #endif
 #define DBN (16 * NS)
+/* Softmax blocks of NB keys: NC chunks of DBN keys each go through the QK registers into the
+ * block's score array, then one pass per row finds the maximum, one takes the exponentials and
+ * one normalises, so the per-block work (horizontal sums, the division, rescaling O) is paid
+ * once per NB keys and the passes are independent vector loops. */
+#ifndef NC
+#define NC (DBN >= 128 ? 1 : 128 / DBN)
+#endif
+#define NB (DBN * NC)
 
 /* IN_PLACE 1 (decode on CPUs, DECODE DIRECT 1): K and V are read where they are, in their
  * storage type, instead of from the copies: decode reads each key once, so copying would triple
@@ -363,24 +373,12 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
 #if NS != 1
 #error "IN_PLACE needs NS 1"
 #endif
-#if DT_IN == 0
-#define LD16_IN(p, i) vload16(0, (p) + (i))
-#elif DT_IN == 1
-#define LD16_IN(p, i) vload_half16(0, (p) + (i))
-#else
-#define LD16_IN(p, i) as_float16(convert_uint16(vload16(0, (p) + (i))) << 16)
-#endif
-
 /* Elements col..col+15 of a K or V row of n elements, 0 past n. */
 inline float16 ld16_row(__global const T_IN *p, int col, int n)
 {
 #if !KV_FULL
-    if (col + 15 >= n) {
-        float t[16];
-        for (int e = 0; e < 16; e++)
-            t[e] = col + e < n ? LD_IN(p, col + e) : 0.0f;
-        return vload16(0, t);
-    }
+    if (col + 15 >= n)
+        return ld16_tail(p, col, n);
 #endif
     return LD16_IN(p, col);
 }
@@ -493,91 +491,89 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
             o[i][c] = (float16)(0.0f);
     }
 
-    for (int kt = k_lo; kt < k_hi; kt += DBN) {
-        float16 s[RM][NS];
+    for (int kt = k_lo; kt < k_hi; kt += NB) {
+        const int nkeys = min(NB, k_hi - kt), nch = (nkeys + DBN - 1) / DBN;
+        /* Scores of the block's chunks, then in place its p, row by row: written as whole vectors,
+         * read back as scalars to broadcast in P·V (a plain float array would be written 4 floats
+         * at a time). */
+        union {
+            float16 v[NC * NS];
+            float f[NB];
+        } sb[RM];
+        for (int ch = 0; ch < nch; ch++) {
+            const int kc = kt + ch * DBN;
+            float16 s[RM][NS];
 #pragma unroll
-        for (int i = 0; i < RM; i++)
-#pragma unroll
-            for (int j = 0; j < NS; j++)
-                s[i][j] = (float16)(0.0f);
-#if IN_PLACE
-        /* Keys past the range load the range's last key; they are hidden below (guarded). */
-#pragma unroll
-        for (int i = 0; i < RM; i++) {
-            float16 t[16];
-#pragma unroll
-            for (int e = 0; e < 16; e++) {
-                __global const T_IN *kr = Kb + (ulong)min(kt + e, k_hi - 1) * k_ss;
-                float16 acc = qs[i].v[0] * ld16_row(kr, 0, D);
-#pragma unroll
-                for (int c = 1; c < DP / 16; c++)
-                    acc = MAD(qs[i].v[c], ld16_row(kr, 16 * c, D), acc);
-                t[e] = acc;
-            }
-            s[i][0] = hsum16x16(t);
-        }
-#else
-        __global const float *kp = Kb + kt;
-        for (int d = 0; d < D; d++, kp += k_ss) {
-            float16 kv[NS];
-#pragma unroll
-            for (int j = 0; j < NS; j++)
-                kv[j] = vload16(j, kp);
-#pragma unroll
-            for (int i = 0; i < RM; i++) {
-                const float a = qs[i].f[d];
+            for (int i = 0; i < RM; i++)
 #pragma unroll
                 for (int j = 0; j < NS; j++)
-                    s[i][j] = MAD((float16)(a), kv[j], s[i][j]);
+                    s[i][j] = (float16)(0.0f);
+#if IN_PLACE
+            /* Keys past the range load the range's last key; they are hidden below (guarded). */
+#pragma unroll
+            for (int i = 0; i < RM; i++) {
+                float16 t[16];
+#pragma unroll
+                for (int e = 0; e < 16; e++) {
+                    __global const T_IN *kr = Kb + (ulong)min(kc + e, k_hi - 1) * k_ss;
+                    float16 acc = qs[i].v[0] * ld16_row(kr, 0, D);
+#pragma unroll
+                    for (int c = 1; c < DP / 16; c++)
+                        acc = MAD(qs[i].v[c], ld16_row(kr, 16 * c, D), acc);
+                    t[e] = acc;
+                }
+                s[i][0] = hsum16x16(t);
             }
-        }
-#endif
-
-        /* A block is guarded when some row hides some key of it. */
-        const int guarded = has_mask || kt + DBN > k_all;
-        /* P row by row: written as whole vectors, read back as scalars to broadcast (a plain
-         * float array would be written 4 floats at a time). */
-        union {
-            float16 v[NS];
-            float f[DBN];
-        } pb[RM];
+#else
+            __global const float *kp = Kb + kc;
+            for (int d = 0; d < D; d++, kp += k_ss) {
+                float16 kv[NS];
 #pragma unroll
-        for (int i = 0; i < RM; i++) {
+                for (int j = 0; j < NS; j++)
+                    kv[j] = vload16(j, kp);
 #pragma unroll
-            for (int j = 0; j < NS; j++)
-                s[i][j] *= scale;
-            if (guarded) {
+                for (int i = 0; i < RM; i++) {
+                    const float a = qs[i].f[d];
 #pragma unroll
-                for (int j = 0; j < NS; j++) {
-                    float t[16];
-                    vstore16(s[i][j], 0, t);
-                    hide_keys(t, 16, kt + 16 * j, rend[i], has_mask, mask, mrow[i]);
-                    s[i][j] = vload16(0, t);
+                    for (int j = 0; j < NS; j++)
+                        s[i][j] = MAD((float16)(a), kv[j], s[i][j]);
                 }
             }
-            /* The reference m moves only when a score passes it by more than REF_SLACK (always
-             * while m is -inf): most blocks skip the row maximum and the rescaling. */
-            int passes = 0;
+#endif
 #pragma unroll
-            for (int j = 0; j < NS; j++)
-                passes |= any(s[i][j] > (float16)(m[i] + REF_SLACK));
+            for (int i = 0; i < RM; i++)
+#pragma unroll
+                for (int j = 0; j < NS; j++)
+                    sb[i].v[ch * NS + j] = s[i][j] * scale;
+        }
+
+        /* A block is guarded when some row hides some key of it; keys below k_all are hidden
+         * only by the mask. */
+        const int guarded = has_mask || kt + NB > k_all;
+        const int nv = nch * NS;
+#pragma unroll
+        for (int i = 0; i < RM; i++) {
+            if (guarded)
+                hide_keys(sb[i].f, nch * DBN, kt, rend[i], has_mask, mask, mrow[i]);
+            /* The reference m moves only when the block's largest score passes it by more than
+             * REF_SLACK (always while m is -inf, never for NaN): most blocks skip the rescaling. */
+            float16 mx = (float16)(NEG_INF);
+            for (int v = 0; v < nv; v++)
+                mx = MAX_SKIP_NAN(mx, sb[i].v[v]);
+            const float bmax = hmax16(mx);
             float mnew = m[i], alpha = 1.0f;
             /* A row that has seen only -inf keeps a 0 reference so that -inf - -inf never occurs. */
             float mref = mnew == NEG_INF ? 0.0f : mnew;
-            if (passes) {
-                float16 mx = (float16)(NEG_INF);
-#pragma unroll
-                for (int j = 0; j < NS; j++)
-                    mx = MAX_SKIP_NAN(mx, s[i][j]);
-                mnew = fmax(m[i], hmax16(mx));
-                mref = mnew == NEG_INF ? 0.0f : mnew;
+            if (bmax > m[i] + REF_SLACK) {
+                mnew = bmax;
+                mref = bmax;
                 alpha = exp2p((m[i] - mref) * LOG2E);
             }
-            float16 p[NS], ps = (float16)(0.0f);
-#pragma unroll
-            for (int j = 0; j < NS; j++) {
-                p[j] = exp2p16((s[i][j] - mref) * LOG2E);
-                ps += p[j];
+            float16 ps = (float16)(0.0f);
+            for (int v = 0; v < nv; v++) {
+                const float16 p = exp2p16((sb[i].v[v] - mref) * LOG2E);
+                ps += p;
+                sb[i].v[v] = p;
             }
             const float lnew = l[i] * alpha + hsum16(ps);
             /* lnew is 0 while the row has seen no key (o stays 0), NaN once a score was NaN. */
@@ -586,39 +582,38 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
 #pragma unroll
             for (int c = 0; c < DV16; c++)
                 o[i][c] *= keep;
-#pragma unroll
-            for (int j = 0; j < NS; j++)
-                pb[i].v[j] = p[j] * inv;
+            for (int v = 0; v < nv; v++)
+                sb[i].v[v] *= inv;
             m[i] = mnew;
             l[i] = lnew;
         }
 
+        /* P·V: keys every row sees without a check, the rest skipping each row's hidden keys
+         * (p = 0) so that NaN/Inf in their V never reaches O. */
         __global const T_KV *vp = Vb + (ulong)kt * v_ss;
-        if (!guarded) {
-            for (int n = 0; n < DBN; n++, vp += v_ss) {
-                float pn[RM];
+        const int nfree = !guarded ? nkeys : has_mask ? 0 : clamp(k_all - kt, 0, nkeys);
+        int n = 0;
+        for (; n < nfree; n++, vp += v_ss) {
+            float pn[RM];
+#pragma unroll
+            for (int i = 0; i < RM; i++)
+                pn[i] = sb[i].f[n];
+#pragma unroll
+            for (int c = 0; c < DV16; c++) {
+                const float16 vv = LDV16(vp, c);
 #pragma unroll
                 for (int i = 0; i < RM; i++)
-                    pn[i] = pb[i].f[n];
-#pragma unroll
-                for (int c = 0; c < DV16; c++) {
-                    const float16 vv = LDV16(vp, c);
-#pragma unroll
-                    for (int i = 0; i < RM; i++)
-                        o[i][c] = MAD((float16)(pn[i]), vv, o[i][c]);
-                }
+                    o[i][c] = MAD((float16)(pn[i]), vv, o[i][c]);
             }
-        } else {
-            const int nkeys = min(DBN, k_hi - kt);
-            for (int n = 0; n < nkeys; n++, vp += v_ss) {
+        }
+        for (; n < nkeys; n++, vp += v_ss) {
 #pragma unroll
-                for (int i = 0; i < RM; i++) {
-                    const float pn = pb[i].f[n];
-                    if (pn != 0.0f) {
+            for (int i = 0; i < RM; i++) {
+                const float pn = sb[i].f[n];
+                if (pn != 0.0f) {
 #pragma unroll
-                        for (int c = 0; c < DV16; c++)
-                            o[i][c] = MAD((float16)(pn), LDV16(vp, c), o[i][c]);
-                    }
+                    for (int c = 0; c < DV16; c++)
+                        o[i][c] = MAD((float16)(pn), LDV16(vp, c), o[i][c]);
                 }
             }
         }

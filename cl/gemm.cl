@@ -251,6 +251,48 @@ __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong
         dst[(ulong)d * kt_ss] = LD_IN(src, d);
 }
 
+/* transpose_k for CPUs, same arguments and output: one work-item per 16 keys (x) and kv head
+ * (y). A 16x16 block (16 key rows, 16 of their elements) is loaded as float16 rows, transposed
+ * in registers and stored as 16 float16 rows of Kᵀ: vector loads and stores instead of the
+ * 16-lane gathers that the per-key kernel becomes. Keys past N repeat key N-1 (never read), so
+ * writes go up to 16·ceil(N/16) - 1, which every pitch covers. Each of the four rounds takes
+ * the even lanes of rows 2k and 2k+1 into row k and their odd lanes into row k + 8: with (row,
+ * lane) as the 8 bits r3..r0 c3..c0 of the element's index, a round rotates them right by one,
+ * so four rounds swap row and lane. */
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
+transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
+              __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D, int heads_kv)
+{
+    const int n0 = get_group_id(0) * 16, z = get_group_id(1);
+    const int b = z / heads_kv, hk = z % heads_kv;
+    __global const T_IN *src = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
+    __global float *dst = Kt + kt_off + (ulong)z * kt_sz + n0;
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        float16 a[16], t[16];
+#pragma unroll
+        for (int e = 0; e < 16; e++) {
+            __global const T_IN *row = src + (ulong)min(n0 + e, N - 1) * k_ss;
+            a[e] = d0 + 16 <= D ? LD16_IN(row, d0) : ld16_tail(row, d0, D);
+        }
+#pragma unroll
+        for (int round = 0; round < 2; round++) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                t[k] = (float16)(a[2 * k].even, a[2 * k + 1].even);
+                t[k + 8] = (float16)(a[2 * k].odd, a[2 * k + 1].odd);
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                a[k] = (float16)(t[2 * k].even, t[2 * k + 1].even);
+                a[k + 8] = (float16)(t[2 * k].odd, t[2 * k + 1].odd);
+            }
+        }
+        const int rows = min(16, D - d0);
+        for (int e = 0; e < rows; e++)
+            vstore16(a[e], 0, dst + (ulong)(d0 + e) * kt_ss);
+    }
+}
+
 /* Scores on CPUs (DIRECT): one work-item per RM x (16·NS) tile, no local memory, no barrier.
  * Q is read in place (its values broadcast from L1), Kᵀ rows (transpose_k, pitch padded so that
  * consecutive rows do not share an L1 set) as float16 vectors; the accumulators stay in

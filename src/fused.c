@@ -146,7 +146,8 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
 }
 
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
- * Kᵀ and a padded V copy from the workspace; decode reads K and V in place (IN_PLACE: each key
+ * a Kᵀ copy from the workspace, and V in place when it is f32 with head_dim_v a multiple of 16,
+ * else from a padded f32 copy; decode reads K and V in place (IN_PLACE: each key
  * is read once, so a copy would triple the traffic). Sets *used = 0 (and enqueues nothing) when
  * the copies and partials do not fit the device's max allocation; the tiled kernel then runs
  * instead. */
@@ -165,8 +166,10 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     const uint64_t zs = (uint64_t)p->batch * (uint64_t)p->heads_kv;
     const uint64_t pitch = ((uint64_t)p->seq_kv + bn - 1) / bn * bn + 16; /* see kt_pitch */
     const uint64_t vp_ss = 16u * (uint64_t)dv16;
+    /* f32 V rows of whole float16 vectors are read in place: the padded copy would be the same. */
+    const int v_as_is = in_place || (p->dtype == CLATTN_F32 && p->head_dim_v % 16 == 0);
     const uint64_t kt_floats = in_place ? 0 : zs * (uint64_t)p->head_dim * pitch,
-                   vp_floats = in_place ? 0 : zs * (uint64_t)p->seq_kv * vp_ss;
+                   vp_floats = v_as_is ? 0 : zs * (uint64_t)p->seq_kv * vp_ss;
     const int row_blocks = (R + rm - 1) / rm;
     int split_len;
     /* Long key ranges: chunks whose K/V copies take at most a quarter of the device's cache.
@@ -196,7 +199,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
              p->has_mask ? (int)p->mask.dtype : 0, rm, ns, dp, dv16, in_place, kv_full);
     cl_kernel kpack = NULL, kdirect;
     clattn_status st;
-    if ((!in_place && (st = clattn__get_kernel(ctx, "fused.cl", opts, "pack_v", &kpack))) ||
+    if ((!v_as_is && (st = clattn__get_kernel(ctx, "fused.cl", opts, "pack_v", &kpack))) ||
         (st = clattn__get_kernel(ctx, "fused.cl", opts, "fused_direct", &kdirect)))
         return st;
     cl_mem ws = NULL;
@@ -210,6 +213,12 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
                       local, num_wait, wait, done);
     if ((st = clattn__run_transpose_k(ctx, p, ws, 0, pitch, num_wait, wait)))
         return st;
+    /* The Kᵀ copy as a view: [z][d][pitch], z = b·heads_kv + hk. */
+    const cl_ulong hk_n = (cl_ulong)p->heads_kv, kt_sz = (cl_ulong)p->head_dim * pitch;
+    const clattn_view kt = {ws, CLATTN_F32, 0, {hk_n * kt_sz, kt_sz, pitch}};
+    if (v_as_is)
+        return launch(ctx, p, kdirect, "fused_direct", &kt, &p->v, ws, kt_floats, splits, split_len,
+                      global, local, 0, NULL, done);
 
     const cl_ulong vp_off = kt_floats, vp_sz = (cl_ulong)p->seq_kv * vp_ss, vp_pitch = vp_ss;
     const int n = (int)p->seq_kv, dv = (int)p->head_dim_v, hkv = (int)p->heads_kv;
@@ -228,9 +237,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
                               NULL, "pack_v")))
         return st;
 
-    /* The copies as views: Kᵀ [z][d][pitch], V [z][key][vp_ss], z = b·heads_kv + hk. */
-    const cl_ulong hk_n = (cl_ulong)p->heads_kv, kt_sz = (cl_ulong)p->head_dim * pitch;
-    const clattn_view kt = {ws, CLATTN_F32, 0, {hk_n * kt_sz, kt_sz, pitch}};
+    /* The padded V copy as a view: [z][key][vp_ss]. */
     const clattn_view vpk = {ws, CLATTN_F32, vp_off, {hk_n * vp_sz, vp_sz, vp_pitch}};
     return launch(ctx, p, kdirect, "fused_direct", &kt, &vpk, ws, kt_floats + vp_floats, splits,
                   split_len, global, local, 0, NULL, done);

@@ -124,8 +124,11 @@ clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem 
 {
     char opts[96];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0", (int)p->k.dtype);
+    /* CPUs: transpose_k16 (16x16 blocks in registers); elsewhere one work-item per key. */
+    const int cpu = (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0;
+    const char *name = cpu ? "transpose_k16" : "transpose_k";
     cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, "transpose_k", &k);
+    clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, name, &k);
     if (st)
         return st;
     const cl_ulong kt_sz = (cl_ulong)p->head_dim * pitch, kt_ss = pitch, kt_off = off;
@@ -139,11 +142,12 @@ clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem 
     clattn__arg(&a, sizeof(int), &n);
     clattn__arg(&a, sizeof(int), &d);
     clattn__arg(&a, sizeof(int), &hkv);
-    const size_t local[2] = {16, 1};
-    const size_t global[2] = {(size_t)(((uint64_t)p->seq_kv + 15) / 16 * 16),
-                              (size_t)(p->batch * p->heads_kv)};
-    return clattn__enqueue(ctx, &a, 2, global, ctx->dev.max_wg >= 16 ? local : NULL, num_wait, wait,
-                           NULL, "transpose_k");
+    const size_t blocks = (size_t)(((uint64_t)p->seq_kv + 15) / 16),
+                 zs = (size_t)(p->batch * p->heads_kv);
+    const size_t local[2] = {cpu ? 1 : 16, 1};
+    const size_t global[2] = {cpu ? blocks : blocks * 16, zs};
+    return clattn__enqueue(ctx, &a, 2, global, cpu || ctx->dev.max_wg >= 16 ? local : NULL, num_wait,
+                           wait, NULL, name);
 }
 
 clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
