@@ -287,9 +287,11 @@ transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong
                 a[k + 8] = (float16)(t[2 * k].odd, t[2 * k + 1].odd);
             }
         }
-        const int rows = min(16, D - d0);
-        for (int e = 0; e < rows; e++)
-            vstore16(a[e], 0, dst + (ulong)(d0 + e) * kt_ss);
+        /* Unrolled with constant indices so that a[] stays in registers. */
+#pragma unroll
+        for (int e = 0; e < 16; e++)
+            if (d0 + e < D)
+                vstore16(a[e], 0, dst + (ulong)(d0 + e) * kt_ss);
     }
 }
 

@@ -8,8 +8,9 @@
  *                P·V ignores the last three)
  *   SOFTMAX    : WG, ROWS  (softmax.cl: work-items per row; ROWS > 0: one work-item per ROWS rows)
  *   FUSED      : WGX, WGY, RM, NS, VW, DIRECT  (fused.cl: BM = WGY·RM rows, BN = WGX·VW·NS keys;
- *                DIRECT 1: fused_direct, one work-item per RM rows and 16·NS-key blocks reading
- *                Kᵀ and padded V copies, WGX/WGY/VW unused)
+ *                DIRECT 1: fused_direct, one work-item per RM rows, 16·NS-key register chunks
+ *                of 256-key softmax blocks, reading a Kᵀ copy and V (in place when f32 with
+ *                head_dim_v a multiple of 16, else a padded copy), WGX/WGY/VW unused)
  *   DECODE     : WGX, WGY, RM, NS, VW, SPLITS, DIRECT  (fused.cl with key splits; RM 0 = cover the
  *                packed rows (up to 16), SPLITS 0 = automatic; DIRECT 1: fused_direct reading K
  *                and V in place, one work-item per RM rows and key split, 16-key blocks,
@@ -56,8 +57,8 @@ static const op_space spaces[CLATTN_OP_COUNT] = {
     /* FUSED */
     {6,
      {"WGX", "WGY", "RM", "NS", "VW", "DIRECT"},
-     {5, 5, 6, 2, 3, 2},
-     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 3, 4, 8, 16}, {1, 2}, {4, 8, 16}, {0, 1}}},
+     {5, 5, 7, 2, 3, 2},
+     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 3, 4, 6, 8, 16}, {1, 2}, {4, 8, 16}, {0, 1}}},
     /* DECODE */
     {7,
      {"WGX", "WGY", "RM", "NS", "VW", "SPLITS", "DIRECT"},
@@ -116,7 +117,7 @@ static int vendor_defaults(const clattn_devinfo *d, clattn_op op, clattn_params 
             {1, 1, 6, 4, 16, 16, 1, 1, 1}, /* scores: direct, 6 x 64 register tile */
             {2, 4, 8, 1, 64, 16, 0, 0, 0}, /* pv */
             {16, 2},                       /* softmax: one work-item per 2 rows */
-            {1, 1, 4, 2, 16, 1},           /* fused: direct, 4 rows x 32-key blocks */
+            {1, 1, 4, 2, 16, 1},           /* fused: direct, 4 rows x 32-key chunks */
             {1, 1, 0, 4, 16, 0, 1},        /* decode: direct, K and V read in place */
             {16},                          /* merge */
         };

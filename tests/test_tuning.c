@@ -407,19 +407,23 @@ static void test_tuner(void **state)
     assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE); /* the scores entry is kept */
     clattn_release(ctx);
 
-    /* Poison: kernels (CLATTN_KERNEL_DIR) whose scores are wrong unless RM is the defaults'
-     * value: every other candidate must be rejected, none chosen. */
+    /* Poison: kernels (CLATTN_KERNEL_DIR) whose scores are wrong unless the tile parameters
+     * (WGX, WGY, RM, NS, TK, VW) are the defaults' values: every candidate that changes one must
+     * be rejected, none chosen. Poisoning all six, not one, makes the search meet the poison on
+     * its first candidate whatever the budget allows (a cold kernel cache leaves time for two). */
     make_dir();
-    ctx = tu_context(); /* the defaults' RM on this device, from an empty tuning directory */
+    ctx = tu_context(); /* the defaults on this device, from an empty tuning directory */
     clattn_kernel_params dk;
     assert_int_equal(clattn_get_params(ctx, &pc, &dk), CLATTN_SUCCESS);
-    const int rm = dk.values[2];
+    const int *d6 = dk.values;
     clattn_release(ctx);
     snprintf(cmd, sizeof cmd,
-             "mkdir -p %s/cl && cp %s/cl/*.cl %s/cl/ && { printf '#if defined(RM) && RM != %d\\n#undef MAD\\n"
+             "mkdir -p %s/cl && cp %s/cl/*.cl %s/cl/ && { printf '#if defined(RM) && (WGX != %d || "
+             "WGY != %d || RM != %d || NS != %d || TK != %d || VW != %d)\\n#undef MAD\\n"
              "#define MAD(a, b, c) ((a) * (b) + (c) + 1.0f)\\n#endif\\n'; cat %s/cl/gemm.cl; } "
              "> %s/cl/gemm.tmp && mv %s/cl/gemm.tmp %s/cl/gemm.cl",
-             dir, CLATTN_SOURCE_DIR, dir, rm, CLATTN_SOURCE_DIR, dir, dir, dir);
+             dir, CLATTN_SOURCE_DIR, dir, d6[0], d6[1], d6[2], d6[3], d6[4], d6[5], CLATTN_SOURCE_DIR,
+             dir, dir, dir);
     assert_int_equal(system(cmd), 0);
     char kdir[200];
     snprintf(kdir, sizeof kdir, "%s/cl", dir);
@@ -435,9 +439,12 @@ static void test_tuner(void **state)
     assert_true(atoi(wrong + 9) > 0); /* the poison was met and rejected */
     const char *params = strstr(sc, "\"params\": [");
     assert_non_null(params);
-    int v[9];
-    assert_int_equal(sscanf(params + 11, "%d, %d, %d", &v[0], &v[1], &v[2]), 3);
-    assert_int_equal(v[2], rm);
+    int v[6];
+    assert_int_equal(sscanf(params + 11, "%d, %d, %d, %d, %d, %d", &v[0], &v[1], &v[2], &v[3], &v[4],
+                            &v[5]),
+                     6);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(v[i], d6[i]);
 #endif
 }
 
