@@ -14,8 +14,8 @@
  * at VW·(tx + WGX·s); of O the NV column blocks of VW at VW·(tx + WGX·c). Interleaving keeps
  * neighbouring work-items on neighbouring local-memory words. Q and P are row-major in local
  * memory (their values are read as broadcast scalars), K is transposed (Ks[d][key]) and V
- * row-major so both are read as VW-wide vectors. The scale multiplies the dot products (as in
- * the unfused path), and the row maximum is subtracted before the multiplication by log2(e)
+ * row-major so both are read as VW-wide vectors; V takes K's buffer once the scores are
+ * computed. The scale multiplies the dot products (as in the unfused path), and the row maximum is subtracted before the multiplication by log2(e)
  * that exp2 needs, so any finite logit works. O is kept normalised after every tile,
  * o' = o·(l·α/l') + Σ (p/l')·v with the tile's row sums reduced before P·V: a convex
  * combination of V rows, which cannot overflow whatever seq_kv and |V| are. */
@@ -46,6 +46,7 @@
 #define BN (WGX * VW * NS)
 #define DVP (WGX * VW * NV)
 #define NWI (WGX * WGY)
+#define KV_FLOATS (DP * BN > BN * DVP ? DP * BN : BN * DVP)
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 #define floatV CAT(float, VW)
@@ -121,8 +122,12 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
       float scale)
 {
     __local float Qs[BM][DP];
-    __local float Ks[DP][BN];
-    __local float Vs[BN][DVP];
+    /* The tile's Kᵀ, then (after the barrier that ends the reads of K) its V: one buffer, so
+     * that wide head dims keep big row tiles within 48 KiB and more work-groups fit a compute
+     * unit. */
+    __local float KVs[KV_FLOATS];
+#define Ks(d, n) KVs[(d) * BN + (n)]
+#define Vs(n, c) KVs[(n) * DVP + (c)]
     __local float Ps[BM][BN];
     __local float red[BM][WGX];  /* row maxima of each work-item's keys */
     __local float rsum[BM][WGX]; /* row sums of each work-item's p */
@@ -177,16 +182,10 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
             const int n = e / (DP / 4), d = 4 * (e % (DP / 4));
             const int key = kt + n;
             const float4 x = key < k_hi ? row_load4(Kb + (ulong)key * k_ss, d, D) : (float4)(0.0f);
-            Ks[d][n] = x.s0;
-            Ks[d + 1][n] = x.s1;
-            Ks[d + 2][n] = x.s2;
-            Ks[d + 3][n] = x.s3;
-        }
-        for (int e = lid; e < BN * (DVP / 4); e += NWI) {
-            const int n = e / (DVP / 4), c = 4 * (e % (DVP / 4));
-            const int key = kt + n;
-            const float4 x = key < k_hi ? row_load4(Vb + (ulong)key * v_ss, c, DV) : (float4)(0.0f);
-            vstore4(x, 0, &Vs[n][c]);
+            Ks(d, n) = x.s0;
+            Ks(d + 1, n) = x.s1;
+            Ks(d + 2, n) = x.s2;
+            Ks(d + 3, n) = x.s3;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -197,7 +196,7 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
         for (int d = 0; d < DP; d++) {
             floatV kv[NS];
             for (int j = 0; j < NS; j++)
-                kv[j] = vloadV(0, &Ks[d][VW * (tx + WGX * j)]);
+                kv[j] = vloadV(0, &Ks(d, VW * (tx + WGX * j)));
             for (int i = 0; i < RM; i++) {
                 const float qv = Qs[ty * RM + i][d];
                 for (int j = 0; j < NS; j++)
@@ -230,7 +229,14 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
                 r = fmax(r, t[e]);
             red[ty * RM + i][tx] = r;
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
+        barrier(CLK_LOCAL_MEM_FENCE); /* every read of K is done: V may take its place */
+
+        for (int e = lid; e < BN * (DVP / 4); e += NWI) {
+            const int n = e / (DVP / 4), c = 4 * (e % (DVP / 4));
+            const int key = kt + n;
+            const float4 x = key < k_hi ? row_load4(Vb + (ulong)key * v_ss, c, DV) : (float4)(0.0f);
+            vstore4(x, 0, &Vs(n, c));
+        }
 
         for (int i = 0; i < RM; i++) {
             float mt = red[ty * RM + i][0];
@@ -276,7 +282,7 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
             for (int n = 0; n < nkeys; n++) {
                 floatV vv[NV];
                 for (int c = 0; c < NV; c++)
-                    vv[c] = vloadV(0, &Vs[n][VW * (tx + WGX * c)]);
+                    vv[c] = vloadV(0, &Vs(n, VW * (tx + WGX * c)));
                 for (int i = 0; i < RM; i++) {
                     const float p = Ps[ty * RM + i][n] * inv[i];
                     if (p != 0.0f) {
@@ -289,7 +295,7 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
             for (int n = 0; n < BN; n++) {
                 floatV vv[NV];
                 for (int c = 0; c < NV; c++)
-                    vv[c] = vloadV(0, &Vs[n][VW * (tx + WGX * c)]);
+                    vv[c] = vloadV(0, &Vs(n, VW * (tx + WGX * c)));
                 for (int i = 0; i < RM; i++) {
                     const float p = Ps[ty * RM + i][n] * inv[i];
                     for (int c = 0; c < NV; c++)
@@ -297,7 +303,7 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
                 }
             }
         }
-        barrier(CLK_LOCAL_MEM_FENCE); /* before the next tile overwrites Ks, Vs, Ps, red */
+        barrier(CLK_LOCAL_MEM_FENCE); /* before the next tile overwrites KVs, Ps, red */
     }
 
     O += o_off + (ulong)split * o_split;
@@ -329,6 +335,8 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
                 empty ? NEG_INF : m[i] + log(l[i]);
     }
 }
+#undef Ks
+#undef Vs
 
 /* ---- CPUs: fused_direct (FUSED DIRECT 1, DECODE DIRECT 1) ----
  *

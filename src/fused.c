@@ -9,11 +9,12 @@ typedef struct fused_cfg {
     int wgx, wgy, rm, ns, vw, nv, dp;
 } fused_cfg;
 
+/* Local memory of the tiled kernel: Qs, one buffer for Kᵀ then V, Ps, red and rsum. */
 static size_t fused_local_bytes(const fused_cfg *c)
 {
     const size_t bm = (size_t)c->wgy * c->rm, bn = (size_t)c->wgx * c->vw * c->ns,
-                 dvp = (size_t)c->wgx * c->vw * c->nv;
-    return 4 * (c->dp * bm + c->dp * bn + bn * dvp + bn * bm + 2 * bm * c->wgx);
+                 dvp = (size_t)c->wgx * c->vw * c->nv, kv = (size_t)c->dp > dvp ? (size_t)c->dp : dvp;
+    return 4 * (c->dp * bm + kv * bn + bn * bm + 2 * bm * c->wgx);
 }
 
 /* Floats of one split's partial result (O and LSE). */
@@ -30,18 +31,28 @@ static int pow2_at_least(int x)
     return p;
 }
 
-/* Makes the configuration fit the device: work-group size and local memory. */
+/* Makes the configuration fit the device: work-group size and local memory (48 KiB on many
+ * GPUs). The key tile shrinks first, down to 16 keys (it sets how many keys a barrier covers),
+ * then the row tile (how often a K/V tile is reused), then the work-group. */
 static int fit(const clattn_context *ctx, fused_cfg *c, int dv)
 {
     for (int guard = 0; guard < 64; guard++) {
         c->nv = (dv + c->vw * c->wgx - 1) / (c->vw * c->wgx);
-        if ((size_t)c->wgx * c->wgy <= ctx->dev.max_wg && (size_t)c->wgx <= ctx->dev.max_item[0] &&
-            (size_t)c->wgy <= ctx->dev.max_item[1] && fused_local_bytes(c) <= ctx->dev.local_mem)
+        const int wg_ok = (size_t)c->wgx * c->wgy <= ctx->dev.max_wg &&
+                          (size_t)c->wgx <= ctx->dev.max_item[0] && (size_t)c->wgy <= ctx->dev.max_item[1];
+        if (wg_ok && fused_local_bytes(c) <= ctx->dev.local_mem)
             return 1;
-        if (c->ns > 1)
+        const int bn = c->wgx * c->vw * c->ns;
+        if (!wg_ok && c->wgy > 1 && (size_t)c->wgx <= ctx->dev.max_item[0])
+            c->wgy /= 2; /* too many work-items: fewer rows of them */
+        else if (!wg_ok && c->wgx > 1)
+            c->wgx /= 2;
+        else if (c->ns > 1)
             c->ns /= 2;
         else if (c->vw > 4)
             c->vw /= 2;
+        else if (bn > 16 && c->wgx > 1)
+            c->wgx /= 2;
         else if (c->rm > 1)
             c->rm /= 2;
         else if (c->wgy > 1)
@@ -54,14 +65,20 @@ static int fit(const clattn_context *ctx, fused_cfg *c, int dv)
     return 0;
 }
 
-/* Key splits (flash-decoding): enough work-groups to fill the device (4 per compute unit), each
- * split keeping at least 4 key blocks of bn, and the partials within a modest workspace.
- * split_len is a multiple of bn. */
+/* Key splits (flash-decoding): enough work-groups of wg_items work-items to fill the device
+ * (CPUs: 4 per compute unit; GPUs: about 2048 work-items per compute unit, 4 to 32 work-groups,
+ * the occupancy a GPU needs to hide memory latency), each split keeping at least 4 key blocks of
+ * bn, and the partials within a modest workspace. split_len is a multiple of bn. */
 static int choose_splits(const clattn_context *ctx, const clattn_problem *p, long long tiles, int bn,
-                         int requested, int *split_len)
+                         int wg_items, int requested, int *split_len)
 {
     int splits = requested;
-    const long long target = 4LL * ctx->dev.compute_units;
+    int per_cu = 4;
+    if (!(ctx->dev.type & CL_DEVICE_TYPE_CPU) && wg_items > 0) {
+        per_cu = 2048 / wg_items;
+        per_cu = per_cu < 4 ? 4 : per_cu > 32 ? 32 : per_cu;
+    }
+    const long long target = (long long)per_cu * ctx->dev.compute_units;
     if (splits == 1 && tiles < target)
         splits = (int)((target + tiles - 1) / tiles);
     const long long max_by_len = (p->seq_kv + 4LL * bn - 1) / (4LL * bn);
@@ -182,7 +199,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
         if (chunk >= 16u * (uint64_t)bn && (uint64_t)p->seq_kv > chunk)
             want = (int)(((uint64_t)p->seq_kv + chunk - 1) / chunk);
     }
-    const int splits = choose_splits(ctx, p, (long long)row_blocks * (long long)zs, bn, want, &split_len);
+    const int splits = choose_splits(ctx, p, (long long)row_blocks * (long long)zs, bn, 1, want, &split_len);
     const uint64_t part = splits > 1 ? (uint64_t)splits * part_floats(p) : 0;
     const uint64_t total = kt_floats + vp_floats + part;
     if (total > ctx->dev.max_alloc / 4 || total > (uint64_t)SIZE_MAX / 4)
@@ -276,7 +293,8 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     const long long tiles = (long long)row_tiles * p->batch * p->heads_kv;
 
     int split_len;
-    const int splits = choose_splits(ctx, p, tiles, bn, pp.v[5] > 0 && decode ? pp.v[5] : 1, &split_len);
+    const int splits = choose_splits(ctx, p, tiles, bn, c.wgx * c.wgy,
+                                     pp.v[5] > 0 && decode ? pp.v[5] : 1, &split_len);
     cl_mem ws = NULL;
     if (splits > 1) {
         clattn_status st = clattn__workspace(ctx, (size_t)splits * part_floats(p) * 4, &ws);
@@ -295,6 +313,23 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     clattn_status st = clattn__get_kernel(ctx, "fused.cl", opts, "fused", &k);
     if (st)
         return st;
+    /* The compiler's own account of the built kernel: more local memory than the device has, or
+     * a work-group larger than the kernel allows (registers), is a clear error here rather than
+     * a failed launch. */
+    cl_ulong kmem = 0;
+    size_t kwg = 0;
+    if (clGetKernelWorkGroupInfo(k, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof kmem, &kmem, NULL) !=
+            CL_SUCCESS)
+        kmem = 0;
+    if (clGetKernelWorkGroupInfo(k, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) !=
+            CL_SUCCESS)
+        kwg = 0;
+    if (kmem > ctx->dev.local_mem || (kwg > 0 && kwg < (size_t)c.wgx * c.wgy))
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                            "fused attention tile %dx%d (work-group %dx%d) needs %llu bytes of local "
+                            "memory (the device has %llu) and work-groups of %d (the kernel allows %zu)",
+                            c.wgy * c.rm, c.wgx * c.vw * c.ns, c.wgx, c.wgy, (unsigned long long)kmem,
+                            (unsigned long long)ctx->dev.local_mem, c.wgx * c.wgy, kwg);
     const size_t local[3] = {(size_t)c.wgx, (size_t)c.wgy, 1};
     const size_t global[3] = {(size_t)c.wgx, (size_t)row_tiles * c.wgy,
                               (size_t)(p->batch * p->heads_kv) * (size_t)splits};

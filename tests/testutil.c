@@ -1,6 +1,7 @@
 /* Shared test helpers; see testutil.h. */
 #define _POSIX_C_SOURCE 200809L /* fork, pipe, waitpid, dirent, lstat */
 #include "testutil.h"
+#include "internal.h" /* CLATTN_TEST_GPU_LIMITS: the device limits a context sees */
 
 #include <dirent.h>
 #include <errno.h>
@@ -218,8 +219,22 @@ clattn_context *tu_context(void)
 {
     clattn_context *ctx = NULL;
     const clattn_status st = clattn_create(NULL, &ctx);
-    if (st == CLATTN_SUCCESS)
+    if (st == CLATTN_SUCCESS) {
+        if (tu_getenv_int("CLATTN_TEST_GPU_LIMITS", 0)) {
+            /* Pretend to be a GPU with NVIDIA's OpenCL limits (48 KiB of local memory, work-groups
+             * of 1024): the tiled kernels then run with the configurations fit() makes for them,
+             * and key splits follow the GPU occupancy rule. */
+            ctx->dev.type = CL_DEVICE_TYPE_GPU;
+            if (ctx->dev.local_mem > 49152)
+                ctx->dev.local_mem = 49152;
+            if (ctx->dev.max_wg > 1024)
+                ctx->dev.max_wg = 1024;
+            for (int i = 0; i < 3; i++)
+                if (ctx->dev.max_item[i] > (i < 2 ? 1024u : 64u))
+                    ctx->dev.max_item[i] = i < 2 ? 1024u : 64u;
+        }
         return ctx;
+    }
     const char *msg = clattn_last_error(NULL);
     const char *req = getenv("CLATTN_REQUIRE_DEVICE");
     if (req != NULL && strcmp(req, "1") == 0) {
