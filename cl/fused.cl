@@ -121,16 +121,18 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
       int group, int D, int DV, int causal, int has_mask, int has_lse, int splits, int split_len,
       float scale)
 {
-    __local float Qs[BM][DP];
+    /* Rows padded by one word: the work-items of a warp read RM rows apart at the same column,
+     * which without the pad all fall in one local-memory bank. */
+    __local float Qs[BM][DP + 1];
     /* The tile's Kᵀ, then (after the barrier that ends the reads of K) its V: one buffer, so
      * that wide head dims keep big row tiles within 48 KiB and more work-groups fit a compute
      * unit. */
     __local float KVs[KV_FLOATS];
 #define Ks(d, n) KVs[(d) * BN + (n)]
 #define Vs(n, c) KVs[(n) * DVP + (c)]
-    __local float Ps[BM][BN];
-    __local float red[BM][WGX];  /* row maxima of each work-item's keys */
-    __local float rsum[BM][WGX]; /* row sums of each work-item's p */
+    __local float Ps[BM][BN + 1];
+    __local float red[BM][WGX + 1];  /* row maxima of each work-item's keys */
+    __local float rsum[BM][WGX + 1]; /* row sums of each work-item's p */
 
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int lid = ty * WGX + tx;
@@ -178,8 +180,10 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
          * zero probabilities are skipped in P·V so NaN/Inf in hidden K/V rows cannot leak. */
         const int guarded = has_mask || kt + BN > k_all;
 
+        /* Neighbouring work-items take neighbouring keys, so that the transposing stores go to
+         * neighbouring banks (along d they would all hit one bank). */
         for (int e = lid; e < BN * (DP / 4); e += NWI) {
-            const int n = e / (DP / 4), d = 4 * (e % (DP / 4));
+            const int n = e % BN, d = 4 * (e / BN);
             const int key = kt + n;
             const float4 x = key < k_hi ? row_load4(Kb + (ulong)key * k_ss, d, D) : (float4)(0.0f);
             Ks(d, n) = x.s0;

@@ -9,12 +9,13 @@ typedef struct fused_cfg {
     int wgx, wgy, rm, ns, vw, nv, dp;
 } fused_cfg;
 
-/* Local memory of the tiled kernel: Qs, one buffer for Kᵀ then V, Ps, red and rsum. */
+/* Local memory of the tiled kernel: Qs, one buffer for Kᵀ then V, Ps, red and rsum (rows of Qs,
+ * Ps, red and rsum padded by one word against bank conflicts). */
 static size_t fused_local_bytes(const fused_cfg *c)
 {
     const size_t bm = (size_t)c->wgy * c->rm, bn = (size_t)c->wgx * c->vw * c->ns,
                  dvp = (size_t)c->wgx * c->vw * c->nv, kv = (size_t)c->dp > dvp ? (size_t)c->dp : dvp;
-    return 4 * (c->dp * bm + kv * bn + bn * bm + 2 * bm * c->wgx);
+    return 4 * ((c->dp + 1) * bm + kv * bn + (bn + 1) * bm + 2 * bm * (c->wgx + 1));
 }
 
 /* Floats of one split's partial result (O and LSE). */
