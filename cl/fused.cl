@@ -15,10 +15,11 @@
  * neighbouring work-items on neighbouring local-memory words. Q and P are row-major in local
  * memory (their values are read as broadcast scalars), K is transposed (Ks[d][key]) and V
  * row-major so both are read as VW-wide vectors; V takes K's buffer once the scores are
- * computed. The scale multiplies the dot products (as in the unfused path), and the row maximum is subtracted before the multiplication by log2(e)
- * that exp2 needs, so any finite logit works. O is kept normalised after every tile,
- * o' = o·(l·α/l') + Σ (p/l')·v with the tile's row sums reduced before P·V: a convex
- * combination of V rows, which cannot overflow whatever seq_kv and |V| are. */
+ * computed. The scale multiplies the dot products (as in the unfused path), and the row maximum
+ * is subtracted before the multiplication by log2(e) that exp2 needs, so any finite logit works.
+ * O is kept normalised after every tile, o' = o·(l·α/l') + Σ (p/l')·v with the tile's row sums
+ * reduced before P·V: a convex combination of V rows, which cannot overflow whatever seq_kv and
+ * |V| are. */
 
 #ifndef WGX
 #define WGX 8 /* work-items across keys (S) and across head_dim_v (O) */
