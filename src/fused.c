@@ -91,6 +91,9 @@ static int choose_splits(const clattn_context *ctx, const clattn_problem *p, lon
     const size_t part_bytes = part_rows * (size_t)(p->head_dim_v + 1) * 4;
     while (splits > 1 && (size_t)splits * part_bytes > ((size_t)256 << 20))
         splits /= 2;
+    /* Grid z is batch·heads_kv·splits: CUDA-based drivers cap it at 65535 work-groups. */
+    while (splits > 1 && (long long)p->batch * p->heads_kv * splits > 65535)
+        splits /= 2;
     if (splits < 1)
         splits = 1;
     int len = (int)((p->seq_kv + splits - 1) / splits);

@@ -16,6 +16,18 @@ static int merge_wg(clattn_context *ctx)
     return wg;
 }
 
+/* Work-items per (row, column): x covers DV in work-groups of wg, the rows go in y and z (row =
+ * y + Y·z with Y = min(rows, 32768)), since CUDA-based drivers cap y and z at 65535 work-groups. */
+static void merge_grid(int wg, int64_t dv, int64_t rows, size_t global[3], size_t local[3])
+{
+    const int64_t y = rows < 1 ? 1 : rows < 32768 ? rows : 32768;
+    local[0] = (size_t)wg;
+    local[1] = local[2] = 1;
+    global[0] = (size_t)((dv + wg - 1) / wg * wg);
+    global[1] = (size_t)y;
+    global[2] = (size_t)((rows + y - 1) / y);
+}
+
 /* Parts lie contiguously as f32 [part][B][H][S][DV] and LSE [part][B][H][S] (see fused.c). */
 clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,
                                 int64_t seq, int64_t dv, const clattn_view *part_out,
@@ -32,7 +44,7 @@ clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, i
         return st;
     const cl_ulong rows = (cl_ulong)(batch * heads * seq);
     const cl_ulong p_split = rows * (cl_ulong)dv, pl_split = rows;
-    const int h = (int)heads, s = (int)seq, d = (int)dv, has_lse = lse != NULL;
+    const int h = (int)heads, s = (int)seq, d = (int)dv, has_lse = lse != NULL, nrows = (int)rows;
     clattn_args a = {k, 0, CL_SUCCESS};
     clattn__arg_view(&a, part_out);
     clattn__arg_view(&a, part_lse);
@@ -41,13 +53,14 @@ clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, i
     clattn__arg(&a, sizeof(cl_ulong), &p_split);
     clattn__arg(&a, sizeof(cl_ulong), &pl_split);
     clattn__arg(&a, sizeof(int), &parts);
+    clattn__arg(&a, sizeof(int), &nrows);
     clattn__arg(&a, sizeof(int), &h);
     clattn__arg(&a, sizeof(int), &s);
     clattn__arg(&a, sizeof(int), &d);
     clattn__arg(&a, sizeof(int), &has_lse);
-    const size_t local[2] = {(size_t)wg, 1};
-    const size_t global[2] = {(size_t)((dv + wg - 1) / wg * wg), (size_t)rows};
-    return clattn__enqueue(ctx, &a, 2, global, local, num_wait, wait, done, "merge_strided");
+    size_t global[3], local[3];
+    merge_grid(wg, dv, (int64_t)rows, global, local);
+    return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, "merge_strided");
 }
 
 static clattn_status merge_pair(clattn_context *ctx, int wg, const clattn_view *x, const clattn_view *xl,
@@ -62,7 +75,8 @@ static clattn_status merge_pair(clattn_context *ctx, int wg, const clattn_view *
     clattn_status st = clattn__get_kernel(ctx, "merge.cl", opts, "merge_pair", &k);
     if (st)
         return st;
-    const int h = (int)heads, s = (int)seq, d = (int)dv, has_lse = ol != NULL;
+    const int64_t rows = batch * heads * seq;
+    const int h = (int)heads, s = (int)seq, d = (int)dv, has_lse = ol != NULL, nrows = (int)rows;
     clattn_args a = {k, 0, CL_SUCCESS};
     clattn__arg_view(&a, x);
     clattn__arg_view(&a, xl);
@@ -70,13 +84,14 @@ static clattn_status merge_pair(clattn_context *ctx, int wg, const clattn_view *
     clattn__arg_view(&a, yl);
     clattn__arg_view(&a, o);
     clattn__arg_view(&a, ol);
+    clattn__arg(&a, sizeof(int), &nrows);
     clattn__arg(&a, sizeof(int), &h);
     clattn__arg(&a, sizeof(int), &s);
     clattn__arg(&a, sizeof(int), &d);
     clattn__arg(&a, sizeof(int), &has_lse);
-    const size_t local[2] = {(size_t)wg, 1};
-    const size_t global[2] = {(size_t)((dv + wg - 1) / wg * wg), (size_t)(batch * heads * seq)};
-    return clattn__enqueue(ctx, &a, 2, global, local, num_wait, wait, done, "merge_pair");
+    size_t global[3], local[3];
+    merge_grid(wg, dv, rows, global, local);
+    return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, "merge_pair");
 }
 
 clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tensor *part_out,

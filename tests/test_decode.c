@@ -118,6 +118,8 @@ static const merge_case merge_cases[] = {
     {"nan_part_three", 1, 2, 2, 4, 300, 64, F32, F32, 3, .nan_row0 = 1},
     {"nan_part_with_empty", 1, 2, 2, 4, 300, 64, F32, F32, 1, .empty_at = 2, .nan_row0 = 1},
     {"one_copies_nan", 1, 2, 2, 4, 300, 64, F32, F32, 1, .nan_row0 = 1},
+    /* 40002 rows: more than the 32768 the merge grid puts in y, so rows also go in z */
+    {"two_rows_40002", 1, 2, 2, 20001, 64, 8, F32, F32, 2, .mask = 0},
 };
 /* clang-format on */
 
