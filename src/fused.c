@@ -317,23 +317,6 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     clattn_status st = clattn__get_kernel(ctx, "fused.cl", opts, "fused", &k);
     if (st)
         return st;
-    /* The compiler's own account of the built kernel: more local memory than the device has, or
-     * a work-group larger than the kernel allows (registers), is a clear error here rather than
-     * a failed launch. */
-    cl_ulong kmem = 0;
-    size_t kwg = 0;
-    if (clGetKernelWorkGroupInfo(k, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof kmem, &kmem, NULL) !=
-            CL_SUCCESS)
-        kmem = 0;
-    if (clGetKernelWorkGroupInfo(k, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) !=
-            CL_SUCCESS)
-        kwg = 0;
-    if (kmem > ctx->dev.local_mem || (kwg > 0 && kwg < (size_t)c.wgx * c.wgy))
-        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
-                            "fused attention tile %dx%d (work-group %dx%d) needs %llu bytes of local "
-                            "memory (the device has %llu) and work-groups of %d (the kernel allows %zu)",
-                            c.wgy * c.rm, c.wgx * c.vw * c.ns, c.wgx, c.wgy, (unsigned long long)kmem,
-                            (unsigned long long)ctx->dev.local_mem, c.wgx * c.wgy, kwg);
     const size_t local[3] = {(size_t)c.wgx, (size_t)c.wgy, 1};
     const size_t global[3] = {(size_t)c.wgx, (size_t)row_tiles * c.wgy,
                               (size_t)(p->batch * p->heads_kv) * (size_t)splits};

@@ -222,6 +222,29 @@ clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const ch
         snprintf(what, sizeof what, "clCreateKernel(%s)", kernel_name);
         return clattn__cl_fail(ctx, err, what);
     }
+    /* The compiler's account of the kernel, once when it is created: a required work-group
+     * (reqd_work_group_size) larger than the kernel allows (registers) or more local memory than
+     * the device has would fail at launch; say which here. */
+    size_t req[3] = {0, 0, 0}, kwg = 0;
+    cl_ulong kmem = 0;
+    if (clGetKernelWorkGroupInfo(k, ctx->device, CL_KERNEL_COMPILE_WORK_GROUP_SIZE, sizeof req, req,
+                                 NULL) != CL_SUCCESS)
+        req[0] = req[1] = req[2] = 0;
+    if (clGetKernelWorkGroupInfo(k, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) !=
+        CL_SUCCESS)
+        kwg = 0;
+    if (clGetKernelWorkGroupInfo(k, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof kmem, &kmem, NULL) !=
+        CL_SUCCESS)
+        kmem = 0;
+    const size_t req_wg = req[0] * req[1] * req[2];
+    if (kmem > ctx->dev.local_mem || (kwg > 0 && req_wg > kwg)) {
+        clReleaseKernel(k);
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                            "kernel %s built with \"%s\" needs %llu bytes of local memory (the device "
+                            "has %llu) and work-groups of %zu (the kernel allows %zu)",
+                            kernel_name, options, (unsigned long long)kmem,
+                            (unsigned long long)ctx->dev.local_mem, req_wg, kwg);
+    }
     e->kernel_names[e->nkernels] = clattn__strdup(kernel_name);
     if (!e->kernel_names[e->nkernels]) {
         clReleaseKernel(k);
