@@ -137,7 +137,11 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
 {
     /* Device-wide definitions every kernel may use (common.cl). */
     char options[1024];
-    snprintf(options, sizeof options, "%s -DHAS_FMA=%d", op_options, ctx->dev.has_fma);
+    /* Development: CLATTN_BUILD_OPTIONS adds compiler options (e.g. -cl-nv-verbose), part of the
+     * cache key like the rest; CLATTN_BUILD_LOG=1 prints every source build's log to stderr. */
+    const char *extra = getenv("CLATTN_BUILD_OPTIONS");
+    snprintf(options, sizeof options, "%s -DHAS_FMA=%d%s%.300s", op_options, ctx->dev.has_fma,
+             extra && *extra ? " " : "", extra ? extra : "");
     char *src = assemble(file);
     if (!src)
         return clattn__fail(ctx, CLATTN_BUILD_FAILED, "kernel source \"%s\" is missing", file);
@@ -163,6 +167,11 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
         ctx->cl_error = err;
         return clattn__fail(ctx, CLATTN_BUILD_FAILED, "building %s with \"%s\" failed: %s (%d)",
                             file, options, clattn__cl_error_name(err), (int)err);
+    }
+    if (clattn__env_flag("CLATTN_BUILD_LOG", 0)) {
+        keep_build_log(ctx, prog);
+        fprintf(stderr, "clattn: built %s with \"%s\"\n%s\n", file, options,
+                ctx->build_log ? ctx->build_log : "");
     }
     if (ctx->cache_enabled)
         to_disk(ctx, prog, hex);

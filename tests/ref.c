@@ -118,8 +118,10 @@ void ref_attention(const ref_attn *a, const double *q, const double *k, const do
 
                 for (size_t d = 0; d < Dv; ++d)
                     o[d] = 0.0;
+                /* int index: a size_t bound from the int seq_kv makes GCC 13+ warn (-Wstringop-overflow)
+                 * about a memset it cannot bound. */
                 if (p != NULL)
-                    for (size_t j = 0; j < Skv; ++j)
+                    for (int j = 0; j < a->seq_kv; ++j)
                         p[j] = 0.0;
                 if (m == -INFINITY) {
                     /* No visible finite score: the contract fixes this row to 0 and -inf. */
