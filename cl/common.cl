@@ -130,6 +130,43 @@ inline int causal_end(int causal, int i, int seq_q, int L)
     return causal ? min(L, i + 1 + (L - seq_q)) : L;
 }
 
+#if defined(DT_IN)
+/* Shared by the attention kernels (fused.cl, decode.cl). */
+/* Loads 4 consecutive elements starting at index i < n of a row, zero beyond n. */
+inline float4 row_load4(__global const T_IN *p, int i, int n)
+{
+    if (i + 3 < n)
+        return LD4_IN(p, i);
+    return (float4)(i < n ? LD_IN(p, i) : 0.0f, i + 1 < n ? LD_IN(p, i + 1) : 0.0f,
+                    i + 2 < n ? LD_IN(p, i + 2) : 0.0f, 0.0f);
+}
+
+/* What one work-group covers: grid z = (batch·heads_kv + kv head)·splits + split, packed rows
+ * r0..r1, and the keys [k_lo, k_hi) of its split that those rows may see (causal: the positions
+ * of the first and last rows bound the range of all), every row seeing keys below k_all. */
+typedef struct work_range {
+    int split, z, b, hk, L, k_lo, k_hi, k_all;
+} work_range;
+
+inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv, int seq_q,
+                                int seq_kv, int causal, __global const int *kvlen, int r0, int r1)
+{
+    work_range w;
+    w.split = zz % splits;
+    w.z = zz / splits;
+    w.b = w.z / heads_kv;
+    w.hk = w.z % heads_kv;
+    w.L = keys_of_batch(kvlen, w.b, seq_kv);
+    const int spans = (r0 / seq_q) != (r1 / seq_q);
+    const int i_min = spans ? 0 : r0 % seq_q;
+    const int i_max = spans ? seq_q - 1 : r1 % seq_q;
+    w.k_lo = w.split * split_len;
+    w.k_hi = min(min(w.L, w.k_lo + split_len), causal_end(causal, i_max, seq_q, w.L));
+    w.k_all = min(w.k_hi, causal_end(causal, i_min, seq_q, w.L));
+    return w;
+}
+#endif
+
 #if defined(DT_OUT)
 #if DT_OUT == 0
 #define ST4_OUT(p, i, x) vstore4((x), 0, (p) + (i))

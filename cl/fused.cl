@@ -13,7 +13,7 @@
  * Work-item (tx, ty) owns rows ty·RM .. ty·RM+RM-1; of each BN-key tile the NS key blocks of VW
  * at VW·(tx + WGX·s); of O the NV column blocks of VW at VW·(tx + WGX·c). Interleaving keeps
  * neighbouring work-items on neighbouring local-memory words. Q and P are row-major in local
- * memory (their values are read as broadcast scalars), K is transposed (Ks[d][key]) and V
+ * memory (read 4 columns at a time, their values broadcast), K is transposed (Ks[d][key]) and V
  * row-major so both are read as VW-wide vectors; V takes K's buffer once the scores are
  * computed. The scale multiplies the dot products (as in the unfused path), and the row maximum
  * is subtracted before the multiplication by log2(e) that exp2 needs, so any finite logit works.
@@ -59,15 +59,6 @@
 #define exp2V exp2
 #endif
 
-/* Loads 4 consecutive elements starting at index i < n of a row, zero beyond n. */
-inline float4 row_load4(__global const T_IN *p, int i, int n)
-{
-    if (i + 3 < n)
-        return LD4_IN(p, i);
-    return (float4)(i < n ? LD_IN(p, i) : 0.0f, i + 1 < n ? LD_IN(p, i + 1) : 0.0f,
-                    i + 2 < n ? LD_IN(p, i + 2) : 0.0f, 0.0f);
-}
-
 /* Scores t[0..n) of one row for the keys key0..key0+n-1: -inf at or past rend (causal, key
  * lengths, the split's end), the mask (row offset mrow) added otherwise. A -inf mask hides the
  * key even when its score is NaN. */
@@ -86,31 +77,6 @@ inline void hide_keys(float *t, int n, int key0, int rend, int has_mask, __globa
     }
 }
 
-/* What one work-group covers: grid z = (batch·heads_kv + kv head)·splits + split, packed rows
- * r0..r1, and the keys [k_lo, k_hi) of its split that those rows may see (causal: the positions
- * of the first and last rows bound the range of all), every row seeing keys below k_all. */
-typedef struct work_range {
-    int split, z, b, hk, L, k_lo, k_hi, k_all;
-} work_range;
-
-inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv, int seq_q,
-                                int seq_kv, int causal, __global const int *kvlen, int r0, int r1)
-{
-    work_range w;
-    w.split = zz % splits;
-    w.z = zz / splits;
-    w.b = w.z / heads_kv;
-    w.hk = w.z % heads_kv;
-    w.L = keys_of_batch(kvlen, w.b, seq_kv);
-    const int spans = (r0 / seq_q) != (r1 / seq_q);
-    const int i_min = spans ? 0 : r0 % seq_q;
-    const int i_max = spans ? seq_q - 1 : r1 % seq_q;
-    w.k_lo = w.split * split_len;
-    w.k_hi = min(min(w.L, w.k_lo + split_len), causal_end(causal, i_max, seq_q, w.L));
-    w.k_all = min(w.k_hi, causal_end(causal, i_min, seq_q, w.L));
-    return w;
-}
-
 __kernel __attribute__((reqd_work_group_size(WGX, WGY, 1))) void
 fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
       __global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
@@ -122,16 +88,19 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
       int group, int D, int DV, int causal, int has_mask, int has_lse, int splits, int split_len,
       float scale)
 {
-    /* Rows padded by one word: the work-items of a warp read RM rows apart at the same column,
-     * which without the pad all fall in one local-memory bank. */
-    __local float Qs[BM][DP + 1];
+    /* Q and P are read 4 columns at a time (vload4): their rows are padded by 4 words, which
+     * keeps every row 16-byte aligned (DP and BN are multiples of 4) so that the loads can be
+     * 16-byte ones, and still shifts the banks from row to row (the work-items of a warp read RM
+     * rows apart at the same column, which without a pad could all fall in one bank). The
+     * arrays are 16-byte aligned for the same reason (vload4 itself asks only for 4). */
+    __local float Qs[BM][DP + 4] __attribute__((aligned(16)));
     /* The tile's Kᵀ, then (after the barrier that ends the reads of K) its V: one buffer, so
      * that wide head dims keep big row tiles within 48 KiB and more work-groups fit a compute
      * unit. */
-    __local float KVs[KV_FLOATS];
+    __local float KVs[KV_FLOATS] __attribute__((aligned(16)));
 #define Ks(d, n) KVs[(d) * BN + (n)]
 #define Vs(n, c) KVs[(n) * DVP + (c)]
-    __local float Ps[BM][BN + 1];
+    __local float Ps[BM][BN + 4] __attribute__((aligned(16)));
     __local float red[BM][WGX + 1];  /* row maxima of each work-item's keys */
     __local float rsum[BM][WGX + 1]; /* row sums of each work-item's p */
 
@@ -198,14 +167,20 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
         for (int i = 0; i < RM; i++)
             for (int j = 0; j < NS; j++)
                 s[i][j] = (floatV)(0.0f);
-        for (int d = 0; d < DP; d++) {
-            floatV kv[NS];
-            for (int j = 0; j < NS; j++)
-                kv[j] = vloadV(0, &Ks(d, VW * (tx + WGX * j)));
-            for (int i = 0; i < RM; i++) {
-                const float qv = Qs[ty * RM + i][d];
+        /* Four d at a time: one 16-byte load of Q per row (local-memory load instructions, not
+         * FMAs, bound this loop), then d, d+1, d+2, d+3 in order as one d at a time would. */
+        for (int d = 0; d < DP; d += 4) {
+            float qv[RM][4];
+            for (int i = 0; i < RM; i++)
+                vstore4(vload4(0, &Qs[ty * RM + i][d]), 0, qv[i]);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                floatV kv[NS];
                 for (int j = 0; j < NS; j++)
-                    s[i][j] = MAD((floatV)(qv), kv[j], s[i][j]);
+                    kv[j] = vloadV(0, &Ks(d + e, VW * (tx + WGX * j)));
+                for (int i = 0; i < RM; i++)
+                    for (int j = 0; j < NS; j++)
+                        s[i][j] = MAD((floatV)(qv[i][e]), kv[j], s[i][j]);
             }
         }
 
@@ -282,29 +257,42 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
                 o[i][c] *= keep[i];
         }
 
+        /* P·V four keys at a time: one 16-byte load of P per row, then keys n..n+3 in order.
+         * Guarded tiles skip each zero p (hidden keys) so that NaN/Inf in their V never reaches
+         * O (0·Inf = NaN); they stop at the tile's last key rounded up to 4, the keys past it
+         * having p = 0 (s = -inf) and zero V rows. */
         if (guarded) {
-            const int nkeys = min(BN, k_hi - kt);
-            for (int n = 0; n < nkeys; n++) {
-                floatV vv[NV];
-                for (int c = 0; c < NV; c++)
-                    vv[c] = vloadV(0, &Vs(n, VW * (tx + WGX * c)));
-                for (int i = 0; i < RM; i++) {
-                    const float p = Ps[ty * RM + i][n] * inv[i];
-                    if (p != 0.0f) {
-                        for (int c = 0; c < NV; c++)
-                            o[i][c] = MAD((floatV)(p), vv[c], o[i][c]);
+            const int nkeys4 = (min(BN, k_hi - kt) + 3) & ~3;
+            for (int n = 0; n < nkeys4; n += 4) {
+                float p[RM][4];
+                for (int i = 0; i < RM; i++)
+                    vstore4(vload4(0, &Ps[ty * RM + i][n]) * inv[i], 0, p[i]);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    floatV vv[NV];
+                    for (int c = 0; c < NV; c++)
+                        vv[c] = vloadV(0, &Vs(n + e, VW * (tx + WGX * c)));
+                    for (int i = 0; i < RM; i++) {
+                        if (p[i][e] != 0.0f) {
+                            for (int c = 0; c < NV; c++)
+                                o[i][c] = MAD((floatV)(p[i][e]), vv[c], o[i][c]);
+                        }
                     }
                 }
             }
         } else {
-            for (int n = 0; n < BN; n++) {
-                floatV vv[NV];
-                for (int c = 0; c < NV; c++)
-                    vv[c] = vloadV(0, &Vs(n, VW * (tx + WGX * c)));
-                for (int i = 0; i < RM; i++) {
-                    const float p = Ps[ty * RM + i][n] * inv[i];
+            for (int n = 0; n < BN; n += 4) {
+                float p[RM][4];
+                for (int i = 0; i < RM; i++)
+                    vstore4(vload4(0, &Ps[ty * RM + i][n]) * inv[i], 0, p[i]);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    floatV vv[NV];
                     for (int c = 0; c < NV; c++)
-                        o[i][c] = MAD((floatV)(p), vv[c], o[i][c]);
+                        vv[c] = vloadV(0, &Vs(n + e, VW * (tx + WGX * c)));
+                    for (int i = 0; i < RM; i++)
+                        for (int c = 0; c < NV; c++)
+                            o[i][c] = MAD((floatV)(p[i][e]), vv[c], o[i][c]);
                 }
             }
         }
@@ -363,6 +351,11 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
  * row maximum and the exponential of the rescaling; p <= 2^8 in between, and the result is the
  * same since the reference cancels. Hidden keys get s = -inf, p = 0, and are skipped in P·V so
  * NaN/Inf in their K/V never reach O. */
+
+/* Only the direct programs, whose options always define IN_PLACE (0 or 1), compile what follows:
+ * the tiled programs (GPUs) leave it out, which saves a GPU compiler seconds per variant. The
+ * direct programs compile the tiled kernel above too, unused. */
+#ifdef IN_PLACE
 #ifndef DV16
 #define DV16 4 /* O columns in float16 blocks: 16·DV16 >= head_dim_v */
 #endif
@@ -666,3 +659,4 @@ fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong 
                 empty ? NEG_INF : m[i] + log(l[i]);
     }
 }
+#endif /* IN_PLACE: the CPU kernels */

@@ -9,13 +9,16 @@ typedef struct fused_cfg {
     int wgx, wgy, rm, ns, vw, nv, dp;
 } fused_cfg;
 
-/* Local memory of the tiled kernel: Qs, one buffer for Kᵀ then V, Ps, red and rsum (rows of Qs,
- * Ps, red and rsum padded by one word against bank conflicts). */
+/* Local memory of the tiled kernel: Qs, one buffer for Kᵀ then V, Ps, red and rsum (rows of Qs
+ * and Ps padded by four words, which keeps them 16-byte aligned for vload4, rows of red and rsum
+ * by one, against bank conflicts). Qs, KVs and Ps are 16-byte aligned: red and rsum count as
+ * whole 16-byte units, an upper bound whatever order the compiler lays the arrays out in. */
 static size_t fused_local_bytes(const fused_cfg *c)
 {
     const size_t bm = (size_t)c->wgy * c->rm, bn = (size_t)c->wgx * c->vw * c->ns,
                  dvp = (size_t)c->wgx * c->vw * c->nv, kv = (size_t)c->dp > dvp ? (size_t)c->dp : dvp;
-    return 4 * ((c->dp + 1) * bm + kv * bn + (bn + 1) * bm + 2 * bm * (c->wgx + 1));
+    const size_t red = (bm * (c->wgx + 1) + 3) / 4 * 4;
+    return 4 * ((c->dp + 4) * bm + kv * bn + (bn + 4) * bm + 2 * red);
 }
 
 /* Floats of one split's partial result (O and LSE). */
@@ -264,6 +267,66 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
                   split_len, global, local, 0, NULL, done);
 }
 
+/* decode_rows (DECODE DIRECT 2, decode.cl; GPUs): KG key groups (WGY, a power of 2, default 4)
+ * of W = ceil(head_dim_v / 4) work-items, RM packed rows per work-group (0: the packed rows, up
+ * to 16), K and V read from global memory without local tiles. Sets *used = 0 (and enqueues
+ * nothing) when even one group does not fit the device's work-group or local-memory limits; the
+ * tiled kernel then runs instead. */
+static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
+                              cl_uint num_wait, const cl_event *wait, cl_event *done, int *used)
+{
+    *used = 0;
+    const int R = (int)(p->heads_q / p->heads_kv) * (int)p->seq_q;
+    const int w = (int)((p->head_dim_v + 3) / 4), dp = (int)((p->head_dim + 3) / 4 * 4);
+    int kg = 1;
+    while (kg < 8 && 2 * kg <= (pp->v[1] > 0 ? pp->v[1] : 4))
+        kg *= 2;
+    int rm = pp->v[2] > 0 ? pp->v[2] : R;
+    rm = rm < 1 ? 1 : rm > 16 ? 16 : rm;
+    for (;;) {
+        const size_t sp = (size_t)2 * kg * rm * w, fin = (size_t)(kg / 2) * rm * (4 * w + 2);
+        const size_t bytes = (size_t)16 * rm * (dp / 4) + 4 * (sp > fin ? sp : fin);
+        const size_t items = (size_t)kg * w;
+        if (items <= ctx->dev.max_wg && items <= ctx->dev.max_item[0] && bytes <= ctx->dev.local_mem)
+            break;
+        if (kg > 1)
+            kg /= 2;
+        else if (rm > 1)
+            rm = (rm + 1) / 2;
+        else
+            return CLATTN_SUCCESS;
+    }
+    const int bn = kg * w, row_tiles = (R + rm - 1) / rm;
+    const long long tiles = (long long)row_tiles * p->batch * p->heads_kv;
+    int split_len;
+    /* Few registers and no local tiles: counted as half-size work-groups, so that twice as many
+     * are in flight to hide memory latency (H100, B16 H32 kv8192 d128: 5 splits 1.47 TB/s,
+     * 16 splits 1.68 TB/s). */
+    const int splits =
+        choose_splits(ctx, p, tiles, bn, bn / 2 > 0 ? bn / 2 : 1, pp->v[5] > 0 ? pp->v[5] : 1, &split_len);
+
+    char opts[256];
+    snprintf(opts, sizeof opts,
+             "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DKG=%d -DW=%d -DRM=%d "
+             "-DDP=%d -DKFULL=%d -DVFULL=%d",
+             (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
+             p->has_mask ? (int)p->mask.dtype : 0, kg, w, rm, dp, p->head_dim % 4 == 0,
+             p->head_dim_v % 4 == 0);
+    cl_kernel k;
+    clattn_status st = clattn__get_kernel(ctx, "decode.cl", opts, "decode_rows", &k);
+    if (st)
+        return st;
+    cl_mem ws = NULL;
+    if (splits > 1 && (st = clattn__workspace(ctx, (size_t)splits * part_floats(p) * 4, &ws)))
+        return st;
+    *used = 1;
+    const size_t local[3] = {(size_t)bn, 1, 1};
+    const size_t global[3] = {(size_t)bn, (size_t)row_tiles,
+                              (size_t)(p->batch * p->heads_kv) * (size_t)splits};
+    return launch(ctx, p, k, "decode_rows", &p->k, &p->v, ws, 0, splits, split_len, global, local,
+                  num_wait, wait, done);
+}
+
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done)
 {
@@ -275,7 +338,12 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
                             clattn__mask_kind(p->causal, p->has_mask || p->kv_lengths)};
     clattn_params pp;
     clattn__default_params(ctx, &bucket, &pp);
-    if (decode ? pp.v[6] > 0 : pp.v[5] > 0) {
+    if (decode && pp.v[6] == 2) {
+        int used;
+        clattn_status st = run_rows(ctx, p, &pp, num_wait, wait, done, &used);
+        if (st || used)
+            return st;
+    } else if (decode ? pp.v[6] > 0 : pp.v[5] > 0) {
         int used;
         clattn_status st = run_direct(ctx, p, &pp, num_wait, wait, done, &used);
         if (st || used)

@@ -393,6 +393,15 @@ static void canonical(clattn_operation op, int *v)
             v[6] = 1;
             v[7] = 1;
         }
+    } else if (op == CLATTN_OPERATION_DECODE) {
+        if (v[6] == 1) { /* fused_direct: RM and SPLITS count */
+            v[0] = v[1] = v[3] = 1;
+            v[4] = 16;
+        } else if (v[6] == 2) { /* decode_rows: WGY (key groups), RM and SPLITS count */
+            v[0] = 32;
+            v[3] = 1;
+            v[4] = 4;
+        }
     }
 }
 

@@ -1,0 +1,268 @@
+/* Decode on GPUs (DECODE DIRECT 2): a few query rows against a long key/value cache, bound by
+ * the memory traffic of K and V, which must be streamed once at the device's bandwidth.
+ *
+ * The tiled kernel (fused.cl) transposes each K tile through local memory and gives a work-item
+ * a few keys of every tile; with one query row that leaves tiny work-groups (48 KiB of local
+ * memory hold few keys at head_dim 128) and little memory traffic in flight. Here a work-group
+ * of KG key groups of W = ceil(head_dim_v / 4) work-items reads K and V straight from global
+ * memory, with no K/V tile in local memory:
+ *   - scores: lane j of group g takes key base + g·W + j of each step of KG·W keys and computes
+ *     its RM rows' dot products from the key's row (its own 16-byte loads; the row's cache lines
+ *     are used whole through L1), with Q (RM rows) read from local memory as broadcast float4;
+ *   - softmax: the group's W scores per row go through local memory; every lane of the group
+ *     keeps the same running maximum and sum;
+ *   - P·V: lane j owns O columns 4j..4j+3 and reads, for each of the group's W keys, 16 bytes of
+ *     the V row: the group reads whole V rows, coalesced.
+ * Each group keeps its own running state over its keys; the KG states are combined at the end
+ * through local memory (a tree of KG/2, KG/4, ... 1), and split partials (flash-decoding) by
+ * merge.cl as for the tiled kernel. Same arguments, grid meaning, numerics and rules (masks,
+ * key lengths, causal range, NaN, empty rows, convex O) as the tiled kernel `fused`. */
+
+#ifndef KG
+#define KG 4 /* key groups per work-group (a power of 2) */
+#endif
+#ifndef W
+#define W 32 /* work-items per key group: ceil(head_dim_v / 4) */
+#endif
+#ifndef RM
+#define RM 1 /* packed query rows per work-group */
+#endif
+#ifndef DP
+#define DP 128 /* head_dim rounded up to a multiple of 4 */
+#endif
+#ifndef LC
+#define LC 8 /* K and V loads a work-item issues before using them */
+#endif
+#ifndef KFULL
+#define KFULL 0 /* 1: head_dim is a multiple of 4 */
+#endif
+#ifndef VFULL
+#define VFULL 0 /* 1: head_dim_v is a multiple of 4 */
+#endif
+
+#define WG (KG * W)
+#define STEP (KG * W)
+/* Scores and probabilities of one step: [KG][RM][W] each. The final combination of the groups
+ * reuses the same words: [KG/2][RM][4W + 2] (o, then m and l, per row). */
+#define SP_FLOATS (2 * KG * RM * W)
+#define FIN_FLOATS ((KG / 2) * RM * (4 * W + 2))
+#define SCR_FLOATS (SP_FLOATS > FIN_FLOATS ? SP_FLOATS : FIN_FLOATS)
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
+decode_rows(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
+            __global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
+            __global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,
+            __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,
+            __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
+            __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,
+            __global const int *kvlen, ulong o_split, ulong l_split, int seq_q, int seq_kv,
+            int heads_kv, int group, int D, int DV, int causal, int has_mask, int has_lse,
+            int splits, int split_len, float scale)
+{
+    __local float4 Qs[RM][DP / 4];
+    __local float scr[SCR_FLOATS];
+#define Sc(g, i, n) scr[((g) * RM + (i)) * W + (n)]
+#define Pr(g, i, n) scr[KG * RM * W + ((g) * RM + (i)) * W + (n)]
+
+    const int t = get_local_id(0), g = t / W, j = t % W;
+    const int R = group * seq_q;
+    const int r0 = get_group_id(1) * RM;
+    const work_range w = work_range_of(get_group_id(2), splits, split_len, heads_kv, seq_q, seq_kv,
+                                       causal, kvlen, r0, min(R, r0 + RM) - 1);
+    const int b = w.b, hk = w.hk, k_hi = w.k_hi;
+
+    __global const T_IN *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
+    __global const T_IN *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
+
+    for (int e = t; e < RM * (DP / 4); e += WG) {
+        const int r = e / (DP / 4), d = 4 * (e % (DP / 4));
+        const int row = r0 + r;
+        float4 x = (float4)(0.0f);
+        if (row < R) {
+            const int hq = hk * group + row / seq_q, i = row % seq_q;
+            x = row_load4(Q + q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)i * q_ss, d, D);
+        }
+        Qs[r][d / 4] = x;
+    }
+
+    float m[RM], l[RM];
+    int rend[RM];
+    ulong mrow[RM];
+    float4 o[RM];
+    for (int i = 0; i < RM; i++) {
+        const int row = r0 + i;
+        const int pos = row % seq_q, hq = hk * group + row / seq_q;
+        m[i] = NEG_INF;
+        l[i] = 0.0f;
+        rend[i] = row < R ? min(k_hi, causal_end(causal, pos, seq_q, w.L)) : 0;
+        mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
+        o[i] = (float4)(0.0f);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    const int c = 4 * j; /* this lane's O columns */
+    for (int base = w.k_lo; base < k_hi; base += STEP) {
+        const int kg0 = base + g * W; /* the group's first key of this step */
+        const int key = kg0 + j;
+        float s[RM];
+        for (int i = 0; i < RM; i++)
+            s[i] = 0.0f;
+        if (key < k_hi) {
+            /* LC loads of the key's row are issued before their products, so that each
+             * work-item has several requests in flight (the loop bounds are constants). */
+            __global const T_IN *kr = Kb + (ulong)key * k_ss;
+            for (int d0 = 0; d0 < DP / 4; d0 += LC) {
+                float4 kv[LC];
+#pragma unroll
+                for (int e = 0; e < LC; e++) {
+                    const int d = 4 * (d0 + e);
+#if KFULL /* head_dim a multiple of 4: plain 16-byte loads the compiler can issue together */
+                    kv[e] = d0 + e < DP / 4 ? LD4_IN(kr, d) : (float4)(0.0f);
+#else
+                    kv[e] = d0 + e < DP / 4 ? row_load4(kr, d, D) : (float4)(0.0f);
+#endif
+                }
+#pragma unroll
+                for (int e = 0; e < LC; e++) {
+                    if (d0 + e >= DP / 4)
+                        break;
+                    for (int i = 0; i < RM; i++) {
+                        const float4 q = Qs[i][d0 + e];
+                        s[i] = MAD(q.s0, kv[e].s0, s[i]);
+                        s[i] = MAD(q.s1, kv[e].s1, s[i]);
+                        s[i] = MAD(q.s2, kv[e].s2, s[i]);
+                        s[i] = MAD(q.s3, kv[e].s3, s[i]);
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < RM; i++) {
+            float x = s[i] * scale;
+            if (key >= rend[i]) {
+                x = NEG_INF;
+            } else if (has_mask) {
+                /* A -inf mask hides the key even when its score is NaN. */
+                const float mv = LD_MASK(mask, mrow[i] + key);
+                x = mv == NEG_INF ? NEG_INF : x + mv;
+            }
+            Sc(g, i, j) = x;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        /* Every lane of the group: the new maximum; its own key's p. */
+        float mref[RM], keep[RM];
+        for (int i = 0; i < RM; i++) {
+            float mt = NEG_INF;
+            for (int n = 0; n < W; n++)
+                mt = fmax(mt, Sc(g, i, n));
+            const float mnew = fmax(m[i], mt);
+            /* A row that has seen only -inf keeps a 0 reference so exp2 never sees -inf - -inf. */
+            mref[i] = mnew == NEG_INF ? 0.0f : mnew;
+            keep[i] = exp2((m[i] - mref[i]) * LOG2E);
+            m[i] = mnew;
+            Pr(g, i, j) = exp2((Sc(g, i, j) - mref[i]) * LOG2E);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        /* l' = l·alpha + Σ p; o' = o·(l·alpha/l') + Σ (p/l')·v, skipping p = 0 (hidden keys:
+         * NaN/Inf in their V rows must not leak). */
+        const int nk = min(W, k_hi - kg0);
+        float inv[RM];
+        for (int i = 0; i < RM; i++) {
+            float ts = 0.0f;
+            for (int n = 0; n < W; n++)
+                ts += Pr(g, i, n);
+            const float lnew = l[i] * keep[i] + ts;
+            inv[i] = lnew > 0.0f ? 1.0f / lnew : 0.0f;
+            keep[i] = isnan(lnew) ? lnew : l[i] * keep[i] * inv[i];
+            l[i] = lnew;
+            o[i] *= keep[i];
+        }
+        /* LC V rows at a time, their loads issued before their use (rows past nk are not
+         * read). */
+        for (int n0 = 0; n0 < W; n0 += LC) {
+            if (n0 >= nk)
+                break;
+            float4 v[LC];
+#pragma unroll
+            for (int e = 0; e < LC; e++) {
+                __global const T_IN *vr = Vb + (ulong)(kg0 + n0 + e) * v_ss;
+#if VFULL /* head_dim_v a multiple of 4 */
+                v[e] = n0 + e < nk ? LD4_IN(vr, c) : (float4)(0.0f);
+#else
+                v[e] = n0 + e < nk ? row_load4(vr, c, DV) : (float4)(0.0f);
+#endif
+            }
+#pragma unroll
+            for (int e = 0; e < LC; e++) {
+                if (n0 + e >= nk)
+                    break;
+                for (int i = 0; i < RM; i++) {
+                    const float p = Pr(g, i, n0 + e) * inv[i];
+                    if (p != 0.0f)
+                        o[i] = MAD((float4)(p), v[e], o[i]);
+                }
+            }
+        }
+    }
+
+    /* Combine the groups' states, halving the live groups each round. */
+    for (int h = KG / 2; h >= 1; h /= 2) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (g >= h && g < 2 * h) {
+            for (int i = 0; i < RM; i++) {
+                __local float *f = &scr[((g - h) * RM + i) * (4 * W + 2)];
+                vstore4(o[i], 0, f + c);
+                if (j == 0) {
+                    f[4 * W] = m[i];
+                    f[4 * W + 1] = l[i];
+                }
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (g < h) {
+            for (int i = 0; i < RM; i++) {
+                __local const float *f = &scr[(g * RM + i) * (4 * W + 2)];
+                const float m2 = f[4 * W], l2 = f[4 * W + 1];
+                const float mx = fmax(m[i], m2);
+                const float mref = mx == NEG_INF ? 0.0f : mx;
+                const float w1 = l[i] * exp2((m[i] - mref) * LOG2E);
+                const float w2 = l2 * exp2((m2 - mref) * LOG2E);
+                const float lsum = w1 + w2;
+                const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+                const float k1 = isnan(lsum) ? lsum : w1 * inv, k2 = isnan(lsum) ? lsum : w2 * inv;
+                const float4 o2 = vload4(0, f + c);
+                o[i] = (k1 != 0.0f ? o[i] * k1 : (float4)(0.0f)) + (k2 != 0.0f ? o2 * k2 : (float4)(0.0f));
+                m[i] = mx;
+                l[i] = lsum;
+            }
+        }
+    }
+    if (g != 0)
+        return;
+
+    O += o_off + (ulong)w.split * o_split;
+    LSE += l_off + (ulong)w.split * l_split;
+    for (int i = 0; i < RM; i++) {
+        const int row = r0 + i;
+        if (row >= R)
+            continue;
+        const int hq = hk * group + row / seq_q, pos = row % seq_q;
+        /* No visible key: exactly 0 and LSE -inf; all-NaN scores leave m = -inf but l = NaN. */
+        const int empty = m[i] == NEG_INF && !isnan(l[i]);
+        __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
+        const float4 x = empty ? (float4)(0.0f) : o[i];
+        if (c + 3 < DV) {
+            ST4_OUT(orow, c, x);
+        } else {
+            const float xs[4] = {x.s0, x.s1, x.s2, x.s3};
+            for (int e = 0; e < 4 && c + e < DV; e++)
+                ST_OUT(orow, c + e, xs[e]);
+        }
+        if (has_lse && j == 0)
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] =
+                empty ? NEG_INF : m[i] + log(l[i]);
+    }
+#undef Sc
+#undef Pr
+}
