@@ -141,6 +141,26 @@ inline float4 row_load4(__global const T_IN *p, int i, int n)
                     i + 2 < n ? LD_IN(p, i + 2) : 0.0f, 0.0f);
 }
 
+/* Copies the nr packed query rows r0.. of kv head (b, hk) to local memory, row r at
+ * dst + r·pitch (pitch a multiple of 4 floats, dst 16-byte aligned), as dp / 4 float4 each:
+ * zero past head_dim D and for rows at or past R = group·seq_q. Qb = Q + q_off + b·q_sb; the
+ * nwi work-items of the group share the copy (lid their index); the caller's barrier follows. */
+inline void stage_q_rows(__local float *dst, int pitch, int nr, int dp, int lid, int nwi,
+                         __global const T_IN *Qb, ulong q_sh, ulong q_ss, int hk, int group,
+                         int seq_q, int R, int r0, int D)
+{
+    for (int e = lid; e < nr * (dp / 4); e += nwi) {
+        const int r = e / (dp / 4), d = 4 * (e % (dp / 4));
+        const int row = r0 + r;
+        float4 x = (float4)(0.0f);
+        if (row < R) {
+            const int hq = hk * group + row / seq_q, i = row % seq_q;
+            x = row_load4(Qb + (ulong)hq * q_sh + (ulong)i * q_ss, d, D);
+        }
+        vstore4(x, 0, dst + r * pitch + d);
+    }
+}
+
 /* What one work-group covers: grid z = (batch·heads_kv + kv head)·splits + split, packed rows
  * r0..r1, and the keys [k_lo, k_hi) of its split that those rows may see (causal: the positions
  * of the first and last rows bound the range of all), every row seeing keys below k_all. */

@@ -13,6 +13,10 @@
  *     keeps the same running maximum and sum;
  *   - P·V: lane j owns O columns 4j..4j+3 and reads, for each of the group's W keys, 16 bytes of
  *     the V row: the group reads whole V rows, coalesced.
+ * With KL > 1 (lanes per key row) the scores are read coalesced instead: KL lanes read one key
+ * row together (lane c of them its 16-byte chunks c, c + KL, ...), W / KL rows at a time, so a
+ * load instruction of a group covers whole rows; each lane leaves its partial dot product in
+ * local memory and lane j then adds the KL partials of its key (one more barrier per step).
  * Each group keeps its own running state over its keys; the KG states are combined at the end
  * through local memory (a tree of KG/2, KG/4, ... 1), and split partials (flash-decoding) by
  * merge.cl as for the tiled kernel. Same arguments, grid meaning, numerics and rules (masks,
@@ -33,6 +37,9 @@
 #ifndef LC
 #define LC 8 /* K and V loads a work-item issues before using them */
 #endif
+#ifndef KL
+#define KL 1 /* lanes that read one key row together for the scores (a power of 2 <= W) */
+#endif
 #ifndef KFULL
 #define KFULL 0 /* 1: head_dim is a multiple of 4 */
 #endif
@@ -42,9 +49,23 @@
 
 #define WG (KG * W)
 #define STEP (KG * W)
+#if KL > W
+#error "KL must not exceed W"
+#endif
+#define RP (W / KL)                              /* key rows a group reads per pass (KL > 1) */
+#define NPASS ((W + RP - 1) / RP)                /* passes over the group's W keys */
+#define CPL ((DP / 4 + KL - 1) / KL)             /* 16-byte chunks of a row per lane */
+#define PB (LC / CPL > 0 ? LC / CPL : 1)         /* passes whose loads are issued together */
 /* Scores and probabilities of one step: [KG][RM][W] each. The final combination of the groups
  * reuses the same words: [KG/2][RM][4W + 2] (o, then m and l, per row). */
-#define SP_FLOATS (2 * KG * RM * W)
+/* KL > 1: the partial dot products of a step, [KG][RM][W][KL + 1] (padded against bank
+ * conflicts), after Sc and Pr. */
+#if KL > 1
+#define PT_FLOATS (KG * RM * W * (KL + 1))
+#else
+#define PT_FLOATS 0
+#endif
+#define SP_FLOATS (2 * KG * RM * W + PT_FLOATS)
 #define FIN_FLOATS ((KG / 2) * RM * (4 * W + 2))
 #define SCR_FLOATS (SP_FLOATS > FIN_FLOATS ? SP_FLOATS : FIN_FLOATS)
 
@@ -63,6 +84,7 @@ decode_rows(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q
     __local float scr[SCR_FLOATS];
 #define Sc(g, i, n) scr[((g) * RM + (i)) * W + (n)]
 #define Pr(g, i, n) scr[KG * RM * W + ((g) * RM + (i)) * W + (n)]
+#define Pt(g, i, n, u) scr[2 * KG * RM * W + (((g) * RM + (i)) * W + (n)) * (KL + 1) + (u)]
 
     const int t = get_local_id(0), g = t / W, j = t % W;
     const int R = group * seq_q;
@@ -74,16 +96,8 @@ decode_rows(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q
     __global const T_IN *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
     __global const T_IN *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
 
-    for (int e = t; e < RM * (DP / 4); e += WG) {
-        const int r = e / (DP / 4), d = 4 * (e % (DP / 4));
-        const int row = r0 + r;
-        float4 x = (float4)(0.0f);
-        if (row < R) {
-            const int hq = hk * group + row / seq_q, i = row % seq_q;
-            x = row_load4(Q + q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)i * q_ss, d, D);
-        }
-        Qs[r][d / 4] = x;
-    }
+    stage_q_rows((__local float *)Qs, DP, RM, DP, t, WG, Q + q_off + (ulong)b * q_sb, q_sh, q_ss, hk,
+                 group, seq_q, R, r0, D);
 
     float m[RM], l[RM];
     int rend[RM];
@@ -107,6 +121,60 @@ decode_rows(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q
         float s[RM];
         for (int i = 0; i < RM; i++)
             s[i] = 0.0f;
+#if KL > 1
+        /* Lane (kr, kc) of the group reads chunks kc, kc + KL, ... of row n = pass·RP + kr of
+         * the step, PB passes (LC loads) before their products. */
+        {
+            const int kr = j / KL, kc = j % KL;
+            if (kr < RP) {
+                for (int p0 = 0; p0 < NPASS; p0 += PB) {
+                    float4 kv[PB][CPL];
+#pragma unroll
+                    for (int pb = 0; pb < PB; pb++) {
+                        const int n = (p0 + pb) * RP + kr, kk = kg0 + n;
+                        const int ok = p0 + pb < NPASS && n < W && kk < k_hi;
+                        __global const T_IN *kr_p = Kb + (ulong)(ok ? kk : 0) * k_ss;
+#pragma unroll
+                        for (int u = 0; u < CPL; u++) {
+                            const int ch = kc + KL * u;
+#if KFULL
+                            kv[pb][u] = ok && ch < DP / 4 ? LD4_IN(kr_p, 4 * ch) : (float4)(0.0f);
+#else
+                            kv[pb][u] = ok && ch < DP / 4 ? row_load4(kr_p, 4 * ch, D) : (float4)(0.0f);
+#endif
+                        }
+                    }
+#pragma unroll
+                    for (int pb = 0; pb < PB; pb++) {
+                        const int n = (p0 + pb) * RP + kr;
+                        if (p0 + pb >= NPASS || n >= W || kg0 + n >= k_hi)
+                            break;
+                        for (int i = 0; i < RM; i++) {
+                            float acc = 0.0f;
+#pragma unroll
+                            for (int u = 0; u < CPL; u++) {
+                                const int ch = kc + KL * u;
+                                if (ch < DP / 4) {
+                                    const float4 q = Qs[i][ch];
+                                    acc = MAD(q.s0, kv[pb][u].s0, acc);
+                                    acc = MAD(q.s1, kv[pb][u].s1, acc);
+                                    acc = MAD(q.s2, kv[pb][u].s2, acc);
+                                    acc = MAD(q.s3, kv[pb][u].s3, acc);
+                                }
+                            }
+                            Pt(g, i, n, kc) = acc;
+                        }
+                    }
+                }
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (key < k_hi) {
+            for (int i = 0; i < RM; i++)
+                for (int u = 0; u < KL; u++)
+                    s[i] += Pt(g, i, j, u);
+        }
+#else
         if (key < k_hi) {
             /* LC loads of the key's row are issued before their products, so that each
              * work-item has several requests in flight (the loop bounds are constants). */
@@ -136,6 +204,7 @@ decode_rows(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q
                 }
             }
         }
+#endif
         for (int i = 0; i < RM; i++) {
             float x = s[i] * scale;
             if (key >= rend[i]) {
@@ -265,4 +334,5 @@ decode_rows(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q
     }
 #undef Sc
 #undef Pr
+#undef Pt
 }

@@ -116,17 +116,9 @@ fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
     __global const T_IN *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
     __global const T_IN *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
 
-    /* Stage Q (scaled) once. */
-    for (int e = lid; e < BM * (DP / 4); e += NWI) {
-        const int r = e / (DP / 4), d = 4 * (e % (DP / 4));
-        const int row = r0 + r;
-        float4 x = (float4)(0.0f);
-        if (row < R) {
-            const int hq = hk * group + row / seq_q, i = row % seq_q;
-            x = row_load4(Q + q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)i * q_ss, d, D);
-        }
-        vstore4(x, 0, &Qs[r][d]);
-    }
+    /* Stage Q once. */
+    stage_q_rows(&Qs[0][0], DP + 4, BM, DP, lid, NWI, Q + q_off + (ulong)b * q_sb, q_sh, q_ss, hk,
+                 group, seq_q, R, r0, D);
 
     /* Per-row state of this work-item's rows: running max m and sum l of e^(s - m);
      * o is kept normalised (a convex combination of V rows: it cannot overflow). */

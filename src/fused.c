@@ -269,9 +269,10 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
 
 /* decode_rows (DECODE DIRECT 2, decode.cl; GPUs): KG key groups (WGY, a power of 2, default 4)
  * of W = ceil(head_dim_v / 4) work-items, RM packed rows per work-group (0: the packed rows, up
- * to 16), K and V read from global memory without local tiles. Sets *used = 0 (and enqueues
- * nothing) when even one group does not fit the device's work-group or local-memory limits; the
- * tiled kernel then runs instead. */
+ * to 16), KL lanes reading each key row for the scores (NS; 1: a lane reads its own key's row),
+ * LC loads in flight per lane (VW), K and V read from global memory without local tiles. Sets
+ * *used = 0 (and enqueues nothing) when even one group does not fit the device's work-group or
+ * local-memory limits; the tiled kernel then runs instead. */
 static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
                               cl_uint num_wait, const cl_event *wait, cl_event *done, int *used)
 {
@@ -283,8 +284,15 @@ static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, cons
         kg *= 2;
     int rm = pp->v[2] > 0 ? pp->v[2] : R;
     rm = rm < 1 ? 1 : rm > 16 ? 16 : rm;
+    /* Lanes per key row (NS): a power of 2, at most W and at most the row's 16-byte chunks. */
+    int kl = 1;
+    while (kl < 32 && 2 * kl <= pp->v[3] && 2 * kl <= w && 2 * kl <= dp / 4)
+        kl *= 2;
+    /* Loads in flight per lane (VW): 4, 8 or 16. */
+    const int lc = pp->v[4] == 4 || pp->v[4] == 16 ? pp->v[4] : 8;
     for (;;) {
-        const size_t sp = (size_t)2 * kg * rm * w, fin = (size_t)(kg / 2) * rm * (4 * w + 2);
+        const size_t sp = (size_t)2 * kg * rm * w + (kl > 1 ? (size_t)kg * rm * w * (kl + 1) : 0);
+        const size_t fin = (size_t)(kg / 2) * rm * (4 * w + 2);
         const size_t bytes = (size_t)16 * rm * (dp / 4) + 4 * (sp > fin ? sp : fin);
         const size_t items = (size_t)kg * w;
         if (items <= ctx->dev.max_wg && items <= ctx->dev.max_item[0] && bytes <= ctx->dev.local_mem)
@@ -308,9 +316,9 @@ static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, cons
     char opts[256];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DKG=%d -DW=%d -DRM=%d "
-             "-DDP=%d -DKFULL=%d -DVFULL=%d",
+             "-DDP=%d -DKL=%d -DLC=%d -DKFULL=%d -DVFULL=%d",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
-             p->has_mask ? (int)p->mask.dtype : 0, kg, w, rm, dp, p->head_dim % 4 == 0,
+             p->has_mask ? (int)p->mask.dtype : 0, kg, w, rm, dp, kl, lc, p->head_dim % 4 == 0,
              p->head_dim_v % 4 == 0);
     cl_kernel k;
     clattn_status st = clattn__get_kernel(ctx, "decode.cl", opts, "decode_rows", &k);

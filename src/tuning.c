@@ -16,7 +16,9 @@
  *                and V in place, one work-item per RM rows and key split, 16-key blocks,
  *                WGX/WGY/NS/VW unused; DIRECT 2: decode_rows (decode.cl), WGY key groups of
  *                ceil(head_dim_v / 4) work-items reading K and V from global memory, RM rows
- *                (0: all packed rows, up to 16), WGX/NS/VW unused)
+ *                (0: all packed rows, up to 16), NS lanes reading one key row together for
+ *                the scores (1: each lane its own key's row), VW loads in flight per
+ *                work-item (4, 8 or 16), WGX unused)
  *   MERGE      : WG  (merge.cl)
  * Lookup order: clattn_set_params override, CLATTN_PARAMS_<OP>, the user tuning file of the
  * device, built-in tables (tuning/ in the source tree, embedded), vendor defaults, generic defaults. */
@@ -64,8 +66,9 @@ static const op_space spaces[CLATTN_OP_COUNT] = {
     /* DECODE */
     {7,
      {"WGX", "WGY", "RM", "NS", "VW", "SPLITS", "DIRECT"},
-     {5, 4, 4, 3, 3, 5, 3},
-     {{1, 2, 8, 16, 32}, {1, 2, 4, 8}, {0, 1, 4, 16}, {1, 2, 4}, {4, 8, 16}, {0, 2, 8, 32, 128}, {0, 1, 2}}},
+     {5, 4, 4, 6, 3, 5, 3},
+     {{1, 2, 8, 16, 32}, {1, 2, 4, 8}, {0, 1, 4, 16}, {1, 2, 4, 8, 16, 32}, {4, 8, 16}, {0, 2, 8, 32, 128},
+      {0, 1, 2}}},
     /* MERGE */
     {1, {"WG"}, {5}, {{16, 32, 64, 128, 256}}},
 };
@@ -104,7 +107,7 @@ static void generic_defaults(clattn_op op, clattn_params *p)
         {16, 16, 4, 1, 16, 4, 0, 0, 0}, /* pv */
         {256, 0},                       /* softmax */
         {8, 8, 4, 1, 4, 0},             /* fused */
-        {32, 4, 0, 1, 4, 0, 2},         /* decode: decode_rows, 4 key groups */
+        {32, 4, 0, 1, 8, 0, 2},         /* decode: decode_rows, 4 key groups, 8 loads in flight */
         {64},                           /* merge */
     };
     memcpy(p->v, v[op], sizeof v[op]);

@@ -657,7 +657,12 @@ int main(void)
     enum { MAX_TESTS = 128 };
     static struct CMUnitTest tests[MAX_TESTS];
     size_t n = 0;
+    /* CLATTN_TEST_DECODE_ONLY=1 (the _rows runs, tests/CMakeLists.txt): only the cases that take
+     * the decode path (seq_q <= 16). */
+    const int decode_only = tu_getenv_int("CLATTN_TEST_DECODE_ONLY", 0) != 0;
     for (size_t i = 0; i < N_OF(cases); ++i) {
+        if (decode_only && cases[i].Sq > 16)
+            continue;
         if (n == MAX_TESTS) {
             fprintf(stderr, "test_attention: more than %d tests, raise MAX_TESTS\n", MAX_TESTS);
             return 1;
