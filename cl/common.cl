@@ -141,6 +141,19 @@ inline float4 row_load4(__global const T_IN *p, int i, int n)
                     i + 2 < n ? LD_IN(p, i + 2) : 0.0f, 0.0f);
 }
 
+/* The argument list of the attention kernels (fused, fused_direct in fused.cl, decode_rows in
+ * decode.cl), set in this order by launch() in src/fused.c; TKV is the element type of K and V. */
+#define ATTN_KERNEL_ARGS(TKV)                                                                   \
+    __global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,                    \
+        __global const TKV *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,                 \
+        __global const TKV *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,                 \
+        __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,                     \
+        __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,                   \
+        __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,           \
+        __global const int *kvlen, ulong o_split, ulong l_split, int seq_q, int seq_kv,         \
+        int heads_kv, int group, int D, int DV, int causal, int has_mask, int has_lse,          \
+        int splits, int split_len, float scale
+
 /* Copies the nr packed query rows r0.. of kv head (b, hk) to local memory, row r at
  * dst + r·pitch (pitch a multiple of 4 floats, dst 16-byte aligned), as dp / 4 float4 each:
  * zero past head_dim D and for rows at or past R = group·seq_q. Qb = Q + q_off + b·q_sb; the

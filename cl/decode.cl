@@ -70,15 +70,7 @@
 #define SCR_FLOATS (SP_FLOATS > FIN_FLOATS ? SP_FLOATS : FIN_FLOATS)
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-decode_rows(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
-            __global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
-            __global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,
-            __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,
-            __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
-            __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,
-            __global const int *kvlen, ulong o_split, ulong l_split, int seq_q, int seq_kv,
-            int heads_kv, int group, int D, int DV, int causal, int has_mask, int has_lse,
-            int splits, int split_len, float scale)
+decode_rows(ATTN_KERNEL_ARGS(T_IN))
 {
     __local float4 Qs[RM][DP / 4];
     __local float scr[SCR_FLOATS];

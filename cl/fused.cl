@@ -78,15 +78,7 @@ inline void hide_keys(float *t, int n, int key0, int rend, int has_mask, __globa
 }
 
 __kernel __attribute__((reqd_work_group_size(WGX, WGY, 1))) void
-fused(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
-      __global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
-      __global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,
-      __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,
-      __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
-      __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,
-      __global const int *kvlen, ulong o_split, ulong l_split, int seq_q, int seq_kv, int heads_kv,
-      int group, int D, int DV, int causal, int has_mask, int has_lse, int splits, int split_len,
-      float scale)
+fused(ATTN_KERNEL_ARGS(T_IN))
 {
     /* Q and P are read 4 columns at a time (vload4): their rows are padded by 4 words, which
      * keeps every row 16-byte aligned (DP and BN are multiples of 4) so that the loads can be
@@ -445,15 +437,7 @@ __kernel void pack_v(__global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
-fused_direct(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,
-             __global const T_KV *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
-             __global const T_KV *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,
-             __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,
-             __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
-             __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,
-             __global const int *kvlen, ulong o_split, ulong l_split, int seq_q, int seq_kv,
-             int heads_kv, int group, int D, int DV, int causal, int has_mask, int has_lse,
-             int splits, int split_len, float scale)
+fused_direct(ATTN_KERNEL_ARGS(T_KV))
 {
     const int R = group * seq_q;
     const int r0 = get_group_id(1) * RM;
