@@ -391,10 +391,21 @@ inline float16 hsum16x16(const float16 *t)
         y[k] = (float16)(x[2 * k].even, x[2 * k + 1].even) + (float16)(x[2 * k].odd, x[2 * k + 1].odd);
     return (float16)(y[0].even, y[1].even) + (float16)(y[0].odd, y[1].odd);
 }
-#define LDV16(p, c) ld16_row((p), 16 * (c), DV)
+/* Vector c of a V row (c a constant after unrolling): only the last one can be short, since
+ * 16·(DV16 - 1) < head_dim_v. */
+#define LDV16(p, c) ((c) < DV16 - 1 ? LD16_IN((p), 16 * (c)) : ld16_row((p), 16 * (c), DV))
 #else
 #define T_KV float
 #define LDV16(p, c) vload16((c), (p))
+#endif
+/* The loops over the rows that touch the O accumulators o[RM][DV16]: unrolled while those fit
+ * the registers or nearly (32 float16 vectors on AVX-512), rolled beyond, where o lives in
+ * memory (L1) anyway: unrolled, 128 or 256 spilled accumulators took PoCL 15-25 s to compile.
+ * (At 64, B1 H8 S512 d256 prefill with RM 4, unrolled ran about 8% faster than rolled.) */
+#if RM * DV16 > 64
+#define ROWS_LOOP _Pragma("unroll 1")
+#else
+#define ROWS_LOOP _Pragma("unroll")
 #endif
 /* How far a score may exceed the row's reference before the reference moves: 8·ln 2, so
  * p = e^(s - m) <= 2^8 and the sums stay far from overflow (l <= 2^8·seq_kv). */
@@ -459,7 +470,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
     int rend[RM];
     ulong mrow[RM];
     float16 o[RM][DV16];
-#pragma unroll
+    ROWS_LOOP
     for (int i = 0; i < RM; i++) {
         const int row = min(r0 + i, R - 1); /* rows past R compute on a copy, never stored */
         const int pos = row % seq_q, hq = hk * group + row / seq_q;
@@ -486,29 +497,32 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
         } sb[RM];
         for (int ch = 0; ch < nch; ch++) {
             const int kc = kt + ch * DBN;
+#if IN_PLACE
+            /* Keys past the range load the range's last key; they are hidden below (guarded).
+             * The rows go through a rolled loop and only a row's last 16 elements can be short
+             * (DP - 16 < head_dim): unrolled over the rows, with a tail check in every load,
+             * RM 16 made programs that took PoCL one to three minutes to compile. */
+#pragma unroll 1
+            for (int i = 0; i < RM; i++) {
+                float16 t[16];
+#pragma unroll
+                for (int e = 0; e < 16; e++) {
+                    __global const T_IN *kr = Kb + (ulong)min(kc + e, k_hi - 1) * k_ss;
+                    float16 acc = (float16)(0.0f);
+#pragma unroll
+                    for (int c = 0; c < DP / 16 - 1; c++)
+                        acc = MAD(qs[i].v[c], LD16_IN(kr, 16 * c), acc);
+                    t[e] = MAD(qs[i].v[DP / 16 - 1], ld16_row(kr, DP - 16, D), acc);
+                }
+                sb[i].v[ch] = hsum16x16(t) * scale;
+            }
+#else
             float16 s[RM][NS];
 #pragma unroll
             for (int i = 0; i < RM; i++)
 #pragma unroll
                 for (int j = 0; j < NS; j++)
                     s[i][j] = (float16)(0.0f);
-#if IN_PLACE
-            /* Keys past the range load the range's last key; they are hidden below (guarded). */
-#pragma unroll
-            for (int i = 0; i < RM; i++) {
-                float16 t[16];
-#pragma unroll
-                for (int e = 0; e < 16; e++) {
-                    __global const T_IN *kr = Kb + (ulong)min(kc + e, k_hi - 1) * k_ss;
-                    float16 acc = qs[i].v[0] * ld16_row(kr, 0, D);
-#pragma unroll
-                    for (int c = 1; c < DP / 16; c++)
-                        acc = MAD(qs[i].v[c], ld16_row(kr, 16 * c, D), acc);
-                    t[e] = acc;
-                }
-                s[i][0] = hsum16x16(t);
-            }
-#else
             __global const float *kp = Kb + kc;
             for (int d = 0; d < D; d++, kp += k_ss) {
                 float16 kv[NS];
@@ -523,19 +537,19 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
                         s[i][j] = MAD((float16)(a), kv[j], s[i][j]);
                 }
             }
-#endif
 #pragma unroll
             for (int i = 0; i < RM; i++)
 #pragma unroll
                 for (int j = 0; j < NS; j++)
                     sb[i].v[ch * NS + j] = s[i][j] * scale;
+#endif
         }
 
         /* A block is guarded when some row hides some key of it; keys below k_all are hidden
          * only by the mask. */
         const int guarded = has_mask || kt + NB > k_all;
         const int nv = nch * NS;
-#pragma unroll
+        ROWS_LOOP
         for (int i = 0; i < RM; i++) {
             if (guarded)
                 hide_keys(sb[i].f, nch * DBN, kt, rend[i], has_mask, mask, mrow[i]);
@@ -579,33 +593,43 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
         int n = 0;
         for (; n < nfree; n++, vp += v_ss) {
             float pn[RM];
-#pragma unroll
+            ROWS_LOOP
             for (int i = 0; i < RM; i++)
                 pn[i] = sb[i].f[n];
 #pragma unroll
             for (int c = 0; c < DV16; c++) {
                 const float16 vv = LDV16(vp, c);
-#pragma unroll
+                ROWS_LOOP
                 for (int i = 0; i < RM; i++)
                     o[i][c] = MAD((float16)(pn[i]), vv, o[i][c]);
             }
         }
         for (; n < nkeys; n++, vp += v_ss) {
-#pragma unroll
+            float pn[RM];
+            int seen = 0;
+            ROWS_LOOP
             for (int i = 0; i < RM; i++) {
-                const float pn = sb[i].f[n];
-                if (pn != 0.0f) {
+                pn[i] = sb[i].f[n];
+                seen |= pn[i] != 0.0f;
+            }
+            if (!seen)
+                continue;
+            /* Each V vector is loaded once for all rows (a load per row made RM copies of the
+             * tail loads: slow to compile). */
 #pragma unroll
-                    for (int c = 0; c < DV16; c++)
-                        o[i][c] = MAD((float16)(pn), LDV16(vp, c), o[i][c]);
-                }
+            for (int c = 0; c < DV16; c++) {
+                const float16 vv = LDV16(vp, c);
+                ROWS_LOOP
+                for (int i = 0; i < RM; i++)
+                    if (pn[i] != 0.0f)
+                        o[i][c] = MAD((float16)(pn[i]), vv, o[i][c]);
             }
         }
     }
 
     O += o_off + (ulong)split * o_split;
     LSE += l_off + (ulong)split * l_split;
-#pragma unroll
+    ROWS_LOOP
     for (int i = 0; i < RM; i++) {
         const int row = r0 + i;
         if (row >= R)
@@ -615,21 +639,23 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
          * (fmax skips NaN) but has l = NaN: it is NaN, not empty. */
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
+        /* f32 whole vectors are stored as they are; the rest of the row (f16/bf16 output, or
+         * the f32 tail) goes through ob and a rolled loop of element stores. */
+        float ob[16 * DV16];
 #pragma unroll
         for (int c = 0; c < DV16; c++) {
             const float16 x = empty ? (float16)(0.0f) : o[i][c];
-            const int col = 16 * c;
 #if DT_OUT == 0
-            if (col + 15 < DV) {
-                vstore16(x, 0, orow + col);
+            if (16 * c + 15 < DV) {
+                vstore16(x, 0, orow + 16 * c);
                 continue;
             }
 #endif
-            float t[16];
-            vstore16(x, 0, t);
-            for (int e = 0; e < 16 && col + e < DV; e++)
-                ST_OUT(orow, col + e, t[e]);
+            vstore16(x, c, ob);
         }
+#pragma unroll 1
+        for (int col = DT_OUT == 0 ? DV / 16 * 16 : 0; col < DV; col++)
+            ST_OUT(orow, col, ob[col]);
         if (has_lse)
             LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] =
                 empty ? NEG_INF : m[i] + log(l[i]);
