@@ -20,7 +20,14 @@
  * Each group keeps its own running state over its keys; the KG states are combined at the end
  * through local memory (a tree of KG/2, KG/4, ... 1), and split partials (flash-decoding) by
  * merge.cl as for the tiled kernel. Same arguments, grid meaning, numerics and rules (masks,
- * key lengths, causal range, NaN, empty rows, convex O) as the tiled kernel `fused`. */
+ * key lengths, causal range, NaN, empty rows, convex O) as the tiled kernel `fused`.
+ *
+ * Everything a step shares through local memory (Pt, Sc, Pr) belongs to one key group, so the
+ * step's three synchronisations need only cover the group. With GSYNC 1 (DECODE DIRECT 3 on
+ * NVIDIA GPUs) they are PTX barriers of the group alone: bar.warp.sync when groups lie within a
+ * warp (32 % W == 0, whole warps in the work-group), else the named barrier g + 1 of the group's
+ * W work-items (W a multiple of 32; id 0 is barrier()'s). Groups then run apart instead of
+ * waiting for the slowest of the work-group at every step. Otherwise they are barrier(). */
 
 #ifndef KG
 #define KG 4 /* key groups per work-group (a power of 2) */
@@ -44,10 +51,23 @@
 #define KFULL 0 /* 1: head_dim is a multiple of 4 */
 #endif
 #ifndef VFULL
-#define VFULL 0 /* 1: head_dim_v is a multiple of 4 */
+#define VFULL 0 /* 1: the lanes' columns cover head_dim_v exactly (4·W == head_dim_v) */
+#endif
+
+#ifndef GSYNC
+#define GSYNC 0
 #endif
 
 #define WG (KG * W)
+#if GSYNC && W % 32 == 0
+#define GROUP_SYNC() asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "r"(W) : "memory")
+#elif GSYNC && 32 % W == 0 && WG % 32 == 0
+#define GROUP_SYNC() asm volatile("bar.warp.sync 0xffffffff;" ::: "memory")
+#elif GSYNC
+#error "GSYNC needs key groups of whole warps or groups within whole warps"
+#else
+#define GROUP_SYNC() barrier(CLK_LOCAL_MEM_FENCE)
+#endif
 #define STEP (KG * W)
 #if KL > W
 #error "KL must not exceed W"
@@ -160,7 +180,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
                 }
             }
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
+        GROUP_SYNC();
         if (key < k_hi) {
             for (int i = 0; i < RM; i++)
                 for (int u = 0; u < KL; u++)
@@ -208,7 +228,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
             }
             Sc(g, i, j) = x;
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
+        GROUP_SYNC();
 
         /* Every lane of the group: the new maximum; its own key's p. */
         float mref[RM], keep[RM];
@@ -223,7 +243,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
             m[i] = mnew;
             Pr(g, i, j) = exp2((Sc(g, i, j) - mref[i]) * LOG2E);
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
+        GROUP_SYNC();
 
         /* l' = l·alpha + Σ p; o' = o·(l·alpha/l') + Σ (p/l')·v, skipping p = 0 (hidden keys:
          * NaN/Inf in their V rows must not leak). */
@@ -248,7 +268,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
 #pragma unroll
             for (int e = 0; e < LC; e++) {
                 __global const T_IN *vr = Vb + (ulong)(kg0 + n0 + e) * v_ss;
-#if VFULL /* head_dim_v a multiple of 4 */
+#if VFULL /* no lane past head_dim_v, which is a multiple of 4 */
                 v[e] = n0 + e < nk ? LD4_IN(vr, c) : (float4)(0.0f);
 #else
                 v[e] = n0 + e < nk ? row_load4(vr, c, DV) : (float4)(0.0f);

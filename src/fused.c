@@ -267,18 +267,25 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
                   split_len, global, local, 0, NULL, done);
 }
 
-/* decode_rows (DECODE DIRECT 2, decode.cl; GPUs): KG key groups (WGY, a power of 2, default 4)
- * of W = ceil(head_dim_v / 4) work-items, RM packed rows per work-group (0: the packed rows, up
- * to 16), KL lanes reading each key row for the scores (NS; 1: a lane reads its own key's row),
- * LC loads in flight per lane (VW), K and V read from global memory without local tiles. Sets
- * *used = 0 (and enqueues nothing) when even one group does not fit the device's work-group or
+/* decode_rows (DECODE DIRECT 2 and 3, decode.cl; GPUs): KG key groups (WGY, a power of 2,
+ * default 4) of W = ceil(head_dim_v / 4) work-items, RM packed rows per work-group (0: the packed
+ * rows, up to 16), KL lanes reading each key row for the scores (NS; 1: a lane reads its own key's
+ * row), LC loads in flight per lane (VW), K and V read from global memory without local tiles.
+ * DIRECT 3 rounds W up to a power of 2 below 32 lanes, or to a multiple of 32 above (the extra
+ * lanes own no O columns), so that on NVIDIA GPUs each group synchronises alone with PTX
+ * barriers (GSYNC, see decode.cl); elsewhere it is DIRECT 2 with the rounded W. Sets *used = 0
+ * (and enqueues nothing) when even one group does not fit the device's work-group or
  * local-memory limits; the tiled kernel then runs instead. */
 static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
                               cl_uint num_wait, const cl_event *wait, cl_event *done, int *used)
 {
     *used = 0;
     const int R = (int)(p->heads_q / p->heads_kv) * (int)p->seq_q;
-    const int w = (int)((p->head_dim_v + 3) / 4), dp = (int)((p->head_dim + 3) / 4 * 4);
+    const int group_sync = pp->v[6] == 3;
+    const int dp = (int)((p->head_dim + 3) / 4 * 4);
+    int w = (int)((p->head_dim_v + 3) / 4);
+    if (group_sync)
+        w = w <= 32 ? pow2_at_least(w) : (w + 31) / 32 * 32;
     int kg = 1;
     while (kg < 8 && 2 * kg <= (pp->v[1] > 0 ? pp->v[1] : 4))
         kg *= 2;
@@ -313,13 +320,17 @@ static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, cons
     const int splits =
         choose_splits(ctx, p, tiles, bn, bn / 2 > 0 ? bn / 2 : 1, pp->v[5] > 0 ? pp->v[5] : 1, &split_len);
 
+    /* PTX group barriers: NVIDIA GPUs only, groups of whole warps or within whole warps. */
+    const int gsync = group_sync && (ctx->dev.type & CL_DEVICE_TYPE_GPU) && ctx->dev.vendor_id == 0x10de &&
+                      (w % 32 == 0 || (32 % w == 0 && bn % 32 == 0));
+
     char opts[256];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DKG=%d -DW=%d -DRM=%d "
-             "-DDP=%d -DKL=%d -DLC=%d -DKFULL=%d -DVFULL=%d",
+             "-DDP=%d -DKL=%d -DLC=%d -DKFULL=%d -DVFULL=%d -DGSYNC=%d",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
              p->has_mask ? (int)p->mask.dtype : 0, kg, w, rm, dp, kl, lc, p->head_dim % 4 == 0,
-             p->head_dim_v % 4 == 0);
+             4 * (int64_t)w == p->head_dim_v, gsync);
     cl_kernel k;
     clattn_status st = clattn__get_kernel(ctx, "decode.cl", opts, "decode_rows", &k);
     if (st)
@@ -346,7 +357,7 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
                             clattn__mask_kind(p->causal, p->has_mask || p->kv_lengths)};
     clattn_params pp;
     clattn__default_params(ctx, &bucket, &pp);
-    if (decode && pp.v[6] == 2) {
+    if (decode && (pp.v[6] == 2 || pp.v[6] == 3)) {
         int used;
         clattn_status st = run_rows(ctx, p, &pp, num_wait, wait, done, &used);
         if (st || used)

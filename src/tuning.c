@@ -18,7 +18,9 @@
  *                ceil(head_dim_v / 4) work-items reading K and V from global memory, RM rows
  *                (0: all packed rows, up to 16), NS lanes reading one key row together for
  *                the scores (1: each lane its own key's row), VW loads in flight per
- *                work-item (4, 8 or 16), WGX unused)
+ *                work-item (4, 8 or 16), WGX unused; DIRECT 3: decode_rows with W rounded up
+ *                so that each key group synchronises alone, through PTX barriers on NVIDIA
+ *                GPUs)
  *   MERGE      : WG  (merge.cl)
  * Lookup order: clattn_set_params override, CLATTN_PARAMS_<OP>, the user tuning file of the
  * device, built-in tables (tuning/ in the source tree, embedded), vendor defaults, generic defaults. */
@@ -66,9 +68,9 @@ static const op_space spaces[CLATTN_OP_COUNT] = {
     /* DECODE */
     {7,
      {"WGX", "WGY", "RM", "NS", "VW", "SPLITS", "DIRECT"},
-     {5, 4, 4, 6, 3, 5, 3},
+     {5, 4, 4, 6, 3, 5, 4},
      {{1, 2, 8, 16, 32}, {1, 2, 4, 8}, {0, 1, 4, 16}, {1, 2, 4, 8, 16, 32}, {4, 8, 16}, {0, 2, 8, 32, 128},
-      {0, 1, 2}}},
+      {0, 1, 2, 3}}},
     /* MERGE */
     {1, {"WG"}, {5}, {{16, 32, 64, 128, 256}}},
 };
