@@ -193,8 +193,10 @@ inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv,
     const int spans = (r0 / seq_q) != (r1 / seq_q);
     const int i_min = spans ? 0 : r0 % seq_q;
     const int i_max = spans ? seq_q - 1 : r1 % seq_q;
-    w.k_lo = w.split * split_len;
-    w.k_hi = min(min(w.L, w.k_lo + split_len), causal_end(causal, i_max, seq_q, w.L));
+    w.k_lo = w.split * split_len; /* below seq_kv: the host makes (splits - 1)·split_len < seq_kv */
+    /* k_lo + split_len may pass INT_MAX for the last split of a long range: compare instead. */
+    const int end = split_len >= w.L - w.k_lo ? w.L : w.k_lo + split_len;
+    w.k_hi = min(end, causal_end(causal, i_max, seq_q, w.L));
     w.k_all = min(w.k_hi, causal_end(causal, i_min, seq_q, w.L));
     return w;
 }

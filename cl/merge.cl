@@ -37,21 +37,29 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
         mx = fmax(mx, lp);
         nan_part |= isnan(lp);
     }
-    float sum = 0.0f, acc = 0.0f;
+    /* Up to thousands of parts (long key ranges): both sums are compensated (Kahan), so that
+     * equal parts, whose rounding errors would all have the same sign, stay at fp32 accuracy. */
+    float sum = 0.0f, acc = 0.0f, sum_c = 0.0f, acc_c = 0.0f;
     if (nan_part) {
         mx = sum = acc = NAN;
     } else if (mx != NEG_INF) {
         for (int p = 0; p < parts; p++) {
             const float lp = PL[lrow + p * pl_split];
-            if (lp != NEG_INF)
-                sum += exp(lp - mx);
+            if (lp != NEG_INF) {
+                const float y = exp(lp - mx) - sum_c, t = sum + y;
+                sum_c = (t - sum) - y;
+                sum = t;
+            }
         }
         /* Normalised weights: out is a convex combination of the parts and cannot overflow. */
         const float inv = 1.0f / sum;
         for (int p = 0; p < parts && c < DV; p++) {
             const float lp = PL[lrow + p * pl_split];
-            if (lp != NEG_INF)
-                acc += (exp(lp - mx) * inv) * P[prow + p * p_split + c];
+            if (lp != NEG_INF) {
+                const float y = (exp(lp - mx) * inv) * P[prow + p * p_split + c] - acc_c, t = acc + y;
+                acc_c = (t - acc) - y;
+                acc = t;
+            }
         }
     }
     if (c < DV)

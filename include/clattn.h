@@ -44,6 +44,10 @@ extern "C" {
 
 /** Largest head_dim and head_dim_v accepted by every operation. */
 #define CLATTN_MAX_HEAD_DIM 256
+/** Largest seq_q and seq_kv (softmax: rows and cols), 2^31 - 2^20: kernels count keys and rows
+ * in 32-bit integers with room for a tile past the end. batch, heads and the other extents go
+ * up to 2^31 - 1; batch x heads_q and (heads_q / heads_kv) x seq_q must stay within that too. */
+#define CLATTN_MAX_SEQ 0x7ff00000LL
 
 /** @return CLATTN_VERSION_NUMBER of the library actually linked. */
 CLATTN_API unsigned clattn_version_number(void);
@@ -115,8 +119,8 @@ typedef struct clattn_attention_desc {
     int64_t batch;
     int64_t heads_q;
     int64_t heads_kv;   /* divides heads_q; query head h reads kv head h / (heads_q / heads_kv) */
-    int64_t seq_q;
-    int64_t seq_kv;
+    int64_t seq_q;      /* 1 .. CLATTN_MAX_SEQ */
+    int64_t seq_kv;     /* 1 .. CLATTN_MAX_SEQ */
     int64_t head_dim;   /* 1 .. CLATTN_MAX_HEAD_DIM */
     int64_t head_dim_v; /* 1 .. CLATTN_MAX_HEAD_DIM; 0 means head_dim */
     float scale;        /* 0 means 1/sqrt(head_dim) */
@@ -139,7 +143,7 @@ typedef struct clattn_attention_desc {
 typedef struct clattn_softmax_desc {
     int64_t batch;
     int64_t heads;
-    int64_t rows;
+    int64_t rows; /* 1 .. CLATTN_MAX_SEQ, as cols */
     int64_t cols;
     float scale;  /* inputs are multiplied by scale before the softmax; 0 means 1 */
     int causal;   /* bottom-right aligned: row i sees column j iff j <= i + (L - rows) */

@@ -54,7 +54,12 @@ static clattn_status unfused_launches(clattn_context *ctx, const clattn_problem 
     if ((st = clattn__run_scores(ctx, p, &scores, kt ? ws : NULL, elems, num_wait, wait, NULL)))
         return st;
     const clattn_view *probs = &scores;
-    if (p->probs.buffer && p->probs.dtype == CLATTN_F32) {
+    cl_mem_flags pf = 0;
+    if (p->probs.buffer &&
+        clGetMemObjectInfo(p->probs.buffer, CL_MEM_FLAGS, sizeof pf, &pf, NULL) != CL_SUCCESS)
+        pf = CL_MEM_WRITE_ONLY;
+    /* A CL_MEM_WRITE_ONLY probabilities buffer must not be read back by P·V either. */
+    if (p->probs.buffer && p->probs.dtype == CLATTN_F32 && !(pf & CL_MEM_WRITE_ONLY)) {
         probs = &p->probs;
     } else if (p->probs.buffer &&
                (st = clattn__run_softmax(ctx, p->batch, p->heads_q, p->seq_q, p->seq_kv, 1.0f, 0,
@@ -72,14 +77,14 @@ clattn_status clattn_attention(clattn_context *ctx, const clattn_attention_desc 
                                const clattn_tensor *out, cl_uint num_wait, const cl_event *wait,
                                cl_event *done)
 {
-    if (done)
+    if (done && !clattn__done_in_wait(num_wait, wait, done))
         *done = NULL;
     if (!ctx)
         return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_attention: ctx must not be NULL");
     clattn__clear_error(ctx);
     clattn_problem p;
     clattn_status st = clattn__check_attention(ctx, desc, q, k, v, out, 1, &p);
-    if (st || (st = clattn__check_wait(ctx, num_wait, wait)))
+    if (st || (st = clattn__check_wait(ctx, num_wait, wait, done)))
         return st;
     clattn_algorithm algo = desc->algorithm;
     if (desc->probabilities) {

@@ -69,10 +69,20 @@ static int fit(const clattn_context *ctx, fused_cfg *c, int dv)
     return 0;
 }
 
+/* Keys one split covers at most. Within a split the kernels keep O normalised and add each key's
+ * share to it in fp32: late in a long range every share is tiny next to O, and their rounding
+ * adds up. With identical keys (the worst case: the errors do not cancel) one split of 1e6 keys
+ * is off by 3e-4, of 1e8 keys by 3%; 65536 keys stay at fp32 rounding. Splits are merged with
+ * their LSE weights in compensated sums (merge.cl). The partials' workspace and the grid bound
+ * the count; MAX_SPLITS covers CLATTN_MAX_SEQ keys. */
+#define MAX_SPLIT_KEYS (1 << 16)
+#define MAX_SPLITS 32768
+
 /* Key splits (flash-decoding): enough work-groups of wg_items work-items to fill the device
  * (CPUs: 4 per compute unit; GPUs: about 2048 work-items per compute unit, 4 to 32 work-groups,
  * the occupancy a GPU needs to hide memory latency), each split keeping at least 4 key blocks of
- * bn, and the partials within a modest workspace. split_len is a multiple of bn. */
+ * bn and at most MAX_SPLIT_KEYS keys, and the partials within a modest workspace (which wins
+ * over the key limit). split_len is a multiple of bn. */
 static int choose_splits(const clattn_context *ctx, const clattn_problem *p, long long tiles, int bn,
                          int wg_items, int requested, int *split_len)
 {
@@ -90,18 +100,26 @@ static int choose_splits(const clattn_context *ctx, const clattn_problem *p, lon
         splits = (int)max_by_len;
     if (splits > 256)
         splits = 256;
+    const long long by_keys = (p->seq_kv + MAX_SPLIT_KEYS - 1) / MAX_SPLIT_KEYS;
+    if (splits < by_keys)
+        splits = by_keys < MAX_SPLITS ? (int)by_keys : MAX_SPLITS;
     const size_t part_rows = (size_t)(p->batch * p->heads_q * p->seq_q);
     const size_t part_bytes = part_rows * (size_t)(p->head_dim_v + 1) * 4;
-    while (splits > 1 && (size_t)splits * part_bytes > ((size_t)256 << 20))
+    /* 256 MiB, or half the largest buffer the device allows (the workspace is one buffer). */
+    const size_t part_cap = ctx->dev.max_alloc / 2 < ((size_t)256 << 20) ? (size_t)(ctx->dev.max_alloc / 2)
+                                                                          : ((size_t)256 << 20);
+    while (splits > 1 && (size_t)splits * part_bytes > part_cap)
         splits /= 2;
     /* Grid z is batch·heads_kv·splits: CUDA-based drivers cap it at 65535 work-groups. */
     while (splits > 1 && (long long)p->batch * p->heads_kv * splits > 65535)
         splits /= 2;
     if (splits < 1)
         splits = 1;
-    int len = (int)((p->seq_kv + splits - 1) / splits);
+    /* In 64 bits: seq_kv may be close to INT_MAX. len stays below it (validation keeps seq_kv
+     * 2^20 below INT_MAX, and bn is smaller). */
+    long long len = (p->seq_kv + splits - 1) / splits;
     len = (len + bn - 1) / bn * bn;
-    *split_len = len;
+    *split_len = (int)len;
     return (int)((p->seq_kv + len - 1) / len);
 }
 
@@ -369,8 +387,10 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
             return st;
     }
     const int vw = pp.v[4] == 8 || pp.v[4] == 16 ? pp.v[4] : 4;
-    fused_cfg c = {pp.v[0] > 0 ? pp.v[0] : 8, pp.v[1] > 0 ? pp.v[1] : 1, pp.v[2], pp.v[3] > 0 ? pp.v[3] : 1,
-                   vw, 1, (int)((p->head_dim + 3) / 4 * 4)};
+    /* RM and NS beyond the tuner's range (16, 2) only spill registers and can keep a kernel
+     * compiler busy for minutes: at most 16 rows and 4 key blocks per work-item. */
+    fused_cfg c = {pp.v[0] > 0 ? pp.v[0] : 8, pp.v[1] > 0 ? pp.v[1] : 1, pp.v[2] > 16 ? 16 : pp.v[2],
+                   pp.v[3] <= 0 ? 1 : pp.v[3] > 4 ? 4 : pp.v[3], vw, 1, (int)((p->head_dim + 3) / 4 * 4)};
     if (c.rm <= 0) /* decode: one work-group row covers the packed rows, up to 16 */
         c.rm = pow2_at_least(R < 16 ? R : 16);
     if (!fit(ctx, &c, (int)p->head_dim_v))

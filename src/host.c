@@ -1,6 +1,7 @@
 /* Host-memory convenience: copy in, compute, copy out, for small programs and the run script. */
 #include "internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_desc *desc,
@@ -56,11 +57,20 @@ clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_
         d.lse = lse ? &tl : NULL;
         st = clattn_attention(ctx, &d, &tq, &tk, &tv, &to, 0, NULL, NULL);
         if (!st) {
-            err = clEnqueueReadBuffer(ctx->queue, m[3], CL_TRUE, 0, bo, out, 0, NULL, NULL);
-            if (err == CL_SUCCESS && lse)
-                err = clEnqueueReadBuffer(ctx->queue, m[4], CL_TRUE, 0, bl, lse, 0, NULL, NULL);
-            if (err != CL_SUCCESS)
+            /* LSE goes through a copy read first, so that a failed read leaves out and lse as
+             * they were: out is read last, straight into place. */
+            float *lse_copy = lse ? malloc(bl) : NULL;
+            if (lse && !lse_copy)
+                st = clattn__fail(ctx, CLATTN_OUT_OF_MEMORY, "out of host memory (%zu bytes for lse)", bl);
+            if (!st && lse)
+                err = clEnqueueReadBuffer(ctx->queue, m[4], CL_TRUE, 0, bl, lse_copy, 0, NULL, NULL);
+            if (!st && err == CL_SUCCESS)
+                err = clEnqueueReadBuffer(ctx->queue, m[3], CL_TRUE, 0, bo, out, 0, NULL, NULL);
+            if (!st && err != CL_SUCCESS)
                 st = clattn__cl_fail(ctx, err, "clEnqueueReadBuffer");
+            if (!st && lse)
+                memcpy(lse, lse_copy, bl);
+            free(lse_copy);
         }
     }
     for (int i = 0; i < 5; i++)

@@ -105,7 +105,8 @@ void clattn__set_create_error(const char *fmt, ...)
 #endif
     ;
 char *clattn__strdup(const char *s);
-int clattn__env_flag(const char *name, int dflt); /* "0"/"1"/unset */
+/* 0/off/false/no or 1/on/true/yes, any case; unset or anything else: dflt */
+int clattn__env_flag(const char *name, int dflt);
 
 /* ---- hashing (hash.c): 128-bit FNV-1a style digest for cache keys ---- */
 typedef struct clattn_hash {
@@ -161,10 +162,19 @@ enum {
 clattn_status clattn__check_view(clattn_context *ctx, const char *name, const clattn_tensor *t,
                                  const int64_t want[4], unsigned flags, unsigned dtypes,
                                  clattn_view *out);
-clattn_status clattn__check_wait(clattn_context *ctx, cl_uint num_wait, const cl_event *wait);
+/* The wait list: each event valid, of this context, not failed; done not one of its elements. */
+clattn_status clattn__check_wait(clattn_context *ctx, cl_uint num_wait, const cl_event *wait,
+                                 const cl_event *done);
+/* done points into wait: the entry points then leave *done alone, since it is the caller's event. */
+int clattn__done_in_wait(cl_uint num_wait, const cl_event *wait, const cl_event *done);
 clattn_status clattn__check_kvlen(clattn_context *ctx, cl_mem kvlen, int64_t batch);
 int clattn__same_view(const clattn_tensor *a, const clattn_tensor *b);
 int clattn__views_overlap(const clattn_tensor *a, const clattn_tensor *b);
+/* Byte ranges [a_lo, a_hi) of a and [b_lo, b_hi) of b share storage (one buffer, sub-buffers of
+ * one buffer, or CL_MEM_USE_HOST_PTR buffers over the same host memory). */
+int clattn__bytes_overlap(cl_mem a, uint64_t a_lo, uint64_t a_hi, cl_mem b, uint64_t b_lo, uint64_t b_hi);
+/* The batch int32 values of kv_lengths share storage with the checked view t. */
+int clattn__kvlen_overlaps(cl_mem kvlen, int64_t batch, const clattn_tensor *t);
 
 /* Resolved attention problem shared by the scores, unfused and fused paths. */
 typedef struct clattn_problem {

@@ -99,7 +99,7 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
                            const clattn_tensor *lse, cl_uint num_wait, const cl_event *wait,
                            cl_event *done)
 {
-    if (done)
+    if (done && !clattn__done_in_wait(num_wait, wait, done))
         *done = NULL;
     if (!ctx)
         return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_merge: ctx must not be NULL");
@@ -149,7 +149,7 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
             st = clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "part %d overlaps out or lse", i);
     }
     if (!st)
-        st = clattn__check_wait(ctx, num_wait, wait);
+        st = clattn__check_wait(ctx, num_wait, wait, done);
     if (st) {
         free(vpo);
         return st;

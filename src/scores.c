@@ -11,6 +11,11 @@ static void sane_gemm(const clattn_context *ctx, clattn_params *pp)
     for (int i = 0; i < 5; i++) /* v[5] (VW) is checked below */
         if (v[i] <= 0)
             v[i] = 1;
+    /* Register blocks and the unrolled k loop beyond the tuner's range (RM 16, NS 4, TK 64) only
+     * spill, and can keep a kernel compiler busy for minutes. */
+    v[2] = v[2] > 16 ? 16 : v[2];
+    v[3] = v[3] > 4 ? 4 : v[3];
+    v[4] = v[4] > 64 ? 64 : v[4];
     v[4] = (v[4] + 3) / 4 * 4; /* tiles are loaded as float4 along k */
     if (v[5] != 8 && v[5] != 16)
         v[5] = 4;
@@ -186,7 +191,7 @@ clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *de
                             const clattn_tensor *q, const clattn_tensor *k, const clattn_tensor *scores,
                             cl_uint num_wait, const cl_event *wait, cl_event *done)
 {
-    if (done)
+    if (done && !clattn__done_in_wait(num_wait, wait, done))
         *done = NULL;
     if (!ctx)
         return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_scores: ctx must not be NULL");
@@ -199,13 +204,13 @@ clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *de
     clattn_view dst;
     if ((st = clattn__check_view(ctx, "scores", scores, ss, CLATTN_VIEW_OUTPUT, CLATTN_DTYPES_ALL,
                                  &dst)) ||
-        (st = clattn__check_wait(ctx, num_wait, wait)))
+        (st = clattn__check_wait(ctx, num_wait, wait, done)))
         return st;
     if (clattn__views_overlap(scores, q) || clattn__views_overlap(scores, k) ||
         (desc->mask && clattn__views_overlap(scores, desc->mask)))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "scores overlaps q, k or the mask");
-    if (desc->kv_lengths && scores->buffer == desc->kv_lengths)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->kv_lengths is also the scores buffer");
+    if (desc->kv_lengths && clattn__kvlen_overlaps(desc->kv_lengths, p.batch, scores))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->kv_lengths overlaps scores");
     cl_mem scratch = NULL;
     const size_t kt = clattn__scores_scratch(ctx, &p);
     if (kt && (st = clattn__workspace(ctx, kt, &scratch)))

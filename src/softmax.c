@@ -65,7 +65,7 @@ clattn_status clattn_softmax(clattn_context *ctx, const clattn_softmax_desc *des
                              const clattn_tensor *in, const clattn_tensor *out, cl_uint num_wait,
                              const cl_event *wait, cl_event *done)
 {
-    if (done)
+    if (done && !clattn__done_in_wait(num_wait, wait, done))
         *done = NULL;
     if (!ctx)
         return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_softmax: ctx must not be NULL");
@@ -80,7 +80,7 @@ clattn_status clattn_softmax(clattn_context *ctx, const clattn_softmax_desc *des
         if (counts[i].v <= 0)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->%s must be positive (got %lld)",
                                 counts[i].name, (long long)counts[i].v);
-        if (counts[i].v > 0x7fffffffLL)
+        if (counts[i].v > (i < 2 ? 0x7fffffffLL : CLATTN_MAX_SEQ))
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->%s is too large (%lld)",
                                 counts[i].name, (long long)counts[i].v);
     }
@@ -95,7 +95,7 @@ clattn_status clattn_softmax(clattn_context *ctx, const clattn_softmax_desc *des
     if ((st = clattn__check_view(ctx, "in", in, shape, CLATTN_VIEW_INPUT, CLATTN_DTYPES_ALL, &vin)) ||
         (st = clattn__check_view(ctx, "out", out, shape, CLATTN_VIEW_OUTPUT, CLATTN_DTYPES_ALL, &vout)))
         return st;
-    if (out->buffer == in->buffer && !clattn__same_view(in, out) && clattn__views_overlap(in, out))
+    if (!clattn__same_view(in, out) && clattn__views_overlap(in, out))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "out overlaps in without being the same view (in place needs identical views)");
     if (desc->mask) {
@@ -106,10 +106,11 @@ clattn_status clattn_softmax(clattn_context *ctx, const clattn_softmax_desc *des
         if (clattn__views_overlap(desc->mask, out))
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->mask overlaps out");
     }
-    if (desc->kv_lengths && out->buffer == desc->kv_lengths)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->kv_lengths is also the out buffer");
-    if ((st = clattn__check_kvlen(ctx, desc->kv_lengths, desc->batch)) ||
-        (st = clattn__check_wait(ctx, num_wait, wait)))
+    if ((st = clattn__check_kvlen(ctx, desc->kv_lengths, desc->batch)))
+        return st;
+    if (desc->kv_lengths && clattn__kvlen_overlaps(desc->kv_lengths, desc->batch, out))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->kv_lengths overlaps out");
+    if ((st = clattn__check_wait(ctx, num_wait, wait, done)))
         return st;
     const float scale = desc->scale != 0.0f ? desc->scale : 1.0f;
     return clattn__run_softmax(ctx, desc->batch, desc->heads, desc->rows, desc->cols, scale,

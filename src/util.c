@@ -119,9 +119,12 @@ clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims,
         snprintf(where, sizeof where, "clSetKernelArg(%s, arg %u)", what, a->index - 1);
         return clattn__cl_fail(ctx, a->err, where);
     }
+    /* Validation makes every grid dimension positive; a zero here is a size that overflowed on
+     * the way, and succeeding without the launch would leave the output unwritten. */
     for (cl_uint i = 0; i < dims; i++)
         if (global[i] == 0)
-            return CLATTN_SUCCESS; /* nothing to do: callers filter empty launches earlier */
+            return clattn__fail(ctx, CLATTN_UNSUPPORTED, "%s: grid dimension %u is 0 (a size is out of range)",
+                                what, (unsigned)i);
     if (ctx->rehearse)
         return CLATTN_SUCCESS;
     cl_int err = clEnqueueNDRangeKernel(ctx->queue, a->kernel, dims, NULL, global, local, num_wait,

@@ -92,6 +92,16 @@ clattn_status clattn__check_view(clattn_context *ctx, const char *name, const cl
     if (mem_ctx != ctx->context)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "%s->buffer belongs to another OpenCL context", name);
+    /* Kernels writing a read-only buffer, or reading a write-only one, are undefined in OpenCL. */
+    cl_mem_flags mf = 0;
+    if (clGetMemObjectInfo(t->buffer, CL_MEM_FLAGS, sizeof mf, &mf, NULL) != CL_SUCCESS)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s->buffer is not a valid cl_mem", name);
+    if ((flags & CLATTN_VIEW_OUTPUT) && (mf & CL_MEM_READ_ONLY))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "%s is written but its buffer was created CL_MEM_READ_ONLY", name);
+    if (!(flags & CLATTN_VIEW_OUTPUT) && (mf & CL_MEM_WRITE_ONLY))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "%s is read but its buffer was created CL_MEM_WRITE_ONLY", name);
     if (bytes > mem_size)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "%s needs %llu bytes (offset %lld, strides %lld/%lld/%lld, shape "
@@ -137,24 +147,89 @@ int clattn__same_view(const clattn_tensor *a, const clattn_tensor *b)
            memcmp(a->stride, b->stride, sizeof a->stride) == 0;
 }
 
-/* Conservative: byte ranges of two views of the same buffer intersect. Call on checked views. */
-int clattn__views_overlap(const clattn_tensor *a, const clattn_tensor *b)
+/* Where a buffer's bytes live: a sub-buffer's are its parent's from CL_MEM_OFFSET on, and a
+ * CL_MEM_USE_HOST_PTR buffer's are the caller's host memory (host, else NULL), which two buffers
+ * may share. */
+typedef struct mem_place {
+    cl_mem root;
+    uint64_t base;
+    uintptr_t host;
+} mem_place;
+
+static mem_place place_of(cl_mem m)
 {
-    if (a->buffer != b->buffer)
-        return 0;
-    int ok1, ok2;
-    uint64_t ea = clattn_dtype_size(a->dtype), eb = clattn_dtype_size(b->dtype);
-    uint64_t a_lo = (uint64_t)a->offset * ea, b_lo = (uint64_t)b->offset * eb;
-    uint64_t a_hi = (last_index(a, a->shape, &ok1) + 1) * ea;
-    uint64_t b_hi = (last_index(b, b->shape, &ok2) + 1) * eb;
-    return a_lo < b_hi && b_lo < a_hi;
+    mem_place p = {m, 0, 0};
+    cl_mem parent = NULL;
+    size_t off = 0;
+    if (clGetMemObjectInfo(m, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof parent, &parent, NULL) == CL_SUCCESS &&
+        parent && clGetMemObjectInfo(m, CL_MEM_OFFSET, sizeof off, &off, NULL) == CL_SUCCESS) {
+        p.root = parent;
+        p.base = off;
+    }
+    cl_mem_flags flags = 0;
+    void *host = NULL;
+    if (clGetMemObjectInfo(m, CL_MEM_FLAGS, sizeof flags, &flags, NULL) == CL_SUCCESS &&
+        (flags & CL_MEM_USE_HOST_PTR) &&
+        clGetMemObjectInfo(m, CL_MEM_HOST_PTR, sizeof host, &host, NULL) == CL_SUCCESS)
+        p.host = (uintptr_t)host;
+    return p;
 }
 
-clattn_status clattn__check_wait(clattn_context *ctx, cl_uint num_wait, const cl_event *wait)
+int clattn__bytes_overlap(cl_mem a, uint64_t a_lo, uint64_t a_hi, cl_mem b, uint64_t b_lo, uint64_t b_hi)
+{
+    if (a == b)
+        return a_lo < b_hi && b_lo < a_hi;
+    const mem_place pa = place_of(a), pb = place_of(b);
+    if (pa.host && pb.host)
+        return pa.host + a_lo < pb.host + b_hi && pb.host + b_lo < pa.host + a_hi;
+    return pa.root == pb.root && pa.base + a_lo < pb.base + b_hi && pb.base + b_lo < pa.base + a_hi;
+}
+
+/* Byte range [lo, hi) of a checked view in its buffer. */
+static void view_bytes(const clattn_tensor *t, uint64_t *lo, uint64_t *hi)
+{
+    int ok;
+    const uint64_t e = clattn_dtype_size(t->dtype);
+    *lo = (uint64_t)t->offset * e;
+    *hi = (last_index(t, t->shape, &ok) + 1) * e;
+}
+
+/* Conservative: the byte ranges of two checked views intersect, in one buffer or in storage two
+ * buffers share (sub-buffers of one buffer, host memory of CL_MEM_USE_HOST_PTR buffers). */
+int clattn__views_overlap(const clattn_tensor *a, const clattn_tensor *b)
+{
+    uint64_t a_lo, a_hi, b_lo, b_hi;
+    view_bytes(a, &a_lo, &a_hi);
+    view_bytes(b, &b_lo, &b_hi);
+    return clattn__bytes_overlap(a->buffer, a_lo, a_hi, b->buffer, b_lo, b_hi);
+}
+
+int clattn__kvlen_overlaps(cl_mem kvlen, int64_t batch, const clattn_tensor *t)
+{
+    uint64_t lo, hi;
+    view_bytes(t, &lo, &hi);
+    return clattn__bytes_overlap(kvlen, 0, 4u * (uint64_t)batch, t->buffer, lo, hi);
+}
+
+int clattn__done_in_wait(cl_uint num_wait, const cl_event *wait, const cl_event *done)
+{
+    for (cl_uint i = 0; done && wait && i < num_wait; i++)
+        if (done == &wait[i])
+            return 1;
+    return 0;
+}
+
+clattn_status clattn__check_wait(clattn_context *ctx, cl_uint num_wait, const cl_event *wait,
+                                 const cl_event *done)
 {
     if (num_wait > 0 && !wait)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "wait is NULL but num_wait is %u",
                             (unsigned)num_wait);
+    /* OpenCL forbids an enqueue's event to be an element of its wait list (PoCL asserts). */
+    if (clattn__done_in_wait(num_wait, wait, done))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "done points to wait[%u]: pass a separate cl_event for done",
+                            (unsigned)(done - wait));
     /* With num_wait 0 the list is ignored (enqueues get NULL), as OpenCL itself requires. */
     for (cl_uint i = 0; i < num_wait; i++) {
         if (!wait[i])
@@ -198,20 +273,26 @@ clattn_status clattn__check_kvlen(clattn_context *ctx, cl_mem kvlen, int64_t bat
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "kv_lengths has %zu bytes, needs %lld int32 values (batch)", size,
                             (long long)batch);
+    cl_mem_flags mf = 0;
+    if (clGetMemObjectInfo(kvlen, CL_MEM_FLAGS, sizeof mf, &mf, NULL) != CL_SUCCESS)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "kv_lengths is not a valid cl_mem");
+    if (mf & CL_MEM_WRITE_ONLY)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "kv_lengths is read but its buffer was created CL_MEM_WRITE_ONLY");
     return CLATTN_SUCCESS;
 }
 
 /* Sequence lengths and counts go into int kernel arguments. */
 #define MAX_EXTENT 0x7fffffffLL
 
-static clattn_status check_count(clattn_context *ctx, const char *name, int64_t v)
+static clattn_status check_count(clattn_context *ctx, const char *name, int64_t v, int64_t max)
 {
     if (v <= 0)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->%s must be positive (got %lld)",
                             name, (long long)v);
-    if (v > MAX_EXTENT)
+    if (v > max)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->%s is too large (%lld > %lld)", name,
-                            (long long)v, MAX_EXTENT);
+                            (long long)v, (long long)max);
     return CLATTN_SUCCESS;
 }
 
@@ -221,10 +302,12 @@ clattn_status clattn__check_desc(clattn_context *ctx, const clattn_attention_des
     if (!desc)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc must not be NULL");
     clattn_status st;
-    if ((st = check_count(ctx, "batch", desc->batch)) || (st = check_count(ctx, "heads_q", desc->heads_q)) ||
-        (st = check_count(ctx, "heads_kv", desc->heads_kv)) ||
-        (st = check_count(ctx, "seq_q", desc->seq_q)) || (st = check_count(ctx, "seq_kv", desc->seq_kv)) ||
-        (st = check_count(ctx, "head_dim", desc->head_dim)))
+    if ((st = check_count(ctx, "batch", desc->batch, MAX_EXTENT)) ||
+        (st = check_count(ctx, "heads_q", desc->heads_q, MAX_EXTENT)) ||
+        (st = check_count(ctx, "heads_kv", desc->heads_kv, MAX_EXTENT)) ||
+        (st = check_count(ctx, "seq_q", desc->seq_q, CLATTN_MAX_SEQ)) ||
+        (st = check_count(ctx, "seq_kv", desc->seq_kv, CLATTN_MAX_SEQ)) ||
+        (st = check_count(ctx, "head_dim", desc->head_dim, MAX_EXTENT)))
         return st;
     if (desc->heads_q % desc->heads_kv != 0)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
@@ -249,6 +332,16 @@ clattn_status clattn__check_desc(clattn_context *ctx, const clattn_attention_des
         !mul_ok(total, (uint64_t)desc->seq_q, &total) || total > MAX_EXTENT * 64)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "desc->batch x heads_q x seq_q is too large");
+    /* Kernels index (batch, head) pairs and the rows of a kv head's query group with int. */
+    if ((uint64_t)desc->batch * (uint64_t)desc->heads_q > (uint64_t)MAX_EXTENT)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->batch x heads_q (%lld x %lld) exceeds %lld", (long long)desc->batch,
+                            (long long)desc->heads_q, MAX_EXTENT);
+    if ((uint64_t)(desc->heads_q / desc->heads_kv) * (uint64_t)desc->seq_q > (uint64_t)MAX_EXTENT)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->heads_q / heads_kv x seq_q (%lld x %lld) exceeds %lld",
+                            (long long)(desc->heads_q / desc->heads_kv), (long long)desc->seq_q,
+                            MAX_EXTENT);
 
     return CLATTN_SUCCESS;
 }
@@ -316,11 +409,6 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
         return st;
     if (need_v && desc->mask && clattn__views_overlap(out, desc->mask))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out overlaps desc->mask");
-    if (need_v && desc->kv_lengths &&
-        (out->buffer == desc->kv_lengths || (desc->lse && desc->lse->buffer == desc->kv_lengths) ||
-         (desc->probabilities && desc->probabilities->buffer == desc->kv_lengths)))
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                            "desc->kv_lengths is also an output buffer (out, lse or probabilities)");
     if (need_v && desc->lse) {
         if ((st = clattn__check_view(ctx, "desc->lse", desc->lse, ls, CLATTN_VIEW_OUTPUT,
                                      CLATTN_DTYPE_BIT(CLATTN_F32), &p->lse)))
@@ -343,5 +431,12 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                                 "desc->probabilities overlaps another tensor");
     }
+    /* After the outputs' views are checked: the overlap test reads their shapes and strides. */
+    if (need_v && desc->kv_lengths &&
+        (clattn__kvlen_overlaps(desc->kv_lengths, p->batch, out) ||
+         (desc->lse && clattn__kvlen_overlaps(desc->kv_lengths, p->batch, desc->lse)) ||
+         (desc->probabilities && clattn__kvlen_overlaps(desc->kv_lengths, p->batch, desc->probabilities))))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->kv_lengths overlaps an output (out, lse or probabilities)");
     return CLATTN_SUCCESS;
 }

@@ -126,6 +126,13 @@ typedef struct fixture {
     cl_uint num_wait;
     const cl_event *wait;
     cl_event wait_list[2];
+    int done_in_wait; /* the call's done points to wait_list[0] */
+
+    /* sub-buffers and host-pointer buffers a row makes: released, not checked (their storage is a
+     * tracked buffer's, or host_mem) */
+    cl_mem extra[4];
+    int nextra;
+    float host_mem[NQ + NO];
 } fixture;
 
 typedef struct row {
@@ -195,6 +202,56 @@ static cl_mem fx_new(fixture *f, size_t bytes, int foreign)
 static cl_mem base(const fixture *f, int i)
 {
     return f->buf[i].mem;
+}
+
+/* A tracked buffer of `bytes` made with the given access flags (filled and checked as fx_new's). */
+static cl_mem fx_new_flags(fixture *f, size_t bytes, cl_mem_flags flags)
+{
+    cl_mem m = fx_new(f, bytes, 0);
+    tracked *t = &f->buf[f->nbuf - 1];
+    unsigned char *fill = malloc(bytes);
+    assert_non_null(fill);
+    memset(fill, PATTERN(f->nbuf - 1), bytes);
+    cl_int err;
+    t->mem = clCreateBuffer(clattn_cl_context(f->ctx), flags | CL_MEM_COPY_HOST_PTR, bytes, fill, &err);
+    free(fill);
+    check_cl(err, "clCreateBuffer (flags)");
+    clReleaseMemObject(m);
+    return t->mem;
+}
+
+/* Bytes [origin, origin + bytes) of parent as a sub-buffer; origin must be a multiple of the
+ * device's base address alignment. */
+static cl_mem fx_sub(fixture *f, cl_mem parent, size_t origin, size_t bytes)
+{
+    assert_true(f->nextra < (int)N_OF(f->extra));
+    const cl_buffer_region region = {origin, bytes};
+    cl_int err;
+    cl_mem m = clCreateSubBuffer(parent, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+    check_cl(err, "clCreateSubBuffer");
+    f->extra[f->nextra++] = m;
+    return m;
+}
+
+/* The device's sub-buffer origin alignment in bytes. */
+static size_t sub_align(const fixture *f)
+{
+    cl_uint bits = 0;
+    check_cl(clGetDeviceInfo(clattn_device(f->ctx), CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof bits, &bits, NULL),
+             "clGetDeviceInfo(CL_DEVICE_MEM_BASE_ADDR_ALIGN)");
+    return bits >= 8 ? bits / 8 : 1;
+}
+
+/* A CL_MEM_USE_HOST_PTR buffer over bytes [at, at + bytes) of the fixture's host_mem. */
+static cl_mem fx_host(fixture *f, size_t at, size_t bytes)
+{
+    assert_true(f->nextra < (int)N_OF(f->extra));
+    cl_int err;
+    cl_mem m = clCreateBuffer(clattn_cl_context(f->ctx), CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, bytes,
+                              (char *)f->host_mem + at, &err);
+    check_cl(err, "clCreateBuffer (CL_MEM_USE_HOST_PTR)");
+    f->extra[f->nextra++] = m;
+    return m;
 }
 
 /* Points every call argument at the valid baseline (buffers made earlier are kept). */
@@ -316,6 +373,8 @@ static int teardown(void **state)
         clFinish(clattn_queue(f->ctx));
     if (f->queue2)
         clFinish(f->queue2);
+    for (int i = 0; i < f->nextra; i++) /* sub-buffers before their parents */
+        clReleaseMemObject(f->extra[i]);
     for (int i = 0; i < f->nbuf; i++)
         clReleaseMemObject(f->buf[i].mem);
     if (f->ooo_queue)
@@ -441,7 +500,14 @@ static void test_row(void **state)
 
     cl_event done = GARBAGE_EVENT;
     f->created = GARBAGE_CTX;
-    const clattn_status st = invoke(f, r->entry, has_done(r->entry) ? &done : NULL);
+    cl_event *donep = f->done_in_wait ? &f->wait_list[0] : &done;
+    const clattn_status st = invoke(f, r->entry, has_done(r->entry) ? donep : NULL);
+    if (f->done_in_wait) {
+        /* done is the caller's wait event: a failure must leave it as it was. */
+        if (f->wait_list[0] != f->user_event)
+            fail_msg("%s: the event done points to (wait[0]) was changed to %p", name, (void *)f->wait_list[0]);
+        done = NULL;
+    }
     /* Release anything a wait list held before waiting on the queue. */
     if (f->user_event)
         check_cl(clSetUserEventStatus(f->user_event, CL_COMPLETE), "clSetUserEventStatus");
@@ -537,13 +603,15 @@ MUT(a_seq_kv_above_int32, f->desc.seq_kv = BIG + 1)
 MUT(a_heads_kv_int64_max, f->desc.heads_kv = INT64_MAX)
 MUT(a_head_dim_above_int32, f->desc.head_dim = BIG + 1)
 
-/* Every extent at the int32 limit with tensors whose shapes match: B*Hq*Sq overflows 64 bits. */
+/* Every extent at its limit with tensors whose shapes match: B*Hq*Sq overflows 64 bits. */
 static void a_rows_overflow_64(fixture *f)
 {
-    f->desc.batch = f->desc.heads_q = f->desc.seq_q = BIG;
+    const int64_t S = CLATTN_MAX_SEQ;
+    f->desc.batch = f->desc.heads_q = BIG;
+    f->desc.seq_q = S;
     f->desc.heads_kv = 1;
-    const int64_t qs[4] = {BIG, BIG, BIG, D}, ks[4] = {BIG, 1, SKV, D}, vs[4] = {BIG, 1, SKV, DV};
-    const int64_t os[4] = {BIG, BIG, BIG, DV}, ms[4] = {BIG, BIG, BIG, SKV}, ls[4] = {BIG, BIG, BIG, 1};
+    const int64_t qs[4] = {BIG, BIG, S, D}, ks[4] = {BIG, 1, SKV, D}, vs[4] = {BIG, 1, SKV, DV};
+    const int64_t os[4] = {BIG, BIG, S, DV}, ms[4] = {BIG, BIG, S, SKV}, ls[4] = {BIG, BIG, S, 1};
     memcpy(f->q.shape, qs, sizeof qs);
     memcpy(f->k.shape, ks, sizeof ks);
     memcpy(f->v.shape, vs, sizeof vs);
@@ -569,7 +637,7 @@ static void a_rows_above_limit(fixture *f)
 /* Accepted extents and products, matching shapes, but the baseline's small buffers: the size check. */
 static void a_huge_batch_heads(fixture *f)
 {
-    const int64_t n = 65536;
+    const int64_t n = 32768;
     f->desc.batch = f->desc.heads_q = n;
     f->q.shape[0] = f->q.shape[1] = f->out.shape[0] = f->out.shape[1] = n;
     f->mask.shape[0] = f->mask.shape[1] = f->lse.shape[0] = f->lse.shape[1] = n;
@@ -578,8 +646,8 @@ static void a_huge_batch_heads(fixture *f)
 
 static void a_huge_seq_kv(fixture *f)
 {
-    f->desc.seq_kv = BIG;
-    f->k.shape[2] = f->v.shape[2] = f->mask.shape[3] = BIG;
+    f->desc.seq_kv = CLATTN_MAX_SEQ;
+    f->k.shape[2] = f->v.shape[2] = f->mask.shape[3] = CLATTN_MAX_SEQ;
 }
 
 MUT(a_q_shape0, f->q.shape[0] = B + 1)
@@ -690,6 +758,75 @@ static void a_out_shares_buffer_disjoint(fixture *f)
     f->out.offset = (int64_t)NQ;
 }
 
+/* done points to wait[0], an event the caller owns (OpenCL forbids this for an enqueue). */
+static void wait_done_alias(fixture *f)
+{
+    cl_int err;
+    f->user_event = clCreateUserEvent(clattn_cl_context(f->ctx), &err);
+    check_cl(err, "clCreateUserEvent");
+    f->wait_list[0] = f->user_event;
+    f->wait = f->wait_list;
+    f->num_wait = 1;
+    f->done_in_wait = 1;
+}
+
+/* q is a sub-buffer over the same bytes as out's buffer: two handles, one storage. */
+static void a_q_subbuffer_of_out(fixture *f)
+{
+    cl_mem parent = fx_new(f, NQ * 4, 0);
+    f->out.buffer = parent;
+    f->q.buffer = fx_sub(f, parent, 0, NQ * 4);
+}
+
+/* out and q are disjoint sub-buffers of one buffer: allowed. */
+static void a_out_q_disjoint_subbuffers(fixture *f)
+{
+    const size_t a = sub_align(f), at = (NO * 4 + a - 1) / a * a;
+    cl_mem parent = fx_new(f, at + NQ * 4, 0);
+    f->out.buffer = fx_sub(f, parent, 0, NO * 4);
+    f->q.buffer = fx_sub(f, parent, at, NQ * 4);
+}
+
+/* kv_lengths is a sub-buffer over the first bytes of out's buffer. */
+static void a_kvlen_subbuffer_of_out(fixture *f)
+{
+    cl_mem parent = fx_new(f, NO * 4, 0);
+    f->out.buffer = parent;
+    f->desc.kv_lengths = fx_sub(f, parent, 0, B * 4);
+}
+
+/* q and out are CL_MEM_USE_HOST_PTR buffers over overlapping host memory. */
+static void a_out_host_overlaps_q(fixture *f)
+{
+    f->q.buffer = fx_host(f, 0, NQ * 4);
+    f->out.buffer = fx_host(f, (NQ - NO / 2) * 4, NO * 4);
+}
+
+/* ... and over disjoint host memory: allowed. */
+static void a_out_host_disjoint_q(fixture *f)
+{
+    f->q.buffer = fx_host(f, 0, NQ * 4);
+    f->out.buffer = fx_host(f, NQ * 4, NO * 4);
+}
+
+MUT(a_out_read_only, f->out.buffer = fx_new_flags(f, NO * 4, CL_MEM_READ_ONLY))
+MUT(a_lse_read_only, f->lse.buffer = fx_new_flags(f, NL * 4, CL_MEM_READ_ONLY))
+MUT(a_v_write_only, f->v.buffer = fx_new_flags(f, NV * 4, CL_MEM_WRITE_ONLY))
+MUT(a_kvlen_write_only, f->desc.kv_lengths = fx_new_flags(f, B * 4, CL_MEM_WRITE_ONLY))
+MUT(a_inputs_read_only_ok, f->q.buffer = fx_new_flags(f, NQ * 4, CL_MEM_READ_ONLY);
+    f->k.buffer = fx_new_flags(f, NK * 4, CL_MEM_READ_ONLY);
+    f->out.buffer = fx_new_flags(f, NO * 4, CL_MEM_WRITE_ONLY))
+/* f32 probabilities the unfused path must not read back for P·V. */
+MUT(a_unfused_probs_write_only_ok, f->desc.probabilities = &f->probs;
+    f->probs.buffer = fx_new_flags(f, NM * 4, CL_MEM_WRITE_ONLY); f->desc.algorithm = CLATTN_ALGORITHM_UNFUSED)
+MUT(a_seq_kv_above_max, f->desc.seq_kv = CLATTN_MAX_SEQ + 1)
+MUT(a_seq_q_above_max, f->desc.seq_q = CLATTN_MAX_SEQ + 1)
+/* 2^16 query heads over one kv head, 2^16 rows each: 2^32 packed rows of one kv head. */
+MUT(a_group_rows_above_int32, f->desc.batch = 1; f->desc.heads_q = 65536; f->desc.heads_kv = 1;
+    f->desc.seq_q = 65536)
+MUT(a_batch_heads_above_int32, f->desc.batch = 65536; f->desc.heads_q = 65536; f->desc.heads_kv = 1;
+    f->desc.seq_q = 1)
+
 MUT(a_wait_null, f->num_wait = 1; f->wait = NULL)
 MUT(a_wait_contains_null, wait_with_null(f))
 MUT(a_q_foreign, f->q.buffer = fx_new(f, NQ * 4, 1))
@@ -714,6 +851,13 @@ MUT(s_scores_one_short, f->scores.offset = 1)
 MUT(s_scores_dtype_7, f->scores.dtype = (clattn_dtype)7)
 MUT(s_scores_foreign, f->scores.buffer = fx_new(f, NM * 4, 1))
 MUT(s_kvlen_too_small, f->desc.kv_lengths = fx_new(f, 4, 0))
+MUT(s_scores_read_only, f->scores.buffer = fx_new_flags(f, NM * 4, CL_MEM_READ_ONLY))
+
+/* kv_lengths is a sub-buffer over the first bytes of the scores buffer. */
+static void s_kvlen_subbuffer_of_scores(fixture *f)
+{
+    f->desc.kv_lengths = fx_sub(f, base(f, BUF_SCORES), 0, B * 4);
+}
 
 /* ---- clattn_softmax ---- */
 MUT(x_null_desc, f->sdescp = NULL)
@@ -751,6 +895,17 @@ static void x_out_overlaps_in(fixture *f)
     f->sout.offset = 5;
 }
 
+/* in is a sub-buffer over the same bytes as out's buffer, five floats on: they overlap. */
+static void x_in_subbuffer_overlaps_out(fixture *f)
+{
+    cl_mem parent = fx_new(f, (NM + 5) * 4, 0);
+    f->sout.buffer = parent;
+    f->sout.offset = 5;
+    f->sin.buffer = fx_sub(f, parent, 0, (NM + 5) * 4);
+}
+
+MUT(x_rows_above_max, f->sdesc.rows = CLATTN_MAX_SEQ + 1)
+MUT(x_in_write_only, f->sin.buffer = fx_new_flags(f, NM * 4, CL_MEM_WRITE_ONLY))
 MUT(x_out_same_buffer_other_dtype, f->sout = f->sin; f->sout.dtype = CLATTN_F16)
 /* in reads batch 0 twice (stride 0 broadcasts an input); out is in's baseline view. */
 MUT(x_out_same_buffer_other_strides, f->sout = f->sin; f->sin.stride[0] = 0)
@@ -799,6 +954,8 @@ MUT(m_out_self_overlap, f->mout.stride[2] = DV / 2)
 MUT(m_part_foreign, f->part_out[0].buffer = fx_new(f, NO * 4, 1))
 MUT(m_null_lse_ok, f->mlsep = NULL)
 MUT(m_wait_null, f->num_wait = 1; f->wait = NULL)
+MUT(m_part_subbuffer_of_out, f->part_out[0].buffer = fx_sub(f, base(f, BUF_MOUT), 0, NO * 4))
+MUT(m_out_read_only, f->mout.buffer = fx_new_flags(f, NO * 4, CL_MEM_READ_ONLY))
 
 /* ---- clattn_attention_host ---- */
 MUT(h_null_desc, f->hdescp = NULL)
@@ -963,6 +1120,22 @@ static const row rows[] = {
     {"out_overlaps_mask", E_ATTENTION, a_out_overlaps_mask, INV, "mask", NULL},
     {"lse_overlaps_mask", E_ATTENTION, a_lse_overlaps_mask, INV, "mask", NULL},
     {"out_is_kv_lengths", E_ATTENTION, a_out_is_kv_lengths, INV, "kv_lengths", NULL},
+    {"seq_kv_above_max", E_ATTENTION, a_seq_kv_above_max, INV, "desc->seq_kv", "2146435073"},
+    {"seq_q_above_max", E_ATTENTION, a_seq_q_above_max, INV, "desc->seq_q", "2146435073"},
+    {"group_rows_above_int32", E_ATTENTION, a_group_rows_above_int32, INV, "heads_q / heads_kv x seq_q", "65536"},
+    {"batch_x_heads_q_above_int32", E_ATTENTION, a_batch_heads_above_int32, INV, "batch x heads_q", "65536"},
+    {"q_subbuffer_of_out", E_ATTENTION, a_q_subbuffer_of_out, INV, "out overlaps", NULL},
+    {"out_q_disjoint_subbuffers", E_ATTENTION, a_out_q_disjoint_subbuffers, OK, "", NULL},
+    {"kv_lengths_subbuffer_of_out", E_ATTENTION, a_kvlen_subbuffer_of_out, INV, "kv_lengths overlaps", NULL},
+    {"out_host_memory_overlaps_q", E_ATTENTION, a_out_host_overlaps_q, INV, "out overlaps", NULL},
+    {"out_host_memory_disjoint_q", E_ATTENTION, a_out_host_disjoint_q, OK, "", NULL},
+    {"out_read_only", E_ATTENTION, a_out_read_only, INV, "out is written", "CL_MEM_READ_ONLY"},
+    {"lse_read_only", E_ATTENTION, a_lse_read_only, INV, "desc->lse is written", "CL_MEM_READ_ONLY"},
+    {"v_write_only", E_ATTENTION, a_v_write_only, INV, "v is read", "CL_MEM_WRITE_ONLY"},
+    {"kv_lengths_write_only", E_ATTENTION, a_kvlen_write_only, INV, "kv_lengths is read", "CL_MEM_WRITE_ONLY"},
+    {"inputs_read_only_out_write_only", E_ATTENTION, a_inputs_read_only_ok, OK, "", NULL},
+    {"unfused_probabilities_write_only", E_ATTENTION, a_unfused_probs_write_only_ok, OK, "", NULL},
+    {"done_is_wait_0", E_ATTENTION, wait_done_alias, INV, "done points to wait[0]", NULL},
     {"wait_null_num_wait_1", E_ATTENTION, a_wait_null, INV, "wait", "1"},
     {"wait_contains_null", E_ATTENTION, a_wait_contains_null, INV, "wait[1]", "NULL"},
     {"q_other_context", E_ATTENTION, a_q_foreign, INV, "q->buffer", "another OpenCL context"},
@@ -999,6 +1172,9 @@ static const row rows[] = {
     {"mask_heads_2_of_4", E_SCORES, a_mask_heads_2, INV, "desc->mask->shape[1]", "2"},
     {"kv_lengths_too_small", E_SCORES, s_kvlen_too_small, INV, "kv_lengths", "4 bytes"},
     {"scale_nan", E_SCORES, a_scale_nan, INV, "desc->scale", "nan"},
+    {"scores_read_only", E_SCORES, s_scores_read_only, INV, "scores is written", "CL_MEM_READ_ONLY"},
+    {"kv_lengths_subbuffer_of_scores", E_SCORES, s_kvlen_subbuffer_of_scores, INV, "kv_lengths overlaps", NULL},
+    {"done_is_wait_0", E_SCORES, wait_done_alias, INV, "done points to wait[0]", NULL},
     {"wait_null_num_wait_1", E_SCORES, a_wait_null, INV, "wait", "1"},
     {"wait_contains_null", E_SCORES, a_wait_contains_null, INV, "wait[1]", "NULL"},
 
@@ -1045,6 +1221,10 @@ static const row rows[] = {
     {"in_stride_negative", E_SOFTMAX, x_in_stride_negative, INV, "in->stride[1]", "-1"},
     {"kv_lengths_too_small", E_SOFTMAX, x_kvlen_too_small, INV, "kv_lengths", "4 bytes"},
     {"in_other_context", E_SOFTMAX, x_in_foreign, INV, "in->buffer", "another OpenCL context"},
+    {"in_subbuffer_overlaps_out", E_SOFTMAX, x_in_subbuffer_overlaps_out, INV, "out overlaps in", NULL},
+    {"rows_above_max", E_SOFTMAX, x_rows_above_max, INV, "desc->rows", "2146435073"},
+    {"in_write_only", E_SOFTMAX, x_in_write_only, INV, "in is read", "CL_MEM_WRITE_ONLY"},
+    {"done_is_wait_0", E_SOFTMAX, wait_done_alias, INV, "done points to wait[0]", NULL},
     {"wait_null_num_wait_3", E_SOFTMAX, x_wait_null, INV, "wait", "3"},
     {"wait_contains_null", E_SOFTMAX, a_wait_contains_null, INV, "wait[1]", "NULL"},
 
@@ -1078,6 +1258,9 @@ static const row rows[] = {
     {"part_dtype_7", E_MERGE, m_part_dtype_7, INV, "part_out[0]->dtype", "7"},
     {"out_overlaps_itself", E_MERGE, m_out_self_overlap, INV, "out is an output", "stride 2"},
     {"part_other_context", E_MERGE, m_part_foreign, INV, "part_out[0]->buffer", "another OpenCL context"},
+    {"part_subbuffer_of_out", E_MERGE, m_part_subbuffer_of_out, INV, "part 0 overlaps", NULL},
+    {"out_read_only", E_MERGE, m_out_read_only, INV, "out is written", "CL_MEM_READ_ONLY"},
+    {"done_is_wait_0", E_MERGE, wait_done_alias, INV, "done points to wait[0]", NULL},
     {"wait_null_num_wait_1", E_MERGE, m_wait_null, INV, "wait", "1"},
     {"wait_contains_null", E_MERGE, a_wait_contains_null, INV, "wait[1]", "NULL"},
 

@@ -517,6 +517,67 @@ static void test_merge(void **state)
         fail_msg("%d check(s) failed", tu_failures);
 }
 
+/* ====================== the longest key range accepted ====================== */
+
+/* CLATTN_MAX_SEQ keys (2^27 in the runs that force the slower GPU kernels through
+ * CLATTN_PARAMS_DECODE), all of them one K row and one V row (stride 0 broadcasts), three query
+ * rows of a GQA group. Every key weighs 1/N, so out is that V row and lse is the row's score plus
+ * ln N, both known in float64 without a reference over N keys. It catches key counters that wrap
+ * near 2^31 (a split's keys dropped: lse off by the log of a fraction) and the rounding of
+ * O updated key by key over one long split (out decaying towards 0, 87% at 2^31 keys). */
+static void test_longest_range(void **state)
+{
+    (void)state;
+    tu_failures = 0;
+    clattn_context *ctx = tu_ctx_get();
+    const char *forced = getenv("CLATTN_PARAMS_DECODE");
+    const int64_t N = forced && *forced ? INT64_C(1) << 27 : CLATTN_MAX_SEQ;
+    enum { HQ = 3, D = 16, DV = 16 };
+    tu_rng rng;
+    tu_seed(&rng, tu_seed_of("longest_range"));
+    float q[HQ * D], k[D], v[DV];
+    for (int i = 0; i < HQ * D; i++)
+        q[i] = (float)tu_uniform(&rng, -1, 1);
+    for (int i = 0; i < D; i++)
+        k[i] = (float)tu_uniform(&rng, -1, 1);
+    for (int i = 0; i < DV; i++)
+        v[i] = (float)tu_uniform(&rng, -1, 1);
+    cl_mem bq = tu_xbuffer(sizeof q, q), bk = tu_xbuffer(sizeof k, k), bv = tu_xbuffer(sizeof v, v);
+    cl_mem bo = tu_xbuffer(HQ * DV * 4, NULL), bl = tu_xbuffer(HQ * 4, NULL);
+    clattn_tensor tq = clattn_tensor_bhsd(bq, CLATTN_F32, 1, HQ, 1, D);
+    clattn_tensor tk = clattn_tensor_bhsd(bk, CLATTN_F32, 1, 1, N, D);
+    clattn_tensor tv = clattn_tensor_bhsd(bv, CLATTN_F32, 1, 1, N, DV);
+    tk.stride[0] = tk.stride[1] = tk.stride[2] = 0;
+    tv.stride[0] = tv.stride[1] = tv.stride[2] = 0;
+    clattn_tensor to = clattn_tensor_bhsd(bo, CLATTN_F32, 1, HQ, 1, DV);
+    clattn_tensor tl = clattn_tensor_bhsd(bl, CLATTN_F32, 1, HQ, 1, 1);
+    clattn_attention_desc desc = {.batch = 1, .heads_q = HQ, .heads_kv = 1, .seq_q = 1, .seq_kv = N,
+                                  .head_dim = D, .head_dim_v = DV, .lse = &tl,
+                                  .algorithm = CLATTN_ALGORITHM_FUSED};
+    attention_or_fail(&desc, &tq, &tk, &tv, &to);
+    float out[HQ * DV], lse[HQ];
+    tu_read(ctx, bo, sizeof out, out);
+    tu_read(ctx, bl, sizeof lse, lse);
+    double got[HQ * DV], want[HQ * DV], got_l[HQ], want_l[HQ];
+    for (int h = 0; h < HQ; h++) {
+        double dot = 0;
+        for (int d = 0; d < D; d++)
+            dot += (double)q[h * D + d] * k[d];
+        want_l[h] = dot / sqrt((double)D) + log((double)N);
+        got_l[h] = lse[h];
+        for (int c = 0; c < DV; c++) {
+            want[h * DV + c] = v[c];
+            got[h * DV + c] = out[h * DV + c];
+        }
+    }
+    print_message("%lld keys: out[0] %.9g (exact %.9g), lse[0] %.9g (exact %.9g)\n", (long long)N,
+                  got[0], want[0], got_l[0], want_l[0]);
+    tu_check_close("out over the longest range", got, want, HQ * DV, 1e-6, 1e-4);
+    tu_check_close("lse over the longest range", got_l, want_l, HQ, 1e-4, 1e-6);
+    if (tu_failures != 0)
+        fail_msg("%d check(s) failed", tu_failures);
+}
+
 /* =============================== registration =============================== */
 
 int main(void)
@@ -533,7 +594,11 @@ int main(void)
         snprintf(names[n], sizeof names[n], "merge/%s", merge_cases[i].name);
         tests[n] = (struct CMUnitTest){names[n], test_merge, NULL, tu_teardown, (void *)&merge_cases[i]};
     }
-    if (n != N_OF(dec_cases) + N_OF(merge_cases)) {
+    if (n < MAX_TESTS) {
+        snprintf(names[n], sizeof names[n], "decode/longest_range");
+        tests[n++] = (struct CMUnitTest){names[n - 1], test_longest_range, NULL, tu_teardown, NULL};
+    }
+    if (n != N_OF(dec_cases) + N_OF(merge_cases) + 1) {
         fprintf(stderr, "test_decode: more than %d tests, raise MAX_TESTS\n", MAX_TESTS);
         return 1;
     }

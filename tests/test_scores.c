@@ -49,7 +49,14 @@ typedef struct sc_case {
     tu_layout out_layout; /* scores */
     float scale;            /* 0: 1/sqrt(D) */
     int poison;             /* NaN/Inf in K at keys past the kv length: their scores stay -inf */
+    const int *params;      /* clattn_set_params(SCORES) for this call; NULL: the defaults */
 } sc_case;
+
+/* In the accepted range ([0, 4096]) but far past what a kernel can hold: 128 x 64 register tiles
+ * and a 4096-deep k step. The library clamps them (RM 16, NS 4, TK 64); unclamped, PoCL's compiler
+ * ran for minutes. Tiled (DIRECT 0) and direct (DIRECT 1, with the Kᵀ copy). */
+static const int huge_tiled[9] = {16, 16, 128, 64, 4096, 16, 1, 0, 0};
+static const int huge_direct[9] = {1, 1, 128, 64, 4096, 16, 1, 1, 1};
 
 /* clang-format off */
 static const sc_case cases[] = {
@@ -111,6 +118,10 @@ static const sc_case cases[] = {
     /* scale */
     {"scale_explicit", 2, 2, 2, 33, 47, 64, F32, F32, .scale = 0.5f},
     {"scale_negative", 2, 2, 2, 33, 47, 64, F32, F32, .scale = -0.25f, .mask = MASK_FULL, .mask_dt = F32},
+
+    /* tuning values the kernels cannot take as they are */
+    {"huge_params_tiled", 1, 2, 1, 33, 47, 64, F32, F32, .causal = 1, .params = huge_tiled},
+    {"huge_params_direct", 1, 2, 1, 33, 47, 64, F32, F32, .causal = 1, .params = huge_direct},
 };
 /* clang-format on */
 
@@ -202,7 +213,11 @@ static void test_case(void **state)
     desc.mask = c->mask != MASK_NONE ? &mask.t : NULL;
     desc.kv_lengths = kv_buf;
     cl_event done = NULL;
+    if (c->params && clattn_set_params(tu_ctx, CLATTN_OPERATION_SCORES, c->params, 9) != CLATTN_SUCCESS)
+        fail_msg("clattn_set_params: %s", clattn_last_error(tu_ctx));
     const clattn_status st = clattn_scores(tu_ctx, &desc, &q.t, &k.t, &out.t, 0, NULL, &done);
+    if (c->params)
+        clattn_set_params(tu_ctx, CLATTN_OPERATION_SCORES, NULL, 0);
     if (st != CLATTN_SUCCESS)
         fail_msg("clattn_scores returned %s: %s", clattn_status_string(st), clattn_last_error(tu_ctx));
     assert_non_null(done);
