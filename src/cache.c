@@ -79,8 +79,12 @@ void clattn__cache_init(clattn_context *ctx)
         n = snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s/.cache/clattn", home);
     else
         n = -1;
-    if (n < 0 || (size_t)n >= sizeof ctx->cache_dir)
+    /* A cut-off path names some other directory: keep none, so that neither the cache nor the
+     * default tuning directory (<cache dir>/tuning, tuning.c) reads or writes there. */
+    if (n < 0 || (size_t)n >= sizeof ctx->cache_dir) {
         ctx->cache_enabled = 0;
+        ctx->cache_dir[0] = '\0';
+    }
 }
 
 static int entry_path(const clattn_context *ctx, const char *hex, char *buf, size_t size)
@@ -112,7 +116,9 @@ unsigned char *clattn__cache_load(clattn_context *ctx, const char *hex, size_t *
     int ok = fread(head, 1, HEADER_SIZE, f) == HEADER_SIZE && memcmp(head, MAGIC, 16) == 0 &&
              memcmp(head + 16, hex, 32) == 0;
     uint64_t n = ok ? get64(head + 48) : 0;
-    ok = ok && n > 0 && n <= MAX_BINARY;
+    /* The payload size must be what the file holds, checked before the allocation: a damaged
+     * header claiming hundreds of MiB would otherwise be allocated for nothing. */
+    ok = ok && n > 0 && n <= MAX_BINARY && (uint64_t)st.st_size == HEADER_SIZE + n;
     if (ok) {
         bin = malloc((size_t)n);
         char extra;

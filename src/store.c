@@ -10,8 +10,10 @@
  *
  * Every field but op may be "*". mask: none, causal, masked (an additive mask or key lengths,
  * with or without causal). seq_q: 1, <=16, <=128, >128. Lines are at most 1023 bytes (a device
- * value 511, a driver tag 255); '#' starts a comment. Any other line makes the whole file
- * malformed: a store is used whole or not at all. */
+ * value 511, a driver tag 255); '#' starts a comment, on a line of its own or after an entry
+ * (device and driver values are taken whole: a device name may hold a '#'). Numbers are plain
+ * decimal digits. Any other line makes the whole file malformed: a store is used whole or not at
+ * all. */
 #include "internal.h"
 
 #include <errno.h>
@@ -73,6 +75,25 @@ static int field_name(const char *s, const char *const *names, int n, int *out)
     return 0;
 }
 
+/* A decimal integer in [0, max] at s: ASCII digits only (no sign, blank or base prefix, so "-0"
+ * or "+4" never pass), stopping at the first non-digit, which *end receives. Hand-written instead
+ * of strtol: the range check cannot overflow, whatever the length or the width of long. */
+static int parse_uint(const char *s, int max, int *out, const char **end)
+{
+    long v = 0;
+    const char *p = s;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        v = 10 * v + (*p - '0');
+        if (v > max)
+            return 0;
+    }
+    if (p == s)
+        return 0;
+    *out = (int)v;
+    *end = p;
+    return 1;
+}
+
 /* A field that is "*" (-1) or an integer in [lo, hi]. */
 static int field_int(const char *s, int lo, int hi, int *out)
 {
@@ -80,32 +101,54 @@ static int field_int(const char *s, int lo, int hi, int *out)
         *out = -1;
         return 1;
     }
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi)
+    const char *end;
+    int v;
+    if (!parse_uint(s, hi, &v, &end) || *end || v < lo)
         return 0;
-    *out = (int)v;
+    *out = v;
     return 1;
+}
+
+/* Splits s in place at blanks into at most max fields; returns the count, or max + 1 when there
+ * are more. Hand-written: strtok keeps its position in one static for the whole process, so
+ * contexts loading files on several threads at once would cut each other's lines (strtok_r is
+ * POSIX, not C11). */
+static int split_fields(char *s, char **field, int max)
+{
+    int n = 0;
+    for (;;) {
+        while (*s == ' ' || *s == '\t')
+            s++;
+        if (!*s)
+            return n;
+        if (n == max)
+            return max + 1;
+        field[n++] = s;
+        while (*s && *s != ' ' && *s != '\t')
+            s++;
+        if (*s)
+            *s++ = '\0';
+    }
 }
 
 static int parse_entry(char *line, clattn_tuning_entry *e, const char **why)
 {
     memset(e, 0, sizeof *e);
+    /* The comment goes first: an '=' in it ("# was =32") is no separator. */
+    char *hash = strchr(line, '#');
+    if (hash)
+        *hash = '\0';
     char *eq = strrchr(line, '='); /* the last one: "<=16" holds one too */
     if (!eq) {
         *why = "no '='";
         return 0;
     }
     *eq = '\0';
-    char *tok[7];
-    int nt = 0;
-    for (char *s = strtok(line, " \t"); s; s = strtok(NULL, " \t")) {
-        if (nt == 7) {
-            *why = "too many fields before '='";
-            return 0;
-        }
-        tok[nt++] = s;
+    char *tok[6];
+    const int nt = split_fields(line, tok, 6);
+    if (nt > 6) {
+        *why = "too many fields before '='";
+        return 0;
     }
     if (nt != 6) {
         *why = "expected: op dtype head_dim mask seq_q log2_seq_kv = values";
@@ -128,29 +171,28 @@ static int parse_entry(char *line, clattn_tuning_entry *e, const char **why)
     }
     /* Values: exactly the operation's count of integers in [0, 4096]. */
     const int want = clattn__param_count(e->op);
-    char *s = eq + 1;
-    while (*s == ' ' || *s == '\t')
-        s++;
+    const char *s = eq + 1;
     for (;;) {
-        char *end;
-        errno = 0;
-        long v = strtol(s, &end, 10);
-        if (end == s || errno || v < 0 || v > 4096 || e->n == CLATTN_MAX_PARAMS) {
+        while (*s == ' ' || *s == '\t')
+            s++;
+        if (e->n == CLATTN_MAX_PARAMS) {
+            *why = "wrong number of values for the operation";
+            return 0;
+        }
+        if (!parse_uint(s, 4096, &e->v[e->n], &s)) {
             *why = "values must be integers in [0, 4096]";
             return 0;
         }
-        e->v[e->n++] = (int)v;
-        s = end;
+        e->n++;
         while (*s == ' ' || *s == '\t')
             s++;
-        if (*s == ',') {
-            s++;
-            continue;
-        }
-        if (*s == '\0' || *s == '#')
+        if (*s == '\0')
             break;
-        *why = "values must be a comma-separated list";
-        return 0;
+        if (*s != ',') {
+            *why = "values must be a comma-separated list";
+            return 0;
+        }
+        s++;
     }
     if (e->n != want) {
         *why = "wrong number of values for the operation";

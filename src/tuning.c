@@ -24,14 +24,18 @@
  *   MERGE      : WG  (merge.cl)
  * Lookup order: clattn_set_params override, CLATTN_PARAMS_<OP>, the user tuning file of the
  * device, built-in tables (tuning/ in the source tree, embedded), vendor defaults, generic defaults. */
+#define _POSIX_C_SOURCE 200809L /* open, fstat, O_CLOEXEC: the user file is read as cache.c reads */
 #include "internal.h"
 
 #include <ctype.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *const op_names[CLATTN_OP_COUNT] = {"scores", "pv", "softmax", "fused", "decode",
                                                       "merge"};
@@ -383,30 +387,46 @@ static void load_builtin(clattn_context *ctx)
 
 static void load_user(clattn_context *ctx)
 {
+    enum { MAX_FILE = 1 << 20 };
     char path[4200];
     if (!clattn__tuning_file(ctx, path, sizeof path)) {
         report(ctx, "no user tuning directory (set CLATTN_TUNING_DIR)");
         return;
     }
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    /* Only a regular file is read, as in the binary cache (cache.c): opening a FIFO planted under
+     * the file's name would block clattn_create for ever, and a directory or a device is no
+     * tuning file either. O_NONBLOCK keeps the open of a FIFO from waiting for a writer. */
+    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
         report(ctx, "no user tuning file %.400s", path);
         return;
     }
-    char *buf = malloc(1 << 20);
-    size_t len = buf ? fread(buf, 1, 1 << 20, f) : 0;
-    const int too_big = buf && len == (1 << 20);
-    fclose(f);
-    if (!buf)
-        return;
-    clattn_tuning_table *t = calloc(1, sizeof *t);
-    char err[200];
-    if (!t) {
-        free(buf);
-        return;
+    struct stat st;
+    const char *why = NULL;
+    char *buf = NULL;
+    size_t len = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        why = "not a regular file";
+    } else if (st.st_size > MAX_FILE) {
+        why = "larger than 1 MiB";
+    } else if ((buf = malloc((size_t)st.st_size + 1)) != NULL) {
+        /* One byte more than fstat said: a file that grew meanwhile is being rewritten in place. */
+        const size_t size = (size_t)st.st_size;
+        ssize_t r = 0;
+        while (len <= size && (r = read(fd, buf + len, size + 1 - len)) > 0)
+            len += (size_t)r;
+        if (r < 0)
+            why = "read error";
+        else if (len > size)
+            why = "changed while being read";
     }
-    if (too_big) {
-        report(ctx, "ignored user tuning file %.400s: %.400s", path, "larger than 1 MiB");
+    close(fd);
+    clattn_tuning_table *t = NULL;
+    char err[200];
+    if (!why && (!buf || !(t = calloc(1, sizeof *t))))
+        why = "out of host memory";
+    if (why) {
+        report(ctx, "ignored user tuning file %.400s: %s", path, why);
     } else if (clattn__tuning_parse(buf, len, t, err, sizeof err) != 0) {
         report(ctx, "ignored user tuning file %.400s: %.400s", path, err);
     } else if (t->device_is_pattern || strcmp(t->device, ctx->dev.key) != 0) {
@@ -557,6 +577,9 @@ clattn_status clattn_tuning_path(const clattn_context *ctx, char *buf, size_t si
 {
     if (!ctx || !buf || size == 0)
         return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_tuning_path: ctx, buf and size must be given");
+    /* Like every call, this one resets the last error; ctx is const only because the call changes
+     * no setting. */
+    clattn__clear_error((clattn_context *)ctx);
     char path[4200];
     if (!clattn__tuning_file(ctx, path, sizeof path) || strlen(path) >= size)
         return clattn__fail((clattn_context *)ctx, CLATTN_IO_ERROR,

@@ -83,13 +83,31 @@ char *clattn__strdup(const char *s)
     return d;
 }
 
+/* Whether s is word ignoring ASCII case (the words are ASCII; no locale, no strcasecmp, which is
+ * POSIX, not C11). */
+static int same_word(const char *s, const char *word)
+{
+    for (; *s && *word; s++, word++) {
+        const char c = *s >= 'A' && *s <= 'Z' ? (char)(*s - 'A' + 'a') : *s;
+        if (c != *word)
+            return 0;
+    }
+    return *s == *word;
+}
+
+/* 0/off/false/no and 1/on/true/yes in any case; unset, empty or anything else keeps dflt, so a
+ * typo never turns a feature on or off by accident. */
 int clattn__env_flag(const char *name, int dflt)
 {
+    static const char *const words[4][2] = {{"0", "1"}, {"off", "on"}, {"false", "true"}, {"no", "yes"}};
     const char *v = getenv(name);
-    if (!v || !*v)
+    if (!v)
         return dflt;
-    return !(strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0 ||
-             strcmp(v, "no") == 0);
+    for (int i = 0; i < 4; i++)
+        for (int on = 0; on < 2; on++)
+            if (same_word(v, words[i][on]))
+                return on;
+    return dflt;
 }
 
 void clattn__arg(clattn_args *a, size_t size, const void *value)

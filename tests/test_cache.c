@@ -1,7 +1,8 @@
 /*
  * The program cache: memory hits, disk misses and hits, files that must be ignored (corrupt,
- * truncated, foreign, garbage, or no regular file at all: a FIFO, a directory, a device) and healed,
- * CLATTN_CACHE=0, directories that cannot be written or read,
+ * truncated, foreign, garbage, a header claiming a huge payload, or no regular file at all: a FIFO,
+ * a directory, a device) and healed, CLATTN_CACHE=0 and its other spellings, directories that
+ * cannot be written or read or whose path is too long (then no tuning directory is derived either),
  * several processes writing one entry at once, kernels that fail to compile, and the time a warm
  * cache saves (printed, not asserted).
  *
@@ -49,6 +50,8 @@
 static char g_dir[PATH_MAX];   /* this test's cache directory */
 static char *saved_cache_dir;  /* the environment the run started with, restored after each test */
 static char *saved_cache;
+static char *saved_xdg;
+static char *saved_tuning_dir;
 
 static void restore_env(const char *name, const char *saved)
 {
@@ -132,6 +135,16 @@ static void write_whole(const char *path, const void *data, size_t size)
     assert_int_equal(fclose(f), 0);
 }
 
+/* The cache file layout (src/cache.c): magic, key, payload size (8 bytes, little-endian), hash. */
+enum { HEADER_BYTES = 16 + 32 + 8 + 8 };
+#define HUGE_PAYLOAD (512ull << 20)
+
+static void put_size(unsigned char *header, unsigned long long size)
+{
+    for (int i = 0; i < 8; ++i)
+        header[48 + i] = (unsigned char)(size >> (8 * i));
+}
+
 static double now_ms(void)
 {
     struct timespec ts;
@@ -167,6 +180,8 @@ static int teardown_dir(void **state)
     g_dir[0] = '\0';
     restore_env("CLATTN_CACHE_DIR", saved_cache_dir);
     restore_env("CLATTN_CACHE", saved_cache);
+    restore_env("XDG_CACHE_HOME", saved_xdg);
+    restore_env("CLATTN_TUNING_DIR", saved_tuning_dir);
     return 0;
 }
 
@@ -355,7 +370,8 @@ typedef enum damage {
     DAMAGE_EMPTY,
     DAMAGE_TRAILING_BYTE,   /* one byte appended */
     DAMAGE_FOREIGN,         /* a valid file of another key, renamed to this key */
-    DAMAGE_GARBAGE          /* random bytes of the same length */
+    DAMAGE_GARBAGE,         /* random bytes of the same length */
+    DAMAGE_HUGE_SIZE        /* the header's payload size 512 MiB, the most the loader accepts */
 } damage;
 
 typedef struct damage_row {
@@ -372,6 +388,7 @@ static const damage_row damage_rows[] = {
     {"trailing_byte", DAMAGE_TRAILING_BYTE},
     {"foreign", DAMAGE_FOREIGN},
     {"garbage", DAMAGE_GARBAGE},
+    {"huge_payload_size", DAMAGE_HUGE_SIZE},
 };
 
 static void test_damaged(void **state)
@@ -421,6 +438,9 @@ static void test_damaged(void **state)
             b.data[i] = (unsigned char)tu_next(&rng);
         break;
     }
+    case DAMAGE_HUGE_SIZE:
+        put_size(b.data, HUGE_PAYLOAD);
+        break;
     }
     if (b.data != NULL) {
         write_whole(path, b.data, b.size);
@@ -441,6 +461,55 @@ static void test_damaged(void **state)
     assert_int_equal(count_files(g_dir, ".clbin", NULL, 0), 1);
     assert_int_equal(count_files(g_dir, ".tmp", NULL, 0), 0);
     expect_disk_hit();
+}
+
+/* A header claiming a huge payload is refused before anything is allocated for it: the loader,
+ * run in a child process (whose peak virtual size starts at its size when forked), returns
+ * nothing and its peak grows by far less than the claim. */
+static long vm_peak_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (f != NULL && kib < 0 && fgets(line, sizeof line, f) != NULL)
+        if (strncmp(line, "VmPeak:", 7) == 0)
+            kib = atol(line + 7);
+    if (f != NULL)
+        fclose(f);
+    return kib;
+}
+
+static void test_huge_payload_no_allocation(void **state)
+{
+    (void)state;
+    static const char hex[] = "00112233445566778899aabbccddeeff";
+    enum { PAYLOAD = 4096 };
+    unsigned char file[HEADER_BYTES + PAYLOAD];
+    memset(file, 0x5A, sizeof file);
+    memcpy(file, "CLATTN-BINARY-1", 16); /* with its terminating NUL: the 16-byte magic */
+    memcpy(file + 16, hex, 32);
+    put_size(file, HUGE_PAYLOAD);
+    char path[PATH_MAX + 256];
+    snprintf(path, sizeof path, "%s/%s.clbin", g_dir, hex);
+    write_whole(path, file, sizeof file);
+
+    clattn_context *ctx = new_context();
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        const long before = vm_peak_kib();
+        size_t size = 0;
+        unsigned char *bin = clattn__cache_load(ctx, hex, &size);
+        const long grew = vm_peak_kib() - before;
+        fprintf(stderr, "huge payload: loaded %s, rejects %u, peak virtual size grew by %ld KiB\n",
+                bin ? "a binary" : "nothing", ctx->stats.disk_rejects, grew);
+        _exit(before > 0 && bin == NULL && ctx->stats.disk_rejects == 1 && grew < (64 << 10) ? 0 : 1);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    clattn_release(ctx);
 }
 
 /* =============================== cache off, unwritable directories =============================== */
@@ -471,12 +540,63 @@ static void test_cache_off(void **state)
     clattn_release(ctx);
 }
 
+/* CLATTN_CACHE (any clattn__env_flag variable) in other spellings: case does not matter, and a
+ * value that is none of the words keeps the default rather than flipping it. */
+typedef struct flag_row {
+    const char *name;
+    const char *value; /* NULL: unset */
+    int if_default_0;  /* clattn__env_flag(name, 0) */
+    int if_default_1;  /* clattn__env_flag(name, 1) */
+} flag_row;
+
+static const flag_row flag_rows[] = {
+    {"0", "0", 0, 0},
+    {"1", "1", 1, 1},
+    {"off", "off", 0, 0},
+    {"OFF_upper", "OFF", 0, 0},
+    {"Off_mixed", "Off", 0, 0},
+    {"on", "on", 1, 1},
+    {"ON_upper", "ON", 1, 1},
+    {"false", "false", 0, 0},
+    {"False_mixed", "False", 0, 0},
+    {"FALSE_upper", "FALSE", 0, 0},
+    {"true", "true", 1, 1},
+    {"TRUE_upper", "TRUE", 1, 1},
+    {"no", "no", 0, 0},
+    {"NO_upper", "NO", 0, 0},
+    {"yes", "yes", 1, 1},
+    {"Yes_mixed", "Yes", 1, 1},
+    {"unset", NULL, 0, 1},
+    {"empty", "", 0, 1},
+    {"2", "2", 0, 1},
+    {"typo_offf", "offf", 0, 1},
+    {"prefix_of", "of", 0, 1},
+    {"blank_0", " 0", 0, 1},
+    {"word_disabled", "disabled", 0, 1},
+};
+
+static void test_env_flag(void **state)
+{
+    const flag_row *r = *state;
+    if (r->value != NULL)
+        setenv("CLATTN_CACHE", r->value, 1);
+    else
+        unsetenv("CLATTN_CACHE");
+    assert_int_equal(clattn__env_flag("CLATTN_CACHE", 0), r->if_default_0);
+    assert_int_equal(clattn__env_flag("CLATTN_CACHE", 1), r->if_default_1);
+    /* The cache defaults to on. */
+    clattn_context *ctx = new_context();
+    assert_int_equal(ctx->cache_enabled, r->if_default_1);
+    clattn_release(ctx);
+}
+
 typedef enum unwritable {
     UNWRITABLE_PROC,      /* /proc/clattn-nonexistent: mkdir fails */
     UNWRITABLE_UNDER_FILE, /* <tmp>/file/sub with <tmp>/file a regular file */
     UNWRITABLE_READONLY,  /* <tmp>/ro with mode 0500 (meaningless as root: skipped) */
     UNWRITABLE_PROC_DIR,  /* /proc/self/fdinfo: exists, but no file can be created there, root or not */
     UNWRITABLE_TOO_LONG,  /* a path longer than any buffer the library keeps */
+    UNWRITABLE_XDG_TOO_LONG, /* the same through XDG_CACHE_HOME, CLATTN_CACHE_DIR unset */
     UNWRITABLE_IS_FILE,   /* CLATTN_CACHE_DIR names a regular file: nothing can be read or written */
     UNWRITABLE_UNREADABLE /* <tmp>/locked with mode 0 holding a valid entry (meaningless as root: skipped) */
 } unwritable;
@@ -492,6 +612,7 @@ static const unwritable_row unwritable_rows[] = {
     {"read_only_dir", UNWRITABLE_READONLY},
     {"existing_dir_no_create", UNWRITABLE_PROC_DIR},
     {"path_too_long", UNWRITABLE_TOO_LONG},
+    {"xdg_path_too_long", UNWRITABLE_XDG_TOO_LONG},
     {"dir_is_a_regular_file", UNWRITABLE_IS_FILE},
     {"unreadable_dir", UNWRITABLE_UNREADABLE},
 };
@@ -521,7 +642,8 @@ static void test_unwritable(void **state)
     case UNWRITABLE_PROC_DIR:
         snprintf(dir, sizeof dir, "/proc/self/fdinfo");
         break;
-    case UNWRITABLE_TOO_LONG: {
+    case UNWRITABLE_TOO_LONG:
+    case UNWRITABLE_XDG_TOO_LONG: {
         int n = snprintf(dir, sizeof dir, "%s/", g_dir);
         while (n < 5000)
             dir[n++] = 'd';
@@ -547,8 +669,25 @@ static void test_unwritable(void **state)
         break;
     }
     }
-    setenv("CLATTN_CACHE_DIR", dir, 1);
+    const int too_long = r->kind == UNWRITABLE_TOO_LONG || r->kind == UNWRITABLE_XDG_TOO_LONG;
+    if (r->kind == UNWRITABLE_XDG_TOO_LONG) {
+        unsetenv("CLATTN_CACHE_DIR");
+        setenv("XDG_CACHE_HOME", dir, 1);
+    } else {
+        setenv("CLATTN_CACHE_DIR", dir, 1);
+    }
+    if (too_long)
+        unsetenv("CLATTN_TUNING_DIR"); /* the tuning directory would be <cache dir>/tuning */
     clattn_context *ctx = new_context();
+    if (too_long) {
+        /* No cut-off path is kept, for the cache nor for the tuning directory derived from it. */
+        assert_false(ctx->cache_enabled);
+        if (ctx->cache_dir[0] != '\0' || ctx->tuning_dir[0] != '\0')
+            fail_msg("kept a cut-off cache directory (%zu bytes) or tuning directory (%zu bytes)",
+                     strlen(ctx->cache_dir), strlen(ctx->tuning_dir));
+        if (!strstr(clattn_tuning_report(ctx), "no user tuning directory"))
+            fail_msg("tuning report \"%s\" lacks \"no user tuning directory\"", clattn_tuning_report(ctx));
+    }
     get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
     print_stats(r->name, ctx);
     assert_int_equal(ctx->stats.builds, 1);
@@ -568,6 +707,7 @@ static void test_unwritable(void **state)
         assert_int_equal(count_entries(dir), 0);
         break;
     case UNWRITABLE_TOO_LONG:
+    case UNWRITABLE_XDG_TOO_LONG:
         assert_int_equal(count_entries(g_dir), 0);
         break;
     case UNWRITABLE_PROC:
@@ -790,13 +930,19 @@ int main(int argc, char **argv)
     saved_cache_dir = e != NULL ? strdup(e) : NULL;
     e = getenv("CLATTN_CACHE");
     saved_cache = e != NULL ? strdup(e) : NULL;
+    e = getenv("XDG_CACHE_HOME");
+    saved_xdg = e != NULL ? strdup(e) : NULL;
+    e = getenv("CLATTN_TUNING_DIR");
+    saved_tuning_dir = e != NULL ? strdup(e) : NULL;
     /* clattn_softmax then asks for exactly OPT_A on any device (16 is clamped where too large). */
     setenv("CLATTN_PARAMS_SOFTMAX", "16", 1);
 
     tu_set_fixtures(setup_dir, teardown_dir);
     tu_add_test("hit/miss_then_disk_then_memory", NULL, test_miss_then_hit, NULL);
     TU_ADD_TABLE("damaged", test_damaged, damage_rows);
+    tu_add_test("damaged/huge_payload_size_no_allocation", NULL, test_huge_payload_no_allocation, NULL);
     tu_add_test("off/no_file_written_none_read", NULL, test_cache_off, NULL);
+    TU_ADD_TABLE("off/env_flag", test_env_flag, flag_rows);
     TU_ADD_TABLE("unwritable", test_unwritable, unwritable_rows);
     TU_ADD_TABLE("not_a_file", test_not_a_file, not_file_rows);
     tu_add_test("concurrent/four_processes_one_entry", NULL, test_concurrent_writers, NULL);
@@ -810,5 +956,7 @@ int main(int argc, char **argv)
     free(seed_b.content.data);
     free(saved_cache_dir);
     free(saved_cache);
+    free(saved_xdg);
+    free(saved_tuning_dir);
     return failed;
 }

@@ -1,15 +1,20 @@
 /* The tuning store: text format round trip, rejected files (malformed, truncated, foreign,
- * unsupported version), lookup order and fallbacks, the public override and read-back, a wrong
- * candidate is never chosen by clattn-tune, and concurrent writers leave a valid file. */
+ * unsupported version, out-of-range numbers, each with its line number), comments, parsing on
+ * several threads at once, lookup order and fallbacks, user files that are no regular file (a FIFO
+ * must not block) or sit at the 1 MiB limit, the public override and read-back, a wrong candidate
+ * is never chosen by clattn-tune, and concurrent writers leave a valid file. */
 #define _POSIX_C_SOURCE 200809L
 #include "internal.h"
 #include "ref.h"
 #include "testutil.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -70,39 +75,158 @@ static void test_round_trip(void **state)
 typedef struct bad_row {
     const char *name;
     const char *text;
+    int line;        /* the line the parser's message names */
     const char *why; /* substring of the parser's message */
 } bad_row;
 
 static const bad_row bad_rows[] = {
-    {"empty", "", "empty"},
-    {"foreign_header", "hello world\n", "not a clattn tuning file"},
-    {"version_2", "clattn-tuning 2\ndevice x\n", "unsupported format version"},
-    {"truncated", "clattn-tuning 1\ndevice x\nfused f32 64 none >128 10 = 1,4,16", "truncated"},
-    {"no_device", "clattn-tuning 1\nfused f32 64 none >128 10 = 1,1,4,2,16,1\n", "before the device"},
-    {"two_devices", "clattn-tuning 1\ndevice x\ndevice y\n", "second device"},
-    {"unknown_op", "clattn-tuning 1\ndevice x\nflash f32 64 none >128 10 = 1\n", "unknown operation"},
-    {"bad_dtype", "clattn-tuning 1\ndevice x\nfused f64 64 none >128 10 = 1,1,4,2,16,1\n", "bad dtype"},
-    {"bad_head_dim", "clattn-tuning 1\ndevice x\nfused f32 999 none >128 10 = 1,1,4,2,16,1\n", "bad dtype"},
-    {"bad_mask", "clattn-tuning 1\ndevice x\nfused f32 64 some >128 10 = 1,1,4,2,16,1\n", "bad dtype"},
-    {"few_values", "clattn-tuning 1\ndevice x\nfused f32 64 none >128 10 = 1,4,16\n", "wrong number"},
-    {"many_values", "clattn-tuning 1\ndevice x\nmerge * * * * * = 1,2\n", "wrong number"},
-    {"negative", "clattn-tuning 1\ndevice x\nmerge * * * * * = -4\n", "integers"},
-    {"huge", "clattn-tuning 1\ndevice x\nmerge * * * * * = 99999999999999999999\n", "integers"},
-    {"garbage_value", "clattn-tuning 1\ndevice x\nmerge * * * * * = 4x\n", "comma-separated"},
-    {"no_equals", "clattn-tuning 1\ndevice x\nmerge * * * * * 4\n", "no '='"},
-    {"few_fields", "clattn-tuning 1\ndevice x\nmerge * * = 4\n", "expected"},
+    {"empty", "", 1, "empty"},
+    {"foreign_header", "hello world\n", 1, "not a clattn tuning file"},
+    {"version_2", "clattn-tuning 2\ndevice x\n", 1, "unsupported format version"},
+    {"truncated", "clattn-tuning 1\ndevice x\nfused f32 64 none >128 10 = 1,4,16", 3, "truncated"},
+    {"no_device", "clattn-tuning 1\nfused f32 64 none >128 10 = 1,1,4,2,16,1\n", 2, "before the device"},
+    {"two_devices", "clattn-tuning 1\ndevice x\ndevice y\n", 3, "second device"},
+    {"unknown_op", "clattn-tuning 1\ndevice x\nflash f32 64 none >128 10 = 1\n", 3, "unknown operation"},
+    {"bad_dtype", "clattn-tuning 1\ndevice x\nfused f64 64 none >128 10 = 1,1,4,2,16,1\n", 3, "bad dtype"},
+    {"bad_head_dim", "clattn-tuning 1\ndevice x\nfused f32 999 none >128 10 = 1,1,4,2,16,1\n", 3, "bad dtype"},
+    {"bad_mask", "clattn-tuning 1\ndevice x\nfused f32 64 some >128 10 = 1,1,4,2,16,1\n", 3, "bad dtype"},
+    {"few_values", "clattn-tuning 1\ndevice x\nfused f32 64 none >128 10 = 1,4,16\n", 3, "wrong number"},
+    {"many_values", "clattn-tuning 1\ndevice x\nmerge * * * * * = 1,2\n", 3, "wrong number"},
+    {"negative", "clattn-tuning 1\ndevice x\nmerge * * * * * = -4\n", 3, "integers"},
+    {"huge", "clattn-tuning 1\ndevice x\nmerge * * * * * = 99999999999999999999\n", 3, "integers"},
+    {"garbage_value", "clattn-tuning 1\ndevice x\nmerge * * * * * = 4x\n", 3, "comma-separated"},
+    {"no_equals", "clattn-tuning 1\ndevice x\nmerge * * * * * 4\n", 3, "no '='"},
+    {"few_fields", "clattn-tuning 1\ndevice x\nmerge * * = 4\n", 3, "expected"},
+    /* Numbers: plain decimal digits in the field's range; nothing wraps or is clamped. */
+    {"value_4097", "clattn-tuning 1\ndevice x\nmerge * * * * * = 4097\n", 3, "integers"},
+    {"value_minus_zero", "clattn-tuning 1\ndevice x\nmerge * * * * * = -0\n", 3, "integers"},
+    {"value_plus_sign", "clattn-tuning 1\ndevice x\nmerge * * * * * = +16\n", 3, "integers"},
+    {"value_2_pow_32_plus_16", "clattn-tuning 1\ndevice x\nmerge * * * * * = 4294967312\n", 3, "integers"},
+    {"value_missing", "clattn-tuning 1\ndevice x\nmerge * * * * * =\n", 3, "integers"},
+    {"value_empty_in_list", "clattn-tuning 1\ndevice x\nsoftmax * * * * * = 16,,2\n", 3, "integers"},
+    {"trailing_comma", "clattn-tuning 1\ndevice x\nmerge * * * * * = 16,\n", 3, "integers"},
+    {"thirteen_values", "clattn-tuning 1\ndevice x\nscores * * * * * = 1,1,1,1,1,1,1,1,1,1,1,1,1\n", 3,
+     "wrong number"},
+    {"head_dim_zero", "clattn-tuning 1\ndevice x\nmerge * 0 * * * = 16\n", 3, "bad dtype"},
+    {"head_dim_257", "clattn-tuning 1\ndevice x\nmerge * 257 * * * = 16\n", 3, "bad dtype"},
+    {"head_dim_huge", "clattn-tuning 1\ndevice x\nmerge * 99999999999999999999 * * * = 16\n", 3, "bad dtype"},
+    {"head_dim_negative", "clattn-tuning 1\ndevice x\nmerge * -64 * * * = 16\n", 3, "bad dtype"},
+    {"log2_negative", "clattn-tuning 1\ndevice x\nmerge * * * * -1 = 16\n", 3, "bad dtype"},
+    {"log2_63", "clattn-tuning 1\ndevice x\nmerge * * * * 63 = 16\n", 3, "bad dtype"},
+    {"log2_plus_sign", "clattn-tuning 1\ndevice x\nmerge * * * * +10 = 16\n", 3, "bad dtype"},
+    /* Comments: an '=' in one is no separator, and a commented-out value is no value. */
+    {"equals_only_in_comment", "clattn-tuning 1\ndevice x\nmerge * * * * * 16 # =32\n", 3, "no '='"},
+    {"values_only_in_comment", "clattn-tuning 1\ndevice x\nmerge * * * * * = # 16\n", 3, "integers"},
+    {"line_after_comments", "clattn-tuning 1\ndevice x\n# a = b\n\n  # c\nmerge * * * * * = 16 17\n", 6,
+     "comma-separated"},
 };
 
 static void test_bad_file(void **state)
 {
     const bad_row *r = *state;
     clattn_tuning_table t;
-    char err[200] = "";
+    char err[200] = "", line[32];
     assert_int_equal(clattn__tuning_parse(r->text, strlen(r->text), &t, err, sizeof err), -1);
     if (!strstr(err, r->why))
         fail_msg("message \"%s\" lacks \"%s\"", err, r->why);
+    snprintf(line, sizeof line, "line %d: ", r->line);
+    if (strncmp(err, line, strlen(line)) != 0)
+        fail_msg("message \"%s\" does not start with \"%s\"", err, line);
     assert_int_equal(t.n, 0);
     assert_null(t.e);
+}
+
+/* Comments after entries, also holding '=' (the separator is the last '=' before the comment) and
+ * "<=16", and fields apart by several blanks or tabs. */
+static const char comment_text[] = "clattn-tuning 1\n"
+                                   "device x # y\n"
+                                   "# op = values\n"
+                                   "merge * * * * * = 16 # was =32\n"
+                                   "fused\tf32  64 \t none <=16 10=1,2,3,4,5,0#seq_q <=16, a=b\n"
+                                   "  softmax * * * * * = 16 , 2   # =\n";
+
+static void test_comments(void **state)
+{
+    (void)state;
+    clattn_tuning_table t;
+    char err[200] = "";
+    if (clattn__tuning_parse(comment_text, strlen(comment_text), &t, err, sizeof err) != 0)
+        fail_msg("rejected: %s", err);
+    assert_string_equal(t.device, "x # y"); /* a device value is taken whole */
+    assert_int_equal(t.n, 3);
+    assert_int_equal(t.e[0].op, CLATTN_OP_MERGE);
+    assert_int_equal(t.e[0].n, 1);
+    assert_int_equal(t.e[0].v[0], 16);
+    const clattn_tuning_entry fused = {CLATTN_OP_FUSED, 0, 64, 0, 1, 10, 6, {1, 2, 3, 4, 5, 0}};
+    assert_memory_equal(&t.e[1], &fused, sizeof fused);
+    assert_int_equal(t.e[2].op, CLATTN_OP_SOFTMAX);
+    assert_int_equal(t.e[2].n, 2);
+    assert_int_equal(t.e[2].v[0], 16);
+    assert_int_equal(t.e[2].v[1], 2);
+    clattn__tuning_free(&t);
+}
+
+/* ---- parsing on several threads at once ---- */
+
+enum { PARSE_THREADS = 4, PARSE_ROUNDS = 20000, PARSE_ENTRIES = 24 };
+
+typedef struct parse_worker {
+    const char *text;
+    pthread_barrier_t *start;
+    int bad; /* parses rejected or with wrong values */
+    char first_err[200];
+} parse_worker;
+
+/* Entry i of the threads' file: merge, log2_seq_kv i, WG 16 + i. */
+static void *parse_loop(void *arg)
+{
+    parse_worker *w = arg;
+    pthread_barrier_wait(w->start); /* all parse at once, none done before the last starts */
+    for (int r = 0; r < PARSE_ROUNDS; r++) {
+        clattn_tuning_table t;
+        char err[200] = "";
+        int ok = clattn__tuning_parse(w->text, strlen(w->text), &t, err, sizeof err) == 0 &&
+                 t.n == PARSE_ENTRIES;
+        for (int i = 0; ok && i < PARSE_ENTRIES; i++)
+            ok = t.e[i].op == CLATTN_OP_MERGE && t.e[i].dtype == 0 && t.e[i].log2_skv == i &&
+                 t.e[i].n == 1 && t.e[i].v[0] == 16 + i;
+        if (!ok && w->bad++ == 0)
+            snprintf(w->first_err, sizeof w->first_err, "%s", err[0] ? err : "wrong values");
+        clattn__tuning_free(&t);
+    }
+    return NULL;
+}
+
+/* Contexts on separate threads load their files at once (clattn_create, clattn_reload_tuning):
+ * the parser must keep no state outside the call. */
+static void test_parse_threads(void **state)
+{
+    (void)state;
+    char text[PARSE_ENTRIES * 64 + 64];
+    int n = snprintf(text, sizeof text, "clattn-tuning 1\ndevice x\n");
+    for (int i = 0; i < PARSE_ENTRIES; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "merge  f32 *  *   *  %d = %d\n", i, 16 + i);
+    assert_true(n > 0 && (size_t)n < sizeof text);
+    parse_worker w[PARSE_THREADS];
+    pthread_t th[PARSE_THREADS];
+    pthread_barrier_t start;
+    assert_int_equal(pthread_barrier_init(&start, NULL, PARSE_THREADS), 0);
+    for (int i = 0; i < PARSE_THREADS; i++) {
+        memset(&w[i], 0, sizeof w[i]);
+        w[i].text = text;
+        w[i].start = &start;
+        assert_int_equal(pthread_create(&th[i], NULL, parse_loop, &w[i]), 0);
+    }
+    int bad = 0;
+    for (int i = 0; i < PARSE_THREADS; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        if (w[i].bad)
+            print_message("thread %d: %d of %d parses wrong, first: %s\n", i, w[i].bad, PARSE_ROUNDS,
+                          w[i].first_err);
+        bad += w[i].bad;
+    }
+    pthread_barrier_destroy(&start);
+    assert_int_equal(bad, 0);
 }
 
 static void test_nul_and_long_lines(void **state)
@@ -242,6 +366,132 @@ static void test_bad_user_file(void **state)
     /* A new context on the same bad file is created normally. */
     ctx = tu_context();
     assert_non_null(strstr(clattn_tuning_report(ctx), "ignored"));
+    clattn_release(ctx);
+}
+
+/* ---- user files that are no regular file, and the size limit ---- */
+
+typedef enum odd_kind { ODD_FIFO, ODD_DIRECTORY, ODD_DEV_ZERO } odd_kind;
+
+typedef struct odd_row {
+    const char *name;
+    odd_kind kind;
+} odd_row;
+
+static const odd_row odd_rows[] = {
+    {"fifo", ODD_FIFO},            /* opening it for reading would wait for a writer for ever */
+    {"directory", ODD_DIRECTORY},
+    {"symlink_to_dev_zero", ODD_DEV_ZERO}, /* endless zeros */
+};
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    static const char msg[] = "test_tuning: creating or reloading a context blocked on the tuning file\n";
+    if (write(2, msg, sizeof msg - 1) < 0)
+        _exit(2);
+    _exit(1);
+}
+
+/* clattn_create and clattn_reload_tuning return at once, report the file and use the parameters
+ * they would use without it. A hang ends the whole executable (SIGALRM), not only this test. */
+static void test_odd_user_file(void **state)
+{
+    const odd_row *r = *state;
+    make_dir();
+    clattn_context *ctx = tu_context();
+    const clattn_kernel_params before = get(ctx, CLATTN_OPERATION_FUSED);
+    char path[4200];
+    path_of(ctx, path, sizeof path);
+    clattn_release(ctx);
+    switch (r->kind) {
+    case ODD_FIFO:
+        assert_int_equal(mkfifo(path, 0600), 0);
+        break;
+    case ODD_DIRECTORY:
+        assert_int_equal(mkdir(path, 0700), 0);
+        break;
+    case ODD_DEV_ZERO:
+        assert_int_equal(symlink("/dev/zero", path), 0);
+        break;
+    }
+    void (*old)(int) = signal(SIGALRM, on_alarm);
+    alarm(60);
+    ctx = tu_context();
+    const clattn_status st = clattn_reload_tuning(ctx);
+    alarm(0);
+    signal(SIGALRM, old);
+    assert_int_equal(st, CLATTN_SUCCESS);
+    const char *rep = clattn_tuning_report(ctx);
+    if (!strstr(rep, path) || !strstr(rep, "not a regular file"))
+        fail_msg("report \"%s\" does not name %s as not a regular file", rep, path);
+    const clattn_kernel_params after = get(ctx, CLATTN_OPERATION_FUSED);
+    assert_true(after.source <= CLATTN_SOURCE_BUILTIN);
+    assert_int_equal(after.source, before.source);
+    assert_memory_equal(after.values, before.values, sizeof after.values);
+    clattn_release(ctx);
+}
+
+typedef struct size_row {
+    const char *name;
+    size_t size;
+    int accepted;
+} size_row;
+
+static const size_row size_rows[] = {
+    {"exactly_1_MiB", 1 << 20, 1},
+    {"1_MiB_plus_1", (1 << 20) + 1, 0},
+};
+
+/* A valid file of exactly r->size bytes: one entry, then comment lines (at most 1000 bytes each,
+ * the limit being 1023) filling it up. */
+static void test_file_size(void **state)
+{
+    const size_row *r = *state;
+    make_dir();
+    clattn_context *ctx = tu_context();
+    char path[4200];
+    path_of(ctx, path, sizeof path);
+    char *text = malloc(r->size);
+    assert_non_null(text);
+    size_t n = (size_t)snprintf(text, r->size, "clattn-tuning 1\ndevice %s\nfused f32 64 none >128 10 = 2,4,8,1,8,0\n",
+                                ctx->dev.key);
+    while (n < r->size) {
+        const size_t line = r->size - n < 1000 ? r->size - n : 1000;
+        memset(text + n, 'x', line);
+        text[n] = line > 1 ? '#' : '\n';
+        text[n + line - 1] = '\n';
+        n += line;
+    }
+    write_file(path, text, r->size);
+    free(text);
+    assert_int_equal(clattn_reload_tuning(ctx), CLATTN_SUCCESS);
+    const char *rep = clattn_tuning_report(ctx);
+    const clattn_kernel_params kp = get(ctx, CLATTN_OPERATION_FUSED);
+    if (r->accepted) {
+        if (!strstr(rep, "1 entries"))
+            fail_msg("report \"%s\" lacks \"1 entries\"", rep);
+        assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE);
+    } else {
+        if (!strstr(rep, "larger than 1 MiB"))
+            fail_msg("report \"%s\" lacks \"larger than 1 MiB\"", rep);
+        assert_int_not_equal(kp.source, CLATTN_SOURCE_USER_FILE);
+    }
+    clattn_release(ctx);
+}
+
+/* A successful clattn_tuning_path clears the message an earlier failure left, as every call does. */
+static void test_tuning_path_clears_error(void **state)
+{
+    (void)state;
+    make_dir();
+    clattn_context *ctx = tu_context();
+    assert_int_equal(clattn_set_params(ctx, (clattn_operation)99, NULL, 0), CLATTN_INVALID_ARGUMENT);
+    assert_string_not_equal(clattn_last_error(ctx), "");
+    char path[4200];
+    path_of(ctx, path, sizeof path);
+    assert_string_equal(clattn_last_error(ctx), "");
+    assert_int_equal(clattn_last_cl_error(ctx), CL_SUCCESS);
     clattn_release(ctx);
 }
 
@@ -540,9 +790,14 @@ int main(void)
 {
     tu_add_test("format/round_trip", NULL, test_round_trip, NULL);
     TU_ADD_TABLE("format/bad", test_bad_file, bad_rows);
+    tu_add_test("format/comments", NULL, test_comments, NULL);
     tu_add_test("format/nul_long_random", NULL, test_nul_and_long_lines, NULL);
+    tu_add_test("format/parse_threads", NULL, test_parse_threads, NULL);
     tu_add_test("lookup/order", NULL, test_lookup_order, NULL);
     TU_ADD_TABLE("lookup/bad_user_file", test_bad_user_file, file_rows);
+    TU_ADD_TABLE("lookup/odd_user_file", test_odd_user_file, odd_rows);
+    TU_ADD_TABLE("lookup/file_size", test_file_size, size_rows);
+    tu_add_test("api/tuning_path_clears_error", NULL, test_tuning_path_clears_error, NULL);
     tu_add_test("api/set_params_errors", NULL, test_set_params_errors, NULL);
     tu_add_test("api/override_computes", NULL, test_override_computes, NULL);
     tu_add_test("tuner/end_to_end", NULL, test_tuner, NULL);
