@@ -58,6 +58,9 @@ clattn_status clattn__read_devinfo(cl_platform_id p, cl_device_id d, clattn_devi
         info->has_fma = (fp & CL_FP_FMA) != 0;
     if (info->compute_units == 0)
         info->compute_units = 1;
+    /* OpenCL has no query for it, but NVIDIA's driver runs on CUDA grids, whose y and z extents
+     * stop at 65535 blocks. */
+    info->max_groups_yz = (info->type & CL_DEVICE_TYPE_GPU) && info->vendor_id == 0x10de ? 65535 : 0;
     return clattn_device_key(d, info->key, sizeof info->key);
 }
 

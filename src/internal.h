@@ -27,6 +27,7 @@ typedef struct clattn_devinfo {
     cl_ulong cache_size; /* CL_DEVICE_GLOBAL_MEM_CACHE_SIZE, 0 if unknown */
     size_t max_wg;
     size_t max_item[3];
+    size_t max_groups_yz; /* work-groups a launch may have in grid y and z; 0: no limit known */
     cl_uint mem_align_bits;
     int has_fma; /* CL_FP_FMA: fma() is a hardware instruction, kernels use it for MAD */
     char key[512];

@@ -143,6 +143,15 @@ clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims,
         if (global[i] == 0)
             return clattn__fail(ctx, CLATTN_UNSUPPORTED, "%s: grid dimension %u is 0 (a size is out of range)",
                                 what, (unsigned)i);
+    /* Past the driver's grid limit a launch fails or, worse, runs part of the grid: refuse it.
+     * The caller's tensors stay untouched: launches before an operation's last write only the
+     * workspace, and the unfused path rehearses all of its launches first. */
+    for (cl_uint i = 1; local && ctx->dev.max_groups_yz && i < dims; i++)
+        if (global[i] / local[i] > ctx->dev.max_groups_yz)
+            return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                                "%s: %zu work-groups in grid dimension %u, more than the %zu this "
+                                "device launches (fewer query rows, heads or batches per call)",
+                                what, global[i] / local[i], (unsigned)i, ctx->dev.max_groups_yz);
     if (ctx->rehearse)
         return CLATTN_SUCCESS;
     cl_int err = clEnqueueNDRangeKernel(ctx->queue, a->kernel, dims, NULL, global, local, num_wait,

@@ -232,6 +232,7 @@ clattn_context *tu_context(void)
             for (int i = 0; i < 3; i++)
                 if (ctx->dev.max_item[i] > (i < 2 ? 1024u : 64u))
                     ctx->dev.max_item[i] = i < 2 ? 1024u : 64u;
+            ctx->dev.max_groups_yz = 65535;
         }
         return ctx;
     }
