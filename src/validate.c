@@ -47,6 +47,21 @@ static uint64_t last_index(const clattn_tensor *t, const int64_t shape[4], int *
     return hi;
 }
 
+/* Kernels writing a read-only buffer, or reading a write-only one, are undefined in OpenCL. */
+static clattn_status check_access(clattn_context *ctx, cl_mem m, const char *name, int output)
+{
+    cl_mem_flags mf = 0;
+    if (clGetMemObjectInfo(m, CL_MEM_FLAGS, sizeof mf, &mf, NULL) != CL_SUCCESS)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s is not a valid cl_mem", name);
+    if (output && (mf & CL_MEM_READ_ONLY))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "%s is written but its buffer was created CL_MEM_READ_ONLY", name);
+    if (!output && (mf & CL_MEM_WRITE_ONLY))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "%s is read but its buffer was created CL_MEM_WRITE_ONLY", name);
+    return CLATTN_SUCCESS;
+}
+
 clattn_status clattn__check_view(clattn_context *ctx, const char *name, const clattn_tensor *t,
                                  const int64_t want[4], unsigned flags, unsigned dtypes,
                                  clattn_view *out)
@@ -92,16 +107,9 @@ clattn_status clattn__check_view(clattn_context *ctx, const char *name, const cl
     if (mem_ctx != ctx->context)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "%s->buffer belongs to another OpenCL context", name);
-    /* Kernels writing a read-only buffer, or reading a write-only one, are undefined in OpenCL. */
-    cl_mem_flags mf = 0;
-    if (clGetMemObjectInfo(t->buffer, CL_MEM_FLAGS, sizeof mf, &mf, NULL) != CL_SUCCESS)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s->buffer is not a valid cl_mem", name);
-    if ((flags & CLATTN_VIEW_OUTPUT) && (mf & CL_MEM_READ_ONLY))
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                            "%s is written but its buffer was created CL_MEM_READ_ONLY", name);
-    if (!(flags & CLATTN_VIEW_OUTPUT) && (mf & CL_MEM_WRITE_ONLY))
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                            "%s is read but its buffer was created CL_MEM_WRITE_ONLY", name);
+    clattn_status st = check_access(ctx, t->buffer, name, (flags & CLATTN_VIEW_OUTPUT) != 0);
+    if (st)
+        return st;
     if (bytes > mem_size)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "%s needs %llu bytes (offset %lld, strides %lld/%lld/%lld, shape "
@@ -273,13 +281,7 @@ clattn_status clattn__check_kvlen(clattn_context *ctx, cl_mem kvlen, int64_t bat
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "kv_lengths has %zu bytes, needs %lld int32 values (batch)", size,
                             (long long)batch);
-    cl_mem_flags mf = 0;
-    if (clGetMemObjectInfo(kvlen, CL_MEM_FLAGS, sizeof mf, &mf, NULL) != CL_SUCCESS)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "kv_lengths is not a valid cl_mem");
-    if (mf & CL_MEM_WRITE_ONLY)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                            "kv_lengths is read but its buffer was created CL_MEM_WRITE_ONLY");
-    return CLATTN_SUCCESS;
+    return check_access(ctx, kvlen, "kv_lengths", 0);
 }
 
 /* Sequence lengths and counts go into int kernel arguments. */
