@@ -19,6 +19,12 @@
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
+/* Work-group index in grid y or z. A launch with more work-groups there than the device takes
+ * (NVIDIA: 65535) runs in chunks with a global offset (clattn__enqueue, util.c): get_global_id
+ * counts the offset, get_group_id does not. Grid x is never chunked. */
+/* (In 32 bits: grids y and z stay below 2^31 work-items, and a 64-bit division is slow on GPUs.) */
+#define GROUP_ID(d) ((int)((uint)(get_global_id(d) - get_local_id(d)) / (uint)get_local_size(d)))
+
 inline float bf16_to_f32(ushort x) { return as_float((uint)x << 16); }
 
 inline ushort f32_to_bf16(float x)

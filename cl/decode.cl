@@ -100,8 +100,8 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
 
     const int t = get_local_id(0), g = t / W, j = t % W;
     const int R = group * seq_q;
-    const int r0 = get_group_id(1) * RM;
-    const work_range w = work_range_of(get_group_id(2), splits, split_len, heads_kv, seq_q, seq_kv,
+    const int r0 = GROUP_ID(1) * RM;
+    const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
                                        causal, kvlen, r0, min(R, r0 + RM) - 1);
     const int b = w.b, hk = w.hk, k_hi = w.k_hi;
 

@@ -99,8 +99,8 @@ fused(ATTN_KERNEL_ARGS(T_IN))
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int lid = ty * WGX + tx;
     const int R = group * seq_q;
-    const int r0 = get_group_id(1) * BM;
-    const work_range w = work_range_of(get_group_id(2), splits, split_len, heads_kv, seq_q, seq_kv,
+    const int r0 = GROUP_ID(1) * BM;
+    const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
                                        causal, kvlen, r0, min(R, r0 + BM) - 1);
     const int split = w.split, b = w.b, hk = w.hk, L = w.L, k_lo = w.k_lo, k_hi = w.k_hi,
               k_all = w.k_all;
@@ -451,8 +451,8 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 fused_direct(ATTN_KERNEL_ARGS(T_KV))
 {
     const int R = group * seq_q;
-    const int r0 = get_group_id(1) * RM;
-    const work_range w = work_range_of(get_group_id(2), splits, split_len, heads_kv, seq_q, seq_kv,
+    const int r0 = GROUP_ID(1) * RM;
+    const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
                                        causal, kvlen, r0, min(R, r0 + RM) - 1);
     const int split = w.split, z = w.z, b = w.b, hk = w.hk, L = w.L, k_lo = w.k_lo,
               k_hi = w.k_hi, k_all = w.k_all;

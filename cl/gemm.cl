@@ -7,7 +7,7 @@
  * MODE 1 (P·V):    A = P [Sq][Skv], B = V [Skv][Dv], C = out [Sq][Dv]; the key loop stops at the
  *   last key any row of the tile can see, and hidden keys never touch C (0·NaN would).
  *
- * z = get_group_id(2) = b·heads + h; B is read from kv head h / group.
+ * z = GROUP_ID(2) = b·heads + h; B is read from kv head h / group.
  * A work-group computes a TM x TN tile of C; work-item (tx, ty) owns rows ty·RM .. ty·RM+RM-1 and
  * the NS column blocks of VW floats starting at VW·(tx + WGX·s): interleaved so that neighbouring
  * work-items read neighbouring local-memory words. K is walked in chunks of TK staged in local
@@ -63,9 +63,9 @@ gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
 
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int lid = ty * WGX + tx;
-    const int z = get_group_id(2);
+    const int z = GROUP_ID(2);
     const int b = z / heads, h = z % heads, hk = h / group;
-    const int m0 = get_group_id(1) * TM, n0 = get_group_id(0) * TN;
+    const int m0 = GROUP_ID(1) * TM, n0 = get_group_id(0) * TN;
 
     __global const T_A *Ab = A + a_off + (ulong)b * a_sb + (ulong)h * a_sh;
     __global const T_IN *Bb = B + b_off + (ulong)b * b_sb + (ulong)hk * b_sh;
@@ -263,7 +263,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
               __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D, int heads_kv)
 {
-    const int n0 = get_group_id(0) * 16, z = get_group_id(1);
+    const int n0 = get_group_id(0) * 16, z = GROUP_ID(1);
     const int b = z / heads_kv, hk = z % heads_kv;
     __global const T_IN *src = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
     __global float *dst = Kt + kt_off + (ulong)z * kt_sz + n0;
@@ -308,9 +308,9 @@ scores_direct(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong 
               __global const int *kvlen, int M, int N, int K, int heads, int group, int seq_q,
               int seq_kv, int causal, int has_mask, float alpha)
 {
-    const int z = get_group_id(2);
+    const int z = GROUP_ID(2);
     const int b = z / heads, h = z % heads, hk = h / group;
-    const int m0 = get_group_id(1) * RM, n0 = get_group_id(0) * (16 * NS);
+    const int m0 = GROUP_ID(1) * RM, n0 = get_group_id(0) * (16 * NS);
     const int L = keys_of_batch(kvlen, b, seq_kv);
     __global const T_A *Ab = A + a_off + (ulong)b * a_sb + (ulong)h * a_sh;
     __global const float *Bb = Bt + b_off + (ulong)b * b_sb + (ulong)hk * b_sh + n0;

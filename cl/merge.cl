@@ -6,8 +6,8 @@
  * merge_pair:    folds one more part (any storage type) into an accumulator; clattn_merge chains
  *                it over the caller's parts, which may live in separate buffers.
  * One work-item per (row, column); grid x = ceil(DV / WG)·WG, rows = batch·heads·seq in y and z
- * (row = y + Y·z, Y = min(rows, 32768)): some drivers (CUDA-based ones) cap a grid dimension
- * other than x at 65535 work-groups. */
+ * (row = y + ny·z, ny = min(rows, 32768)): some drivers (CUDA-based ones) cap a grid dimension
+ * other than x at 65535 work-groups, and clattn__enqueue splits a longer z into chunks. */
 
 #ifndef WG
 #define WG 64
@@ -18,13 +18,14 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
               __global const float *PL, ulong pl_off, ulong pl_sb, ulong pl_sh, ulong pl_ss,
               __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,
               __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
-              ulong p_split, ulong pl_split, int parts, int rows, int heads, int seq, int DV,
-              int has_lse)
+              ulong p_split, ulong pl_split, int parts, int rows, int ny, int heads, int seq,
+              int DV, int has_lse)
 {
     const int c = get_global_id(0);
-    const int row = get_global_id(1) + get_global_size(1) * get_global_id(2);
-    if (row >= rows)
+    const long grow = (long)get_global_id(1) + (long)ny * (long)get_global_id(2);
+    if (grow >= rows)
         return;
+    const int row = (int)grow;
     const int i = row % seq, bh = row / seq, h = bh % heads, b = bh / heads;
     const ulong lrow = pl_off + (ulong)b * pl_sb + (ulong)h * pl_sh + (ulong)i * pl_ss;
     const ulong prow = p_off + (ulong)b * p_sb + (ulong)h * p_sh + (ulong)i * p_ss;
@@ -78,12 +79,13 @@ merge_pair(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_s
            __global const float *YL, ulong yl_off, ulong yl_sb, ulong yl_sh, ulong yl_ss,
            __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,
            __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
-           int rows, int heads, int seq, int DV, int has_lse)
+           int rows, int ny, int heads, int seq, int DV, int has_lse)
 {
     const int c = get_global_id(0);
-    const int row = get_global_id(1) + get_global_size(1) * get_global_id(2);
-    if (row >= rows)
+    const long grow = (long)get_global_id(1) + (long)ny * (long)get_global_id(2);
+    if (grow >= rows)
         return;
+    const int row = (int)grow;
     const int i = row % seq, bh = row / seq, h = bh % heads, b = bh / heads;
     const float lx = XL[xl_off + (ulong)b * xl_sb + (ulong)h * xl_sh + (ulong)i * xl_ss];
     const float ly = YL[yl_off + (ulong)b * yl_sb + (ulong)h * yl_sh + (ulong)i * yl_ss];

@@ -54,7 +54,7 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
     __local float red[WG];
     const int lid = get_local_id(0);
     const int i = get_group_id(0);
-    const int z = get_group_id(1);
+    const int z = GROUP_ID(1);
     const int b = z / heads, h = z % heads;
     const int L = keys_of_batch(kvlen, b, cols);
     const int cend = max(0, causal_end(causal, i, rows, L));
@@ -181,7 +181,7 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
              __global const int *kvlen, int rows, int cols, int heads, int causal, int has_mask,
              int has_lse, float scale)
 {
-    const int z = get_group_id(1);
+    const int z = GROUP_ID(1);
     const int b = z / heads, h = z % heads;
     const int L = keys_of_batch(kvlen, b, cols);
     const float sc = scale;

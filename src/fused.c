@@ -73,8 +73,9 @@ static int fit(const clattn_context *ctx, fused_cfg *c, int dv)
  * share to it in fp32: late in a long range every share is tiny next to O, and their rounding
  * adds up. With identical keys (the worst case: the errors do not cancel) one split of 1e6 keys
  * is off by 3e-4, of 1e8 keys by 3%; 65536 keys stay at fp32 rounding. Splits are merged with
- * their LSE weights in compensated sums (merge.cl). The partials' workspace and the grid bound
- * the count; MAX_SPLITS covers CLATTN_MAX_SEQ keys. */
+ * their LSE weights in compensated sums (merge.cl). The partials' workspace bounds the count;
+ * MAX_SPLITS covers CLATTN_MAX_SEQ keys. Grid z (batch·heads_kv·splits) may exceed what the
+ * device launches at once: clattn__enqueue then runs it in chunks. */
 #define MAX_SPLIT_KEYS (1 << 16)
 #define MAX_SPLITS 32768
 
@@ -109,9 +110,6 @@ static int choose_splits(const clattn_context *ctx, const clattn_problem *p, lon
     const size_t part_cap = ctx->dev.max_alloc / 2 < ((size_t)256 << 20) ? (size_t)(ctx->dev.max_alloc / 2)
                                                                           : ((size_t)256 << 20);
     while (splits > 1 && (size_t)splits * part_bytes > part_cap)
-        splits /= 2;
-    /* Grid z is batch·heads_kv·splits: CUDA-based drivers cap it at 65535 work-groups. */
-    while (splits > 1 && (long long)p->batch * p->heads_kv * splits > 65535)
         splits /= 2;
     if (splits < 1)
         splits = 1;

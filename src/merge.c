@@ -17,15 +17,20 @@ static int merge_wg(clattn_context *ctx)
 }
 
 /* Work-items per (row, column): x covers DV in work-groups of wg, the rows go in y and z (row =
- * y + Y·z with Y = min(rows, 32768)), since CUDA-based drivers cap y and z at 65535 work-groups. */
-static void merge_grid(int wg, int64_t dv, int64_t rows, size_t global[3], size_t local[3])
+ * y + ny·z with ny = min(rows, 32768, the device's grid limit), returned), since CUDA-based drivers
+ * cap y and z at 65535 work-groups; a longer z runs in chunks (clattn__enqueue). */
+static int merge_grid(const clattn_context *ctx, int wg, int64_t dv, int64_t rows, size_t global[3],
+                      size_t local[3])
 {
-    const int64_t y = rows < 1 ? 1 : rows < 32768 ? rows : 32768;
+    int64_t y = rows < 1 ? 1 : rows < 32768 ? rows : 32768;
+    if (ctx->dev.max_groups_yz && (size_t)y > ctx->dev.max_groups_yz)
+        y = (int64_t)ctx->dev.max_groups_yz;
     local[0] = (size_t)wg;
     local[1] = local[2] = 1;
     global[0] = (size_t)((dv + wg - 1) / wg * wg);
     global[1] = (size_t)y;
     global[2] = (size_t)((rows + y - 1) / y);
+    return (int)y;
 }
 
 /* Parts lie contiguously as f32 [part][B][H][S][DV] and LSE [part][B][H][S] (see fused.c). */
@@ -44,6 +49,8 @@ clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, i
         return st;
     const cl_ulong rows = (cl_ulong)(batch * heads * seq);
     const cl_ulong p_split = rows * (cl_ulong)dv, pl_split = rows;
+    size_t global[3], local[3];
+    const int ny = merge_grid(ctx, wg, dv, (int64_t)rows, global, local);
     const int h = (int)heads, s = (int)seq, d = (int)dv, has_lse = lse != NULL, nrows = (int)rows;
     clattn_args a = {k, 0, CL_SUCCESS};
     clattn__arg_view(&a, part_out);
@@ -54,12 +61,11 @@ clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, i
     clattn__arg(&a, sizeof(cl_ulong), &pl_split);
     clattn__arg(&a, sizeof(int), &parts);
     clattn__arg(&a, sizeof(int), &nrows);
+    clattn__arg(&a, sizeof(int), &ny);
     clattn__arg(&a, sizeof(int), &h);
     clattn__arg(&a, sizeof(int), &s);
     clattn__arg(&a, sizeof(int), &d);
     clattn__arg(&a, sizeof(int), &has_lse);
-    size_t global[3], local[3];
-    merge_grid(wg, dv, (int64_t)rows, global, local);
     return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, "merge_strided");
 }
 
@@ -76,6 +82,8 @@ static clattn_status merge_pair(clattn_context *ctx, int wg, const clattn_view *
     if (st)
         return st;
     const int64_t rows = batch * heads * seq;
+    size_t global[3], local[3];
+    const int ny = merge_grid(ctx, wg, dv, rows, global, local);
     const int h = (int)heads, s = (int)seq, d = (int)dv, has_lse = ol != NULL, nrows = (int)rows;
     clattn_args a = {k, 0, CL_SUCCESS};
     clattn__arg_view(&a, x);
@@ -85,12 +93,11 @@ static clattn_status merge_pair(clattn_context *ctx, int wg, const clattn_view *
     clattn__arg_view(&a, o);
     clattn__arg_view(&a, ol);
     clattn__arg(&a, sizeof(int), &nrows);
+    clattn__arg(&a, sizeof(int), &ny);
     clattn__arg(&a, sizeof(int), &h);
     clattn__arg(&a, sizeof(int), &s);
     clattn__arg(&a, sizeof(int), &d);
     clattn__arg(&a, sizeof(int), &has_lse);
-    size_t global[3], local[3];
-    merge_grid(wg, dv, rows, global, local);
     return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, "merge_pair");
 }
 

@@ -143,24 +143,39 @@ clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims,
         if (global[i] == 0)
             return clattn__fail(ctx, CLATTN_UNSUPPORTED, "%s: grid dimension %u is 0 (a size is out of range)",
                                 what, (unsigned)i);
-    /* Past the driver's grid limit a launch fails or, worse, runs part of the grid: refuse it.
-     * The caller's tensors stay untouched: launches before an operation's last write only the
-     * workspace, and the unfused path rehearses all of its launches first. */
-    for (cl_uint i = 1; local && ctx->dev.max_groups_yz && i < dims; i++)
-        if (global[i] / local[i] > ctx->dev.max_groups_yz)
-            return clattn__fail(ctx, CLATTN_UNSUPPORTED,
-                                "%s: %zu work-groups in grid dimension %u, more than the %zu this "
-                                "device launches (fewer query rows, heads or batches per call)",
-                                what, global[i] / local[i], (unsigned)i, ctx->dev.max_groups_yz);
+    /* Past the driver's grid limit (y and z, max_groups_yz work-groups) a launch fails or, worse,
+     * runs part of the grid. It runs instead in chunks of at most the limit, each with a global
+     * offset that the kernels add to their work-group index (GROUP_ID, common.cl). local NULL
+     * (only where max_wg < 16, never on NVIDIA) leaves the grouping to the driver: no chunks. */
+    size_t full[3] = {1, 1, 1}, step[3] = {1, 1, 1}, count = 1;
+    for (cl_uint i = 0; i < dims; i++) {
+        full[i] = step[i] = global[i];
+        if (i > 0 && local && ctx->dev.max_groups_yz && global[i] / local[i] > ctx->dev.max_groups_yz)
+            step[i] = ctx->dev.max_groups_yz * local[i];
+        count *= (global[i] + step[i] - 1) / step[i];
+    }
     if (ctx->rehearse)
         return CLATTN_SUCCESS;
-    cl_int err = clEnqueueNDRangeKernel(ctx->queue, a->kernel, dims, NULL, global, local, num_wait,
-                                        num_wait ? wait : NULL, done);
-    if (err != CL_SUCCESS) {
+    /* Every chunk waits for the caller's list. The queue is in order (clattn_create_from_queue
+     * refuses others), so the last chunk's event is `done`: it completes after all of them. */
+    size_t n = 0, off[3] = {0, 0, 0}, size[3];
+    cl_int err = CL_SUCCESS;
+    for (off[2] = 0; err == CL_SUCCESS && off[2] < full[2]; off[2] += step[2])
+        for (off[1] = 0; err == CL_SUCCESS && off[1] < full[1]; off[1] += step[1]) {
+            for (int i = 0; i < 3; i++)
+                size[i] = full[i] - off[i] < step[i] ? full[i] - off[i] : step[i];
+            err = clEnqueueNDRangeKernel(ctx->queue, a->kernel, dims, count > 1 ? off : NULL, size, local,
+                                         num_wait, num_wait ? wait : NULL, n + 1 == count ? done : NULL);
+            if (err == CL_SUCCESS)
+                n++;
+        }
+    if (err == CL_SUCCESS)
+        return CLATTN_SUCCESS;
+    if (count > 1)
+        snprintf(where, sizeof where, "clEnqueueNDRangeKernel(%s, chunk %zu of %zu)", what, n + 1, count);
+    else
         snprintf(where, sizeof where, "clEnqueueNDRangeKernel(%s)", what);
-        return clattn__cl_fail(ctx, err, where);
-    }
-    return CLATTN_SUCCESS;
+    return clattn__cl_fail(ctx, err, where);
 }
 
 clattn_status clattn__workspace(clattn_context *ctx, size_t bytes, cl_mem *out)

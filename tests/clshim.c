@@ -75,6 +75,7 @@ static atomic_long n_created[CLSHIM_KINDS], n_retained[CLSHIM_KINDS], n_released
 static atomic_long n_calls[CLSHIM_FNS], n_injected[CLSHIM_FNS];
 static atomic_long fail_index[CLSHIM_FNS] = {-1, -1, -1}; /* absolute call index, -1: none */
 static atomic_int fail_error[CLSHIM_FNS];
+static _Atomic(cl_event) last_ndrange; /* the event the last successful NDRange launch handed back */
 
 static const char *const kind_names[CLSHIM_KINDS] = {"mem", "kernel", "program", "queue", "context", "event"};
 static const char *const fn_names[CLSHIM_FNS] = {"clCreateBuffer", "clEnqueueNDRangeKernel", "clEnqueueFillBuffer"};
@@ -604,10 +605,14 @@ cl_int clEnqueueNDRangeKernel(cl_command_queue command_queue, cl_kernel kernel, 
     const cl_int inject = count_call(CLSHIM_ENQUEUE_NDRANGE);
     if (inject != CL_SUCCESS)
         return inject;
-    return enqueued(real_ndrange(command_queue, kernel, work_dim, global_work_offset, global_work_size,
-                                 local_work_size, num_events_in_wait_list, event_wait_list, event),
-                    event);
+    const cl_int err = real_ndrange(command_queue, kernel, work_dim, global_work_offset, global_work_size,
+                                    local_work_size, num_events_in_wait_list, event_wait_list, event);
+    if (err == CL_SUCCESS)
+        atomic_store(&last_ndrange, event ? *event : NULL);
+    return enqueued(err, event);
 }
+
+cl_event clshim_last_ndrange_event(void) { return atomic_load(&last_ndrange); }
 
 static cl_int real_task(cl_command_queue q, cl_kernel k, cl_uint nw, const cl_event *wait, cl_event *event)
 {

@@ -75,4 +75,9 @@ long clshim_injected(clshim_fn fn);
 /* Disarms every function. */
 void clshim_disarm(void);
 
+/* The event the last successful clEnqueueNDRangeKernel handed back (NULL if it was asked for
+ * none): the event a call's `done` must be when its last command is a kernel launch. Not retained;
+ * only for comparison. */
+cl_event clshim_last_ndrange_event(void);
+
 #endif /* CLATTN_TESTS_CLSHIM_H */

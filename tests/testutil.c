@@ -234,6 +234,11 @@ clattn_context *tu_context(void)
                     ctx->dev.max_item[i] = i < 2 ? 1024u : 64u;
             ctx->dev.max_groups_yz = 65535;
         }
+        /* CLATTN_TEST_MAX_GROUPS_YZ=n: grid y and z take n work-groups, so that every launch
+         * larger than that runs in chunks (clattn__enqueue). */
+        const int groups = tu_getenv_int("CLATTN_TEST_MAX_GROUPS_YZ", 0);
+        if (groups > 0)
+            ctx->dev.max_groups_yz = (size_t)groups;
         return ctx;
     }
     const char *msg = clattn_last_error(NULL);

@@ -68,7 +68,8 @@ void tu_assert_allclose_(const char *what, const double *got, const double *want
 /* clattn_create(NULL, ...) so CLATTN_DEVICE picks the device. Without one: skip() the test, or fail
  * it with clattn_last_error(NULL) when CLATTN_REQUIRE_DEVICE=1 (CI must never pass by skipping).
  * CLATTN_TEST_GPU_LIMITS=1: the context takes the device for a GPU with 48 KiB of local memory and
- * work-groups of at most 1024 (NVIDIA's OpenCL limits). */
+ * work-groups of at most 1024 (NVIDIA's OpenCL limits). CLATTN_TEST_MAX_GROUPS_YZ=n: grid y and
+ * z take at most n work-groups (NVIDIA's 65535 scaled down), launches past it run in chunks. */
 clattn_context *tu_context(void);
 /* A CL_MEM_READ_WRITE buffer of `bytes` (at least 1, since OpenCL refuses size 0), filled from host
  * when not NULL (blocking write). Asserts success. */

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# A device session's work on a GPU, in calls that fit the lent machines' 10 minutes a command:
+# build, the tests on the GPU, the benchmark against its peers, and sweeps of the decode
+# parameters that have no measured default yet. Output goes to $OUT (default ./gpu-out):
+# build.log, info.txt, ctest.log, bench.txt, sweep-*.csv.
+#
+#   tools/gpu-check.sh [STEPS [DEVICE [CTEST_REGEX]]]
+#
+# STEPS: a comma list of tests, bench, sweep (default tests,bench: about 6 minutes; sweep about
+# 6 more); the build comes first in every call and is incremental. DEVICE: a clattn_create spec
+# (default nvidia). CTEST_REGEX picks the tests (default: all but the consumer check). The OpenCL
+# runtime must be registered with the ICD loader (on the lent machines: `source .gpu/env.sh`
+# first, after ../shared/gpu/prepare.sh here).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+steps=,${1:-tests,bench},
+dev=${2:-nvidia}
+tests=${3:-.}
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+export CLATTN_DEVICE=$dev CLATTN_CACHE_DIR="$PWD/build-gpu/kernel-cache"
+t0=$SECONDS
+log() { echo "== $1 ($((SECONDS - t0)) s)"; }
+
+log "build"
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCLATTN_TEST_CACHE_DIR="$CLATTN_CACHE_DIR" \
+  >"$out/build.log" 2>&1 && cmake --build build-gpu -j"$(nproc)" >>"$out/build.log" 2>&1 ||
+  { tail -n 40 "$out/build.log"; exit 1; }
+bin=build-gpu/tools
+"$bin/clattn-info" >"$out/info.txt" 2>&1
+grep -iE "name|key|version" "$out/info.txt" | head -n 8
+
+if [[ $steps == *,tests,* ]]; then
+log "tests on $dev ($tests)"
+(cd build-gpu && CLATTN_REQUIRE_DEVICE=1 timeout 300 ctest -j4 -R "$tests" -E consumer \
+  --output-on-failure >"$out/ctest.log" 2>&1)
+grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest.log" | head -n 30
+fi
+
+if [[ $steps == *,bench,* ]]; then
+log "benchmark: copy, scores, softmax, unfused, fused (+ causal), decode, CLBlast"
+timeout 240 "$bin/clattn-bench" --op all --check >"$out/bench.txt" 2>&1
+cat "$out/bench.txt"
+fi
+
+[[ $steps == *,sweep,* ]] || { log "done"; exit 0; }
+# DECODE: WGX, WGY, RM, NS, VW, SPLITS, DIRECT (src/tuning.c). Default shape B16 H32 kv8192
+# d128; also f16 and grouped-query heads.
+log "decode sweep"
+sweep() { # name, then clattn-bench's arguments; one CLATTN_PARAMS_DECODE list per line on stdin
+  local name=$1; shift
+  local csv="$out/sweep-$name.csv" p
+  rm -f "$csv"
+  while read -r p; do
+    if ! CLATTN_PARAMS_DECODE=$p timeout 60 "$bin/clattn-bench" --csv --iters 20 "$@" \
+         >"$out/tmp.csv" 2>"$out/tmp.err"; then
+      echo "$name $p: failed: $(tail -n 1 "$out/tmp.err")"
+      continue
+    fi
+    [ -f "$csv" ] || echo "params,$(head -n 1 "$out/tmp.csv")" >"$csv"
+    tail -n +2 "$out/tmp.csv" | sed "s|^|${p//,//},|" >>"$csv"
+  done
+  rm -f "$out/tmp.csv" "$out/tmp.err"
+  # params, Hq, Hkv, Sq, dtype, median ms, GB/s
+  [ -f "$csv" ] && awk -F, '{ printf "%-18s %-5s %4s %4s %4s %10s %10s\n", $1, $4, $6, $7, $8, $12, $15 }' "$csv"
+}
+decode_lists() {
+  for direct in 2 3; do
+    for wgy in 1 2 4 8; do
+      for ns in 1 8; do echo "32,$wgy,0,$ns,8,0,$direct"; done
+    done
+  done
+  for ns in 2 4 16 32; do for vw in 4 16; do echo "32,4,0,$ns,$vw,0,3"; done; done
+  for splits in 8 32 128; do echo "32,4,0,1,8,$splits,2"; echo "32,4,0,1,8,$splits,3"; done
+}
+decode_lists | sweep decode --op decode
+decode_lists | sweep decode-f16 --op decode --dtype f16
+decode_lists | sweep decode-gqa --op decode --heads 32 --heads-kv 8
+decode_lists | sweep decode-gqa-sq4 --op decode --heads 32 --heads-kv 8 --seq-q 4
+log "done"
