@@ -230,28 +230,40 @@ static void assert_same(const inst *I, float *const want[MAX_OUT], float *const 
         }
 }
 
+static void assert_no_leak(const inst *I, const clshim_counts *before, const char *when)
+{
+    clshim_counts after;
+    clshim_get(&after);
+    char why[256];
+    if (!clshim_same_live(before, &after, why, sizeof why))
+        fail_msg("%s, %s: OpenCL objects leaked: %s", I->r->name, when, why);
+}
+
+/* The row's buffers on the test context, and its unchunked results in want; returns the launches
+ * the unchunked call made. */
+static long start(void **state, inst *I, float *want[MAX_OUT])
+{
+    assert_true(clshim_active());
+    inst_init(I, *state, tu_ctx_get());
+    return call_with_limit(I, 0, want);
+}
+
 static void test_chunks(void **state)
 {
     const row *r = *state;
-    assert_true(clshim_active());
-    clattn_context *ctx = tu_ctx_get();
-    const size_t saved = ctx->dev.max_groups_yz;
     inst I;
-    inst_init(&I, r, ctx);
-
     float *want[MAX_OUT] = {0}, *got[MAX_OUT] = {0};
-    const long whole = call_with_limit(&I, 0, want);
+    const long whole = start(state, &I, want);
+    clattn_context *ctx = I.ctx;
+    const size_t saved = ctx->dev.max_groups_yz;
     print_message("%s: %ld launches without a grid limit\n", r->name, whole);
     for (size_t limit = 1; limit <= 3; limit++) {
         char when[64];
         snprintf(when, sizeof when, "grid limit %zu", limit);
-        clshim_counts before, after;
+        clshim_counts before;
         clshim_get(&before);
         const long chunked = call_with_limit(&I, limit, got);
-        clshim_get(&after);
-        char why[256];
-        if (!clshim_same_live(&before, &after, why, sizeof why))
-            fail_msg("%s, %s: OpenCL objects leaked: %s", r->name, when, why);
+        assert_no_leak(&I, &before, when);
         if (chunked <= whole)
             fail_msg("%s, %s: %ld launches, no more than the %ld without a limit: nothing was chunked",
                      r->name, when, chunked, whole);
@@ -294,18 +306,16 @@ static void test_chunks(void **state)
 static void test_chunk_failure(void **state)
 {
     const row *r = *state;
-    assert_true(clshim_active());
-    clattn_context *ctx = tu_ctx_get();
-    const size_t saved = ctx->dev.max_groups_yz;
     inst I;
-    inst_init(&I, r, ctx);
     float *want[MAX_OUT] = {0}, *got[MAX_OUT] = {0};
-    (void)call_with_limit(&I, 0, want);
+    (void)start(state, &I, want);
+    clattn_context *ctx = I.ctx;
+    const size_t saved = ctx->dev.max_groups_yz;
     const long launches = call_with_limit(&I, 1, got);
     assert_true(launches >= 2);
 
     reset_outputs(&I);
-    clshim_counts before, after;
+    clshim_counts before;
     clshim_get(&before);
     ctx->dev.max_groups_yz = 1;
     cl_event done = (cl_event)(uintptr_t)0x5; /* must come back NULL */
@@ -314,16 +324,13 @@ static void test_chunk_failure(void **state)
     clshim_disarm();
     ctx->dev.max_groups_yz = saved;
     tu_finish(ctx);
-    clshim_get(&after);
+    assert_no_leak(&I, &before, "after the failed chunk");
     const char *msg = clattn_last_error(ctx);
     if (st != CLATTN_OUT_OF_MEMORY)
         fail_msg("%s: returned %s, expected CLATTN_OUT_OF_MEMORY (\"%s\")", r->name, clattn_status_name(st), msg);
     if (!strstr(msg, "chunk") || !strstr(msg, "CL_OUT_OF_RESOURCES"))
         fail_msg("%s: the message \"%s\" does not name the chunk and the error", r->name, msg);
     assert_null(done);
-    char why[256];
-    if (!clshim_same_live(&before, &after, why, sizeof why))
-        fail_msg("%s: OpenCL objects leaked after the failed chunk: %s", r->name, why);
 
     (void)call_with_limit(&I, 1, got);
     ctx->dev.max_groups_yz = saved;
