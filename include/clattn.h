@@ -255,7 +255,9 @@ CLATTN_API clattn_status clattn_attention_host(clattn_context *ctx, const clattn
  * chosen per device and per problem class (operation, dtype, head_dim, mask kind, seq_q class,
  * log2 seq_kv). For each call the library takes the first that applies of:
  *   1. an override set with clattn_set_params on this context,
- *   2. the environment variable CLATTN_PARAMS_<OP> ("16,16,4,1,16,4,0,0,0"; for experiments),
+ *   2. the environment variable CLATTN_PARAMS_<OP> ("16,16,4,1,16,4,0,0,0"; for experiments; a
+ *      list that is not 1 to N integers in [0, 4096] is not used: the origin says so, and the
+ *      tuning report of a context created with it),
  *   3. the user tuning file of this device, written by clattn-tune into CLATTN_TUNING_DIR
  *      (default: <cache dir>/tuning),
  *   4. entries built into the library for known devices (tuning/ in the source tree),

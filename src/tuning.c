@@ -230,6 +230,21 @@ static const char *env_name(clattn_op op, char *buf, size_t size)
     return buf;
 }
 
+/* What is wrong with the list `env` of op's variable, for the origin and the tuning report. */
+static void env_problem(clattn_op op, const char *env, char *buf, size_t size)
+{
+    char name[64];
+    snprintf(buf, size, "%s=\"%.60s%s\" ignored: not 1 to %d comma-separated integers in [0, 4096] (%s",
+             env_name(op, name, sizeof name), env, strlen(env) > 60 ? "..." : "", spaces[op].count,
+             spaces[op].names[0]);
+    for (int i = 1; i < spaces[op].count; i++) {
+        const size_t n = strlen(buf);
+        snprintf(buf + n, size - n, ",%s", spaces[op].names[i]);
+    }
+    const size_t n = strlen(buf);
+    snprintf(buf + n, size - n, ")");
+}
+
 /* Sources in priority order; the first that applies wins. The origin text is only formatted when
  * asked for (clattn_get_params), not on every launch. */
 void clattn__params_for(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p,
@@ -260,9 +275,15 @@ void clattn__params_for(const clattn_context *ctx, const clattn_bucket *b, clatt
     }
     if (e)
         memcpy(p->v, e->v, sizeof p->v);
-    /* The environment beats the files and defaults, not an override; an invalid list is ignored. */
-    if (src != CLATTN_SOURCE_OVERRIDE && env && *env && parse_list(env, spaces[b->op].count, p))
-        src = CLATTN_SOURCE_ENVIRONMENT;
+    /* The environment beats the files and defaults, not an override. An invalid list is not
+     * used; the origin says so (and clattn_tuning_report, when the context was created). */
+    int env_bad = 0;
+    if (src != CLATTN_SOURCE_OVERRIDE && env && *env) {
+        if (parse_list(env, spaces[b->op].count, p))
+            src = CLATTN_SOURCE_ENVIRONMENT;
+        else
+            env_bad = 1;
+    }
     if (source)
         *source = src;
     if (!origin || !origin_size)
@@ -292,6 +313,12 @@ void clattn__params_for(const clattn_context *ctx, const clattn_bucket *b, clatt
     case CLATTN_SOURCE_GENERIC:
         snprintf(origin, origin_size, "generic defaults");
         break;
+    }
+    if (env_bad) {
+        char why[256];
+        env_problem(b->op, env, why, sizeof why);
+        const size_t n = strlen(origin);
+        snprintf(origin + n, origin_size - n, "; %s", why);
     }
 }
 
@@ -478,6 +505,16 @@ void clattn__tuning_init(clattn_context *ctx)
         ctx->tuning_dir[0] = '\0';
     load_user(ctx);
     load_builtin(ctx);
+    /* The variables are read again for every call; a bad one is named here once. */
+    for (int op = 0; op < CLATTN_OP_COUNT; op++) {
+        char name[64], why[256];
+        const char *env = getenv(env_name((clattn_op)op, name, sizeof name));
+        clattn_params p;
+        if (env && *env && !parse_list(env, spaces[op].count, &p)) {
+            env_problem((clattn_op)op, env, why, sizeof why);
+            report(ctx, "%s", why);
+        }
+    }
 }
 
 /* ---- public API ---- */

@@ -328,6 +328,92 @@ static void test_lookup_order(void **state)
     clattn_release(ctx);
 }
 
+/* CLATTN_PARAMS_<OP> lists the library cannot take: they are not used (the parameters are those
+ * without the variable), clattn_get_params' origin and the tuning report of a new context name the
+ * variable and why, and a valid list afterwards is taken again. */
+typedef struct env_row {
+    const char *name;
+    const char *value;
+} env_row;
+
+static const env_row env_rows[] = {
+    {"letter", "1,8,x"},         {"too_many", "1,8,4,1,4,0,7"}, {"negative", "1,-8"},
+    {"too_big", "1,5000"},       {"empty_field", "1,,4"},       {"words", "fast"},
+    {"separator", "1;8;4"},      {"trailing_text", "1,8 x"},
+};
+
+static void test_bad_env(void **state)
+{
+    const env_row *r = *state;
+    make_dir();
+    unsetenv("CLATTN_PARAMS_FUSED");
+    clattn_context *ctx = tu_context();
+    const clattn_kernel_params want = get(ctx, CLATTN_OPERATION_FUSED);
+    assert_int_not_equal(want.source, CLATTN_SOURCE_ENVIRONMENT);
+    assert_null(strstr(clattn_tuning_report(ctx), "CLATTN_PARAMS"));
+    clattn_release(ctx);
+
+    setenv("CLATTN_PARAMS_FUSED", r->value, 1);
+    ctx = tu_context();
+    char named[200];
+    snprintf(named, sizeof named, "CLATTN_PARAMS_FUSED=\"%s\" ignored", r->value);
+    if (!strstr(clattn_tuning_report(ctx), named))
+        fail_msg("tuning report \"%s\" lacks \"%s\"", clattn_tuning_report(ctx), named);
+    const clattn_kernel_params got = get(ctx, CLATTN_OPERATION_FUSED);
+    assert_int_equal(got.source, want.source);
+    assert_memory_equal(got.values, want.values, sizeof want.values);
+    if (!strstr(got.origin, named) || !strstr(got.origin, "WGX,WGY,RM,NS,VW,DIRECT"))
+        fail_msg("origin \"%s\" lacks \"%s\" or the parameter names", got.origin, named);
+    assert_null(strstr(clattn_tuning_report(ctx), "CLATTN_PARAMS_DECODE")); /* other ops unaffected */
+
+    /* The variable is read at every call: a valid list now is taken, and named without blame. */
+    setenv("CLATTN_PARAMS_FUSED", "1,8", 1);
+    const clattn_kernel_params ok = get(ctx, CLATTN_OPERATION_FUSED);
+    assert_int_equal(ok.source, CLATTN_SOURCE_ENVIRONMENT);
+    assert_int_equal(ok.values[0], 1);
+    assert_int_equal(ok.values[1], 8);
+    assert_int_equal(ok.values[2], want.values[2]); /* a shorter list keeps the rest */
+    assert_null(strstr(ok.origin, "ignored"));
+    unsetenv("CLATTN_PARAMS_FUSED");
+    clattn_release(ctx);
+}
+
+/* clattn-bench refuses a list the library would ignore (a sweep would measure other values than
+ * it names) and lists the parameters it measured, with their source. */
+static void test_bench_env(void **state)
+{
+    (void)state;
+#ifndef CLATTN_BENCH_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    char cmd[1200], log[400], buf[8192];
+    snprintf(log, sizeof log, "%s/bench.log", dir);
+    const char *runs[2] = {"1,1,0,4,16,0,x", "1,1,0,4,16,0,1"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "CLATTN_PARAMS_DECODE=%s %s --op decode --batch 1 --heads 2 --seq-kv 100 --dim 16 "
+                 "--iters 1 --warmup 0 --csv --check >/dev/null 2>%s",
+                 runs[i], CLATTN_BENCH_PATH, log);
+        const int rc = system(cmd);
+        FILE *f = fopen(log, "r");
+        assert_non_null(f);
+        const size_t len = fread(buf, 1, sizeof buf - 1, f);
+        buf[len] = '\0';
+        fclose(f);
+        if (i == 0) {
+            assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+            if (!strstr(buf, "CLATTN_PARAMS_DECODE=\"1,1,0,4,16,0,x\" ignored") || strstr(buf, "check decode"))
+                fail_msg("clattn-bench ran or did not name the bad list:\n%s", buf);
+        } else {
+            assert_int_equal(rc, 0);
+            if (!strstr(buf, "[environment: CLATTN_PARAMS_DECODE=1,1,0,4,16,0,1]") || !strstr(buf, "check decode"))
+                fail_msg("clattn-bench did not list the parameters it measured:\n%s", buf);
+        }
+    }
+#endif
+}
+
 typedef struct file_row {
     const char *name;
     const char *body; /* after the header; %s is the device key */
@@ -794,6 +880,8 @@ int main(void)
     tu_add_test("format/nul_long_random", NULL, test_nul_and_long_lines, NULL);
     tu_add_test("format/parse_threads", NULL, test_parse_threads, NULL);
     tu_add_test("lookup/order", NULL, test_lookup_order, NULL);
+    TU_ADD_TABLE("lookup/bad_env", test_bad_env, env_rows);
+    tu_add_test("tools/bench_env", NULL, test_bench_env, NULL);
     TU_ADD_TABLE("lookup/bad_user_file", test_bad_user_file, file_rows);
     TU_ADD_TABLE("lookup/odd_user_file", test_odd_user_file, odd_rows);
     TU_ADD_TABLE("lookup/file_size", test_file_size, size_rows);

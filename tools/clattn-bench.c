@@ -113,6 +113,8 @@ typedef struct bench {
     /* Host staging for uploads and row reads, grown on demand. */
     void *stage;
     size_t stage_size;
+    /* The kernel parameters of the measured lines, printed after the ratios. */
+    char params[4096];
 } bench;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -637,6 +639,76 @@ static void emit(bench *bn, const result *r)
         bn->check_failed = 1;
 }
 
+/* Appends the parameters that clattn gives operation `op` for this problem class ("decode f32
+ * d128 kv8192: WGX=32 WGY=4 ... [vendor: vendor defaults (NVIDIA GPUs)]"), once per distinct
+ * line: a sweep reads here which values it measured. */
+static void note_params(bench *bn, clattn_operation op, clattn_dtype dt, long long d, long long sq,
+                        long long skv, int causal)
+{
+    const clattn_problem_class pc = {op, dt, d, sq, skv, causal, 0};
+    clattn_kernel_params kp;
+    if (clattn_get_params(bn->ctx, &pc, &kp) != CLATTN_SUCCESS)
+        return;
+    char line[1024];
+    int n;
+    if (op == CLATTN_OPERATION_MERGE)
+        n = snprintf(line, sizeof line, "  %-7s:", clattn_operation_name(op));
+    else if (op == CLATTN_OPERATION_SOFTMAX)
+        n = snprintf(line, sizeof line, "  %-7s %s rows %lld cols %lld%s:", clattn_operation_name(op),
+                     dtype_name(dt), sq, skv, causal ? " causal" : "");
+    else
+        n = snprintf(line, sizeof line, "  %-7s %s d%lld sq%lld kv%lld%s:", clattn_operation_name(op),
+                     dtype_name(dt), d, sq, skv, causal ? " causal" : "");
+    for (int i = 0; i < kp.count && n > 0 && (size_t)n < sizeof line; i++)
+        n += snprintf(line + n, sizeof line - (size_t)n, " %s=%d", clattn_param_name(op, i), kp.values[i]);
+    if (n > 0 && (size_t)n < sizeof line)
+        snprintf(line + n, sizeof line - (size_t)n, "  [%s: %s]\n", clattn_params_source_name(kp.source),
+                 kp.origin);
+    const size_t have = strlen(bn->params);
+    if (!strstr(bn->params, line) && have + strlen(line) < sizeof bn->params)
+        memcpy(bn->params + have, line, strlen(line) + 1);
+}
+
+/* The parameters behind one measured line of kind `kind` (the library picks the decode
+ * operation for fused attention of at most 16 query rows, as fused.c does). */
+static void note_attn_params(bench *bn, int kind, const shape *s)
+{
+    if (kind == OP_SCORES || kind == OP_UNFUSED) {
+        note_params(bn, CLATTN_OPERATION_SCORES, s->dt, s->d, s->sq, s->skv, s->causal);
+        if (kind == OP_SCORES)
+            return;
+        note_params(bn, CLATTN_OPERATION_SOFTMAX, CLATTN_F32, 0, s->sq, s->skv, 0);
+        note_params(bn, CLATTN_OPERATION_PV, s->dt, s->d, s->sq, s->skv, s->causal);
+        return;
+    }
+    note_params(bn, s->sq <= 16 ? CLATTN_OPERATION_DECODE : CLATTN_OPERATION_FUSED, s->dt, s->d, s->sq,
+                s->skv, s->causal);
+    if (s->sq <= 16)
+        note_params(bn, CLATTN_OPERATION_MERGE, CLATTN_F32, 0, 0, 0, 0);
+}
+
+/* A CLATTN_PARAMS_<OP> list the library cannot use would leave a sweep measuring other values
+ * than it names: refuse to run instead. */
+static void check_env_params(bench *bn)
+{
+    for (int op = 0; op < CLATTN_OPERATION_COUNT; op++) {
+        char name[64];
+        snprintf(name, sizeof name, "CLATTN_PARAMS_%s", clattn_operation_name((clattn_operation)op));
+        for (char *c = name; *c; c++)
+            if (*c >= 'a' && *c <= 'z')
+                *c = (char)(*c - 'a' + 'A');
+        const char *env = getenv(name);
+        if (!env || !*env)
+            continue;
+        const clattn_problem_class pc = {(clattn_operation)op, CLATTN_F32, 64, 1, 1024, 0, 0};
+        clattn_kernel_params kp;
+        if (clattn_get_params(bn->ctx, &pc, &kp) == CLATTN_SUCCESS && kp.source != CLATTN_SOURCE_ENVIRONMENT) {
+            const char *why = strstr(kp.origin, name);
+            die(EXIT_USAGE, "%s; refusing to measure other values than it names", why ? why : kp.origin);
+        }
+    }
+}
+
 static void add_ratio(bench *bn, const char *what, const char *how, double v)
 {
     if (isnan(v) || bn->n_ratios >= (int)(sizeof bn->ratios / sizeof bn->ratios[0]))
@@ -786,6 +858,7 @@ static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
 
     result *r = out_r;
     if (measure(bn, enqueue_attn, &j, &r->ms_med, &r->ms_min) == 0) {
+        note_attn_params(bn, kind, s);
         if (kind == OP_SCORES) {
             r->gflops = 2.0 * s->b * s->hq * (double)s->sq * (double)s->skv * s->d / (r->ms_med * 1e6);
             r->gbps = (double)(no * es) / (r->ms_med * 1e6);
@@ -846,6 +919,7 @@ static void run_softmax(bench *bn, const shape *s)
     j.out = clattn_tensor_bhsd(m[1], s->dt, s->b, s->hq, s->sq, s->skv);
     result r = new_result("softmax", s);
     if (measure(bn, enqueue_softmax, &j, &r.ms_med, &r.ms_min) == 0) {
+        note_params(bn, CLATTN_OPERATION_SOFTMAX, s->dt, 0, s->sq, s->skv, s->causal);
         r.gbps = 2.0 * (double)(n * es) / (r.ms_med * 1e6);
         r.ratio_name = "softmax_gbps/copy_gbps";
         r.ratio = r.gbps / bn->copy_gbps;
@@ -1184,6 +1258,8 @@ static void open_device(bench *bn)
 
 static void print_ratios(const bench *bn)
 {
+    if (bn->params[0]) /* on stderr with --csv, never inside the CSV */
+        fprintf(bn->opt.csv ? stderr : stdout, "\nkernel parameters (clattn_get_params):\n%s", bn->params);
     if (bn->opt.csv || bn->n_ratios == 0)
         return;
     puts("\nratios (same run):");
@@ -1197,6 +1273,7 @@ int main(int argc, char **argv)
     parse_args(argc, argv, &bn.opt);
     bn.copy_gbps = bn.clblast_ms = bn.unfused_ms = bn.fused_gflops = NAN;
     open_device(&bn);
+    check_env_params(&bn);
     const options *o = &bn.opt;
 
     FILE *info = o->csv ? stderr : stdout;
