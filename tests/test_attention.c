@@ -186,6 +186,13 @@ static const att_case cases[] = {
     {"poison_all_f16", 2, 4, 2, 33, 70, 64, 0, F16, .causal = 1, .mask = MASK_HEADS, .mask_dt = F16, .has_kv = 1,
      .kv = {50, 70}, .special = SP_POISON},
     {"poison_causal_diagonal", 2, 2, 2, 70, 70, 64, 0, F32, .causal = 1, .special = SP_POISON_DIAG},
+    /* CPU kernels with O in register tiles (fused_direct PV_TILE) and, for 16 packed rows, the
+     * scores too (QK_TILE, with tail loads at head_dim 59): the tiles' hidden-key path */
+    {"poison_causal_33x70_gqa_hd256", 2, 4, 2, 33, 70, 256, 0, F32, .causal = 1, .special = SP_POISON_DIAG},
+    {"poison_causal_decode_sq5_hd128", 1, 4, 2, 5, 70, 128, 0, F32, .causal = 1, .special = SP_POISON_DIAG},
+    {"poison_mask_gqa16_decode_hd59", 1, 16, 1, 1, 70, 59, 0, F32, .mask = MASK_HEADS, .mask_dt = F32,
+     .special = SP_POISON},
+    {"decode_gqa8_sq2_causal_hd128", 1, 16, 2, 2, 70, 128, 0, F32, .causal = 1},
     {"poison_causal_33x70_gqa", 2, 4, 2, 33, 70, 64, 0, F32, .causal = 1, .special = SP_POISON_DIAG},
     {"poison_causal_kvlen_f16", 2, 2, 1, 40, 90, 64, 0, F16, .causal = 1, .has_kv = 1, .kv = {90, 37},
      .special = SP_POISON_DIAG},
