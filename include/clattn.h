@@ -328,7 +328,8 @@ CLATTN_API clattn_status clattn_get_params(clattn_context *ctx, const clattn_pro
  * What reading the tuning store found for this context's device: the user file's path and entry
  * count, built-in tables that apply, and any file that was ignored with the reason (malformed,
  * truncated, foreign device, unsupported version) or whose driver tag differs (its entries are
- * still used; re-run clattn-tune). Valid until clattn_reload_tuning or clattn_release.
+ * still used; re-run clattn-tune), and any CLATTN_PARAMS_<OP> list that is not used because it
+ * is invalid. Valid until clattn_reload_tuning or clattn_release.
  */
 CLATTN_API const char *clattn_tuning_report(const clattn_context *ctx);
 

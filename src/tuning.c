@@ -203,12 +203,14 @@ static int parse_list(const char *s, int want, clattn_params *p)
     int n = 0;
     while (*s && n < CLATTN_MAX_PARAMS) {
         char *end;
+        if (!isdigit((unsigned char)*s)) /* no sign, no blank, no empty field */
+            return 0;
         long v = strtol(s, &end, 10);
         if (end == s || v < 0 || v > 4096)
             return 0;
         t.v[n++] = (int)v;
         s = end;
-        if (*s == ',')
+        if (*s == ',' && s[1])
             s++;
         else if (*s)
             return 0;
@@ -503,9 +505,8 @@ void clattn__tuning_init(clattn_context *ctx)
         n = -1;
     if (n < 0 || (size_t)n >= sizeof ctx->tuning_dir)
         ctx->tuning_dir[0] = '\0';
-    load_user(ctx);
-    load_builtin(ctx);
-    /* The variables are read again for every call; a bad one is named here once. */
+    /* The variables are read again for every call; a bad one is named here once, first,
+     * so that a long report of the files cannot crowd it out. */
     for (int op = 0; op < CLATTN_OP_COUNT; op++) {
         char name[64], why[256];
         const char *env = getenv(env_name((clattn_op)op, name, sizeof name));
@@ -515,6 +516,8 @@ void clattn__tuning_init(clattn_context *ctx)
             report(ctx, "%s", why);
         }
     }
+    load_user(ctx);
+    load_builtin(ctx);
 }
 
 /* ---- public API ---- */

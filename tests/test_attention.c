@@ -193,6 +193,8 @@ static const att_case cases[] = {
     {"poison_mask_gqa16_decode_hd59", 1, 16, 1, 1, 70, 59, 0, F32, .mask = MASK_HEADS, .mask_dt = F32,
      .special = SP_POISON},
     {"decode_gqa8_sq2_causal_hd128", 1, 16, 2, 2, 70, 128, 0, F32, .causal = 1},
+    /* O tiles carried over five 256-key blocks, 128 row tiles: not split on CPUs */
+    {"hd256_256x1100_causal", 1, 2, 1, 256, 1100, 256, 0, F32, .causal = 1},
     {"poison_causal_33x70_gqa", 2, 4, 2, 33, 70, 64, 0, F32, .causal = 1, .special = SP_POISON_DIAG},
     {"poison_causal_kvlen_f16", 2, 2, 1, 40, 90, 64, 0, F16, .causal = 1, .has_kv = 1, .kv = {90, 37},
      .special = SP_POISON_DIAG},

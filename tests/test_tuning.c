@@ -339,7 +339,8 @@ typedef struct env_row {
 static const env_row env_rows[] = {
     {"letter", "1,8,x"},         {"too_many", "1,8,4,1,4,0,7"}, {"negative", "1,-8"},
     {"too_big", "1,5000"},       {"empty_field", "1,,4"},       {"words", "fast"},
-    {"separator", "1;8;4"},      {"trailing_text", "1,8 x"},
+    {"separator", "1;8;4"},      {"trailing_text", "1,8 x"},    {"trailing_comma", "1,8,"},
+    {"blank", "1, 8"},           {"plus_sign", "+1,8"},
 };
 
 static void test_bad_env(void **state)
@@ -387,6 +388,7 @@ static void test_bench_env(void **state)
     skip(); /* built without the tools */
 #else
     make_dir();
+    clattn_release(tu_context()); /* skips (or fails, CLATTN_REQUIRE_DEVICE=1) without a device */
     char cmd[1200], log[400], buf[8192];
     snprintf(log, sizeof log, "%s/bench.log", dir);
     const char *runs[2] = {"1,1,0,4,16,0,x", "1,1,0,4,16,0,1"};

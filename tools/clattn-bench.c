@@ -670,7 +670,8 @@ static void note_params(bench *bn, clattn_operation op, clattn_dtype dt, long lo
 }
 
 /* The parameters behind one measured line of kind `kind` (the library picks the decode
- * operation for fused attention of at most 16 query rows, as fused.c does). */
+ * operation for fused attention of at most 16 query rows, as fused.c does; merge follows any
+ * split launch, prefill included). */
 static void note_attn_params(bench *bn, int kind, const shape *s)
 {
     if (kind == OP_SCORES || kind == OP_UNFUSED) {
@@ -683,8 +684,7 @@ static void note_attn_params(bench *bn, int kind, const shape *s)
     }
     note_params(bn, s->sq <= 16 ? CLATTN_OPERATION_DECODE : CLATTN_OPERATION_FUSED, s->dt, s->d, s->sq,
                 s->skv, s->causal);
-    if (s->sq <= 16)
-        note_params(bn, CLATTN_OPERATION_MERGE, CLATTN_F32, 0, 0, 0, 0);
+    note_params(bn, CLATTN_OPERATION_MERGE, CLATTN_F32, 0, 0, 0, 0); /* when the keys are split */
 }
 
 /* A CLATTN_PARAMS_<OP> list the library cannot use would leave a sweep measuring other values
@@ -704,7 +704,11 @@ static void check_env_params(bench *bn)
         clattn_kernel_params kp;
         if (clattn_get_params(bn->ctx, &pc, &kp) == CLATTN_SUCCESS && kp.source != CLATTN_SOURCE_ENVIRONMENT) {
             const char *why = strstr(kp.origin, name);
-            die(EXIT_USAGE, "%s; refusing to measure other values than it names", why ? why : kp.origin);
+            if (why)
+                die(EXIT_USAGE, "%s; refusing to measure other values than it names", why);
+            die(EXIT_USAGE, "%s=\"%s\" is not a list of 1 to %d integers in [0, 4096] (names: clattn-info); "
+                "refusing to measure other values than it names", name, env,
+                clattn_param_count((clattn_operation)op));
         }
     }
 }
@@ -1259,7 +1263,10 @@ static void open_device(bench *bn)
 static void print_ratios(const bench *bn)
 {
     if (bn->params[0]) /* on stderr with --csv, never inside the CSV */
-        fprintf(bn->opt.csv ? stderr : stdout, "\nkernel parameters (clattn_get_params):\n%s", bn->params);
+        fprintf(bn->opt.csv ? stderr : stdout,
+                "\nkernel parameters (clattn_get_params; each operation then fits them to the device, "
+                "merge runs when keys are split):\n%s",
+                bn->params);
     if (bn->opt.csv || bn->n_ratios == 0)
         return;
     puts("\nratios (same run):");
