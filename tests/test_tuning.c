@@ -379,6 +379,20 @@ static void test_bad_env(void **state)
     clattn_release(ctx);
 }
 
+#if defined(CLATTN_TUNE_PATH) || defined(CLATTN_BENCH_PATH)
+/* The file `name` of the test directory (a tool's output), NUL-terminated, cut at size - 1. */
+static void read_text(const char *name, char *buf, size_t size)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    const size_t len = fread(buf, 1, size - 1, f);
+    buf[len] = '\0';
+    fclose(f);
+}
+#endif
+
 /* clattn-bench refuses a list the library would ignore (a sweep would measure other values than
  * it names) and lists the parameters it measured, with their source. */
 static void test_bench_env(void **state)
@@ -389,20 +403,15 @@ static void test_bench_env(void **state)
 #else
     make_dir();
     clattn_release(tu_context()); /* skips (or fails, CLATTN_REQUIRE_DEVICE=1) without a device */
-    char cmd[1200], log[400], buf[8192];
-    snprintf(log, sizeof log, "%s/bench.log", dir);
+    char cmd[1200], buf[8192];
     const char *runs[2] = {"1,1,0,4,16,0,x", "1,1,0,4,16,0,1"};
     for (int i = 0; i < 2; i++) {
         snprintf(cmd, sizeof cmd,
                  "CLATTN_PARAMS_DECODE=%s %s --op decode --batch 1 --heads 2 --seq-kv 100 --dim 16 "
-                 "--iters 1 --warmup 0 --csv --check >/dev/null 2>%s",
-                 runs[i], CLATTN_BENCH_PATH, log);
+                 "--iters 1 --warmup 0 --csv --check >/dev/null 2>%s/bench.log",
+                 runs[i], CLATTN_BENCH_PATH, dir);
         const int rc = system(cmd);
-        FILE *f = fopen(log, "r");
-        assert_non_null(f);
-        const size_t len = fread(buf, 1, sizeof buf - 1, f);
-        buf[len] = '\0';
-        fclose(f);
+        read_text("bench.log", buf, sizeof buf);
         if (i == 0) {
             assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
             if (!strstr(buf, "CLATTN_PARAMS_DECODE=\"1,1,0,4,16,0,x\" ignored") || strstr(buf, "check decode"))
@@ -718,16 +727,7 @@ static int run_tuner(const char *extra)
     return system(cmd);
 }
 
-static void read_report(char *buf, size_t size)
-{
-    char path[400];
-    snprintf(path, sizeof path, "%s/report.json", dir);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    size_t len = fread(buf, 1, size - 1, f);
-    buf[len] = '\0';
-    fclose(f);
-}
+static void read_report(char *buf, size_t size) { read_text("report.json", buf, size); }
 #endif
 
 static void test_tuner(void **state)
