@@ -362,6 +362,92 @@ static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, cons
                   num_wait, wait, done);
 }
 
+/* decode_lanes (DECODE DIRECT 4, decode_lanes.cl; GPUs): KG key groups (WGY, a power of 2,
+ * default 4) of LANES work-items (NS: a power of 2 up to 32 and up to the 16-byte chunks of the
+ * longer of a K and a V row; 0 or 1: that many chunks, up to 32) that read every key row
+ * together, RM packed rows (0: the packed rows; at most 16, and at most 16 O chunks a lane), KU
+ * keys a step whose K and V rows are loaded before their use (VW: 1 to 16, default 8; fewer while
+ * a lane would hold more than 16 row chunks or 64 scores). On NVIDIA
+ * GPUs the lanes sum their partial scores with PTX shuffles (SHFL), for which a work-group is
+ * made at least one warp (more groups); elsewhere through local memory. Sets *used = 0 (and
+ * enqueues nothing) when one group does not fit the device's limits; the tiled kernel then runs
+ * instead. */
+static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
+                               cl_uint num_wait, const cl_event *wait, cl_event *done, int *used)
+{
+    *used = 0;
+    const int R = (int)(p->heads_q / p->heads_kv) * (int)p->seq_q;
+    const int dp = (int)((p->head_dim + 3) / 4 * 4), dvp = (int)((p->head_dim_v + 3) / 4 * 4);
+    const int nvidia = (ctx->dev.type & CL_DEVICE_TYPE_GPU) && ctx->dev.vendor_id == 0x10de;
+    const int chunks = (dp > dvp ? dp : dvp) / 4, most = pow2_at_least(chunks < 32 ? chunks : 32);
+    int lanes = most;
+    if (pp->v[3] >= 2) { /* at most one lane per chunk */
+        lanes = 1;
+        while (lanes < most && 2 * lanes <= pp->v[3])
+            lanes *= 2;
+    }
+    int kg = 1;
+    while (kg < 16 && 2 * kg <= (pp->v[1] > 0 ? pp->v[1] : 4))
+        kg *= 2;
+    if (nvidia && kg * lanes < 32)
+        kg = 32 / lanes; /* shuffles take whole warps */
+    const int ckn = (dp / 4 + lanes - 1) / lanes, cvn = (dvp / 4 + lanes - 1) / lanes;
+    /* Rows: the packed rows, at most 16 and at most 16 O chunks a lane, in tiles of equal size
+     * (the work of a tile grows with RM whether its rows exist or not). */
+    int rm = pp->v[2] > 0 ? pp->v[2] : R;
+    rm = rm < 1 ? 1 : rm > R ? R : rm;
+    while (rm > 1 && (rm > 16 || rm * cvn > 16))
+        rm = (rm + 1) / 2;
+    rm = (R + (R + rm - 1) / rm - 1) / ((R + rm - 1) / rm);
+    int ku = 1;
+    while (ku < 16 && 2 * ku <= (pp->v[4] > 0 ? pp->v[4] : 8))
+        ku *= 2;
+    while (ku > 1 && (ku * (ckn + cvn) > 16 || rm * ku > 64))
+        ku /= 2;
+    for (;;) {
+        const int shfl = nvidia && (kg * lanes) % 32 == 0;
+        const size_t xch = shfl ? 0 : (size_t)2 * rm * ku * kg * lanes;
+        const size_t fin = (size_t)(kg / 2) * rm * (4 * lanes * cvn + 4);
+        const size_t bytes = (size_t)16 * rm * ckn * lanes + 4 * (xch > fin ? xch : fin);
+        const size_t items = (size_t)kg * lanes;
+        if (items <= ctx->dev.max_wg && items <= ctx->dev.max_item[0] && bytes <= ctx->dev.local_mem)
+            break;
+        if (kg > 1)
+            kg /= 2;
+        else if (rm > 1)
+            rm = (rm + 1) / 2;
+        else
+            return CLATTN_SUCCESS;
+    }
+    const int shfl = nvidia && (kg * lanes) % 32 == 0;
+    const int bn = kg * ku, wg = kg * lanes, row_tiles = (R + rm - 1) / rm;
+    const long long tiles = (long long)row_tiles * p->batch * p->heads_kv;
+    int split_len;
+    /* Few registers and no local tiles, as decode_rows: counted as half-size work-groups. */
+    const int splits =
+        choose_splits(ctx, p, tiles, bn, wg / 2 > 0 ? wg / 2 : 1, pp->v[5] > 0 ? pp->v[5] : 1, &split_len);
+
+    char opts[256];
+    snprintf(opts, sizeof opts,
+             "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DKG=%d -DLANES=%d -DRM=%d "
+             "-DDP=%d -DDVP=%d -DKU=%d -DKFULL=%d -DVFULL=%d -DSHFL=%d",
+             (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
+             p->has_mask ? (int)p->mask.dtype : 0, kg, lanes, rm, dp, dvp, ku, p->head_dim % 4 == 0,
+             p->head_dim_v % 4 == 0, shfl);
+    cl_kernel k;
+    clattn_status st = clattn__get_kernel(ctx, "decode_lanes.cl", opts, "decode_lanes", &k);
+    if (st)
+        return st;
+    cl_mem ws = NULL;
+    if (splits > 1 && (st = clattn__workspace(ctx, (size_t)splits * part_floats(p) * 4, &ws)))
+        return st;
+    *used = 1;
+    const size_t local[3] = {(size_t)wg, 1, 1};
+    const size_t global[3] = {(size_t)wg, (size_t)row_tiles, (size_t)(p->batch * p->heads_kv) * (size_t)splits};
+    return launch(ctx, p, k, "decode_lanes", &p->k, &p->v, ws, 0, splits, split_len, global, local,
+                  num_wait, wait, done);
+}
+
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done)
 {
@@ -373,9 +459,10 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
                             clattn__mask_kind(p->causal, p->has_mask || p->kv_lengths)};
     clattn_params pp;
     clattn__default_params(ctx, &bucket, &pp);
-    if (decode && (pp.v[6] == 2 || pp.v[6] == 3)) {
+    if (decode && (pp.v[6] == 2 || pp.v[6] == 3 || pp.v[6] == 4)) {
         int used;
-        clattn_status st = run_rows(ctx, p, &pp, num_wait, wait, done, &used);
+        clattn_status st = pp.v[6] == 4 ? run_lanes(ctx, p, &pp, num_wait, wait, done, &used)
+                                        : run_rows(ctx, p, &pp, num_wait, wait, done, &used);
         if (st || used)
             return st;
     } else if (decode ? pp.v[6] > 0 : pp.v[5] > 0) {

@@ -397,8 +397,9 @@ static void canonical(clattn_operation op, int *v)
         if (v[6] == 1) { /* fused_direct: RM and SPLITS count */
             v[0] = v[1] = v[3] = 1;
             v[4] = 16;
-        } else if (v[6] == 2) { /* decode_rows: WGY (key groups), RM, NS (lanes per key row),
-                                   VW (loads in flight) and SPLITS count */
+        } else if (v[6] >= 2 && v[6] <= 4) { /* decode_rows, decode_lanes: WGY (key groups),
+                                                RM, NS (lanes per key row), VW (loads in flight
+                                                or keys a step) and SPLITS count */
             v[0] = 32;
         } else if (v[3] > 4) { /* the tiled kernel: NS 8 to 32 are decode_rows values */
             v[3] = 4;

@@ -6,8 +6,8 @@
 #
 #   tools/gpu-check.sh [STEPS [DEVICE [CTEST_REGEX]]]
 #
-# STEPS: a comma list of tests, bench, sweep (default tests,bench: about 6 minutes; sweep about
-# 6 more); the build comes first in every call and is incremental. DEVICE: a clattn_create spec
+# STEPS: a comma list of tests, bench, lanes, sweep (default tests,bench: about 6 minutes; lanes
+# and sweep about 6 more each); the build comes first in every call and is incremental. DEVICE: a clattn_create spec
 # (default nvidia). CTEST_REGEX picks the tests (default: all but the consumer check). The OpenCL
 # runtime must be registered with the ICD loader (on the lent machines: `source .gpu/env.sh`
 # first, after ../shared/gpu/prepare.sh here).
@@ -43,10 +43,9 @@ timeout 240 "$bin/clattn-bench" --op all --check >"$out/bench.txt" 2>&1
 cat "$out/bench.txt"
 fi
 
-[[ $steps == *,sweep,* ]] || { log "done"; exit 0; }
+[[ $steps == *,lanes,* || $steps == *,sweep,* ]] || { log "done"; exit 0; }
 # DECODE: WGX, WGY, RM, NS, VW, SPLITS, DIRECT (src/tuning.c). Default shape B16 H32 kv8192
 # d128; also f16 and grouped-query heads.
-log "decode sweep"
 sweep() { # name, then clattn-bench's arguments; one CLATTN_PARAMS_DECODE list per line on stdin
   local name=$1; shift
   local csv="$out/sweep-$name.csv" p
@@ -64,6 +63,24 @@ sweep() { # name, then clattn-bench's arguments; one CLATTN_PARAMS_DECODE list p
   # params, Hq, Hkv, Sq, dtype, median ms, GB/s
   [ -f "$csv" ] && awk -F, '{ printf "%-18s %-5s %4s %4s %4s %10s %10s\n", $1, $4, $6, $7, $8, $12, $15 }' "$csv"
 }
+# decode_lanes (DIRECT 4): key groups (WGY) x keys a step (VW), lanes a row (NS; 0: one per
+# 16-byte chunk), splits; the first line is the current NVIDIA default (decode_rows) for reference.
+# Every line is checked against the float64 reference (a failure is printed and skipped).
+lanes_lists() {
+  echo "32,4,0,1,8,0,2"
+  for wgy in 1 2 4 8; do for vw in 4 8 16; do echo "32,$wgy,0,0,$vw,0,4"; done; done
+  for ns in 8 16; do echo "32,4,0,$ns,8,0,4"; done
+  for splits in 8 32 128; do echo "32,4,0,0,8,$splits,4"; done
+}
+if [[ $steps == *,lanes,* ]]; then
+log "decode_lanes sweep"
+lanes_lists | sweep lanes --check --op decode
+lanes_lists | sweep lanes-f16 --check --op decode --dtype f16
+lanes_lists | sweep lanes-gqa --check --op decode --heads 32 --heads-kv 8
+lanes_lists | sweep lanes-gqa-sq4 --check --op decode --heads 32 --heads-kv 8 --seq-q 4
+fi
+[[ $steps == *,sweep,* ]] || { log "done"; exit 0; }
+log "decode sweep"
 decode_lists() {
   for direct in 2 3; do
     for wgy in 1 2 4 8; do
