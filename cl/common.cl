@@ -218,7 +218,39 @@ inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv,
     vstore4((ushort4)(f32_to_bf16((x).s0), f32_to_bf16((x).s1), f32_to_bf16((x).s2), \
                       f32_to_bf16((x).s3)), 0, (p) + (i))
 #endif
+/* Stores x at columns col..col+3 of a row of n elements, those past n left alone. */
+inline void store4_row(__global T_OUT *p, int col, float4 x, int n)
+{
+    if (col + 3 < n) {
+        ST4_OUT(p, col, x);
+    } else {
+        const float xs[4] = {x.s0, x.s1, x.s2, x.s3};
+        for (int e = 0; e < 4 && col + e < n; e++)
+            ST_OUT(p, col + e, xs[e]);
+    }
+}
 #endif
+
+/* Two softmax states (running maximum m, sum l of exp(score - m)) over disjoint keys, made one:
+ * the union's m and l, and the weights of the two normalised outputs, o = k1·o1 + k2·o2, where a
+ * term of weight 0 is skipped so that NaN or Inf in an output without keys cannot leak. A NaN sum
+ * (NaN scores) makes both weights NaN; an empty union (l 0) gives weights 0. */
+typedef struct state_merge {
+    float m, l, k1, k2;
+} state_merge;
+
+inline state_merge merge_states(float m1, float l1, float m2, float l2)
+{
+    state_merge r;
+    r.m = fmax(m1, m2);
+    const float mref = r.m == NEG_INF ? 0.0f : r.m;
+    const float w1 = l1 * exp2((m1 - mref) * LOG2E), w2 = l2 * exp2((m2 - mref) * LOG2E);
+    r.l = w1 + w2;
+    const float inv = r.l > 0.0f ? 1.0f / r.l : 0.0f;
+    r.k1 = isnan(r.l) ? r.l : w1 * inv;
+    r.k2 = isnan(r.l) ? r.l : w2 * inv;
+    return r;
+}
 
 /* 2^x for x <= 8 (every caller passes a score minus a running reference: the row maximum, or
  * in fused_direct a reference that trails it by at most 8 in log2 units), in a form that

@@ -304,18 +304,11 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
         if (g < h) {
             for (int i = 0; i < RM; i++) {
                 __local const float *f = &scr[(g * RM + i) * (4 * W + 2)];
-                const float m2 = f[4 * W], l2 = f[4 * W + 1];
-                const float mx = fmax(m[i], m2);
-                const float mref = mx == NEG_INF ? 0.0f : mx;
-                const float w1 = l[i] * exp2((m[i] - mref) * LOG2E);
-                const float w2 = l2 * exp2((m2 - mref) * LOG2E);
-                const float lsum = w1 + w2;
-                const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-                const float k1 = isnan(lsum) ? lsum : w1 * inv, k2 = isnan(lsum) ? lsum : w2 * inv;
+                const state_merge u = merge_states(m[i], l[i], f[4 * W], f[4 * W + 1]);
                 const float4 o2 = vload4(0, f + c);
-                o[i] = (k1 != 0.0f ? o[i] * k1 : (float4)(0.0f)) + (k2 != 0.0f ? o2 * k2 : (float4)(0.0f));
-                m[i] = mx;
-                l[i] = lsum;
+                o[i] = (u.k1 != 0.0f ? o[i] * u.k1 : (float4)(0.0f)) + (u.k2 != 0.0f ? o2 * u.k2 : (float4)(0.0f));
+                m[i] = u.m;
+                l[i] = u.l;
             }
         }
     }
@@ -332,14 +325,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
         /* No visible key: exactly 0 and LSE -inf; all-NaN scores leave m = -inf but l = NaN. */
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
-        const float4 x = empty ? (float4)(0.0f) : o[i];
-        if (c + 3 < DV) {
-            ST4_OUT(orow, c, x);
-        } else {
-            const float xs[4] = {x.s0, x.s1, x.s2, x.s3};
-            for (int e = 0; e < 4 && c + e < DV; e++)
-                ST_OUT(orow, c + e, xs[e]);
-        }
+        store4_row(orow, c, empty ? (float4)(0.0f) : o[i], DV);
         if (has_lse && j == 0)
             LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] =
                 empty ? NEG_INF : m[i] + log(l[i]);

@@ -279,22 +279,15 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
 #pragma unroll
             for (int i = 0; i < RM; i++) {
                 __local const float *f = &scr[(g * RM + i) * FP];
-                const float m2 = f[FP - 4], l2 = f[FP - 3];
-                const float mx = fmax(m[i], m2);
-                const float mref = mx == NEG_INF ? 0.0f : mx;
-                const float w1 = l[i] * exp2((m[i] - mref) * LOG2E);
-                const float w2 = l2 * exp2((m2 - mref) * LOG2E);
-                const float lsum = w1 + w2;
-                const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-                const float k1 = isnan(lsum) ? lsum : w1 * inv, k2 = isnan(lsum) ? lsum : w2 * inv;
+                const state_merge u = merge_states(m[i], l[i], f[FP - 4], f[FP - 3]);
 #pragma unroll
                 for (int c = 0; c < CVN; c++) {
                     const float4 o2 = vload4(0, f + 4 * (j + LANES * c));
-                    o[i][c] = (k1 != 0.0f ? o[i][c] * k1 : (float4)(0.0f)) +
-                              (k2 != 0.0f ? o2 * k2 : (float4)(0.0f));
+                    o[i][c] = (u.k1 != 0.0f ? o[i][c] * u.k1 : (float4)(0.0f)) +
+                              (u.k2 != 0.0f ? o2 * u.k2 : (float4)(0.0f));
                 }
-                m[i] = mx;
-                l[i] = lsum;
+                m[i] = u.m;
+                l[i] = u.l;
             }
         }
     }
@@ -313,17 +306,8 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
 #pragma unroll
-        for (int c = 0; c < CVN; c++) {
-            const int col = 4 * (j + LANES * c);
-            const float4 x = empty ? (float4)(0.0f) : o[i][c];
-            if (col + 3 < DV) {
-                ST4_OUT(orow, col, x);
-            } else {
-                const float xs[4] = {x.s0, x.s1, x.s2, x.s3};
-                for (int e = 0; e < 4 && col + e < DV; e++)
-                    ST_OUT(orow, col + e, xs[e]);
-            }
-        }
+        for (int c = 0; c < CVN; c++)
+            store4_row(orow, 4 * (j + LANES * c), empty ? (float4)(0.0f) : o[i][c], DV);
         if (has_lse && j == 0)
             LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = empty ? NEG_INF : m[i] + log(l[i]);
     }

@@ -297,15 +297,8 @@ fused(ATTN_KERNEL_ARGS(T_IN))
         for (int c = 0; c < NV; c++) {
             float t[VW];
             vstoreV(empty ? (floatV)(0.0f) : o[i][c], 0, t);
-            for (int q = 0; q < VW; q += 4) {
-                const int col = VW * (tx + WGX * c) + q;
-                if (col + 3 < DV) {
-                    ST4_OUT(orow, col, vload4(0, t + q));
-                } else {
-                    for (int e = 0; e < 4 && col + e < DV; e++)
-                        ST_OUT(orow, col + e, t[q + e]);
-                }
-            }
+            for (int q = 0; q < VW; q += 4)
+                store4_row(orow, VW * (tx + WGX * c) + q, vload4(0, t + q), DV);
         }
         if (has_lse && tx == 0)
             LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] =

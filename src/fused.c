@@ -283,6 +283,48 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
                   split_len, global, local, 0, NULL, done);
 }
 
+/* Whether a work-group of the decode kernels (decode_rows, decode_lanes) with `items`
+ * work-items and `bytes` of local memory fits the device. */
+static int rows_fit(const clattn_context *ctx, size_t items, size_t bytes)
+{
+    return items <= ctx->dev.max_wg && items <= ctx->dev.max_item[0] && bytes <= ctx->dev.local_mem;
+}
+
+/* The next smaller work-group of the decode kernels: fewer key groups, then fewer rows; 0 when
+ * there is none. */
+static int rows_shrink(int *kg, int *rm)
+{
+    if (*kg > 1)
+        *kg /= 2;
+    else if (*rm > 1)
+        *rm = (*rm + 1) / 2;
+    else
+        return 0;
+    return 1;
+}
+
+/* Builds kernel `name` of `file` with opts and launches it as the decode kernels run: work-groups
+ * of wg work-items in x, row tiles in y, (batch, kv head, split) in z; sets *used once it has a
+ * kernel and its workspace. */
+static clattn_status launch_rows(clattn_context *ctx, const clattn_problem *p, const char *file,
+                                 const char *name, const char *opts, int wg, int row_tiles, int splits,
+                                 int split_len, cl_uint num_wait, const cl_event *wait, cl_event *done,
+                                 int *used)
+{
+    cl_kernel k;
+    clattn_status st = clattn__get_kernel(ctx, file, opts, name, &k);
+    if (st)
+        return st;
+    cl_mem ws = NULL;
+    if (splits > 1 && (st = clattn__workspace(ctx, (size_t)splits * part_floats(p) * 4, &ws)))
+        return st;
+    *used = 1;
+    const size_t local[3] = {(size_t)wg, 1, 1};
+    const size_t global[3] = {(size_t)wg, (size_t)row_tiles, (size_t)(p->batch * p->heads_kv) * (size_t)splits};
+    return launch(ctx, p, k, name, &p->k, &p->v, ws, 0, splits, split_len, global, local, num_wait, wait,
+                  done);
+}
+
 /* decode_rows (DECODE DIRECT 2 and 3, decode.cl; GPUs): KG key groups (WGY, a power of 2,
  * default 4) of W = ceil(head_dim_v / 4) work-items, RM packed rows per work-group (0: the packed
  * rows, up to 16), KL lanes reading each key row for the scores (NS; 1: a lane reads its own key's
@@ -317,14 +359,9 @@ static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, cons
         const size_t sp = (size_t)2 * kg * rm * w + (kl > 1 ? (size_t)kg * rm * w * (kl + 1) : 0);
         const size_t fin = (size_t)(kg / 2) * rm * (4 * w + 2);
         const size_t bytes = (size_t)16 * rm * (dp / 4) + 4 * (sp > fin ? sp : fin);
-        const size_t items = (size_t)kg * w;
-        if (items <= ctx->dev.max_wg && items <= ctx->dev.max_item[0] && bytes <= ctx->dev.local_mem)
+        if (rows_fit(ctx, (size_t)kg * w, bytes))
             break;
-        if (kg > 1)
-            kg /= 2;
-        else if (rm > 1)
-            rm = (rm + 1) / 2;
-        else
+        if (!rows_shrink(&kg, &rm))
             return CLATTN_SUCCESS;
     }
     const int bn = kg * w, row_tiles = (R + rm - 1) / rm;
@@ -347,19 +384,8 @@ static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, cons
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
              p->has_mask ? (int)p->mask.dtype : 0, kg, w, rm, dp, kl, lc, p->head_dim % 4 == 0,
              4 * (int64_t)w == p->head_dim_v, gsync);
-    cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "decode.cl", opts, "decode_rows", &k);
-    if (st)
-        return st;
-    cl_mem ws = NULL;
-    if (splits > 1 && (st = clattn__workspace(ctx, (size_t)splits * part_floats(p) * 4, &ws)))
-        return st;
-    *used = 1;
-    const size_t local[3] = {(size_t)bn, 1, 1};
-    const size_t global[3] = {(size_t)bn, (size_t)row_tiles,
-                              (size_t)(p->batch * p->heads_kv) * (size_t)splits};
-    return launch(ctx, p, k, "decode_rows", &p->k, &p->v, ws, 0, splits, split_len, global, local,
-                  num_wait, wait, done);
+    return launch_rows(ctx, p, "decode.cl", "decode_rows", opts, bn, row_tiles, splits, split_len, num_wait,
+                       wait, done, used);
 }
 
 /* decode_lanes (DECODE DIRECT 4, decode_lanes.cl; GPUs): KG key groups (WGY, a power of 2,
@@ -409,14 +435,9 @@ static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, con
         const size_t xch = shfl ? 0 : (size_t)2 * rm * ku * kg * lanes;
         const size_t fin = (size_t)(kg / 2) * rm * (4 * lanes * cvn + 4);
         const size_t bytes = (size_t)16 * rm * ckn * lanes + 4 * (xch > fin ? xch : fin);
-        const size_t items = (size_t)kg * lanes;
-        if (items <= ctx->dev.max_wg && items <= ctx->dev.max_item[0] && bytes <= ctx->dev.local_mem)
+        if (rows_fit(ctx, (size_t)kg * lanes, bytes))
             break;
-        if (kg > 1)
-            kg /= 2;
-        else if (rm > 1)
-            rm = (rm + 1) / 2;
-        else
+        if (!rows_shrink(&kg, &rm))
             return CLATTN_SUCCESS;
     }
     const int shfl = nvidia && (kg * lanes) % 32 == 0;
@@ -434,18 +455,8 @@ static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, con
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
              p->has_mask ? (int)p->mask.dtype : 0, kg, lanes, rm, dp, dvp, ku, p->head_dim % 4 == 0,
              p->head_dim_v % 4 == 0, shfl);
-    cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "decode_lanes.cl", opts, "decode_lanes", &k);
-    if (st)
-        return st;
-    cl_mem ws = NULL;
-    if (splits > 1 && (st = clattn__workspace(ctx, (size_t)splits * part_floats(p) * 4, &ws)))
-        return st;
-    *used = 1;
-    const size_t local[3] = {(size_t)wg, 1, 1};
-    const size_t global[3] = {(size_t)wg, (size_t)row_tiles, (size_t)(p->batch * p->heads_kv) * (size_t)splits};
-    return launch(ctx, p, k, "decode_lanes", &p->k, &p->v, ws, 0, splits, split_len, global, local,
-                  num_wait, wait, done);
+    return launch_rows(ctx, p, "decode_lanes.cl", "decode_lanes", opts, wg, row_tiles, splits, split_len,
+                       num_wait, wait, done, used);
 }
 
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
