@@ -393,11 +393,10 @@ static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, cons
  * longer of a K and a V row; 0 or 1: that many chunks, up to 32) that read every key row
  * together, RM packed rows (0: the packed rows; at most 16, and at most 16 O chunks a lane), KU
  * keys a step whose K and V rows are loaded before their use (VW: 1 to 16, default 8; fewer while
- * a lane would hold more than 16 row chunks or 64 scores). On NVIDIA
- * GPUs the lanes sum their partial scores with PTX shuffles (SHFL), for which a work-group is
- * made at least one warp (more groups); elsewhere through local memory. Sets *used = 0 (and
- * enqueues nothing) when one group does not fit the device's limits; the tiled kernel then runs
- * instead. */
+ * a lane would hold more than 16 row chunks or 64 scores). On NVIDIA GPUs the lanes sum their
+ * partial scores with PTX shuffles (SHFL), for which a work-group is made at least one warp (more
+ * groups); elsewhere through local memory. Sets *used = 0 (and enqueues nothing) when one group
+ * does not fit the device's limits; the tiled kernel then runs instead. */
 static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
                                cl_uint num_wait, const cl_event *wait, cl_event *done, int *used)
 {

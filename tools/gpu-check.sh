@@ -7,10 +7,10 @@
 #   tools/gpu-check.sh [STEPS [DEVICE [CTEST_REGEX]]]
 #
 # STEPS: a comma list of tests, bench, lanes, sweep (default tests,bench: about 6 minutes; lanes
-# and sweep about 6 more each); the build comes first in every call and is incremental. DEVICE: a clattn_create spec
-# (default nvidia). CTEST_REGEX picks the tests (default: all but the consumer check). The OpenCL
-# runtime must be registered with the ICD loader (on the lent machines: `source .gpu/env.sh`
-# first, after ../shared/gpu/prepare.sh here).
+# and sweep about 6 more each); the build comes first in every call and is incremental. DEVICE:
+# a clattn_create spec (default nvidia). CTEST_REGEX picks the tests (default: all but the
+# consumer check). The OpenCL runtime must be registered with the ICD loader (on the lent
+# machines: `source .gpu/env.sh` first, after ../shared/gpu/prepare.sh here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 steps=,${1:-tests,bench},
@@ -53,7 +53,7 @@ sweep() { # name, then clattn-bench's arguments; one CLATTN_PARAMS_DECODE list p
   while read -r p; do
     if ! CLATTN_PARAMS_DECODE=$p timeout 60 "$bin/clattn-bench" --csv --iters 20 "$@" \
          >"$out/tmp.csv" 2>"$out/tmp.err"; then
-      echo "$name $p: failed: $(tail -n 1 "$out/tmp.err")"
+      echo "$name $p: failed: $(grep -m 1 -iE "fail|error" "$out/tmp.err" || tail -n 1 "$out/tmp.err")"
       continue
     fi
     [ -f "$csv" ] || echo "params,$(head -n 1 "$out/tmp.csv")" >"$csv"
