@@ -256,8 +256,8 @@ CLATTN_API clattn_status clattn_attention_host(clattn_context *ctx, const clattn
  * log2 seq_kv). For each call the library takes the first that applies of:
  *   1. an override set with clattn_set_params on this context,
  *   2. the environment variable CLATTN_PARAMS_<OP> ("16,16,4,1,16,4,0,0,0"; for experiments; a
- *      list that is not 1 to N integers in [0, 4096] is not used: the origin says so, and the
- *      tuning report of a context created with it),
+ *      list that is not 1 to N integers, each in [0, clattn_param_max], is not used: the origin
+ *      says so, and the tuning report of a context created with it),
  *   3. the user tuning file of this device, written by clattn-tune into CLATTN_TUNING_DIR
  *      (default: <cache dir>/tuning),
  *   4. entries built into the library for known devices (tuning/ in the source tree),
@@ -310,12 +310,18 @@ CLATTN_API const char *clattn_operation_name(clattn_operation op);
 /** Number of parameters of `op` (0 for an invalid op) and the name of parameter `index`. */
 CLATTN_API int clattn_param_count(clattn_operation op);
 CLATTN_API const char *clattn_param_name(clattn_operation op, int index);
+/**
+ * The largest value parameter `index` of `op` accepts (the smallest is 0): 4096 for sizes, which
+ * each operation fits to the device; for a choice of kernel or variant (DIRECT, KF, KT) its
+ * largest choice, e.g. 4 for decode's DIRECT. -1 for an invalid op or index.
+ */
+CLATTN_API int clattn_param_max(clattn_operation op, int index);
 CLATTN_API const char *clattn_params_source_name(clattn_params_source source);
 
 /**
  * Overrides the parameters of `op` for every later call on `ctx` (all problem classes).
- * `count` must be clattn_param_count(op), each value in [0, 4096]; values NULL and count 0 remove
- * the override. The values are clamped per call like any other source.
+ * `count` must be clattn_param_count(op), each value in [0, clattn_param_max(op, i)]; values NULL
+ * and count 0 remove the override. The values are clamped per call like any other source.
  */
 CLATTN_API clattn_status clattn_set_params(clattn_context *ctx, clattn_operation op,
                                            const int *values, int count);

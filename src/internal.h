@@ -240,6 +240,10 @@ typedef struct clattn_bucket {
 
 int clattn__mask_kind(int causal, int masked);
 int clattn__param_count(clattn_op op);
+/* Parameter values are integers in [0, CLATTN_PARAM_MAX]; a choice (DIRECT, KF, KT) at most its
+ * largest variant. clattn__param_max: that bound, -1 for a parameter op does not have. */
+#define CLATTN_PARAM_MAX 4096
+int clattn__param_max(clattn_op op, int i);
 /* Parameters for a bucket: override -> CLATTN_PARAMS_<OP> -> user tuning file -> built-in
  * entries -> vendor defaults -> generic defaults. Unset trailing values are 0. */
 void clattn__params_for(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p,

@@ -169,7 +169,8 @@ static int parse_entry(char *line, clattn_tuning_entry *e, const char **why)
         *why = "bad dtype, head_dim, mask, seq_q or log2_seq_kv field";
         return 0;
     }
-    /* Values: exactly the operation's count of integers in [0, 4096]. */
+    /* Values: exactly the operation's count of integers in [0, 4096], choices at most their largest
+     * value. */
     const int want = clattn__param_count(e->op);
     const char *s = eq + 1;
     for (;;) {
@@ -179,7 +180,7 @@ static int parse_entry(char *line, clattn_tuning_entry *e, const char **why)
             *why = "wrong number of values for the operation";
             return 0;
         }
-        if (!parse_uint(s, 4096, &e->v[e->n], &s)) {
+        if (!parse_uint(s, CLATTN_PARAM_MAX, &e->v[e->n], &s)) {
             *why = "values must be integers in [0, 4096]";
             return 0;
         }
@@ -198,6 +199,11 @@ static int parse_entry(char *line, clattn_tuning_entry *e, const char **why)
         *why = "wrong number of values for the operation";
         return 0;
     }
+    for (int i = 0; i < e->n; i++)
+        if (e->v[i] > clattn__param_max(e->op, i)) {
+            *why = "a choice (DIRECT, KF or KT) past its largest value (clattn_param_max)";
+            return 0;
+        }
     return 1;
 }
 

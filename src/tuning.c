@@ -48,38 +48,44 @@ typedef struct op_space {
     const char *names[CLATTN_MAX_PARAMS];
     int ncand[CLATTN_MAX_PARAMS];
     int cand[CLATTN_MAX_PARAMS][8];
+    unsigned choices; /* bit i: parameter i picks a kernel or a variant; cand[i] lists every value */
 } op_space;
 
 /* Parameter names and the values clattn-tune tries (constraints are checked when a candidate is
- * built and run: each op clamps to the device, and the tuner drops what fails). */
+ * built and run: each op clamps to the device, and the tuner drops what fails). Sizes are hints
+ * that each op fits to the device; choices (DIRECT, KF, KT) accept only the values listed. */
 static const op_space spaces[CLATTN_OP_COUNT] = {
     /* SCORES */
     {9,
      {"WGX", "WGY", "RM", "NS", "TK", "VW", "KF", "KT", "DIRECT"},
      {5, 5, 6, 4, 4, 3, 2, 2, 2},
      {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4, 6, 8, 16}, {1, 2, 3, 4}, {8, 16, 32, 64},
-      {4, 8, 16}, {0, 1}, {0, 1}, {0, 1}}},
-    /* PV */
+      {4, 8, 16}, {0, 1}, {0, 1}, {0, 1}},
+     0x1c0},
+    /* PV: KF, KT and DIRECT are the scores kernel's; P·V has one variant */
     {9,
      {"WGX", "WGY", "RM", "NS", "TK", "VW", "KF", "KT", "DIRECT"},
      {5, 5, 5, 3, 4, 3, 1, 1, 1},
      {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4}, {8, 16, 32, 64}, {4, 8, 16},
-      {0}, {0}, {0}}},
+      {0}, {0}, {0}},
+     0x1c0},
     /* SOFTMAX */
-    {2, {"WG", "ROWS"}, {8, 5}, {{1, 4, 8, 16, 32, 64, 128, 256}, {0, 1, 2, 4, 8}}},
+    {2, {"WG", "ROWS"}, {8, 5}, {{1, 4, 8, 16, 32, 64, 128, 256}, {0, 1, 2, 4, 8}}, 0},
     /* FUSED */
     {6,
      {"WGX", "WGY", "RM", "NS", "VW", "DIRECT"},
      {5, 5, 7, 2, 3, 2},
-     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 3, 4, 6, 8, 16}, {1, 2}, {4, 8, 16}, {0, 1}}},
+     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 3, 4, 6, 8, 16}, {1, 2}, {4, 8, 16}, {0, 1}},
+     0x20},
     /* DECODE */
     {7,
      {"WGX", "WGY", "RM", "NS", "VW", "SPLITS", "DIRECT"},
      {5, 4, 4, 6, 3, 5, 5},
      {{1, 2, 8, 16, 32}, {1, 2, 4, 8}, {0, 1, 4, 16}, {1, 2, 4, 8, 16, 32}, {4, 8, 16}, {0, 2, 8, 32, 128},
-      {0, 1, 2, 3, 4}}},
+      {0, 1, 2, 3, 4}},
+     0x40},
     /* MERGE */
-    {1, {"WG"}, {5}, {{16, 32, 64, 128, 256}}},
+    {1, {"WG"}, {5}, {{16, 32, 64, 128, 256}}, 0},
 };
 
 const char *clattn__op_name(clattn_op op) { return op < CLATTN_OP_COUNT ? op_names[op] : "?"; }
@@ -92,6 +98,19 @@ int clattn__param_candidates(clattn_op op, int i, const int **vals)
         return 0;
     *vals = spaces[op].cand[i];
     return spaces[op].ncand[i];
+}
+
+/* The largest value of parameter i (< sp->count): a choice's last candidate, else any size. */
+static int space_max(const op_space *sp, int i)
+{
+    return sp->choices >> i & 1 ? sp->cand[i][sp->ncand[i] - 1] : CLATTN_PARAM_MAX;
+}
+
+int clattn__param_max(clattn_op op, int i)
+{
+    if (op >= CLATTN_OP_COUNT || i < 0 || i >= spaces[op].count)
+        return -1;
+    return space_max(&spaces[op], i);
 }
 
 int clattn__seq_q_class(int64_t seq_q) { return seq_q <= 1 ? 0 : seq_q <= 16 ? 1 : seq_q <= 128 ? 2 : 3; }
@@ -198,9 +217,11 @@ static const clattn_tuning_entry *best_entry(const clattn_tuning_table *t, const
     return best;
 }
 
-/* "a,b,c" -> exactly `want` integers in [0, 4096]; returns 1 only for a fully valid list. */
-static int parse_list(const char *s, int want, clattn_params *p)
+/* "a,b,c" -> 1 to op's count of integers, each in [0, clattn__param_max]; returns 1 only for a
+ * fully valid list. */
+static int parse_list(const char *s, clattn_op op, clattn_params *p)
 {
+    const int want = spaces[op].count;
     clattn_params t;
     memset(&t, 0, sizeof t);
     int n = 0;
@@ -209,7 +230,7 @@ static int parse_list(const char *s, int want, clattn_params *p)
         if (!isdigit((unsigned char)*s)) /* no sign, no blank, no empty field */
             return 0;
         long v = strtol(s, &end, 10);
-        if (end == s || v < 0 || v > 4096)
+        if (end == s || v < 0 || n >= want || v > space_max(&spaces[op], n))
             return 0;
         t.v[n++] = (int)v;
         s = end;
@@ -235,16 +256,21 @@ static const char *env_name(clattn_op op, char *buf, size_t size)
     return buf;
 }
 
-/* What is wrong with the list `env` of op's variable, for the origin and the tuning report. */
+/* What is wrong with the list `env` of op's variable, for the origin and the tuning report: the
+ * form, and each choice's largest value ("DIRECT<=4"). */
 static void env_problem(clattn_op op, const char *env, char *buf, size_t size)
 {
     char name[64];
-    snprintf(buf, size, "%s=\"%.60s%s\" ignored: not 1 to %d comma-separated integers in [0, 4096] (%s",
+    snprintf(buf, size, "%s=\"%.60s%s\" ignored: not 1 to %d comma-separated integers in [0, %d] (",
              env_name(op, name, sizeof name), env, strlen(env) > 60 ? "..." : "", spaces[op].count,
-             spaces[op].names[0]);
-    for (int i = 1; i < spaces[op].count; i++) {
+             CLATTN_PARAM_MAX);
+    for (int i = 0; i < spaces[op].count; i++) {
         const size_t n = strlen(buf);
-        snprintf(buf + n, size - n, ",%s", spaces[op].names[i]);
+        const int hi = space_max(&spaces[op], i);
+        if (hi < CLATTN_PARAM_MAX)
+            snprintf(buf + n, size - n, "%s%s<=%d", i ? "," : "", spaces[op].names[i], hi);
+        else
+            snprintf(buf + n, size - n, "%s%s", i ? "," : "", spaces[op].names[i]);
     }
     const size_t n = strlen(buf);
     snprintf(buf + n, size - n, ")");
@@ -284,7 +310,7 @@ void clattn__params_for(const clattn_context *ctx, const clattn_bucket *b, clatt
      * used; the origin says so (and clattn_tuning_report, when the context was created). */
     int env_bad = 0;
     if (src != CLATTN_SOURCE_OVERRIDE && env && *env) {
-        if (parse_list(env, spaces[b->op].count, p))
+        if (parse_list(env, b->op, p))
             src = CLATTN_SOURCE_ENVIRONMENT;
         else
             env_bad = 1;
@@ -514,7 +540,7 @@ void clattn__tuning_init(clattn_context *ctx)
         char name[64], why[256];
         const char *env = getenv(env_name((clattn_op)op, name, sizeof name));
         clattn_params p;
-        if (env && *env && !parse_list(env, spaces[op].count, &p)) {
+        if (env && *env && !parse_list(env, (clattn_op)op, &p)) {
             env_problem((clattn_op)op, env, why, sizeof why);
             report(ctx, "%s", why);
         }
@@ -542,6 +568,11 @@ const char *clattn_param_name(clattn_operation op, int index)
     return spaces[op].names[index];
 }
 
+int clattn_param_max(clattn_operation op, int index)
+{
+    return (unsigned)op < CLATTN_OP_COUNT ? clattn__param_max((clattn_op)op, index) : -1;
+}
+
 const char *clattn_params_source_name(clattn_params_source source)
 {
     static const char *const names[] = {"generic", "vendor", "built-in", "user file", "environment",
@@ -566,9 +597,9 @@ clattn_status clattn_set_params(clattn_context *ctx, clattn_operation op, const 
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "count is %d; %s takes %d parameters", count,
                             op_names[op], spaces[op].count);
     for (int i = 0; i < count; i++)
-        if (values[i] < 0 || values[i] > 4096)
-            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "values[%d] (%s) is %d, not in [0, 4096]",
-                                i, spaces[op].names[i], values[i]);
+        if (values[i] < 0 || values[i] > space_max(&spaces[op], i))
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "values[%d] (%s) is %d, not in [0, %d]", i,
+                                spaces[op].names[i], values[i], space_max(&spaces[op], i));
     memset(ctx->override_v[op], 0, sizeof ctx->override_v[op]);
     memcpy(ctx->override_v[op], values, (size_t)count * sizeof *values);
     ctx->override_n[op] = count;

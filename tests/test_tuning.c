@@ -340,7 +340,7 @@ static const env_row env_rows[] = {
     {"letter", "1,8,x"},         {"too_many", "1,8,4,1,4,0,7"}, {"negative", "1,-8"},
     {"too_big", "1,5000"},       {"empty_field", "1,,4"},       {"words", "fast"},
     {"separator", "1;8;4"},      {"trailing_text", "1,8 x"},    {"trailing_comma", "1,8,"},
-    {"blank", "1, 8"},           {"plus_sign", "+1,8"},
+    {"blank", "1, 8"},           {"plus_sign", "+1,8"},         {"direct_past_choices", "1,1,6,1,16,2"},
 };
 
 static void test_bad_env(void **state)
@@ -363,7 +363,7 @@ static void test_bad_env(void **state)
     const clattn_kernel_params got = get(ctx, CLATTN_OPERATION_FUSED);
     assert_int_equal(got.source, want.source);
     assert_memory_equal(got.values, want.values, sizeof want.values);
-    if (!strstr(got.origin, named) || !strstr(got.origin, "WGX,WGY,RM,NS,VW,DIRECT"))
+    if (!strstr(got.origin, named) || !strstr(got.origin, "WGX,WGY,RM,NS,VW,DIRECT<=1"))
         fail_msg("origin \"%s\" lacks \"%s\" or the parameter names", got.origin, named);
     assert_null(strstr(clattn_tuning_report(ctx), "CLATTN_PARAMS_DECODE")); /* other ops unaffected */
 
@@ -437,6 +437,7 @@ static const file_row file_rows[] = {
     {"pattern_as_user", "match %s\nfused f32 64 none >128 10 = 2,4,8,1,8,0\n", 1, "another device"},
     {"truncated", "device %s\nfused f32 64 none >128 10 = 2,4,8", 1, "truncated"},
     {"malformed", "device %s\nfused f32 64 none >128 10 = 2,4,8,1,8,0,9\n", 1, "wrong number"},
+    {"choice_too_big", "device %s\nfused f32 64 none >128 10 = 2,4,8,1,8,2\n", 1, "choice"},
     {"garbage", "\x7f" "ELF\x02\x01\x01 binary garbage %s\n", 0, "not a clattn tuning file"},
     {"stale_version", "clattn-tuning 0\ndevice %s\n", 0, "unsupported format version"},
 };
@@ -606,6 +607,22 @@ static void test_set_params_errors(void **state)
     const int neg[9] = {1, 1, -6, 4, 16, 16, 1, 1, 1};
     assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_SCORES, neg, 9), CLATTN_INVALID_ARGUMENT);
     assert_non_null(strstr(clattn_last_error(ctx), "RM"));
+    /* A choice past its largest value (scores' DIRECT is 0 or 1, decode's 0 to 4) is refused; a
+     * size is a hint the op fits, taken up to 4096. */
+    const int direct2[9] = {1, 1, 6, 4, 16, 16, 1, 1, 2};
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_SCORES, direct2, 9), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "DIRECT"));
+    const int dec5[7] = {1, 1, 0, 4, 16, 0, 5}, dec4[7] = {1, 1, 0, 4, 16, 0, 4};
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, dec5, 7), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "not in [0, 4]"));
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, dec4, 7), CLATTN_SUCCESS);
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, NULL, 0), CLATTN_SUCCESS);
+    assert_int_equal(clattn_param_max(CLATTN_OPERATION_DECODE, 6), 4);
+    assert_int_equal(clattn_param_max(CLATTN_OPERATION_SCORES, 6), 1); /* KF */
+    assert_int_equal(clattn_param_max(CLATTN_OPERATION_PV, 8), 0);     /* P·V has one variant */
+    assert_int_equal(clattn_param_max(CLATTN_OPERATION_FUSED, 2), 4096);
+    assert_int_equal(clattn_param_max(CLATTN_OPERATION_FUSED, 6), -1);
+    assert_int_equal(clattn_param_max((clattn_operation)99, 0), -1);
     clattn_kernel_params kp;
     assert_int_equal(clattn_get_params(ctx, NULL, &kp), CLATTN_INVALID_ARGUMENT);
     clattn_problem_class pc = {CLATTN_OPERATION_SCORES, (clattn_dtype)7, 64, 1, 1, 0, 0};

@@ -706,8 +706,9 @@ static void check_env_params(bench *bn)
             const char *why = strstr(kp.origin, name);
             if (why)
                 die(EXIT_USAGE, "%s; refusing to measure other values than it names", why);
-            die(EXIT_USAGE, "%s=\"%s\" is not a list of 1 to %d integers in [0, 4096] (names: clattn-info); "
-                "refusing to measure other values than it names", name, env,
+            die(EXIT_USAGE, "%s=\"%s\" is not a list of 1 to %d integers in [0, 4096], choices at most "
+                "clattn_param_max (names: clattn-info); refusing to measure other values than it names",
+                name, env,
                 clattn_param_count((clattn_operation)op));
         }
     }

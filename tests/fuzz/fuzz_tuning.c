@@ -4,9 +4,10 @@
  *
  *   - Rejected: the table is empty (no entries, no allocation) and the message reads "line N: why".
  *   - Accepted: a header and a device (or match) line were there; every entry's op is valid, its
- *     value count is clattn__param_count(op) and its values are in [0, 4096]; every field is "*"
- *     (-1) or in range (dtype 0..2, head_dim 1..CLATTN_MAX_HEAD_DIM, mask 0..2, seq_q class 0..3,
- *     log2 seq_kv 0..62), and no two entries share a bucket (a later line replaces an earlier one).
+ *     value count is clattn__param_count(op) and its values are in [0, clattn__param_max]; every
+ *     field is "*" (-1) or in range (dtype 0..2, head_dim 1..CLATTN_MAX_HEAD_DIM, mask 0..2, seq_q
+ *     class 0..3, log2 seq_kv 0..62), and no two entries share a bucket (a later line replaces an
+ *     earlier one).
  *   - Round trip: clattn__tuning_format of the table parses again to the same device, kind of
  *     device line, driver and entries, and formatting that gives the same text again.
  *   - Lookup (clattn__params_for, src/tuning.c): with the table as the user file, and again as a
@@ -68,8 +69,9 @@ static void check_entries(const clattn_tuning_table *t)
         if (e->n != clattn__param_count(e->op))
             die("an accepted entry's value count is not the op's parameter count", i);
         for (int k = 0; k < CLATTN_MAX_PARAMS; ++k)
-            if (k < e->n ? (e->v[k] < 0 || e->v[k] > 4096) : e->v[k] != 0)
-                die("an accepted entry has a value outside [0, 4096] (or garbage past its count)", i);
+            if (k < e->n ? (e->v[k] < 0 || e->v[k] > clattn__param_max(e->op, k)) : e->v[k] != 0)
+                die("an accepted entry has a value outside [0, clattn__param_max] (or garbage past its count)",
+                    i);
         if (!in_range(e->dtype, 0, 2) || !in_range(e->head_dim, 1, CLATTN_MAX_HEAD_DIM) ||
             !in_range(e->mask_kind, 0, 2) || !in_range(e->sq_class, 0, 3) || !in_range(e->log2_skv, 0, 62))
             die("an accepted entry has a field out of range", i);
