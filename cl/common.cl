@@ -231,12 +231,21 @@ inline void store4_row(__global T_OUT *p, int col, float4 x, int n)
 }
 #endif
 
+/* The weight p of a key whose score is -inf (hidden by the mask, the key length or causality): -0,
+ * which P·V skips (IS_HIDDEN) so that NaN or Inf in the key's V never reach O. A visible key whose
+ * weight underflows to +0 is multiplied like any other: NaN in its V makes the row NaN, as in
+ * exact arithmetic (0·NaN) and the float64 reference. p·(1/l) keeps the sign of -0. */
+#define HIDDEN_P (-0.0f)
+#define IS_HIDDEN(p) (as_uint(p) == 0x80000000u)
+
 /* Two softmax states (running maximum m, sum l of exp(score - m)) over disjoint keys, made one:
- * the union's m and l, and the weights of the two normalised outputs, o = k1·o1 + k2·o2, where a
- * term of weight 0 is skipped so that NaN or Inf in an output without keys cannot leak. A NaN sum
- * (NaN scores) makes both weights NaN; an empty union (l 0) gives weights 0. */
+ * the union's m and l, and the weights of the two normalised outputs, o = k1·o1 + k2·o2. A state
+ * without keys (l 0, has1/has2 0) is skipped, so nothing in its o can leak; any other is
+ * multiplied even when its weight underflows to 0 (NaN in its o stays NaN, as a visible key's
+ * does). A NaN sum (NaN scores) makes both weights NaN; an empty union gives weights 0. */
 typedef struct state_merge {
     float m, l, k1, k2;
+    int has1, has2;
 } state_merge;
 
 inline state_merge merge_states(float m1, float l1, float m2, float l2)
@@ -249,6 +258,8 @@ inline state_merge merge_states(float m1, float l1, float m2, float l2)
     const float inv = r.l > 0.0f ? 1.0f / r.l : 0.0f;
     r.k1 = isnan(r.l) ? r.l : w1 * inv;
     r.k2 = isnan(r.l) ? r.l : w2 * inv;
+    r.has1 = l1 != 0.0f; /* NaN too */
+    r.has2 = l2 != 0.0f;
     return r;
 }
 

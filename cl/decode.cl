@@ -241,12 +241,13 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
             mref[i] = mnew == NEG_INF ? 0.0f : mnew;
             keep[i] = exp2((m[i] - mref[i]) * LOG2E);
             m[i] = mnew;
-            Pr(g, i, j) = exp2((Sc(g, i, j) - mref[i]) * LOG2E);
+            const float x = Sc(g, i, j);
+            Pr(g, i, j) = x == NEG_INF ? HIDDEN_P : exp2((x - mref[i]) * LOG2E);
         }
         GROUP_SYNC();
 
-        /* l' = l·alpha + Σ p; o' = o·(l·alpha/l') + Σ (p/l')·v, skipping p = 0 (hidden keys:
-         * NaN/Inf in their V rows must not leak). */
+        /* l' = l·alpha + Σ p; o' = o·(l·alpha/l') + Σ (p/l')·v, skipping hidden keys (p -0: NaN/Inf
+         * in their V rows must not leak). */
         const int nk = min(W, k_hi - kg0);
         float inv[RM];
         for (int i = 0; i < RM; i++) {
@@ -280,7 +281,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
                     break;
                 for (int i = 0; i < RM; i++) {
                     const float p = Pr(g, i, n0 + e) * inv[i];
-                    if (p != 0.0f)
+                    if (!IS_HIDDEN(p))
                         o[i] = MAD((float4)(p), v[e], o[i]);
                 }
             }
@@ -306,7 +307,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
                 __local const float *f = &scr[(g * RM + i) * (4 * W + 2)];
                 const state_merge u = merge_states(m[i], l[i], f[4 * W], f[4 * W + 1]);
                 const float4 o2 = vload4(0, f + c);
-                o[i] = (u.k1 != 0.0f ? o[i] * u.k1 : (float4)(0.0f)) + (u.k2 != 0.0f ? o2 * u.k2 : (float4)(0.0f));
+                o[i] = (u.has1 ? o[i] * u.k1 : (float4)(0.0f)) + (u.has2 ? o2 * u.k2 : (float4)(0.0f));
                 m[i] = u.m;
                 l[i] = u.l;
             }

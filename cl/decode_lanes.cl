@@ -209,7 +209,7 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
 #endif
 
         /* Online softmax over the step's keys, the same in every lane of the group; then
-         * l' = l·alpha + Σ p; o' = o·(l·alpha/l') + Σ (p/l')·v, skipping p = 0 (hidden keys: NaN
+         * l' = l·alpha + Σ p; o' = o·(l·alpha/l') + Σ (p/l')·v, skipping hidden keys (p -0: NaN
          * or Inf in their V rows must not leak). */
 #pragma unroll
         for (int i = 0; i < RM; i++) {
@@ -236,7 +236,7 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
             float ts = 0.0f;
 #pragma unroll
             for (int u = 0; u < KU; u++) {
-                s[i][u] = exp2((s[i][u] - mref) * LOG2E);
+                s[i][u] = s[i][u] == NEG_INF ? HIDDEN_P : exp2((s[i][u] - mref) * LOG2E);
                 ts += s[i][u];
             }
             const float lnew = l[i] * keep + ts;
@@ -249,7 +249,7 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
 #pragma unroll
             for (int u = 0; u < KU; u++) {
                 const float p = s[i][u] * inv;
-                if (p != 0.0f) {
+                if (!IS_HIDDEN(p)) {
 #pragma unroll
                     for (int c = 0; c < CVN; c++)
                         o[i][c] = MAD((float4)(p), vv[u][c], o[i][c]);
@@ -283,8 +283,7 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
 #pragma unroll
                 for (int c = 0; c < CVN; c++) {
                     const float4 o2 = vload4(0, f + 4 * (j + LANES * c));
-                    o[i][c] = (u.k1 != 0.0f ? o[i][c] * u.k1 : (float4)(0.0f)) +
-                              (u.k2 != 0.0f ? o2 * u.k2 : (float4)(0.0f));
+                    o[i][c] = (u.has1 ? o[i][c] * u.k1 : (float4)(0.0f)) + (u.has2 ? o2 * u.k2 : (float4)(0.0f));
                 }
                 m[i] = u.m;
                 l[i] = u.l;

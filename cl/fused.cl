@@ -130,8 +130,8 @@ fused(ATTN_KERNEL_ARGS(T_IN))
     }
 
     for (int kt = k_lo; kt < k_hi; kt += BN) {
-        /* A tile is guarded when some row hides some key in it: masked entries get -inf and
-         * zero probabilities are skipped in P·V so NaN/Inf in hidden K/V rows cannot leak. */
+        /* A tile is guarded when some row hides some key in it: hidden entries get -inf, their
+         * probabilities -0, and P·V skips those so NaN/Inf in hidden K/V rows cannot leak. */
         const int guarded = has_mask || kt + BN > k_all;
 
         /* Neighbouring work-items take neighbouring keys, so that the transposing stores go to
@@ -213,7 +213,9 @@ fused(ATTN_KERNEL_ARGS(T_IN))
             m[i] = mnew;
             floatV ps = (floatV)(0.0f);
             for (int j = 0; j < NS; j++) {
-                const floatV pj = exp2V((s[i][j] - mref) * LOG2E);
+                floatV pj = exp2V((s[i][j] - mref) * LOG2E);
+                if (guarded) /* hidden keys: -0, which P·V skips */
+                    pj = select(pj, (floatV)(HIDDEN_P), s[i][j] == (floatV)(NEG_INF));
                 ps += pj;
                 vstoreV(pj, 0, &Ps[ty * RM + i][VW * (tx + WGX * j)]);
             }
@@ -242,9 +244,9 @@ fused(ATTN_KERNEL_ARGS(T_IN))
         }
 
         /* P·V four keys at a time: one 16-byte load of P per row, then keys n..n+3 in order.
-         * Guarded tiles skip each zero p (hidden keys) so that NaN/Inf in their V never reaches
-         * O (0·Inf = NaN); they stop at the tile's last key rounded up to 4, the keys past it
-         * having p = 0 (s = -inf) and zero V rows. */
+         * Guarded tiles skip each hidden key (p -0) so that NaN/Inf in their V never reaches O
+         * (0·Inf = NaN); they stop at the tile's last key rounded up to 4, the keys past it
+         * hidden (s = -inf) with zero V rows. */
         if (guarded) {
             const int nkeys4 = (min(BN, k_hi - kt) + 3) & ~3;
             for (int n = 0; n < nkeys4; n += 4) {
@@ -257,7 +259,7 @@ fused(ATTN_KERNEL_ARGS(T_IN))
                     for (int c = 0; c < NV; c++)
                         vv[c] = vloadV(0, &Vs(n + e, VW * (tx + WGX * c)));
                     for (int i = 0; i < RM; i++) {
-                        if (p[i][e] != 0.0f) {
+                        if (!IS_HIDDEN(p[i][e])) {
                             for (int c = 0; c < NV; c++)
                                 o[i][c] = MAD((floatV)(p[i][e]), vv[c], o[i][c]);
                         }
@@ -332,8 +334,8 @@ fused(ATTN_KERNEL_ARGS(T_IN))
  * that cannot overflow whatever seq_kv and |V| are. The reference m is not always the running
  * maximum: it moves only when a score passes it by more than REF_SLACK, so most blocks skip the
  * row maximum and the exponential of the rescaling; p <= 2^8 in between, and the result is the
- * same since the reference cancels. Hidden keys get s = -inf, p = 0, and are skipped in P·V so
- * NaN/Inf in their K/V never reach O. */
+ * same since the reference cancels. Hidden keys get s = -inf, p = -0, and are skipped in P·V so
+ * NaN/Inf in their K/V never reach O; a visible key whose p underflows to +0 is not skipped. */
 
 /* Only the direct programs, whose options always define IN_PLACE (0 or 1), compile what follows:
  * the tiled programs (GPUs) leave it out, which saves a GPU compiler seconds per variant. The
@@ -645,7 +647,10 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
             }
             float16 ps = (float16)(0.0f);
             for (int v = 0; v < nv; v++) {
-                const float16 p = exp2p16((sb[i].v[v] - mref) * LOG2E);
+                const float16 x = sb[i].v[v];
+                float16 p = exp2p16((x - mref) * LOG2E);
+                if (guarded) /* hidden keys: -0, which the checked P·V below skips */
+                    p = select(p, (float16)(HIDDEN_P), x == (float16)(NEG_INF));
                 ps += p;
                 sb[i].v[v] = p;
             }
@@ -663,7 +668,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
         }
 
         /* P·V: keys every row sees without a check, the rest skipping each row's hidden keys
-         * (p = 0) so that NaN/Inf in their V never reaches O. */
+         * (p -0) so that NaN/Inf in their V never reaches O. */
         __global const T_KV *vp0 = Vb + (ulong)kt * v_ss;
         const int nfree = !guarded ? nkeys : has_mask ? 0 : clamp(k_all - kt, 0, nkeys);
 #if PV_TILE
@@ -702,7 +707,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
 #pragma unroll
                     for (int i = 0; i < PR; i++) {
                         pn[i] = sb[i0 + i].f[n];
-                        seen |= pn[i] != 0.0f;
+                        seen |= !IS_HIDDEN(pn[i]);
                     }
                     if (!seen)
                         continue;
@@ -712,7 +717,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
                         vv[c] = LDV16(vp, c0 + c);
 #pragma unroll
                     for (int i = 0; i < PR; i++)
-                        if (pn[i] != 0.0f) {
+                        if (!IS_HIDDEN(pn[i])) {
 #pragma unroll
                             for (int c = 0; c < PC; c++)
                                 acc[i][c] = MAD((float16)(pn[i]), vv[c], acc[i][c]);
@@ -747,7 +752,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
             ROWS_LOOP
             for (int i = 0; i < RM; i++) {
                 pn[i] = sb[i].f[n];
-                seen |= pn[i] != 0.0f;
+                seen |= !IS_HIDDEN(pn[i]);
             }
             if (!seen)
                 continue;
@@ -758,7 +763,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
                 const float16 vv = LDV16(vp, c);
                 ROWS_LOOP
                 for (int i = 0; i < RM; i++)
-                    if (pn[i] != 0.0f)
+                    if (!IS_HIDDEN(pn[i]))
                         o[i][c] = MAD((float16)(pn[i]), vv, o[i][c]);
             }
         }

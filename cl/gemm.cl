@@ -154,15 +154,15 @@ gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
 #endif
 #if MODE == 1
         if (k0 + TK > kfull) {
-            /* Some row of the tile hides some key of this chunk: skip zero probabilities so that
-             * NaN or Inf in a hidden V row cannot reach C. */
+            /* Some row of the tile hides some key of this chunk: skip hidden keys (probability -0,
+             * see softmax.cl) so that NaN or Inf in their V rows cannot reach C. */
             for (int kk = 0; kk < TK; kk++) {
                 floatV bv[NS];
                 for (int s = 0; s < NS; s++)
                     bv[s] = vloadV(0, &Bs[kk][VW * (tx + WGX * s)]);
                 for (int i = 0; i < RM; i++) {
                     const float a = As[ty * RM + i][kk];
-                    if (a != 0.0f)
+                    if (!IS_HIDDEN(a))
                         for (int s = 0; s < NS; s++)
                             acc[i][s] = MAD((floatV)(a), bv[s], acc[i][s]);
                 }

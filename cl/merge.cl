@@ -105,9 +105,11 @@ merge_pair(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_s
      * since column 0 would overwrite it while other work-groups of the row still read it. */
     if (c < DV) {
         float x = 0.0f;
-        if (wx != 0.0f)
+        /* A part without keys (lse -inf) is skipped; any other is multiplied even when its
+         * weight underflows, so NaN in it stays NaN (as in merge_strided). */
+        if (lx != NEG_INF)
             x += wx * LD_A(X, x_off + (ulong)b * x_sb + (ulong)h * x_sh + (ulong)i * x_ss + c);
-        if (wy != 0.0f)
+        if (ly != NEG_INF)
             x += wy * LD_IN(Y, y_off + (ulong)b * y_sb + (ulong)h * y_sh + (ulong)i * y_ss + c);
         ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)i * o_ss + c, x);
     }

@@ -2,7 +2,8 @@
  *
  * in/out are [batch][heads][rows][cols] views; a work-group handles row i of head h of batch b
  * (grid x = rows·WG, y = batch·heads). Columns hidden by kv_lengths or causal (bottom-right, see
- * common.cl), a -inf mask and -inf entries give 0. Work-item lid reads float4 chunks at 4·(lid + WG·t) so the work-group
+ * common.cl), a -inf mask and -inf entries give -0 (HIDDEN_P: equal to 0, and the unfused path's
+ * P·V skips exactly these). Work-item lid reads float4 chunks at 4·(lid + WG·t) so the work-group
  * streams the row contiguously. Three branch-free passes, each a local-memory tree reduction:
  * row max (NaN is ignored by fmax here but re-enters through the sum), sum of
  * exp2((x - max)·log2 e), then the normalised write. The maximum is subtracted before the
@@ -97,7 +98,7 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
     for (int j = 4 * lid; j < cols; j += 4 * WG) {
         const float4 v = row4(x, mk, j, cend, sc, has_mask);
         /* Hidden and -inf entries are exactly 0, also in a NaN row (where inv is NaN). */
-        const float4 p = select(exp2((v - ref) * LOG2E) * inv, (float4)(0.0f), v == (float4)(NEG_INF));
+        const float4 p = select(exp2((v - ref) * LOG2E) * inv, (float4)(HIDDEN_P), v == (float4)(NEG_INF));
         if (j + 3 < cols) {
             ST4_OUT(y, j, p);
         } else {
@@ -214,7 +215,7 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
             const float16 e = exp2p16((v - ref) * LOG2E);
             s16 += e;
 #if DT_OUT == 0
-            ST16_OUT(y, j, select(e, (float16)(-0.0f), v == (float16)(NEG_INF)));
+            ST16_OUT(y, j, select(e, (float16)(HIDDEN_P), v == (float16)(NEG_INF)));
 #endif
         }
         float8 s8 = s16.lo + s16.hi;
@@ -227,20 +228,20 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
         for (int j = 0; j < vend; j += 16) {
 #if DT_OUT == 0
             const float16 e = LD16_OUT(y, j);
-            ST16_OUT(y, j, select(e * inv, (float16)(0.0f), as_int16(e) == (int16)(INT_MIN)));
+            ST16_OUT(y, j, select(e * inv, (float16)(HIDDEN_P), as_int16(e) == (int16)(INT_MIN)));
 #else
             const float16 v = row16(x, mk, j, sc, has_mask);
-            ST16_OUT(y, j, select(exp2p16((v - ref) * LOG2E) * inv, (float16)(0.0f), v == (float16)(NEG_INF)));
+            ST16_OUT(y, j, select(exp2p16((v - ref) * LOG2E) * inv, (float16)(HIDDEN_P), v == (float16)(NEG_INF)));
 #endif
         }
         for (int j = vend; j < cols;) {
             if (j >= cend && j + 15 < cols) { /* hidden columns (causal, key lengths) */
-                ST16_OUT(y, j, (float16)(0.0f));
+                ST16_OUT(y, j, (float16)(HIDDEN_P));
                 j += 16;
                 continue;
             }
             const float v = col1(x, mk, j, cend, sc, has_mask);
-            ST_OUT(y, j, v == NEG_INF ? 0.0f : exp2p((v - ref) * LOG2E) * inv);
+            ST_OUT(y, j, v == NEG_INF ? HIDDEN_P : exp2p((v - ref) * LOG2E) * inv);
             j++;
         }
         if (has_lse)

@@ -9,9 +9,11 @@
  *
  * Asynchrony: every operation validates its arguments, enqueues its kernels on the context's
  * in-order queue after the caller's wait list, and returns without waiting. `done`, when not
- * NULL, receives the event of the last enqueued command (the caller releases it). On failure
- * nothing is enqueued, nothing the caller owns is modified, `*done` is set to NULL and
- * clattn_last_error() names the argument and the value.
+ * NULL, receives the event of the last enqueued command (the caller releases it). Invalid
+ * arguments are refused before anything is enqueued. On any failure nothing the caller owns is
+ * modified (an OpenCL or build failure midway leaves commands that wrote only the library's
+ * workspace; README "Guarantees" lists the two launch failures that are exceptions), `*done` is
+ * set to NULL and clattn_last_error() names the argument and the value.
  *
  * Tensors are [batch][heads][seq][dim] views on a cl_mem: element offset, shape and element
  * strides for batch, head and seq; the last dimension is contiguous. Stride 0 broadcasts.
@@ -134,7 +136,8 @@ typedef struct clattn_attention_desc {
      * scale·QKᵀ + mask over its visible keys; -inf for a row with none. NULL: not written. */
     const clattn_tensor *lse;
     /* Optional output (unfused path only), shape [batch][heads_q][seq_q][seq_kv]: the softmax
-     * probabilities, 0 where masked. NULL: not written. */
+     * probabilities; -0.0 (equal to 0) where a key is hidden (mask -inf, past kv_lengths, above
+     * the causal diagonal), +0.0 where a visible key's weight underflows. NULL: not written. */
     const clattn_tensor *probabilities;
     clattn_algorithm algorithm;
 } clattn_attention_desc;
@@ -223,8 +226,9 @@ CLATTN_API clattn_status clattn_scores(clattn_context *ctx, const clattn_attenti
 
 /**
  * Row-wise numerically stable softmax of scale·in + mask into `out`. In place when `out` is the
- * same view as `in`; a different view of the same buffer is refused. A row with no visible finite
- * entry is all zeros; NaN in a visible entry makes its row NaN.
+ * same view as `in`; views of the same memory that overlap otherwise are refused. Hidden entries
+ * (mask -inf, past kv_lengths, above the causal diagonal) and -inf entries give -0.0, so a row
+ * with nothing else is all zeros; NaN or +inf in a visible entry makes its row NaN.
  */
 CLATTN_API clattn_status clattn_softmax(clattn_context *ctx, const clattn_softmax_desc *desc,
                                         const clattn_tensor *in, const clattn_tensor *out,
@@ -244,7 +248,8 @@ CLATTN_API clattn_status clattn_merge(clattn_context *ctx, int num_parts,
 /**
  * Host-memory convenience for small programs: contiguous [B][H][S][D] arrays of `dtype` elements
  * (lse: float, [B][Hq][Sq], may be NULL), copied to the device, computed, read back. Blocks.
- * desc->mask must be NULL and desc->kv_lengths NULL; use clattn_attention for those.
+ * desc->mask, desc->kv_lengths, desc->lse and desc->probabilities must be NULL (the lse argument
+ * here takes the place of desc->lse); use clattn_attention for those.
  */
 CLATTN_API clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_desc *desc,
                                                clattn_dtype dtype, const void *q, const void *k,
@@ -342,7 +347,11 @@ CLATTN_API const char *clattn_tuning_report(const clattn_context *ctx);
 /** Re-reads the user tuning file (after clattn-tune wrote it). Never fails on a bad file. */
 CLATTN_API clattn_status clattn_reload_tuning(clattn_context *ctx);
 
-/** Path of this context's user tuning file (it may not exist yet). */
+/**
+ * Path of this context's user tuning file (it may not exist yet). INVALID_ARGUMENT for a NULL
+ * buf or one too small for the path (buf is then untouched), IO_ERROR when the context has no
+ * tuning directory.
+ */
 CLATTN_API clattn_status clattn_tuning_path(const clattn_context *ctx, char *buf, size_t size);
 
 #ifdef __cplusplus

@@ -61,6 +61,10 @@ typedef enum special_kind {
     SP_POISON_DIAG, /* NaN in K and V at the last 2 keys of each batch: visible (NaN rows) only to the
                      * causal rows that reach them; every other row must stay finite and correct */
     SP_NAN_Q,       /* NaN in one visible Q row: that row NaN, every other row correct */
+    SP_NAN_MASK,    /* NaN in one visible mask entry: its row(s) NaN, every other row correct */
+    SP_UNDERFLOW_NAN,      /* odd keys ~3000 below the rest (weight 0, yet visible) with NaN in
+                            * their V: the rows that see one are NaN */
+    SP_UNDERFLOW_NAN_TAIL, /* every key but the first 4, NaN from key 16 on */
     SP_MASKED_ROW   /* one mask row all -inf: that row exactly 0, lse -inf */
 } special_kind;
 
@@ -202,6 +206,26 @@ static const att_case cases[] = {
     {"nan_q_row_causal_mask_f16", 2, 4, 2, 33, 47, 64, 0, F16, .causal = 1, .mask = MASK_FULL, .mask_dt = F32,
      .special = SP_NAN_Q, .probs = 1},
     {"nan_q_row_decode", 2, 4, 1, 1, 47, 64, 0, F32, .special = SP_NAN_Q},
+    {"nan_mask_entry", 2, 2, 2, 33, 47, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32, .special = SP_NAN_MASK,
+     .probs = 1},
+    {"nan_mask_entry_decode_f16_heads", 1, 4, 2, 2, 300, 64, 0, F32, .causal = 1, .mask = MASK_HEADS,
+     .mask_dt = F16, .special = SP_NAN_MASK},
+    /* NaN in V at a visible key whose weight underflows: unchecked blocks (no mask), checked
+     * ones (mask, causal diagonal, key lengths), probabilities, and decode key groups and splits
+     * that merge with weight 0 */
+    {"underflow_nan_v", 1, 2, 2, 33, 300, 64, 0, F32, .special = SP_UNDERFLOW_NAN},
+    {"underflow_nan_v_causal_mask", 2, 2, 1, 40, 300, 64, 0, F32, .causal = 1, .mask = MASK_FULL,
+     .mask_dt = F32, .special = SP_UNDERFLOW_NAN, .probs = 1},
+    {"underflow_nan_v_tail_f16_kvlen", 2, 2, 2, 33, 300, 64, 0, F16, .has_kv = 1, .kv = {300, 130},
+     .special = SP_UNDERFLOW_NAN_TAIL},
+    {"underflow_nan_v_decode", 2, 4, 2, 1, 3000, 64, 0, F32, .has_kv = 1, .kv = {3000, 1700},
+     .special = SP_UNDERFLOW_NAN},
+    {"underflow_nan_v_decode_tail", 2, 4, 2, 1, 3000, 64, 0, F32, .has_kv = 1, .kv = {3000, 30},
+     .special = SP_UNDERFLOW_NAN_TAIL},
+    {"underflow_nan_v_decode_sq3_causal", 1, 4, 1, 3, 2500, 64, 0, F32, .causal = 1,
+     .special = SP_UNDERFLOW_NAN},
+    {"underflow_nan_v_decode_tail_sq2_mask", 1, 4, 2, 2, 256, 64, 0, F32, .mask = MASK_HEADS,
+     .mask_dt = F32, .special = SP_UNDERFLOW_NAN_TAIL},
 
     /* f16 and bf16 storage */
     {"f16_64x64", 2, 2, 2, 64, 64, 64, 0, F16, .causal = 0},
@@ -379,6 +403,42 @@ static void build(problem *p)
                 }
         }
         break;
+    case SP_NAN_MASK: {
+        /* Mask element (0, 0, Sq/2, Skv/3) of the mask's own shape (broadcast or not): a visible
+         * key of every row that reads it. */
+        assert_non_null(tm);
+        const size_t i = ms[2] == 1 ? 0 : (size_t)c->Sq / 2;
+        tu_put(c->mask_dt, tm, p->xmask, i * Skv + Skv / 3, NAN);
+        break;
+    }
+    case SP_UNDERFLOW_NAN:
+    case SP_UNDERFLOW_NAN_TAIL: {
+        /* q[.., D-1] = 1 in every row, and k[.., D-1] = -3000/scale at some keys: their scores are
+         * ~3000 below the others', so their weights are exactly 0 in fp32 (and in double:
+         * exp(-3000)), yet they are visible, and NaN in their V makes every row that sees one NaN
+         * (0·NaN), as in the reference. A kernel that skipped every zero weight, not only hidden
+         * keys, would give finite rows. SP_UNDERFLOW_NAN: the odd keys, NaN in V, among keys of
+         * ordinary weight. _TAIL: every key but the first 4, NaN in V from key 16 on, so that
+         * whole key groups (a decode's first group holds no NaN key while it reads at most 16
+         * keys a step and the range fits one step) and splits have weight 0 where they are
+         * merged with the rest. */
+        for (size_t r = 0; r < p->q.n / D; ++r)
+            tu_put(dt, tq, p->xq, r * D + D - 1, 1.0);
+        const double kbig = -3000.0 / p->scale;
+        const int tail = c->special == SP_UNDERFLOW_NAN_TAIL;
+        for (int b = 0; b < c->B; ++b) {
+            const int L = kv_len_of(p, b);
+            for (int g = 0; g < c->Hkv; ++g) {
+                const size_t kr0 = ((size_t)b * (size_t)c->Hkv + (size_t)g) * Skv;
+                for (int j = tail ? 4 : 1; j < L; j += tail ? 1 : 2) {
+                    tu_put(dt, tk, p->xk, (kr0 + (size_t)j) * D + D - 1, kbig);
+                    for (size_t d = 0; d < Dv && (!tail || j >= 16); ++d)
+                        tu_put(dt, tv, p->xv, (kr0 + (size_t)j) * Dv + d, NAN);
+                }
+            }
+        }
+        break;
+    }
     case SP_NAN_Q: {
         /* Last row of the last head of batch 0: it sees every key of the batch. */
         const size_t r = row_of(c, 0, c->Hq - 1, c->Sq - 1);
@@ -683,6 +743,10 @@ int main(void)
             }
         tests[n++] = (struct CMUnitTest){cases[i].name, test_case, NULL, tu_teardown, (void *)&cases[i]};
     }
+    /* CLATTN_TEST_FILTER=underflow* runs only the cases whose names match (cmocka's wildcards). */
+    const char *filter = getenv("CLATTN_TEST_FILTER");
+    if (filter != NULL && *filter)
+        cmocka_set_test_filter(filter);
     const int failed = _cmocka_run_group_tests("attention", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
     return failed;
