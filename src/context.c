@@ -8,7 +8,8 @@
 static clattn_status finish_create(clattn_context *c, clattn_context **out)
 {
     if (clattn__read_devinfo(c->platform, c->device, &c->dev) != CLATTN_SUCCESS) {
-        clattn__fail(NULL, CLATTN_OPENCL_ERROR, "could not read the properties of the device");
+        clattn__fail(NULL, CLATTN_OPENCL_ERROR, "could not read the properties of device \"%.200s\"",
+                     c->dev.name[0] ? c->dev.name : "(its name too)");
         clattn_release(c);
         return CLATTN_OPENCL_ERROR;
     }
@@ -38,17 +39,15 @@ clattn_status clattn_create(const char *device, clattn_context **ctx)
     cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)p, 0};
     c->context = clCreateContext(props, 1, &d, NULL, NULL, &err);
     if (!c->context || err != CL_SUCCESS) {
-        clattn__cl_fail(NULL, err, "clCreateContext");
         free(c);
-        return err == CL_OUT_OF_HOST_MEMORY ? CLATTN_OUT_OF_MEMORY : CLATTN_OPENCL_ERROR;
+        return clattn__cl_fail(NULL, err, "clCreateContext"); /* OUT_OF_MEMORY for the memory errors */
     }
     /* Profiling is on so that clattn-bench and clattn-tune can time kernels from events. */
     c->queue = clCreateCommandQueue(c->context, d, CL_QUEUE_PROFILING_ENABLE, &err);
     if (!c->queue || err != CL_SUCCESS) {
-        clattn__cl_fail(NULL, err, "clCreateCommandQueue");
         clReleaseContext(c->context);
         free(c);
-        return CLATTN_OPENCL_ERROR;
+        return clattn__cl_fail(NULL, err, "clCreateCommandQueue");
     }
     return finish_create(c, ctx);
 }

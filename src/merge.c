@@ -114,7 +114,8 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
     if (num_parts < 1 || num_parts > 4096)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "num_parts must be 1..4096 (got %d)", num_parts);
     if (!part_out || !part_lse)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "part_out and part_lse must not be NULL");
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s must not be NULL",
+                            !part_out && !part_lse ? "part_out and part_lse" : !part_out ? "part_out" : "part_lse");
     if (!out)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out must not be NULL");
     for (int i = 0; i < 4; i++)
@@ -126,7 +127,9 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
                             (long long)out->shape[3], CLATTN_MAX_HEAD_DIM);
     if ((uint64_t)out->shape[0] * (uint64_t)out->shape[1] > 0x7fffffffULL ||
         (uint64_t)out->shape[0] * (uint64_t)out->shape[1] * (uint64_t)out->shape[2] > 0x7fffffffULL)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out: batch x heads x seq is too large");
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out: batch x heads x seq (%lld x %lld x %lld) exceeds %d",
+                            (long long)out->shape[0], (long long)out->shape[1], (long long)out->shape[2],
+                            0x7fffffff);
     const int64_t B = out->shape[0], H = out->shape[1], S = out->shape[2], DV = out->shape[3];
     const int64_t os[4] = {B, H, S, DV}, ls[4] = {B, H, S, 1};
     clattn_view vo, vl;
@@ -151,9 +154,14 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
             (st = clattn__check_view(ctx, lname, &part_lse[i], ls, CLATTN_VIEW_INPUT,
                                      CLATTN_DTYPE_BIT(CLATTN_F32), &vpl[i])))
             break;
-        if (clattn__views_overlap(&part_out[i], out) || clattn__views_overlap(&part_lse[i], out) ||
-            (lse && (clattn__views_overlap(&part_out[i], lse) || clattn__views_overlap(&part_lse[i], lse))))
-            st = clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "part %d overlaps out or lse", i);
+        /* out first, then lse; part_out before part_lse */
+        const int hit[4] = {clattn__views_overlap(&part_out[i], out), clattn__views_overlap(&part_lse[i], out),
+                            lse && clattn__views_overlap(&part_out[i], lse),
+                            lse && clattn__views_overlap(&part_lse[i], lse)};
+        for (int h = 0; h < 4 && !st; h++)
+            if (hit[h])
+                st = clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "part %d overlaps %s (%s[%d])", i,
+                                  h < 2 ? "out" : "lse", h % 2 ? "part_lse" : "part_out", i);
     }
     if (!st)
         st = clattn__check_wait(ctx, num_wait, wait, done);

@@ -208,7 +208,10 @@ clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *de
         return st;
     if (clattn__views_overlap(scores, q) || clattn__views_overlap(scores, k) ||
         (desc->mask && clattn__views_overlap(scores, desc->mask)))
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "scores overlaps q, k or the mask");
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "scores overlaps %s",
+                            clattn__views_overlap(scores, q)   ? "q"
+                            : clattn__views_overlap(scores, k) ? "k"
+                                                               : "desc->mask");
     if (desc->kv_lengths && clattn__kvlen_overlaps(desc->kv_lengths, p.batch, scores))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->kv_lengths overlaps scores");
     cl_mem scratch = NULL;

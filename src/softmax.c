@@ -85,7 +85,8 @@ clattn_status clattn_softmax(clattn_context *ctx, const clattn_softmax_desc *des
                                 counts[i].name, (long long)counts[i].v);
     }
     if ((uint64_t)desc->batch * (uint64_t)desc->heads > 0x7fffffffULL)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->batch x heads is too large");
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->batch x heads (%lld x %lld) exceeds %d",
+                            (long long)desc->batch, (long long)desc->heads, 0x7fffffff);
     if (!isfinite(desc->scale))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->scale is not finite (%g)",
                             (double)desc->scale);

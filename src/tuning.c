@@ -649,15 +649,23 @@ clattn_status clattn_reload_tuning(clattn_context *ctx)
 
 clattn_status clattn_tuning_path(const clattn_context *ctx, char *buf, size_t size)
 {
-    if (!ctx || !buf || size == 0)
-        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_tuning_path: ctx, buf and size must be given");
+    if (!ctx)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_tuning_path: ctx must not be NULL");
     /* Like every call, this one resets the last error; ctx is const only because the call changes
      * no setting. */
-    clattn__clear_error((clattn_context *)ctx);
+    clattn_context *c = (clattn_context *)ctx;
+    clattn__clear_error(c);
+    if (!buf || size == 0)
+        return clattn__fail(c, CLATTN_INVALID_ARGUMENT, "clattn_tuning_path: buf is %s and size %zu",
+                            buf ? "given" : "NULL", size);
     char path[4200];
-    if (!clattn__tuning_file(ctx, path, sizeof path) || strlen(path) >= size)
-        return clattn__fail((clattn_context *)ctx, CLATTN_IO_ERROR,
-                            "no tuning directory (set CLATTN_TUNING_DIR) or path longer than %zu bytes", size);
+    if (!clattn__tuning_file(ctx, path, sizeof path))
+        return clattn__fail(c, CLATTN_IO_ERROR,
+                            "no tuning directory: no cache directory and no CLATTN_TUNING_DIR, or a path "
+                            "longer than %zu bytes", sizeof path - 1);
+    if (strlen(path) >= size)
+        return clattn__fail(c, CLATTN_INVALID_ARGUMENT, "buf of %zu bytes is too small for the path (needs %zu)",
+                            size, strlen(path) + 1);
     memcpy(buf, path, strlen(path) + 1); /* buf is untouched on failure */
     return CLATTN_SUCCESS;
 }

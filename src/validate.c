@@ -212,6 +212,16 @@ int clattn__views_overlap(const clattn_tensor *a, const clattn_tensor *b)
     return clattn__bytes_overlap(a->buffer, a_lo, a_hi, b->buffer, b_lo, b_hi);
 }
 
+/* The name of the first of the n checked views ts (NULL entries skipped) that t overlaps, or NULL. */
+static const char *overlapping(const clattn_tensor *t, int n, const clattn_tensor *const *ts,
+                               const char *const *names)
+{
+    for (int i = 0; i < n; i++)
+        if (ts[i] && clattn__views_overlap(t, ts[i]))
+            return names[i];
+    return NULL;
+}
+
 int clattn__kvlen_overlaps(cl_mem kvlen, int64_t batch, const clattn_tensor *t)
 {
     uint64_t lo, hi;
@@ -333,7 +343,9 @@ clattn_status clattn__check_desc(clattn_context *ctx, const clattn_attention_des
     if (!mul_ok((uint64_t)desc->batch, (uint64_t)desc->heads_q, &total) ||
         !mul_ok(total, (uint64_t)desc->seq_q, &total) || total > MAX_EXTENT * 64)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                            "desc->batch x heads_q x seq_q is too large");
+                            "desc->batch x heads_q x seq_q (%lld x %lld x %lld) exceeds %lld",
+                            (long long)desc->batch, (long long)desc->heads_q, (long long)desc->seq_q,
+                            (long long)(MAX_EXTENT * 64));
     /* Kernels index (batch, head) pairs and the rows of a kv head's query group with int. */
     if ((uint64_t)desc->batch * (uint64_t)desc->heads_q > (uint64_t)MAX_EXTENT)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
@@ -396,9 +408,11 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
         if ((st = clattn__check_view(ctx, "v", v, vs, CLATTN_VIEW_INPUT, same, &p->v)) ||
             (st = clattn__check_view(ctx, "out", out, os, CLATTN_VIEW_OUTPUT, same, &p->out)))
             return st;
-        if (clattn__views_overlap(out, q) || clattn__views_overlap(out, k) ||
-            clattn__views_overlap(out, v))
-            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out overlaps an input (q, k or v)");
+        const clattn_tensor *ins[3] = {q, k, v};
+        const char *const in_names[3] = {"q", "k", "v"};
+        const char *hit = overlapping(out, 3, ins, in_names);
+        if (hit)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out overlaps %s (an input)", hit);
     }
     if (desc->mask) {
         p->has_mask = 1;
@@ -415,23 +429,21 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
         if ((st = clattn__check_view(ctx, "desc->lse", desc->lse, ls, CLATTN_VIEW_OUTPUT,
                                      CLATTN_DTYPE_BIT(CLATTN_F32), &p->lse)))
             return st;
-        if (clattn__views_overlap(desc->lse, out) || clattn__views_overlap(desc->lse, q) ||
-            clattn__views_overlap(desc->lse, k) || clattn__views_overlap(desc->lse, v) ||
-            (desc->mask && clattn__views_overlap(desc->lse, desc->mask)))
-            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->lse overlaps q, k, v, out or the mask");
+        const clattn_tensor *ts[5] = {out, q, k, v, desc->mask};
+        const char *const names[5] = {"out", "q", "k", "v", "desc->mask"};
+        const char *hit = overlapping(desc->lse, 5, ts, names);
+        if (hit)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->lse overlaps %s", hit);
     }
     if (need_v && desc->probabilities) {
         if ((st = clattn__check_view(ctx, "desc->probabilities", desc->probabilities, ms,
                                      CLATTN_VIEW_OUTPUT, CLATTN_DTYPES_ALL, &p->probs)))
             return st;
-        if (clattn__views_overlap(desc->probabilities, out) ||
-            clattn__views_overlap(desc->probabilities, q) ||
-            clattn__views_overlap(desc->probabilities, k) ||
-            clattn__views_overlap(desc->probabilities, v) ||
-            (desc->lse && clattn__views_overlap(desc->probabilities, desc->lse)) ||
-            (desc->mask && clattn__views_overlap(desc->probabilities, desc->mask)))
-            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                                "desc->probabilities overlaps another tensor");
+        const clattn_tensor *ts[6] = {out, q, k, v, desc->lse, desc->mask};
+        const char *const names[6] = {"out", "q", "k", "v", "desc->lse", "desc->mask"};
+        const char *hit = overlapping(desc->probabilities, 6, ts, names);
+        if (hit)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->probabilities overlaps %s", hit);
     }
     /* After the outputs' views are checked: the overlap test reads their shapes and strides. */
     if (need_v && desc->kv_lengths &&

@@ -919,6 +919,44 @@ static void test_cold_warm(void **state)
     print_message("time to first ready fused kernel: cold %.1f ms, warm %.1f ms\n", cold, warm);
 }
 
+/* =============================== default directories =============================== */
+
+/* Without CLATTN_CACHE_DIR the cache is $XDG_CACHE_HOME/clattn, else $HOME/.cache/clattn, and the
+ * tuning directory <cache dir>/tuning (DESIGN, README): a kernel built lands there, and
+ * clattn_tuning_path points there. */
+static void test_default_dirs(void **state)
+{
+    (void)state;
+    char xdg[4200], home[4200], cache[4300], want[4400], got[4200];
+    snprintf(xdg, sizeof xdg, "%s/xdg", g_dir);
+    snprintf(home, sizeof home, "%s/home", g_dir);
+    const char *h = getenv("HOME");
+    char *saved_home = h != NULL ? strdup(h) : NULL;
+    unsetenv("CLATTN_CACHE_DIR");
+    unsetenv("CLATTN_TUNING_DIR");
+    setenv("HOME", home, 1);
+    for (int use_xdg = 1; use_xdg >= 0; use_xdg--) {
+        if (use_xdg)
+            setenv("XDG_CACHE_HOME", xdg, 1);
+        else
+            unsetenv("XDG_CACHE_HOME");
+        snprintf(cache, sizeof cache, use_xdg ? "%s/clattn" : "%s/.cache/clattn", use_xdg ? xdg : home);
+        clattn_context *ctx = new_context();
+        assert_int_equal(clattn_tuning_path(ctx, got, sizeof got), CLATTN_SUCCESS);
+        snprintf(want, sizeof want, "%s/tuning/", cache);
+        if (strncmp(got, want, strlen(want)) != 0)
+            fail_msg("tuning path %s is not under %s", got, want);
+        get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+        clattn_release(ctx);
+        assert_int_equal(count_files(cache, ".clbin", NULL, 0), 1);
+    }
+    if (saved_home != NULL)
+        setenv("HOME", saved_home, 1);
+    else
+        unsetenv("HOME");
+    free(saved_home);
+}
+
 /* =============================== registration =============================== */
 
 int main(int argc, char **argv)
@@ -948,6 +986,7 @@ int main(int argc, char **argv)
     tu_add_test("concurrent/four_processes_one_entry", NULL, test_concurrent_writers, NULL);
     TU_ADD_TABLE("build_failure", test_build_failure, bad_build_rows);
     tu_add_test("timing/cold_vs_warm", NULL, test_cold_warm, NULL);
+    tu_add_test("dirs/xdg_then_home", NULL, test_default_dirs, NULL);
 
     const int failed = tu_run_tests("cache");
     if (g_dir[0] != '\0')

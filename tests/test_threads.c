@@ -441,8 +441,11 @@ static clattn_tuning_entry tune_entry(int k, int r)
     e.sq_class = k == 0 ? 3 : 0;
     e.log2_skv = (k == 0 ? 24 : 40) + r;
     e.n = clattn__param_count(e.op);
-    for (int i = 0; i < e.n; ++i)
-        e.v[i] = 100 * (k + 1) + 10 * r + i;
+    for (int i = 0; i < e.n; ++i) {
+        /* choices (DIRECT) stop at their largest value; the sizes still tell entries apart */
+        const int v = 100 * (k + 1) + 10 * r + i, hi = clattn__param_max(e.op, i);
+        e.v[i] = v < hi ? v : hi;
+    }
     return e;
 }
 

@@ -379,7 +379,7 @@ static void test_bad_env(void **state)
     clattn_release(ctx);
 }
 
-#if defined(CLATTN_TUNE_PATH) || defined(CLATTN_BENCH_PATH)
+#if defined(CLATTN_TUNE_PATH) || defined(CLATTN_BENCH_PATH) || defined(CLATTN_INFO_PATH)
 /* The file `name` of the test directory (a tool's output), NUL-terminated, cut at size - 1. */
 static void read_text(const char *name, char *buf, size_t size)
 {
@@ -421,6 +421,76 @@ static void test_bench_env(void **state)
             if (!strstr(buf, "[environment: CLATTN_PARAMS_DECODE=1,1,0,4,16,0,1]") || !strstr(buf, "check decode"))
                 fail_msg("clattn-bench did not list the parameters it measured:\n%s", buf);
         }
+    }
+#endif
+}
+
+#ifdef CLATTN_INFO_PATH
+/* 1 when s is one JSON value's worth of balanced braces and brackets outside strings, starting
+ * with '{' and ending with '}' (and blanks): enough to catch a cut or mangled object. */
+static int json_balanced(const char *s)
+{
+    while (*s == ' ' || *s == '\n')
+        s++;
+    if (*s != '{')
+        return 0;
+    int depth = 0, in_str = 0;
+    const char *last = s;
+    for (; *s; s++) {
+        if (in_str) {
+            if (*s == '\\' && s[1])
+                s++;
+            else if (*s == '"')
+                in_str = 0;
+            continue;
+        }
+        if (*s == '"')
+            in_str = 1;
+        else if (*s == '{' || *s == '[')
+            depth++;
+        else if ((*s == '}' || *s == ']') && --depth < 0)
+            return 0;
+        if (*s != ' ' && *s != '\n')
+            last = s;
+    }
+    return depth == 0 && !in_str && *last == '}';
+}
+#endif
+
+/* clattn-info: the table and --json list this device (its key) and the default choice; a spec
+ * that resolves to nothing and an unknown option exit 1 with a message. */
+static void test_info(void **state)
+{
+    (void)state;
+#ifndef CLATTN_INFO_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    clattn_context *ctx = tu_context();
+    char key[sizeof ctx->dev.key];
+    snprintf(key, sizeof key, "%s", ctx->dev.key);
+    clattn_release(ctx);
+    static char buf[1 << 16];
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "%s >%s/info.txt 2>&1", CLATTN_INFO_PATH, dir);
+    assert_int_equal(system(cmd), 0);
+    read_text("info.txt", buf, sizeof buf);
+    if (!strstr(buf, key) || !strstr(buf, "clattn_create(NULL) picks"))
+        fail_msg("clattn-info lacks the device key %s or the default choice:\n%.2000s", key, buf);
+    snprintf(cmd, sizeof cmd, "%s --json >%s/info.json 2>%s/info.err", CLATTN_INFO_PATH, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    read_text("info.json", buf, sizeof buf);
+    if (!json_balanced(buf) || !strstr(buf, "\"clattn_version\"") || !strstr(buf, key))
+        fail_msg("clattn-info --json is not a whole object naming device key %s:\n%.2000s", key, buf);
+    const char *bad[2][2] = {{"--device no-such-device-anywhere", "matches no OpenCL device"},
+                             {"--bogus", "unknown option"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "%s %s >%s/info.txt 2>&1", CLATTN_INFO_PATH, bad[i][0], dir);
+        const int rc = system(cmd);
+        read_text("info.txt", buf, sizeof buf);
+        if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 1 || !strstr(buf, bad[i][1]))
+            fail_msg("clattn-info %s: exit %d, want 1 and \"%s\":\n%.2000s", bad[i][0],
+                     WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, bad[i][1], buf);
     }
 #endif
 }
@@ -639,9 +709,12 @@ static void test_set_params_errors(void **state)
     char path[64];
     assert_int_equal(clattn_tuning_path(NULL, path, sizeof path), CLATTN_INVALID_ARGUMENT);
     assert_int_equal(clattn_tuning_path(ctx, NULL, 10), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "buf is NULL")); /* on ctx, not elsewhere */
     assert_int_equal(clattn_tuning_path(ctx, path, 0), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "size 0"));
     char tiny[4] = "abc";
-    assert_int_equal(clattn_tuning_path(ctx, tiny, sizeof tiny), CLATTN_IO_ERROR);
+    assert_int_equal(clattn_tuning_path(ctx, tiny, sizeof tiny), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "too small"));
     assert_string_equal(tiny, "abc"); /* untouched on failure */
     assert_int_equal(clattn_param_count((clattn_operation)-1), 0);
     assert_null(clattn_param_name(CLATTN_OPERATION_FUSED, -1));
@@ -771,7 +844,7 @@ static void test_tuner(void **state)
 
     /* merge on a decode shape (5 candidates, a few seconds): added to the same store, and the
      * library's merge lookup (src/merge.c: f32, head_dim 0, seq 1) now comes from it. */
-    char cmd[1200];
+    char cmd[4400];
     snprintf(cmd, sizeof cmd,
              "%s --dir %s --budget 3 --iters 2 --seed 3 --shape 1,2,2,1,64,16 --ops merge --json "
              ">%s/report.json 2>%s/tune.log",
@@ -794,6 +867,33 @@ static void test_tuner(void **state)
     assert_int_equal(kp.values[0], merge_wg);
     assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_SUCCESS);
     assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE); /* the scores entry is kept */
+
+    /* The same store as if written under another driver: tuning merge again keeps the merge entry
+     * it writes and drops the scores entry, which stamped with this driver would pass as
+     * re-checked. */
+    char upath[4200];
+    path_of(ctx, upath, sizeof upath);
+    clattn_release(ctx);
+    snprintf(cmd, sizeof cmd, "sed -i 's/^driver .*/driver 0.0-old/' %s", upath);
+    assert_int_equal(system(cmd), 0);
+    ctx = tu_context();
+    assert_non_null(strstr(clattn_tuning_report(ctx), "differs from the driver in use"));
+    clattn_release(ctx);
+    snprintf(cmd, sizeof cmd,
+             "%s --dir %s --budget 3 --iters 2 --seed 3 --shape 1,2,2,1,64,16 --ops merge "
+             ">%s/report.json 2>%s/tune.log",
+             CLATTN_TUNE_PATH, dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    read_text("tune.log", buf, sizeof buf);
+    /* the scores, softmax and merge entries */
+    if (!strstr(buf, "dropping the 3 earlier entries") || !strstr(buf, "0.0-old"))
+        fail_msg("clattn-tune did not say it dropped the other driver's entries:\n%s", buf);
+    ctx = tu_context();
+    assert_null(strstr(clattn_tuning_report(ctx), "differs from the driver in use"));
+    assert_int_equal(clattn_get_params(ctx, &mpc, &kp), CLATTN_SUCCESS);
+    assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE);
+    assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_SUCCESS);
+    assert_int_not_equal(kp.source, CLATTN_SOURCE_USER_FILE);
     clattn_release(ctx);
 
     /* Poison: kernels (CLATTN_KERNEL_DIR) whose QKᵀ (MODE 0) products are doubled unless the tile
@@ -901,6 +1001,7 @@ int main(void)
     tu_add_test("lookup/order", NULL, test_lookup_order, NULL);
     TU_ADD_TABLE("lookup/bad_env", test_bad_env, env_rows);
     tu_add_test("tools/bench_env", NULL, test_bench_env, NULL);
+    tu_add_test("tools/info", NULL, test_info, NULL);
     TU_ADD_TABLE("lookup/bad_user_file", test_bad_user_file, file_rows);
     TU_ADD_TABLE("lookup/odd_user_file", test_odd_user_file, odd_rows);
     TU_ADD_TABLE("lookup/file_size", test_file_size, size_rows);

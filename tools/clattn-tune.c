@@ -740,7 +740,13 @@ int main(int argc, char **argv)
             die("cannot create the tuning directory for %s", path);
         clattn_tuning_table tab;
         memset(&tab, 0, sizeof tab);
-        if (ctx->user_tuning && !ctx->user_tuning->device_is_pattern) {
+        /* The store's other entries are kept, unless they were tuned under another driver:
+         * stamped with this one they would pass as re-checked. */
+        if (ctx->user_tuning && !ctx->user_tuning->device_is_pattern && ctx->user_driver_changed) {
+            fprintf(stderr, "dropping the %d earlier entries of %s: tuned under driver \"%s\", not \"%s\" "
+                    "(re-run clattn-tune for their operations)\n", ctx->user_tuning->n, path,
+                    ctx->user_tuning->driver, ctx->dev.driver);
+        } else if (ctx->user_tuning && !ctx->user_tuning->device_is_pattern) {
             for (int i = 0; i < ctx->user_tuning->n; i++)
                 if (clattn__tuning_put(&tab, &ctx->user_tuning->e[i]) != 0)
                     die("out of host memory");

@@ -1,6 +1,7 @@
 # The "consumer" ctest: install the built tree into a scratch prefix, then build and run an outside
-# program (consumer.c) against that prefix twice: through find_package(clattn) and through
-# pkg-config. Any failing step stops with FATAL_ERROR and the step's whole output.
+# program (consumer.c) against that prefix three times: through find_package(clattn) with
+# clattn::clattn and with clattn::clattn_static, and through pkg-config. Any failing step stops
+# with FATAL_ERROR and the step's whole output.
 #
 #   cmake -DSOURCE_DIR=<clattn source> -DBUILD_DIR=<clattn build> -DWORK_DIR=<scratch>
 #         -DC_COMPILER=<cc> -P run.cmake
@@ -93,6 +94,21 @@ if(NOT consumer_exe)
 endif()
 run_step("run (find_package)" run_out "${CMAKE_COMMAND}" -E env ${run_env} "${consumer_exe}")
 check_run("run (find_package)" "${run_out}")
+# clattn::clattn_static: linked without the shared library (run without LD_LIBRARY_PATH).
+find_program(consumer_static_exe consumer_static PATHS "${WORK_DIR}/build" "${WORK_DIR}/build/Release"
+             NO_DEFAULT_PATH)
+if(NOT consumer_static_exe)
+  message(FATAL_ERROR "consumer: the build made no consumer_static executable\n${build_out}")
+endif()
+find_program(LDD_EXE ldd)
+if(LDD_EXE)
+  run_step("ldd (clattn::clattn_static)" ldd_out "${LDD_EXE}" "${consumer_static_exe}")
+  if(ldd_out MATCHES "libclattn")
+    message(FATAL_ERROR "consumer: consumer_static loads a shared libclattn:\n${ldd_out}")
+  endif()
+endif()
+run_step("run (clattn::clattn_static)" run_static_out "${consumer_static_exe}")
+check_run("run (clattn::clattn_static)" "${run_static_out}")
 
 # --- pkg-config ----------------------------------------------------------------------------------
 find_program(PKG_CONFIG_EXE NAMES pkg-config pkgconf)
