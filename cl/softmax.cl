@@ -97,7 +97,7 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
 
     for (int j = 4 * lid; j < cols; j += 4 * WG) {
         const float4 v = row4(x, mk, j, cend, sc, has_mask);
-        /* Hidden and -inf entries are exactly 0, also in a NaN row (where inv is NaN). */
+        /* Hidden and -inf entries are exactly -0, also in a NaN row (where inv is NaN). */
         const float4 p = select(exp2((v - ref) * LOG2E) * inv, (float4)(HIDDEN_P), v == (float4)(NEG_INF));
         if (j + 3 < cols) {
             ST4_OUT(y, j, p);

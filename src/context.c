@@ -9,7 +9,7 @@ static clattn_status finish_create(clattn_context *c, clattn_context **out)
 {
     if (clattn__read_devinfo(c->platform, c->device, &c->dev) != CLATTN_SUCCESS) {
         clattn__fail(NULL, CLATTN_OPENCL_ERROR, "could not read the properties of device \"%.200s\"",
-                     c->dev.name[0] ? c->dev.name : "(its name too)");
+                     c->dev.name[0] ? c->dev.name : "(name unreadable)");
         clattn_release(c);
         return CLATTN_OPENCL_ERROR;
     }

@@ -745,7 +745,7 @@ int main(int argc, char **argv)
         if (ctx->user_tuning && !ctx->user_tuning->device_is_pattern && ctx->user_driver_changed) {
             fprintf(stderr, "dropping the %d earlier entries of %s: tuned under driver \"%s\", not \"%s\" "
                     "(re-run clattn-tune for their operations)\n", ctx->user_tuning->n, path,
-                    ctx->user_tuning->driver, ctx->dev.driver);
+                    ctx->user_tuning->driver[0] ? ctx->user_tuning->driver : "(no tag)", ctx->dev.driver);
         } else if (ctx->user_tuning && !ctx->user_tuning->device_is_pattern) {
             for (int i = 0; i < ctx->user_tuning->n; i++)
                 if (clattn__tuning_put(&tab, &ctx->user_tuning->e[i]) != 0)
