@@ -388,22 +388,23 @@ static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, cons
                        wait, done, used);
 }
 
-/* decode_lanes (DECODE DIRECT 4, decode_lanes.cl; GPUs): KG key groups (WGY, a power of 2,
+/* decode_lanes (DECODE DIRECT 4 and 5, decode_lanes.cl; GPUs): KG key groups (WGY, a power of 2,
  * default 4) of LANES work-items (NS: a power of 2 up to 32 and up to the 16-byte chunks of the
  * longer of a K and a V row; 0 or 1: that many chunks, up to 32) that read every key row
  * together, RM packed rows (0: the packed rows; at most 16, and at most 16 O chunks a lane), KU
  * keys a step whose K and V rows are loaded before their use (VW: 1 to 16, default 8; fewer while
- * a lane would hold more than 16 row chunks or 64 scores). On NVIDIA GPUs the lanes sum their
- * partial scores with PTX shuffles (SHFL), for which a work-group is made at least one warp (more
- * groups); elsewhere through local memory. Sets *used = 0 (and enqueues nothing) when one group
- * does not fit the device's limits; the tiled kernel then runs instead. */
+ * a lane would hold more than 16 row chunks or 64 scores). On NVIDIA GPUs with DIRECT 4 the lanes
+ * sum their partial scores with PTX shuffles (SHFL), for which a work-group is made at least one
+ * warp (more groups); elsewhere, and with DIRECT 5 (no inline PTX), through local memory. Sets
+ * *used = 0 (and enqueues nothing) when one group does not fit the device's limits; the tiled
+ * kernel then runs instead. */
 static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
                                cl_uint num_wait, const cl_event *wait, cl_event *done, int *used)
 {
     *used = 0;
     const int R = (int)(p->heads_q / p->heads_kv) * (int)p->seq_q;
     const int dp = (int)((p->head_dim + 3) / 4 * 4), dvp = (int)((p->head_dim_v + 3) / 4 * 4);
-    const int nvidia = (ctx->dev.type & CL_DEVICE_TYPE_GPU) && ctx->dev.vendor_id == 0x10de;
+    const int ptx = (ctx->dev.type & CL_DEVICE_TYPE_GPU) && ctx->dev.vendor_id == 0x10de && pp->v[6] == 4;
     const int chunks = (dp > dvp ? dp : dvp) / 4, most = pow2_at_least(chunks < 32 ? chunks : 32);
     int lanes = most;
     if (pp->v[3] >= 2) { /* at most one lane per chunk */
@@ -414,7 +415,7 @@ static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, con
     int kg = 1;
     while (kg < 16 && 2 * kg <= (pp->v[1] > 0 ? pp->v[1] : 4))
         kg *= 2;
-    if (nvidia && kg * lanes < 32)
+    if (ptx && kg * lanes < 32)
         kg = 32 / lanes; /* shuffles take whole warps */
     const int ckn = (dp / 4 + lanes - 1) / lanes, cvn = (dvp / 4 + lanes - 1) / lanes;
     /* Rows: the packed rows, at most 16 and at most 16 O chunks a lane, in tiles of equal size
@@ -429,8 +430,9 @@ static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, con
         ku *= 2;
     while (ku > 1 && (ku * (ckn + cvn) > 16 || rm * ku > 64))
         ku /= 2;
+    int shfl;
     for (;;) {
-        const int shfl = nvidia && (kg * lanes) % 32 == 0;
+        shfl = ptx && (kg * lanes) % 32 == 0;
         const size_t xch = shfl ? 0 : (size_t)2 * rm * ku * kg * lanes;
         const size_t fin = (size_t)(kg / 2) * rm * (4 * lanes * cvn + 4);
         const size_t bytes = (size_t)16 * rm * ckn * lanes + 4 * (xch > fin ? xch : fin);
@@ -439,7 +441,6 @@ static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, con
         if (!rows_shrink(&kg, &rm))
             return CLATTN_SUCCESS;
     }
-    const int shfl = nvidia && (kg * lanes) % 32 == 0;
     const int bn = kg * ku, wg = kg * lanes, row_tiles = (R + rm - 1) / rm;
     const long long tiles = (long long)row_tiles * p->batch * p->heads_kv;
     int split_len;
@@ -469,9 +470,9 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
                             clattn__mask_kind(p->causal, p->has_mask || p->kv_lengths)};
     clattn_params pp;
     clattn__default_params(ctx, &bucket, &pp);
-    if (decode && (pp.v[6] == 2 || pp.v[6] == 3 || pp.v[6] == 4)) {
+    if (decode && pp.v[6] >= 2 && pp.v[6] <= 5) {
         int used;
-        clattn_status st = pp.v[6] == 4 ? run_lanes(ctx, p, &pp, num_wait, wait, done, &used)
+        clattn_status st = pp.v[6] >= 4 ? run_lanes(ctx, p, &pp, num_wait, wait, done, &used)
                                         : run_rows(ctx, p, &pp, num_wait, wait, done, &used);
         if (st || used)
             return st;

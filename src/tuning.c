@@ -23,7 +23,9 @@
  *                GPUs; DIRECT 4: decode_lanes (decode_lanes.cl), WGY key groups of NS lanes
  *                (0: one per 16-byte chunk of a row, up to 32) that read every key row
  *                together, VW keys a step whose K and V rows are loaded before use, partial
- *                scores summed by PTX shuffles on NVIDIA GPUs, WGX unused)
+ *                scores summed by PTX shuffles on NVIDIA GPUs, WGX unused; DIRECT 5:
+ *                decode_lanes without PTX, the partial scores summed through local memory
+ *                everywhere (on other devices the same as DIRECT 4))
  *   MERGE      : WG  (merge.cl)
  * Lookup order: clattn_set_params override, CLATTN_PARAMS_<OP>, the user tuning file of the
  * device, built-in tables (tuning/ in the source tree, embedded), vendor defaults, generic defaults. */
@@ -80,9 +82,9 @@ static const op_space spaces[CLATTN_OP_COUNT] = {
     /* DECODE */
     {7,
      {"WGX", "WGY", "RM", "NS", "VW", "SPLITS", "DIRECT"},
-     {5, 4, 4, 6, 3, 5, 5},
+     {5, 4, 4, 6, 3, 5, 6},
      {{1, 2, 8, 16, 32}, {1, 2, 4, 8}, {0, 1, 4, 16}, {1, 2, 4, 8, 16, 32}, {4, 8, 16}, {0, 2, 8, 32, 128},
-      {0, 1, 2, 3, 4}},
+      {0, 1, 2, 3, 4, 5}},
      0x40},
     /* MERGE */
     {1, {"WG"}, {5}, {{16, 32, 64, 128, 256}}, 0},

@@ -677,17 +677,17 @@ static void test_set_params_errors(void **state)
     const int neg[9] = {1, 1, -6, 4, 16, 16, 1, 1, 1};
     assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_SCORES, neg, 9), CLATTN_INVALID_ARGUMENT);
     assert_non_null(strstr(clattn_last_error(ctx), "RM"));
-    /* A choice past its largest value (scores' DIRECT is 0 or 1, decode's 0 to 4) is refused; a
+    /* A choice past its largest value (scores' DIRECT is 0 or 1, decode's 0 to 5) is refused; a
      * size is a hint the op fits, taken up to 4096. */
     const int direct2[9] = {1, 1, 6, 4, 16, 16, 1, 1, 2};
     assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_SCORES, direct2, 9), CLATTN_INVALID_ARGUMENT);
     assert_non_null(strstr(clattn_last_error(ctx), "DIRECT"));
-    const int dec5[7] = {1, 1, 0, 4, 16, 0, 5}, dec4[7] = {1, 1, 0, 4, 16, 0, 4};
-    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, dec5, 7), CLATTN_INVALID_ARGUMENT);
-    assert_non_null(strstr(clattn_last_error(ctx), "not in [0, 4]"));
-    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, dec4, 7), CLATTN_SUCCESS);
+    const int dec6[7] = {1, 1, 0, 4, 16, 0, 6}, dec5[7] = {1, 1, 0, 4, 16, 0, 5};
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, dec6, 7), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "not in [0, 5]"));
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, dec5, 7), CLATTN_SUCCESS);
     assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, NULL, 0), CLATTN_SUCCESS);
-    assert_int_equal(clattn_param_max(CLATTN_OPERATION_DECODE, 6), 4);
+    assert_int_equal(clattn_param_max(CLATTN_OPERATION_DECODE, 6), 5);
     assert_int_equal(clattn_param_max(CLATTN_OPERATION_SCORES, 6), 1); /* KF */
     assert_int_equal(clattn_param_max(CLATTN_OPERATION_PV, 8), 0);     /* P·V has one variant */
     assert_int_equal(clattn_param_max(CLATTN_OPERATION_FUSED, 2), 4096);

@@ -382,6 +382,9 @@ static int spills(int programs_before)
 
 static int same(const int *a, const int *b, int n) { return memcmp(a, b, (size_t)n * sizeof *a) == 0; }
 
+/* 1 on an NVIDIA GPU, where decode's DIRECT 4 (PTX shuffles) and 5 (none) differ. */
+static int g_ptx_device;
+
 /* Removes choices that cannot matter, so equivalent candidates compare equal. */
 static void canonical(clattn_operation op, int *v)
 {
@@ -397,10 +400,12 @@ static void canonical(clattn_operation op, int *v)
         if (v[6] == 1) { /* fused_direct: RM and SPLITS count */
             v[0] = v[1] = v[3] = 1;
             v[4] = 16;
-        } else if (v[6] >= 2 && v[6] <= 4) { /* decode_rows, decode_lanes: WGY (key groups),
+        } else if (v[6] >= 2 && v[6] <= 5) { /* decode_rows, decode_lanes: WGY (key groups),
                                                 RM, NS (lanes per key row), VW (loads in flight
                                                 or keys a step) and SPLITS count */
             v[0] = 32;
+            if (v[6] == 5 && !g_ptx_device)
+                v[6] = 4; /* the same kernel where there is no PTX */
         } else if (v[3] > 4) { /* the tiled kernel: NS 8 to 32 are decode_rows values */
             v[3] = 4;
         }
@@ -675,6 +680,7 @@ int main(int argc, char **argv)
     queue = clattn_queue(ctx);
     tty = isatty(2);
     const int cpu = (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0;
+    g_ptx_device = (ctx->dev.type & CL_DEVICE_TYPE_GPU) && ctx->dev.vendor_id == 0x10de;
     if (nshapes == 0) {
         const shape cpu_set[3] = {{1, 8, 8, 1024, 1024, 64, 0}, {1, 8, 8, 1024, 1024, 64, 1},
                                   {1, 8, 8, 1, 16384, 64, 0}};

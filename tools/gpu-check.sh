@@ -64,13 +64,16 @@ sweep() { # name, then clattn-bench's arguments; one CLATTN_PARAMS_DECODE list p
   [ -f "$csv" ] && awk -F, '{ printf "%-18s %-5s %4s %4s %4s %10s %10s\n", $1, $4, $6, $7, $8, $12, $15 }' "$csv"
 }
 # decode_lanes (DIRECT 4): key groups (WGY) x keys a step (VW), lanes a row (NS; 0: one per
-# 16-byte chunk), splits; the first line is the current NVIDIA default (decode_rows) for reference.
-# Every line is checked against the float64 reference (a failure is printed and skipped).
+# 16-byte chunk), splits; the first line is the current NVIDIA default (decode_rows) for reference,
+# the DIRECT 5 lines the same kernel without inline PTX (partial scores through local memory), in
+# case NVIDIA's compiler refuses the shuffles or they are slower. Every line is checked against the
+# float64 reference (a failure is printed and skipped).
 lanes_lists() {
   echo "32,4,0,1,8,0,2"
   for wgy in 1 2 4 8; do for vw in 4 8 16; do echo "32,$wgy,0,0,$vw,0,4"; done; done
   for ns in 8 16; do echo "32,4,0,$ns,8,0,4"; done
   for splits in 8 32 128; do echo "32,4,0,0,8,$splits,4"; done
+  for wgy in 2 4 8; do echo "32,$wgy,0,0,8,0,5"; done
 }
 if [[ $steps == *,lanes,* ]]; then
 log "decode_lanes sweep"
