@@ -73,12 +73,13 @@ static void *real(int i)
 
 static atomic_long n_created[CLSHIM_KINDS], n_retained[CLSHIM_KINDS], n_released[CLSHIM_KINDS];
 static atomic_long n_calls[CLSHIM_FNS], n_injected[CLSHIM_FNS];
-static atomic_long fail_index[CLSHIM_FNS] = {-1, -1, -1}; /* absolute call index, -1: none */
+static atomic_long fail_index[CLSHIM_FNS] = {-1, -1, -1, -1, -1}; /* absolute call index, -1: none */
 static atomic_int fail_error[CLSHIM_FNS];
 static _Atomic(cl_event) last_ndrange; /* the event the last successful NDRange launch handed back */
 
 static const char *const kind_names[CLSHIM_KINDS] = {"mem", "kernel", "program", "queue", "context", "event"};
-static const char *const fn_names[CLSHIM_FNS] = {"clCreateBuffer", "clEnqueueNDRangeKernel", "clEnqueueFillBuffer"};
+static const char *const fn_names[CLSHIM_FNS] = {"clCreateBuffer", "clEnqueueNDRangeKernel", "clEnqueueFillBuffer",
+                                                  "clCreateContext", "clCreateCommandQueue"};
 
 const char *clshim_kind_name(clshim_kind k)
 {
@@ -454,6 +455,11 @@ static cl_command_queue real_create_queue(cl_context context, cl_device_id devic
 cl_command_queue clCreateCommandQueue(cl_context context, cl_device_id device,
                                       cl_command_queue_properties properties, cl_int *errcode_ret)
 {
+    const cl_int inject = count_call(CLSHIM_CREATE_QUEUE);
+    if (inject != CL_SUCCESS) {
+        set_err(errcode_ret, inject);
+        return NULL;
+    }
     cl_command_queue q = real_create_queue(context, device, properties, errcode_ret);
     COUNT_CREATED(CLSHIM_QUEUE, q);
     return q;
@@ -512,6 +518,11 @@ cl_context clCreateContext(const cl_context_properties *properties, cl_uint num_
                                                          size_t cb, void *user_data),
                            void *user_data, cl_int *errcode_ret)
 {
+    const cl_int inject = count_call(CLSHIM_CREATE_CONTEXT);
+    if (inject != CL_SUCCESS) {
+        set_err(errcode_ret, inject);
+        return NULL;
+    }
     cl_context c = real_create_context(properties, num_devices, devices, pfn_notify, user_data, errcode_ret);
     COUNT_CREATED(CLSHIM_CONTEXT, c);
     return c;

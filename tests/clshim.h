@@ -12,8 +12,8 @@
  * releases; a leak shows as a live count that grows. Counters are atomic: any thread may call OpenCL.
  *
  * Fault injection: clshim_fail_at(fn, n, err) makes the n-th call (0-based, counted from the arming)
- * of one wrapped function return `err` without reaching the driver; nothing is created and no event
- * is handed back, as from a driver that ran out of memory.
+ * of one wrapped function (clshim_fn below) return `err` without reaching the driver; nothing is
+ * created and no event is handed back, as from a driver that ran out of memory.
  */
 #ifndef CLATTN_TESTS_CLSHIM_H
 #define CLATTN_TESTS_CLSHIM_H
@@ -45,6 +45,8 @@ typedef enum clshim_fn {
     CLSHIM_CREATE_BUFFER,   /* clCreateBuffer */
     CLSHIM_ENQUEUE_NDRANGE, /* clEnqueueNDRangeKernel */
     CLSHIM_ENQUEUE_FILL,    /* clEnqueueFillBuffer */
+    CLSHIM_CREATE_CONTEXT,  /* clCreateContext */
+    CLSHIM_CREATE_QUEUE,    /* clCreateCommandQueue */
     CLSHIM_FNS
 } clshim_fn;
 

@@ -6,6 +6,9 @@
  *
  *   shim/sees_the_library  the interposition counts the library's own OpenCL calls (so the other
  *                          tests here cannot pass by counting nothing).
+ *   create/context_and_queue_refused  clCreateContext or clCreateCommandQueue failing with a
+ *                          memory error or another: clattn_create's status for it, a message
+ *                          naming the call and the error, *ctx NULL, no object leaked.
  *   oom/<row>              device memory exhaustion. A probe call counts the row's calls of
  *                          clCreateBuffer, clEnqueueNDRangeKernel and clEnqueueFillBuffer; then for
  *                          each function, each call index and each of CL_MEM_OBJECT_ALLOCATION_FAILURE
@@ -437,6 +440,48 @@ static void test_shim_sees_library(void **state)
     assert_no_leak(&c0, "create, call, release");
 }
 
+/* =============================== clattn_create =============================== */
+
+/* clCreateContext or clCreateCommandQueue refused: clattn_create returns the status the error
+ * means (OUT_OF_MEMORY for the memory errors, OPENCL_ERROR otherwise) with a message naming the
+ * call and the error, leaves *ctx NULL, releases the context it had made, and the next
+ * clattn_create works. */
+static void test_create_failures(void **state)
+{
+    (void)state;
+    assert_true(clshim_active());
+    clattn_release(tu_context()); /* skips without a device; the platform's set-up happens here */
+    const clshim_fn fns[2] = {CLSHIM_CREATE_CONTEXT, CLSHIM_CREATE_QUEUE};
+    const cl_int errs[3] = {CL_OUT_OF_HOST_MEMORY, CL_OUT_OF_RESOURCES, CL_INVALID_VALUE};
+    const char *const err_names[3] = {"CL_OUT_OF_HOST_MEMORY", "CL_OUT_OF_RESOURCES", "CL_INVALID_VALUE"};
+    const clattn_status want[3] = {CLATTN_OUT_OF_MEMORY, CLATTN_OUT_OF_MEMORY, CLATTN_OPENCL_ERROR};
+    for (int f = 0; f < 2; ++f)
+        for (int e = 0; e < 3; ++e) {
+            char when[128];
+            snprintf(when, sizeof when, "%s failing with %s", clshim_fn_name(fns[f]), err_names[e]);
+            clshim_counts before;
+            clshim_get(&before);
+            const long injected = clshim_injected(fns[f]);
+            clattn_context *ctx = (clattn_context *)&before; /* must come back NULL */
+            clshim_fail_at(fns[f], 0, errs[e]);
+            const clattn_status st = clattn_create(NULL, &ctx);
+            clshim_disarm();
+            const char *msg = clattn_last_error(NULL);
+            if (clshim_injected(fns[f]) != injected + 1)
+                fail_msg("%s: clattn_create did not reach the armed call (%s)", when, clattn_status_name(st));
+            if (st != want[e])
+                fail_msg("%s: returned %s, expected %s (message \"%s\")", when, clattn_status_name(st),
+                         clattn_status_name(want[e]), msg);
+            if (ctx != NULL)
+                fail_msg("%s: *ctx is %p after the failure, expected NULL", when, (void *)ctx);
+            if (!strstr(msg, clshim_fn_name(fns[f])) || !strstr(msg, err_names[e]))
+                fail_msg("%s: the message \"%s\" does not name the call and the error", when, msg);
+            assert_no_leak(&before, when);
+            ctx = tu_context(); /* the next one works */
+            clattn_release(ctx);
+        }
+}
+
 /* =============================== injected exhaustion =============================== */
 
 static const clshim_fn fault_fns[] = {CLSHIM_CREATE_BUFFER, CLSHIM_ENQUEUE_NDRANGE, CLSHIM_ENQUEUE_FILL};
@@ -780,6 +825,7 @@ int main(void)
 {
     tu_set_fixtures(NULL, tu_teardown);
     tu_add_test("shim/sees_the_library", NULL, test_shim_sees_library, NULL);
+    tu_add_test("create/context_and_queue_refused", NULL, test_create_failures, NULL);
     TU_ADD_TABLE("oom", test_oom, rows);
     for (size_t i = 0; i < N_OF(rows); ++i)
         if (rows[i].op != OP_HOST) /* clattn_attention_host takes no wait list */
