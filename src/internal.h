@@ -171,6 +171,9 @@ int clattn__done_in_wait(cl_uint num_wait, const cl_event *wait, const cl_event 
 clattn_status clattn__check_kvlen(clattn_context *ctx, cl_mem kvlen, int64_t batch);
 int clattn__same_view(const clattn_tensor *a, const clattn_tensor *b);
 int clattn__views_overlap(const clattn_tensor *a, const clattn_tensor *b);
+/* The name of the first of the n checked views ts (NULL entries skipped) that t overlaps, or NULL. */
+const char *clattn__first_overlap(const clattn_tensor *t, int n, const clattn_tensor *const *ts,
+                                  const char *const *names);
 /* Byte ranges [a_lo, a_hi) of a and [b_lo, b_hi) of b share storage (one buffer, sub-buffers of
  * one buffer, or CL_MEM_USE_HOST_PTR buffers over the same host memory). */
 int clattn__bytes_overlap(cl_mem a, uint64_t a_lo, uint64_t a_hi, cl_mem b, uint64_t b_lo, uint64_t b_hi);

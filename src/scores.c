@@ -206,12 +206,11 @@ clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *de
                                  &dst)) ||
         (st = clattn__check_wait(ctx, num_wait, wait, done)))
         return st;
-    if (clattn__views_overlap(scores, q) || clattn__views_overlap(scores, k) ||
-        (desc->mask && clattn__views_overlap(scores, desc->mask)))
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "scores overlaps %s",
-                            clattn__views_overlap(scores, q)   ? "q"
-                            : clattn__views_overlap(scores, k) ? "k"
-                                                               : "desc->mask");
+    const clattn_tensor *ins[3] = {q, k, desc->mask};
+    const char *const in_names[3] = {"q", "k", "desc->mask"};
+    const char *hit = clattn__first_overlap(scores, 3, ins, in_names);
+    if (hit)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "scores overlaps %s", hit);
     if (desc->kv_lengths && clattn__kvlen_overlaps(desc->kv_lengths, p.batch, scores))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->kv_lengths overlaps scores");
     cl_mem scratch = NULL;

@@ -212,9 +212,8 @@ int clattn__views_overlap(const clattn_tensor *a, const clattn_tensor *b)
     return clattn__bytes_overlap(a->buffer, a_lo, a_hi, b->buffer, b_lo, b_hi);
 }
 
-/* The name of the first of the n checked views ts (NULL entries skipped) that t overlaps, or NULL. */
-static const char *overlapping(const clattn_tensor *t, int n, const clattn_tensor *const *ts,
-                               const char *const *names)
+const char *clattn__first_overlap(const clattn_tensor *t, int n, const clattn_tensor *const *ts,
+                                  const char *const *names)
 {
     for (int i = 0; i < n; i++)
         if (ts[i] && clattn__views_overlap(t, ts[i]))
@@ -410,7 +409,7 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
             return st;
         const clattn_tensor *ins[3] = {q, k, v};
         const char *const in_names[3] = {"q", "k", "v"};
-        const char *hit = overlapping(out, 3, ins, in_names);
+        const char *hit = clattn__first_overlap(out, 3, ins, in_names);
         if (hit)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out overlaps %s (an input)", hit);
     }
@@ -431,7 +430,7 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
             return st;
         const clattn_tensor *ts[5] = {out, q, k, v, desc->mask};
         const char *const names[5] = {"out", "q", "k", "v", "desc->mask"};
-        const char *hit = overlapping(desc->lse, 5, ts, names);
+        const char *hit = clattn__first_overlap(desc->lse, 5, ts, names);
         if (hit)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->lse overlaps %s", hit);
     }
@@ -441,7 +440,7 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
             return st;
         const clattn_tensor *ts[6] = {out, q, k, v, desc->lse, desc->mask};
         const char *const names[6] = {"out", "q", "k", "v", "desc->lse", "desc->mask"};
-        const char *hit = overlapping(desc->probabilities, 6, ts, names);
+        const char *hit = clattn__first_overlap(desc->probabilities, 6, ts, names);
         if (hit)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->probabilities overlaps %s", hit);
     }

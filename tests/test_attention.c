@@ -743,10 +743,7 @@ int main(void)
             }
         tests[n++] = (struct CMUnitTest){cases[i].name, test_case, NULL, tu_teardown, (void *)&cases[i]};
     }
-    /* CLATTN_TEST_FILTER=underflow* runs only the cases whose names match (cmocka's wildcards). */
-    const char *filter = getenv("CLATTN_TEST_FILTER");
-    if (filter != NULL && *filter)
-        cmocka_set_test_filter(filter);
+    tu_apply_test_filter();
     const int failed = _cmocka_run_group_tests("attention", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
     return failed;

@@ -612,10 +612,7 @@ int main(void)
                 fprintf(stderr, "test_decode: duplicate test name %s\n", names[i]);
                 return 1;
             }
-    /* CLATTN_TEST_FILTER="merge*" runs only the tests whose names match (cmocka's wildcards). */
-    const char *filter = getenv("CLATTN_TEST_FILTER");
-    if (filter != NULL && *filter)
-        cmocka_set_test_filter(filter);
+    tu_apply_test_filter();
     const int failed = _cmocka_run_group_tests("decode", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
     return failed;

@@ -297,6 +297,7 @@ int main(void)
             }
         tests[n++] = (struct CMUnitTest){cases[i].name, test_case, NULL, tu_teardown, (void *)&cases[i]};
     }
+    tu_apply_test_filter();
     const int failed = _cmocka_run_group_tests("scores", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
     return failed;

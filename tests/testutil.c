@@ -535,8 +535,16 @@ void tu_add_test(const char *area, const char *row, CMUnitTestFunction fn, const
     reg_tests[reg_count++] = (struct CMUnitTest){name, fn, reg_setup, reg_teardown, (void *)state};
 }
 
+void tu_apply_test_filter(void)
+{
+    const char *filter = getenv("CLATTN_TEST_FILTER");
+    if (filter != NULL && *filter)
+        cmocka_set_test_filter(filter);
+}
+
 int tu_run_tests(const char *group)
 {
+    tu_apply_test_filter();
     int failed = 0;
     for (size_t i = 0; i < reg_count && !failed; ++i)
         for (size_t j = i + 1; j < reg_count; ++j)

@@ -172,5 +172,8 @@ void tu_add_test(const char *area, const char *row, CMUnitTestFunction fn, const
     tu_add_test((area), (table)[tu_i_].name, (fn), &(table)[tu_i_])
 /* Runs the registered tests as cmocka group `group`, frees the registry; 1 on duplicate names. */
 int tu_run_tests(const char *group);
+/* CLATTN_TEST_FILTER="underflow*" (cmocka's wildcards) runs only the tests whose names match;
+ * tu_run_tests applies it, programs that run their own group call this first. */
+void tu_apply_test_filter(void);
 
 #endif /* CLATTN_TESTS_TESTUTIL_H */
