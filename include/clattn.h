@@ -268,8 +268,11 @@ CLATTN_API clattn_status clattn_attention_host(clattn_context *ctx, const clattn
  *   4. entries built into the library for known devices (tuning/ in the source tree),
  *   5. vendor defaults (by device type and vendor), 6. generic defaults.
  * Each operation then clamps the values to what the device can run (work-group size, local
- * memory). A malformed, truncated, foreign or unsupported tuning file is ignored and described
- * by clattn_tuning_report; it never makes a call fail. */
+ * memory). A kernel the compiler built with more registers than its work-group allows
+ * (CL_KERNEL_WORK_GROUP_SIZE) is fitted again to what it allows when the values come from 3-6;
+ * values from 1 or 2 are run as given or refused with CLATTN_UNSUPPORTED. A malformed, truncated,
+ * foreign or unsupported tuning file is ignored and described by clattn_tuning_report; it never
+ * makes a call fail. */
 
 typedef enum clattn_operation {
     CLATTN_OPERATION_SCORES = 0,  /* QKᵀ GEMM of clattn_scores and the unfused path */

@@ -35,14 +35,15 @@ static int pow2_at_least(int x)
     return p;
 }
 
-/* Makes the configuration fit the device: work-group size and local memory (48 KiB on many
- * GPUs). The key tile shrinks first, down to 16 keys (it sets how many keys a barrier covers),
- * then the row tile (how often a K/V tile is reused), then the work-group. */
-static int fit(const clattn_context *ctx, fused_cfg *c, int dv)
+/* Makes the configuration fit the device: work-groups of at most `cap` work-items (the device's
+ * largest, or what a kernel compiled with more allowed) and local memory (48 KiB on many GPUs).
+ * The key tile shrinks first, down to 16 keys (it sets how many keys a barrier covers), then the
+ * row tile (how often a K/V tile is reused), then the work-group. */
+static int fit(const clattn_context *ctx, fused_cfg *c, int dv, size_t cap)
 {
     for (int guard = 0; guard < 64; guard++) {
         c->nv = (dv + c->vw * c->wgx - 1) / (c->vw * c->wgx);
-        const int wg_ok = (size_t)c->wgx * c->wgy <= ctx->dev.max_wg &&
+        const int wg_ok = (size_t)c->wgx * c->wgy <= cap &&
                           (size_t)c->wgx <= ctx->dev.max_item[0] && (size_t)c->wgy <= ctx->dev.max_item[1];
         if (wg_ok && fused_local_bytes(c) <= ctx->dev.local_mem)
             return 1;
@@ -284,10 +285,10 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
 }
 
 /* Whether a work-group of the decode kernels (decode_rows, decode_lanes) with `items`
- * work-items and `bytes` of local memory fits the device. */
-static int rows_fit(const clattn_context *ctx, size_t items, size_t bytes)
+ * work-items and `bytes` of local memory fits the device and `cap` (see fit). */
+static int rows_fit(const clattn_context *ctx, size_t items, size_t bytes, size_t cap)
 {
-    return items <= ctx->dev.max_wg && items <= ctx->dev.max_item[0] && bytes <= ctx->dev.local_mem;
+    return items <= cap && items <= ctx->dev.max_item[0] && bytes <= ctx->dev.local_mem;
 }
 
 /* The next smaller work-group of the decode kernels: fewer key groups, then fewer rows; 0 when
@@ -332,10 +333,11 @@ static clattn_status launch_rows(clattn_context *ctx, const clattn_problem *p, c
  * DIRECT 3 rounds W up to a power of 2 below 32 lanes, or to a multiple of 32 above (the extra
  * lanes own no O columns), so that on NVIDIA GPUs each group synchronises alone with PTX
  * barriers (GSYNC, see decode.cl); elsewhere it is DIRECT 2 with the rounded W. Sets *used = 0
- * (and enqueues nothing) when even one group does not fit the device's work-group or
- * local-memory limits; the tiled kernel then runs instead. */
+ * (and enqueues nothing) when even one group does not fit the device's local memory or `cap`
+ * work-items (see fit); the tiled kernel then runs instead. */
 static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
-                              cl_uint num_wait, const cl_event *wait, cl_event *done, int *used)
+                              size_t cap, cl_uint num_wait, const cl_event *wait, cl_event *done,
+                              int *used)
 {
     *used = 0;
     const int R = (int)(p->heads_q / p->heads_kv) * (int)p->seq_q;
@@ -359,7 +361,7 @@ static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, cons
         const size_t sp = (size_t)2 * kg * rm * w + (kl > 1 ? (size_t)kg * rm * w * (kl + 1) : 0);
         const size_t fin = (size_t)(kg / 2) * rm * (4 * w + 2);
         const size_t bytes = (size_t)16 * rm * (dp / 4) + 4 * (sp > fin ? sp : fin);
-        if (rows_fit(ctx, (size_t)kg * w, bytes))
+        if (rows_fit(ctx, (size_t)kg * w, bytes, cap))
             break;
         if (!rows_shrink(&kg, &rm))
             return CLATTN_SUCCESS;
@@ -396,10 +398,11 @@ static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, cons
  * a lane would hold more than 16 row chunks or 64 scores). On NVIDIA GPUs with DIRECT 4 the lanes
  * sum their partial scores with PTX shuffles (SHFL), for which a work-group is made at least one
  * warp (more groups); elsewhere, and with DIRECT 5 (no inline PTX), through local memory. Sets
- * *used = 0 (and enqueues nothing) when one group does not fit the device's limits; the tiled
- * kernel then runs instead. */
+ * *used = 0 (and enqueues nothing) when one group does not fit the device's limits or `cap`
+ * work-items; the tiled kernel then runs instead. */
 static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
-                               cl_uint num_wait, const cl_event *wait, cl_event *done, int *used)
+                               size_t cap, cl_uint num_wait, const cl_event *wait, cl_event *done,
+                               int *used)
 {
     *used = 0;
     const int R = (int)(p->heads_q / p->heads_kv) * (int)p->seq_q;
@@ -436,7 +439,7 @@ static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, con
         const size_t xch = shfl ? 0 : (size_t)2 * rm * ku * kg * lanes;
         const size_t fin = (size_t)(kg / 2) * rm * (4 * lanes * cvn + 4);
         const size_t bytes = (size_t)16 * rm * ckn * lanes + 4 * (xch > fin ? xch : fin);
-        if (rows_fit(ctx, (size_t)kg * lanes, bytes))
+        if (rows_fit(ctx, (size_t)kg * lanes, bytes, cap))
             break;
         if (!rows_shrink(&kg, &rm))
             return CLATTN_SUCCESS;
@@ -459,6 +462,52 @@ static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, con
                        num_wait, wait, done, used);
 }
 
+/* The tiled kernel (fused.cl: fused) with configuration c, fitted to work-groups of at most cap
+ * work-items. */
+static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fused_cfg *c, size_t cap,
+                               const clattn_params *pp, cl_uint num_wait, const cl_event *wait,
+                               cl_event *done)
+{
+    const int R = (int)(p->heads_q / p->heads_kv) * (int)p->seq_q;
+    const int decode = p->seq_q <= 16;
+    if (!fit(ctx, c, (int)p->head_dim_v, cap))
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                            "fused attention with head_dim %lld / head_dim_v %lld does not fit the "
+                            "device's %llu bytes of local memory",
+                            (long long)p->head_dim, (long long)p->head_dim_v,
+                            (unsigned long long)ctx->dev.local_mem);
+    const int bm = c->wgy * c->rm, bn = c->wgx * c->vw * c->ns;
+    const int row_tiles = (R + bm - 1) / bm;
+    const long long tiles = (long long)row_tiles * p->batch * p->heads_kv;
+
+    int split_len;
+    const int splits = choose_splits(ctx, p, tiles, bn, c->wgx * c->wgy,
+                                     pp->v[5] > 0 && decode ? pp->v[5] : 1, &split_len);
+    cl_mem ws = NULL;
+    if (splits > 1) {
+        clattn_status st = clattn__workspace(ctx, (size_t)splits * part_floats(p) * 4, &ws);
+        if (st)
+            return st;
+    }
+
+    char opts[256];
+    snprintf(opts, sizeof opts,
+             "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=%d -DWGY=%d -DRM=%d -DNS=%d "
+             "-DVW=%d -DNV=%d -DDP=%d -DEXP2_POLY=%d",
+             (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
+             p->has_mask ? (int)p->mask.dtype : 0, c->wgx, c->wgy, c->rm, c->ns, c->vw, c->nv, c->dp,
+             (ctx->dev.type & CL_DEVICE_TYPE_CPU) ? 1 : 0);
+    cl_kernel k;
+    clattn_status st = clattn__get_kernel(ctx, "fused.cl", opts, "fused", &k);
+    if (st)
+        return st;
+    const size_t local[3] = {(size_t)c->wgx, (size_t)c->wgy, 1};
+    const size_t global[3] = {(size_t)c->wgx, (size_t)row_tiles * c->wgy,
+                              (size_t)(p->batch * p->heads_kv) * (size_t)splits};
+    return launch(ctx, p, k, "fused", &p->k, &p->v, ws, 0, splits, split_len, global, local, num_wait,
+                  wait, done);
+}
+
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done)
 {
@@ -469,11 +518,18 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
                             clattn__seq_q_class(p->seq_q), clattn__log2_ceil(p->seq_kv),
                             clattn__mask_kind(p->causal, p->has_mask || p->kv_lengths)};
     clattn_params pp;
-    clattn__default_params(ctx, &bucket, &pp);
+    const clattn_params_source source = clattn__default_params(ctx, &bucket, &pp);
     if (decode && pp.v[6] >= 2 && pp.v[6] <= 5) {
+        /* A kernel compiled with more registers than its work-group allows is refitted to what it
+         * allows (clattn__retry_cap); with no group left that fits, the tiled kernel runs. */
         int used;
-        clattn_status st = pp.v[6] >= 4 ? run_lanes(ctx, p, &pp, num_wait, wait, done, &used)
-                                        : run_rows(ctx, p, &pp, num_wait, wait, done, &used);
+        clattn_status st;
+        for (size_t cap = ctx->dev.max_wg;;) {
+            st = pp.v[6] >= 4 ? run_lanes(ctx, p, &pp, cap, num_wait, wait, done, &used)
+                              : run_rows(ctx, p, &pp, cap, num_wait, wait, done, &used);
+            if (used || !(cap = clattn__retry_cap(ctx, st, source, cap)))
+                break;
+        }
         if (st || used)
             return st;
     } else if (decode ? pp.v[6] > 0 : pp.v[5] > 0) {
@@ -489,40 +545,9 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
                    pp.v[3] <= 0 ? 1 : pp.v[3] > 4 ? 4 : pp.v[3], vw, 1, (int)((p->head_dim + 3) / 4 * 4)};
     if (c.rm <= 0) /* decode: one work-group row covers the packed rows, up to 16 */
         c.rm = pow2_at_least(R < 16 ? R : 16);
-    if (!fit(ctx, &c, (int)p->head_dim_v))
-        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
-                            "fused attention with head_dim %lld / head_dim_v %lld does not fit the "
-                            "device's %llu bytes of local memory",
-                            (long long)p->head_dim, (long long)p->head_dim_v,
-                            (unsigned long long)ctx->dev.local_mem);
-    const int bm = c.wgy * c.rm, bn = c.wgx * c.vw * c.ns;
-    const int row_tiles = (R + bm - 1) / bm;
-    const long long tiles = (long long)row_tiles * p->batch * p->heads_kv;
-
-    int split_len;
-    const int splits = choose_splits(ctx, p, tiles, bn, c.wgx * c.wgy,
-                                     pp.v[5] > 0 && decode ? pp.v[5] : 1, &split_len);
-    cl_mem ws = NULL;
-    if (splits > 1) {
-        clattn_status st = clattn__workspace(ctx, (size_t)splits * part_floats(p) * 4, &ws);
-        if (st)
+    for (size_t cap = ctx->dev.max_wg;;) {
+        clattn_status st = run_tiled(ctx, p, &c, cap, &pp, num_wait, wait, done);
+        if (!(cap = clattn__retry_cap(ctx, st, source, cap)))
             return st;
     }
-
-    char opts[256];
-    snprintf(opts, sizeof opts,
-             "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=%d -DWGY=%d -DRM=%d -DNS=%d "
-             "-DVW=%d -DNV=%d -DDP=%d -DEXP2_POLY=%d",
-             (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
-             p->has_mask ? (int)p->mask.dtype : 0, c.wgx, c.wgy, c.rm, c.ns, c.vw, c.nv, c.dp,
-             (ctx->dev.type & CL_DEVICE_TYPE_CPU) ? 1 : 0);
-    cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "fused.cl", opts, "fused", &k);
-    if (st)
-        return st;
-    const size_t local[3] = {(size_t)c.wgx, (size_t)c.wgy, 1};
-    const size_t global[3] = {(size_t)c.wgx, (size_t)row_tiles * c.wgy,
-                              (size_t)(p->batch * p->heads_kv) * (size_t)splits};
-    return launch(ctx, p, k, "fused", &p->k, &p->v, ws, 0, splits, split_len, global, local, num_wait,
-                  wait, done);
 }

@@ -33,7 +33,15 @@ typedef struct clattn_devinfo {
     char key[512];
 } clattn_devinfo;
 
-/* A built program and the kernels created from it, keyed by (source file, build options). */
+/* What the compiler reported for a kernel it cannot launch as built (see clattn__get_kernel). */
+typedef struct clattn_kernel_refusal {
+    size_t req_wg;  /* the work-group its reqd_work_group_size asks for */
+    size_t kwg;     /* CL_KERNEL_WORK_GROUP_SIZE: the largest work-group it allows */
+    cl_ulong kmem;  /* CL_KERNEL_LOCAL_MEM_SIZE */
+} clattn_kernel_refusal;
+
+/* A built program and the kernels created from it, keyed by (source file, build options). A kernel
+ * the device cannot launch is kept as NULL with what refused it, so that asking again is cheap. */
 typedef struct clattn_program_entry {
     char *file;
     char *options;
@@ -41,6 +49,7 @@ typedef struct clattn_program_entry {
     int nkernels;
     char *kernel_names[8];
     cl_kernel kernels[8];
+    clattn_kernel_refusal refused[8];
 } clattn_program_entry;
 
 /* Program-cache counters, read by tests and clattn-bench to tell hits from builds. */
@@ -74,6 +83,9 @@ struct clattn_context {
 
     cl_mem workspace;
     size_t workspace_size;
+    /* Set by clattn__get_kernel: when it refused a kernel only because its required work-group
+     * is larger than the compiled kernel allows (registers), that kernel's limit; else 0. */
+    size_t refused_wg;
     /* Set while a multi-kernel operation rehearses its launches: kernels are built, the workspace
      * allocated and arguments set, but clattn__enqueue enqueues nothing (see run_unfused). */
     int rehearse;
@@ -131,9 +143,16 @@ typedef struct clattn_kernel_source {
 extern const clattn_kernel_source clattn_kernel_sources[];
 extern const int clattn_kernel_source_count;
 /* Builds (or finds) the program of cl/<file> + cl/common.cl with `options` and returns one kernel,
- * owned by the context. */
+ * owned by the context. UNSUPPORTED when the compiled kernel cannot be launched with its
+ * reqd_work_group_size or needs more local memory than the device has; when the work-group alone
+ * is the reason, ctx->refused_wg is the largest one the kernel allows. */
 clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const char *options,
                                  const char *kernel_name, cl_kernel *out);
+/* After an operation's clattn__get_kernel returned st for a configuration whose work-groups were
+ * fitted to `cap` work-items: the smaller cap to fit the configuration to and try again (the error
+ * is then cleared), or 0 when st stands. Only parameters the library chose (tuning files, vendor
+ * or generic defaults) are refitted; an override or CLATTN_PARAMS_<OP> runs as given or fails. */
+size_t clattn__retry_cap(clattn_context *ctx, clattn_status st, clattn_params_source source, size_t cap);
 /* Source text for a file (embedded, or from CLATTN_KERNEL_DIR during development). Caller frees. */
 char *clattn__load_source(const char *file, size_t *len);
 void clattn__release_programs(clattn_context *ctx);
@@ -251,7 +270,9 @@ int clattn__param_max(clattn_op op, int i);
  * entries -> vendor defaults -> generic defaults. Unset trailing values are 0. */
 void clattn__params_for(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p,
                         clattn_params_source *source, char *origin, size_t origin_size);
-void clattn__default_params(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p);
+/* The same, returning where the values came from. */
+clattn_params_source clattn__default_params(const clattn_context *ctx, const clattn_bucket *b,
+                                            clattn_params *p);
 /* Candidate values of parameter i of an op, for clattn-tune (n values into vals). */
 int clattn__param_candidates(clattn_op op, int i, const int **vals);
 

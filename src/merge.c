@@ -5,15 +5,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int merge_wg(clattn_context *ctx)
+/* Kernel `name` of merge.cl built with `opts` plus its work-group size (WG): the tuned one, at
+ * most the device's largest, and smaller when the compiled kernel allows fewer work-items
+ * (clattn__retry_cap). */
+static clattn_status merge_kernel(clattn_context *ctx, const char *name, const char *opts, int *wg,
+                                  cl_kernel *k)
 {
     clattn_bucket b = {CLATTN_OP_MERGE, CLATTN_F32, 0, 0, 0, 0};
     clattn_params pp;
-    clattn__default_params(ctx, &b, &pp);
-    int wg = pp.v[0] > 0 ? pp.v[0] : 64;
-    if ((size_t)wg > ctx->dev.max_wg)
-        wg = (int)ctx->dev.max_wg;
-    return wg;
+    const clattn_params_source source = clattn__default_params(ctx, &b, &pp);
+    *wg = pp.v[0] > 0 ? pp.v[0] : 64;
+    for (size_t cap = ctx->dev.max_wg;;) {
+        if ((size_t)*wg > cap)
+            *wg = (int)cap;
+        char all[192];
+        snprintf(all, sizeof all, "%s -DWG=%d", opts, *wg);
+        const clattn_status st = clattn__get_kernel(ctx, "merge.cl", all, name, k);
+        if (!st)
+            return st;
+        if (!(cap = clattn__retry_cap(ctx, st, source, cap)))
+            return st;
+    }
 }
 
 /* Work-items per (row, column): x covers DV in work-groups of wg, the rows go in y and z (row =
@@ -40,11 +52,11 @@ clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, i
                                 const clattn_view *lse, cl_uint num_wait, const cl_event *wait,
                                 cl_event *done)
 {
-    const int wg = merge_wg(ctx);
     char opts[128];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_OUT=%d -DWG=%d", (int)out->dtype, wg);
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_OUT=%d", (int)out->dtype);
+    int wg;
     cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "merge.cl", opts, "merge_strided", &k);
+    clattn_status st = merge_kernel(ctx, "merge_strided", opts, &wg, &k);
     if (st)
         return st;
     const cl_ulong rows = (cl_ulong)(batch * heads * seq);
@@ -69,16 +81,17 @@ clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, i
     return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, "merge_strided");
 }
 
-static clattn_status merge_pair(clattn_context *ctx, int wg, const clattn_view *x, const clattn_view *xl,
+static clattn_status merge_pair(clattn_context *ctx, const clattn_view *x, const clattn_view *xl,
                                 const clattn_view *y, const clattn_view *yl, const clattn_view *o,
                                 const clattn_view *ol, int64_t batch, int64_t heads, int64_t seq,
                                 int64_t dv, cl_uint num_wait, const cl_event *wait, cl_event *done)
 {
     char opts[160];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d -DWG=%d",
-             (int)x->dtype, (int)y->dtype, (int)o->dtype, wg);
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d", (int)x->dtype,
+             (int)y->dtype, (int)o->dtype);
+    int wg;
     cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "merge.cl", opts, "merge_pair", &k);
+    clattn_status st = merge_kernel(ctx, "merge_pair", opts, &wg, &k);
     if (st)
         return st;
     const int64_t rows = batch * heads * seq;
@@ -172,7 +185,6 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
 
     /* Fold the parts pairwise into an f32 accumulator; the LSE accumulator alternates between two
      * slots because merge_pair must not overwrite an LSE other work-groups still read. */
-    const int wg = merge_wg(ctx);
     const cl_ulong rows = (cl_ulong)(B * H * S);
     const cl_ulong dv = (cl_ulong)DV;
     cl_mem ws = NULL;
@@ -197,7 +209,7 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
             free(vpo);
             return clattn__cl_fail(ctx, err, "clEnqueueFillBuffer(merge)");
         }
-        st = merge_pair(ctx, wg, &vpo[0], &vpl[0], &vpo[0], &accl[2], &vo, lse ? &vl : NULL, B, H, S,
+        st = merge_pair(ctx, &vpo[0], &vpl[0], &vpo[0], &accl[2], &vo, lse ? &vl : NULL, B, H, S,
                         DV, 0, NULL, done);
         free(vpo);
         return st;
@@ -207,7 +219,7 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
         const int last = i == num_parts - 1;
         const clattn_view *o = last ? &vo : &acc;
         const clattn_view *ol = last ? (lse ? &vl : NULL) : &accl[i % 2];
-        st = merge_pair(ctx, wg, x, xl, &vpo[i], &vpl[i], o, ol, B, H, S, DV, i == 1 ? num_wait : 0,
+        st = merge_pair(ctx, x, xl, &vpo[i], &vpl[i], o, ol, B, H, S, DV, i == 1 ? num_wait : 0,
                         i == 1 ? wait : NULL, last ? done : NULL);
         x = &acc;
         xl = &accl[i % 2];

@@ -179,10 +179,42 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
     return CLATTN_SUCCESS;
 }
 
+/* The failure for a kernel the device cannot launch as built: its local memory exceeds the
+ * device's, or its reqd_work_group_size exceeds what the compiled kernel allows (registers). */
+static clattn_status refuse(clattn_context *ctx, const char *kernel_name, const char *options,
+                            const clattn_kernel_refusal *r)
+{
+    if (r->kmem > ctx->dev.local_mem)
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                            "kernel %s built with \"%s\" needs %llu bytes of local memory; the device "
+                            "has %llu",
+                            kernel_name, options, (unsigned long long)r->kmem,
+                            (unsigned long long)ctx->dev.local_mem);
+    ctx->refused_wg = r->kwg;
+    return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                        "kernel %s built with \"%s\" needs work-groups of %zu work-items; as compiled "
+                        "for this device it allows %zu (CL_KERNEL_WORK_GROUP_SIZE)",
+                        kernel_name, options, r->req_wg, r->kwg);
+}
+
+size_t clattn__retry_cap(clattn_context *ctx, clattn_status st, clattn_params_source source, size_t cap)
+{
+    /* The refusal is answered here either way: an operation that launches another (the fused
+     * kernels' merge) must not retry its own kernel for the other's refusal. */
+    const size_t next = ctx->refused_wg;
+    ctx->refused_wg = 0;
+    if (st != CLATTN_UNSUPPORTED || next == 0 || next >= cap || source == CLATTN_SOURCE_OVERRIDE ||
+        source == CLATTN_SOURCE_ENVIRONMENT)
+        return 0;
+    clattn__clear_error(ctx);
+    return next;
+}
+
 clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const char *options,
                                  const char *kernel_name, cl_kernel *out)
 {
     *out = NULL;
+    ctx->refused_wg = 0;
     clattn_program_entry *e = NULL;
     for (int i = 0; i < ctx->nprograms; i++)
         if (strcmp(ctx->programs[i].file, file) == 0 && strcmp(ctx->programs[i].options, options) == 0) {
@@ -219,6 +251,8 @@ clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const ch
     }
     for (int i = 0; i < e->nkernels; i++)
         if (strcmp(e->kernel_names[i], kernel_name) == 0) {
+            if (!e->kernels[i])
+                return refuse(ctx, kernel_name, options, &e->refused[i]);
             *out = e->kernels[i];
             return CLATTN_SUCCESS;
         }
@@ -245,21 +279,22 @@ clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const ch
     if (clGetKernelWorkGroupInfo(k, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof kmem, &kmem, NULL) !=
         CL_SUCCESS)
         kmem = 0;
-    const size_t req_wg = req[0] * req[1] * req[2];
-    if (kmem > ctx->dev.local_mem || (kwg > 0 && req_wg > kwg)) {
+    const clattn_kernel_refusal r = {req[0] * req[1] * req[2], kwg, kmem};
+    const int refused = kmem > ctx->dev.local_mem || (kwg > 0 && r.req_wg > kwg);
+    if (refused) {
         clReleaseKernel(k);
-        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
-                            "kernel %s built with \"%s\" needs %llu bytes of local memory (the device "
-                            "has %llu) and work-groups of %zu (the kernel allows %zu)",
-                            kernel_name, options, (unsigned long long)kmem,
-                            (unsigned long long)ctx->dev.local_mem, req_wg, kwg);
+        k = NULL;
     }
     e->kernel_names[e->nkernels] = clattn__strdup(kernel_name);
     if (!e->kernel_names[e->nkernels]) {
-        clReleaseKernel(k);
+        if (k)
+            clReleaseKernel(k);
         return clattn__fail(ctx, CLATTN_OUT_OF_MEMORY, "out of host memory (kernel cache)");
     }
+    e->refused[e->nkernels] = r;
     e->kernels[e->nkernels++] = k;
+    if (refused)
+        return refuse(ctx, kernel_name, options, &r);
     *out = k;
     return CLATTN_SUCCESS;
 }
@@ -269,7 +304,8 @@ void clattn__release_programs(clattn_context *ctx)
     for (int i = 0; i < ctx->nprograms; i++) {
         clattn_program_entry *e = &ctx->programs[i];
         for (int j = 0; j < e->nkernels; j++) {
-            clReleaseKernel(e->kernels[j]);
+            if (e->kernels[j])
+                clReleaseKernel(e->kernels[j]);
             free(e->kernel_names[j]);
         }
         clReleaseProgram(e->program);

@@ -4,8 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Clamps tile parameters to what the device can run. */
-static void sane_gemm(const clattn_context *ctx, clattn_params *pp)
+/* Clamps tile parameters to what the device can run, with work-groups of at most cap work-items
+ * (the device's largest, or what a kernel compiled with more allowed). */
+static void sane_gemm(const clattn_context *ctx, clattn_params *pp, size_t cap)
 {
     int *v = pp->v;
     for (int i = 0; i < 5; i++) /* v[5] (VW) is checked below */
@@ -19,9 +20,9 @@ static void sane_gemm(const clattn_context *ctx, clattn_params *pp)
     v[4] = (v[4] + 3) / 4 * 4; /* tiles are loaded as float4 along k */
     if (v[5] != 8 && v[5] != 16)
         v[5] = 4;
-    while ((size_t)v[0] * (size_t)v[1] > ctx->dev.max_wg && v[1] > 1)
+    while ((size_t)v[0] * (size_t)v[1] > cap && v[1] > 1)
         v[1] /= 2;
-    while ((size_t)v[0] * (size_t)v[1] > ctx->dev.max_wg && v[0] > 1)
+    while ((size_t)v[0] * (size_t)v[1] > cap && v[0] > 1)
         v[0] /= 2;
     /* Local memory: As[TK][TM] + Bs[TK][TN] floats. */
     for (;;) {
@@ -32,17 +33,19 @@ static void sane_gemm(const clattn_context *ctx, clattn_params *pp)
     }
 }
 
-/* Tile parameters of one GEMM (see tuning.c), clamped to the device. */
-static void gemm_params(clattn_context *ctx, int mode, const clattn_problem *p, clattn_params *pp)
+/* Tile parameters of one GEMM (see tuning.c), clamped to the device; returns their source. */
+static clattn_params_source gemm_params(clattn_context *ctx, int mode, const clattn_problem *p,
+                                        clattn_params *pp)
 {
     clattn_bucket bucket = {mode == 0 ? CLATTN_OP_SCORES : CLATTN_OP_PV, p->dtype,
                             (int)p->head_dim, clattn__seq_q_class(p->seq_q),
                             clattn__log2_ceil(p->seq_kv),
                             clattn__mask_kind(p->causal, p->has_mask || p->kv_lengths)};
-    clattn__default_params(ctx, &bucket, pp);
-    sane_gemm(ctx, pp);
+    const clattn_params_source source = clattn__default_params(ctx, &bucket, pp);
+    sane_gemm(ctx, pp, ctx->dev.max_wg);
     if (mode != 0)
         pp->v[6] = pp->v[7] = pp->v[8] = 0; /* KF, KT and DIRECT are scores-only */
+    return source;
 }
 
 /* Kᵀ scratch of KT scores: [batch·heads_kv][head_dim][pitch] floats. The pitch covers every
@@ -65,33 +68,42 @@ size_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p)
     return bytes <= ctx->dev.max_alloc / 2 ? (size_t)bytes : 0; /* too big: transpose per tile */
 }
 
+/* One GEMM with parameters pp from `source` (gemm_params). A kernel compiled with more registers
+ * than its work-group allows is refitted to what it allows (clattn__retry_cap). */
 static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p, clattn_params *pp,
-                          const clattn_view *a, const clattn_view *bm, const clattn_view *c, int M,
-                          int N, int K, cl_uint num_wait, const cl_event *wait, cl_event *done)
+                          clattn_params_source source, const clattn_view *a, const clattn_view *bm,
+                          const clattn_view *c, int M, int N, int K, cl_uint num_wait,
+                          const cl_event *wait, cl_event *done)
 {
     int *v = pp->v;
     const int kt = mode == 0 && v[7] > 0;
-    /* KF: scores stage the whole head_dim at once when it fits in local memory. */
-    int kfull = 0;
-    if (mode == 0 && v[6] > 0) {
-        const size_t tk = (size_t)(K + 3) / 4 * 4;
-        const size_t bytes = 4u * ((tk + 4) * (size_t)v[1] * v[2] + tk * (size_t)v[0] * v[5] * v[3]);
-        if (bytes <= ctx->dev.local_mem) {
-            kfull = 1;
-            v[4] = (int)tk;
-        }
-    }
-    char opts[256];
-    snprintf(opts, sizeof opts,
-             "-cl-std=CL1.2 -cl-mad-enable -DMODE=%d -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d "
-             "-DWGX=%d -DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d -DKFULL=%d -DKT=%d",
-             mode, (int)a->dtype, (int)bm->dtype, (int)c->dtype,
-             p->has_mask ? (int)p->mask.dtype : 0, v[0], v[1], v[2], v[3], v[4], v[5], kfull, kt);
     const int direct = kt && v[8] > 0;
     cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, direct ? "scores_direct" : "gemm", &k);
-    if (st)
-        return st;
+    for (size_t cap = ctx->dev.max_wg;;) {
+        /* KF: scores stage the whole head_dim at once when it fits in local memory. */
+        int kfull = 0;
+        if (mode == 0 && v[6] > 0) {
+            const size_t tk = (size_t)(K + 3) / 4 * 4;
+            const size_t bytes = 4u * ((tk + 4) * (size_t)v[1] * v[2] + tk * (size_t)v[0] * v[5] * v[3]);
+            if (bytes <= ctx->dev.local_mem) {
+                kfull = 1;
+                v[4] = (int)tk;
+            }
+        }
+        char opts[256];
+        snprintf(opts, sizeof opts,
+                 "-cl-std=CL1.2 -cl-mad-enable -DMODE=%d -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d "
+                 "-DWGX=%d -DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d -DKFULL=%d -DKT=%d",
+                 mode, (int)a->dtype, (int)bm->dtype, (int)c->dtype,
+                 p->has_mask ? (int)p->mask.dtype : 0, v[0], v[1], v[2], v[3], v[4], v[5], kfull, kt);
+        const clattn_status st =
+            clattn__get_kernel(ctx, "gemm.cl", opts, direct ? "scores_direct" : "gemm", &k);
+        if (!st)
+            break;
+        if (!(cap = clattn__retry_cap(ctx, st, source, cap)))
+            return st;
+        sane_gemm(ctx, pp, cap);
+    }
     const int tm = direct ? v[2] : v[1] * v[2], tn = direct ? 16 * v[3] : v[0] * v[5] * v[3];
     const int heads = (int)p->heads_q, group = (int)(p->heads_q / p->heads_kv);
     const int seq_q = (int)p->seq_q, seq_kv = (int)p->seq_kv, causal = p->causal,
@@ -160,11 +172,11 @@ clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, c
                                  const cl_event *wait, cl_event *done)
 {
     clattn_params pp;
-    gemm_params(ctx, 0, p, &pp);
+    const clattn_params_source source = gemm_params(ctx, 0, p, &pp);
     if (!scratch)
         pp.v[7] = 0;
     if (pp.v[7] <= 0)
-        return gemm(ctx, 0, p, &pp, &p->q, &p->k, dst, (int)p->seq_q, (int)p->seq_kv,
+        return gemm(ctx, 0, p, &pp, source, &p->q, &p->k, dst, (int)p->seq_q, (int)p->seq_kv,
                     (int)p->head_dim, num_wait, wait, done);
 
     /* KT: Kᵀ into the scratch, then the GEMM reads it like P·V reads V. */
@@ -174,7 +186,7 @@ clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, c
         return st;
     const clattn_view ktv = {scratch, CLATTN_F32, scratch_off,
                              {hsz * (uint64_t)p->heads_kv, hsz, pitch}};
-    return gemm(ctx, 0, p, &pp, &p->q, &ktv, dst, (int)p->seq_q, (int)p->seq_kv, (int)p->head_dim,
+    return gemm(ctx, 0, p, &pp, source, &p->q, &ktv, dst, (int)p->seq_q, (int)p->seq_kv, (int)p->head_dim,
                 0, NULL, done);
 }
 
@@ -182,8 +194,8 @@ clattn_status clattn__run_pv(clattn_context *ctx, const clattn_problem *p, const
                              cl_uint num_wait, const cl_event *wait, cl_event *done)
 {
     clattn_params pp;
-    gemm_params(ctx, 1, p, &pp);
-    return gemm(ctx, 1, p, &pp, probs, &p->v, &p->out, (int)p->seq_q, (int)p->head_dim_v,
+    const clattn_params_source source = gemm_params(ctx, 1, p, &pp);
+    return gemm(ctx, 1, p, &pp, source, probs, &p->v, &p->out, (int)p->seq_q, (int)p->head_dim_v,
                 (int)p->seq_kv, num_wait, wait, done);
 }
 

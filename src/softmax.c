@@ -14,31 +14,35 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
     clattn_bucket bucket = {CLATTN_OP_SOFTMAX, in_dt, 0, clattn__seq_q_class(rows),
                             clattn__log2_ceil(cols), clattn__mask_kind(causal, mask || kvlen)};
     clattn_params pp;
-    clattn__default_params(ctx, &bucket, &pp);
-    int wg = pp.v[0];
-    /* The local reduction halves the group: keep it a power of two the device accepts. */
-    int pow2 = 1;
-    while (pow2 * 2 <= wg && (size_t)(pow2 * 2) <= ctx->dev.max_wg)
-        pow2 *= 2;
-    wg = pow2;
+    const clattn_params_source source = clattn__default_params(ctx, &bucket, &pp);
     /* ROWS > 0: one work-item per ROWS rows (softmax_rows), used while that still gives every
      * compute unit several work-groups; long rows of few heads go to the work-group kernel. */
     int per_wi = pp.v[1] > 0 ? pp.v[1] : 0;
     if (per_wi && (uint64_t)(rows + per_wi - 1) / per_wi * (uint64_t)(batch * heads) <
                       4u * ctx->dev.compute_units)
         per_wi = 0;
-    char opts[200];
-    if (per_wi)
-        snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_OUT=%d -DDT_MASK=%d -DWG=1 -DROWS=%d",
-                 (int)in->dtype, (int)out->dtype, mask ? (int)mask->dtype : 0, per_wi);
-    else
-        snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_OUT=%d -DDT_MASK=%d -DWG=%d",
-                 (int)in->dtype, (int)out->dtype, mask ? (int)mask->dtype : 0, wg);
+    int wg = 1;
     cl_kernel k;
-    clattn_status st =
-        clattn__get_kernel(ctx, "softmax.cl", opts, per_wi ? "softmax_rows" : "softmax", &k);
-    if (st)
-        return st;
+    for (size_t cap = ctx->dev.max_wg;;) {
+        /* The local reduction halves the group: keep it a power of two the device (and, when one
+         * was refused, the kernel compiled for a larger group) accepts. */
+        wg = 1;
+        while (wg * 2 <= pp.v[0] && (size_t)(wg * 2) <= cap)
+            wg *= 2;
+        char opts[200];
+        if (per_wi)
+            snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_OUT=%d -DDT_MASK=%d -DWG=1 -DROWS=%d",
+                     (int)in->dtype, (int)out->dtype, mask ? (int)mask->dtype : 0, per_wi);
+        else
+            snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_OUT=%d -DDT_MASK=%d -DWG=%d",
+                     (int)in->dtype, (int)out->dtype, mask ? (int)mask->dtype : 0, wg);
+        const clattn_status st =
+            clattn__get_kernel(ctx, "softmax.cl", opts, per_wi ? "softmax_rows" : "softmax", &k);
+        if (!st)
+            break;
+        if (!(cap = clattn__retry_cap(ctx, st, source, cap)))
+            return st;
+    }
     const int r = (int)rows, c = (int)cols, h = (int)heads, has_mask = mask != NULL,
               has_lse = lse != NULL;
     clattn_args a = {k, 0, CL_SUCCESS};

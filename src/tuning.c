@@ -355,9 +355,12 @@ void clattn__params_for(const clattn_context *ctx, const clattn_bucket *b, clatt
     }
 }
 
-void clattn__default_params(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p)
+clattn_params_source clattn__default_params(const clattn_context *ctx, const clattn_bucket *b,
+                                            clattn_params *p)
 {
-    clattn__params_for(ctx, b, p, NULL, NULL, 0);
+    clattn_params_source src;
+    clattn__params_for(ctx, b, p, &src, NULL, 0);
+    return src;
 }
 
 /* ---- the context's tables ---- */

@@ -28,7 +28,7 @@
     X(clEnqueueReadBufferRect) X(clEnqueueWriteBufferRect) X(clEnqueueCopyBuffer)                 \
     X(clEnqueueCopyBufferRect) X(clEnqueueMapBuffer) X(clEnqueueUnmapMemObject)                   \
     X(clEnqueueMigrateMemObjects) X(clEnqueueMarkerWithWaitList)                                  \
-    X(clEnqueueBarrierWithWaitList) X(clEnqueueMarker)
+    X(clEnqueueBarrierWithWaitList) X(clEnqueueMarker) X(clGetKernelWorkGroupInfo)
 
 enum {
 #define CLSHIM_ENUM_(name) R_##name,
@@ -608,6 +608,45 @@ static cl_int real_ndrange(cl_command_queue q, cl_kernel k, cl_uint dim, const s
     CALL_REAL(clEnqueueNDRangeKernel, CL_INVALID_OPERATION, q, k, dim, offset, global, local, nw, wait, event);
 }
 
+/* ---- a work-group limit for kernels with a reqd_work_group_size ---- */
+
+static atomic_size_t wg_limit, largest_group;
+
+void clshim_limit_kernel_wg(size_t n)
+{
+    atomic_store(&wg_limit, n);
+    atomic_store(&largest_group, 0);
+}
+
+size_t clshim_largest_group(void) { return atomic_load(&largest_group); }
+
+static cl_int real_kernel_wg_info(cl_kernel k, cl_device_id d, cl_kernel_work_group_info param, size_t size,
+                                  void *value, size_t *size_ret)
+{
+    CALL_REAL(clGetKernelWorkGroupInfo, CL_INVALID_OPERATION, k, d, param, size, value, size_ret);
+}
+
+/* Work-items of the kernel's reqd_work_group_size on device d; 0 when it has none. */
+static size_t reqd_items(cl_kernel k, cl_device_id d)
+{
+    size_t req[3] = {0, 0, 0};
+    if (real_kernel_wg_info(k, d, CL_KERNEL_COMPILE_WORK_GROUP_SIZE, sizeof req, req, NULL) != CL_SUCCESS)
+        return 0;
+    return req[0] * req[1] * req[2];
+}
+
+cl_int clGetKernelWorkGroupInfo(cl_kernel kernel, cl_device_id device, cl_kernel_work_group_info param_name,
+                                size_t param_value_size, void *param_value, size_t *param_value_size_ret)
+{
+    const cl_int err =
+        real_kernel_wg_info(kernel, device, param_name, param_value_size, param_value, param_value_size_ret);
+    const size_t limit = atomic_load(&wg_limit);
+    if (err == CL_SUCCESS && param_name == CL_KERNEL_WORK_GROUP_SIZE && param_value && limit > 0 &&
+        reqd_items(kernel, device) > 0 && *(size_t *)param_value > limit)
+        *(size_t *)param_value = limit;
+    return err;
+}
+
 cl_int clEnqueueNDRangeKernel(cl_command_queue command_queue, cl_kernel kernel, cl_uint work_dim,
                               const size_t *global_work_offset, const size_t *global_work_size,
                               const size_t *local_work_size, cl_uint num_events_in_wait_list,
@@ -616,6 +655,16 @@ cl_int clEnqueueNDRangeKernel(cl_command_queue command_queue, cl_kernel kernel, 
     const cl_int inject = count_call(CLSHIM_ENQUEUE_NDRANGE);
     if (inject != CL_SUCCESS)
         return inject;
+    cl_device_id device = NULL;
+    const size_t limit = atomic_load(&wg_limit);
+    if (clGetCommandQueueInfo(command_queue, CL_QUEUE_DEVICE, sizeof device, &device, NULL) == CL_SUCCESS) {
+        const size_t items = reqd_items(kernel, device);
+        if (limit > 0 && items > limit)
+            return CL_INVALID_WORK_GROUP_SIZE;
+        for (size_t seen = atomic_load(&largest_group);
+             items > seen && !atomic_compare_exchange_weak(&largest_group, &seen, items);)
+            ;
+    }
     const cl_int err = real_ndrange(command_queue, kernel, work_dim, global_work_offset, global_work_size,
                                     local_work_size, num_events_in_wait_list, event_wait_list, event);
     if (err == CL_SUCCESS)

@@ -82,4 +82,14 @@ void clshim_disarm(void);
  * only for comparison. */
 cl_event clshim_last_ndrange_event(void);
 
+/* Kernels compiled with more registers than their work-group allows: from now on, for kernels
+ * with a reqd_work_group_size, clGetKernelWorkGroupInfo(CL_KERNEL_WORK_GROUP_SIZE) reports at most
+ * n, and clEnqueueNDRangeKernel of such a kernel whose work-group is larger fails with
+ * CL_INVALID_WORK_GROUP_SIZE without reaching the driver, as a driver would. 0 lifts the limit.
+ * Also resets clshim_largest_group. */
+void clshim_limit_kernel_wg(size_t n);
+/* The largest work-group (work-items) of a kernel with a reqd_work_group_size that
+ * clEnqueueNDRangeKernel launched since the last clshim_limit_kernel_wg. */
+size_t clshim_largest_group(void);
+
 #endif /* CLATTN_TESTS_CLSHIM_H */

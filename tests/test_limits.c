@@ -16,13 +16,24 @@
  * The unchunked results are checked against the float64 reference by the other tests; the ctest
  * variants test_*_chunked run those tables themselves with the limit lowered
  * (CLATTN_TEST_MAX_GROUPS_YZ, tests/CMakeLists.txt).
+ *
+ * The second limit is one OpenCL does report, per kernel and only once it is compiled: a kernel
+ * whose registers leave room for fewer work-items than its reqd_work_group_size
+ * (CL_KERNEL_WORK_GROUP_SIZE) cannot be launched. clshim lowers that report and refuses larger
+ * launches; each operation, running work-group kernels chosen by a user tuning file, must refit
+ * and match the float64 reference (test_kernel_wg), and values the application or environment set
+ * must be refused instead (test_kernel_wg_strict).
  */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
+
 #include "testutil.h"
 #include "clshim.h"
 #include "internal.h" /* the context's device limits */
+#include "ref.h"
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
@@ -337,10 +348,244 @@ static void test_chunk_failure(void **state)
     assert_same(&I, want, got, "after a failed chunk");
 }
 
+/* ---- kernels that allow smaller work-groups than they were built for ---- */
+
+/* Where the kernel_wg tests keep their user tuning file; empty until the first writes it. */
+static char wg_dir[64];
+
+/* Parameters that give every operation work-group kernels (on a CPU device too, whose defaults
+ * run one work-item a group), as a user tuning file: parameters the library chose, which it may
+ * refit, unlike an override or CLATTN_PARAMS_<OP>. Decode runs decode_rows without a mask and
+ * decode_lanes (without PTX) with causal. */
+static const char wg_entries[] = "scores  * * *      * * = 8,8,2,1,16,4,0,0,0\n"
+                                 "pv      * * *      * * = 8,8,2,1,16,4,0,0,0\n"
+                                 "softmax * * *      * * = 64,0\n"
+                                 "fused   * * *      * * = 8,8,2,1,4,0\n"
+                                 "decode  * * none   * * = 32,4,0,1,8,0,2\n"
+                                 "decode  * * causal * * = 32,4,0,0,8,0,5\n"
+                                 "merge   * * *      * * = 16\n";
+
+/* A context on the test context's queue (so that the row's buffers serve it) that reads the user
+ * tuning file above; its device limits are the test context's. */
+static clattn_context *wg_context(void)
+{
+    clattn_context *base = tu_ctx_get();
+    if (!wg_dir[0]) {
+        snprintf(wg_dir, sizeof wg_dir, "/tmp/clattn-wg-XXXXXX");
+        assert_non_null(mkdtemp(wg_dir));
+    }
+    /* The directory is read from the environment at creation and by clattn_reload_tuning. */
+    const char *old = getenv("CLATTN_TUNING_DIR");
+    char saved[4096] = "";
+    if (old)
+        snprintf(saved, sizeof saved, "%s", old);
+    setenv("CLATTN_TUNING_DIR", wg_dir, 1);
+    clattn_context *c = NULL;
+    const clattn_status st = clattn_create_from_queue(clattn_queue(base), &c);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("clattn_create_from_queue: %s: %s", clattn_status_name(st), clattn_last_error(NULL));
+    c->dev = base->dev;
+    char path[4200];
+    assert_int_equal(clattn_tuning_path(c, path, sizeof path), CLATTN_SUCCESS);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "clattn-tuning 1\ndevice %s\ndriver %s\n%s", c->dev.key, c->dev.driver, wg_entries);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(clattn_reload_tuning(c), CLATTN_SUCCESS);
+    if (old)
+        setenv("CLATTN_TUNING_DIR", saved, 1);
+    else
+        unsetenv("CLATTN_TUNING_DIR");
+    const clattn_problem_class pc = {CLATTN_OPERATION_FUSED, CLATTN_F32, 64, 1024, 1024, 0, 0};
+    clattn_kernel_params kp;
+    assert_int_equal(clattn_get_params(c, &pc, &kp), CLATTN_SUCCESS);
+    if (kp.source != CLATTN_SOURCE_USER_FILE)
+        fail_msg("the kernel_wg tuning file %s is not used: %s (%s)", path, kp.origin, clattn_tuning_report(c));
+    return c;
+}
+
+static double *read_doubles(const inst *I, cl_mem m, size_t n)
+{
+    float *h = tu_xalloc(n * sizeof *h);
+    tu_read(I->ctx, m, n * sizeof *h, h);
+    double *d = tu_xdoubles(n);
+    for (size_t i = 0; i < n; i++)
+        d[i] = h[i];
+    return d;
+}
+
+/* The row's outputs from the float64 reference (ref.c), in the order of inst_init. */
+static void reference(const inst *I, double *want[MAX_OUT])
+{
+    const row *r = I->r;
+    const size_t B = (size_t)r->B, Hq = (size_t)r->Hq, Hkv = (size_t)r->Hkv, Sq = (size_t)r->Sq,
+                 Skv = (size_t)r->Skv, D = (size_t)r->D, Dv = (size_t)r->Dv;
+    for (int o = 0; o < I->outs; o++)
+        want[o] = tu_xdoubles(I->n_out[o]);
+    switch (r->op) {
+    case OP_FUSED:
+    case OP_UNFUSED:
+    case OP_SCORES: {
+        const double *q = read_doubles(I, I->in[0], B * Hq * Sq * D),
+                     *k = read_doubles(I, I->in[1], B * Hkv * Skv * D);
+        const ref_attn a = {r->B, r->Hq, r->Hkv, r->Sq, r->Skv, r->D, r->Dv, 0, r->causal, NULL, {0}, NULL};
+        if (r->op == OP_SCORES)
+            ref_scores(&a, q, k, want[0]);
+        else
+            ref_attention(&a, q, k, read_doubles(I, I->in[2], B * Hkv * Skv * Dv), want[0], want[1],
+                          r->op == OP_UNFUSED ? want[2] : NULL);
+        break;
+    }
+    case OP_SOFTMAX: {
+        const ref_softmax sm = {r->B, r->Hq, r->Sq, r->Skv, 0.5, r->causal, NULL, {0}, NULL};
+        ref_softmax_rows(&sm, read_doubles(I, I->in[0], B * Hq * Sq * Skv), want[0]);
+        break;
+    }
+    case OP_MERGE: {
+        const size_t rows_n = B * Hq * Sq;
+        const double *po = read_doubles(I, I->in[0], PARTS * rows_n * Dv),
+                     *pl = read_doubles(I, I->in[1], PARTS * rows_n);
+        const double *parts[PARTS], *lses[PARTS];
+        for (int p = 0; p < PARTS; p++) {
+            parts[p] = po + (size_t)p * rows_n * Dv;
+            lses[p] = pl + (size_t)p * rows_n;
+        }
+        ref_merge(PARTS, (int)rows_n, r->Dv, parts, lses, want[0], want[1]);
+        break;
+    }
+    }
+}
+
+/* One call on I->ctx with the kernels' work-group limit `limit` (0: none); its outputs checked
+ * against want. Returns the largest work-group it launched. */
+static size_t call_checked(const inst *I, size_t limit, double *const want[MAX_OUT], float *got[MAX_OUT],
+                           const char *when)
+{
+    reset_outputs(I);
+    clshim_limit_kernel_wg(limit);
+    cl_event done = NULL;
+    const clattn_status st = inst_call(I, 0, NULL, &done);
+    const size_t largest = clshim_largest_group();
+    clshim_limit_kernel_wg(0);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("%s, %s: %s: %s", I->r->name, when, clattn_status_name(st), clattn_last_error(I->ctx));
+    if (clattn_last_error(I->ctx)[0])
+        fail_msg("%s, %s: succeeded with the message \"%s\" left", I->r->name, when, clattn_last_error(I->ctx));
+    assert_non_null(done);
+    assert_int_equal(clWaitForEvents(1, &done), CL_SUCCESS);
+    assert_int_equal(clReleaseEvent(done), CL_SUCCESS);
+    read_outputs(I, got);
+    tu_failures = 0;
+    for (int o = 0; o < I->outs; o++) {
+        double *g = tu_xdoubles(I->n_out[o]);
+        for (size_t i = 0; i < I->n_out[o]; i++)
+            g[i] = got[o][i];
+        char what[160];
+        snprintf(what, sizeof what, "%s, %s, output %d", I->r->name, when, o);
+        tu_check_close(what, g, want[o], I->n_out[o], 2e-5, 2e-4);
+    }
+    if (tu_failures)
+        fail_msg("%s, %s: %d outputs differ from the float64 reference", I->r->name, when, tu_failures);
+    return largest;
+}
+
+/* A kernel whose registers leave room for fewer work-items than its reqd_work_group_size (the
+ * compiler says so in CL_KERNEL_WORK_GROUP_SIZE; clshim makes it say so here) cannot be launched.
+ * Where the library chose the parameters, every operation must then refit its work-groups to what
+ * the kernel allows and compute the same result: with a limit of half the largest work-group the
+ * row launches without one, less one (not a power of two), and with 1. Each limit gets a new
+ * context (the library remembers what each kernel allows); its second call takes the remembered
+ * refusal and gives the same outputs; no launch exceeds the limit; released, the context leaves no
+ * OpenCL object behind, refused kernels included. */
+static void test_kernel_wg(void **state)
+{
+    const row *r = *state;
+    assert_true(clshim_active());
+    inst I;
+    inst_init(&I, r, tu_ctx_get());
+    double *want[MAX_OUT] = {0};
+    reference(&I, want);
+    float *got[MAX_OUT] = {0}, *again[MAX_OUT] = {0};
+
+    clshim_counts before;
+    clshim_get(&before);
+    I.ctx = wg_context();
+    const size_t free_largest = call_checked(&I, 0, want, got, "no limit");
+    clattn_release(I.ctx);
+    print_message("%s: work-groups of up to %zu work-items without a limit\n", r->name, free_largest);
+    if (free_largest < 4)
+        fail_msg("%s: the largest work-group is %zu: the tuning file did not give work-group kernels",
+                 r->name, free_largest);
+
+    const size_t limits[2] = {free_largest / 2 - 1, 1};
+    for (int l = 0; l < 2; l++) {
+        char when[64];
+        snprintf(when, sizeof when, "kernels allowing %zu work-items", limits[l]);
+        I.ctx = wg_context();
+        const size_t largest = call_checked(&I, limits[l], want, got, when);
+        if (largest == 0 || largest > limits[l])
+            fail_msg("%s, %s: launched work-groups of up to %zu", r->name, when, largest);
+        (void)call_checked(&I, limits[l], want, again, when);
+        for (int o = 0; o < I.outs; o++)
+            if (memcmp(got[o], again[o], I.n_out[o] * sizeof(float)) != 0)
+                fail_msg("%s, %s: the second call's output %d differs from the first's", r->name, when, o);
+        clattn_release(I.ctx);
+        char why[256];
+        clshim_counts after;
+        clshim_get(&after);
+        if (!clshim_same_live(&before, &after, why, sizeof why))
+            fail_msg("%s, %s: OpenCL objects leaked: %s", r->name, when, why);
+    }
+}
+
+/* Parameters the application or the environment set are run as given or refused: the fused
+ * prefill row with the tuning file's parameters as an override and as CLATTN_PARAMS_FUSED fails
+ * with UNSUPPORTED naming the kernel's limit, leaves the outputs alone and hands back no event. */
+static void test_kernel_wg_strict(void **state)
+{
+    const row *r = *state;
+    assert_true(clshim_active());
+    inst I;
+    inst_init(&I, r, tu_ctx_get());
+    for (int how = 0; how < 2; how++) {
+        I.ctx = wg_context();
+        const int values[6] = {8, 8, 2, 1, 4, 0};
+        if (how == 0)
+            assert_int_equal(clattn_set_params(I.ctx, CLATTN_OPERATION_FUSED, values, 6), CLATTN_SUCCESS);
+        else
+            setenv("CLATTN_PARAMS_FUSED", "8,8,2,1,4,0", 1);
+        reset_outputs(&I);
+        clshim_limit_kernel_wg(31);
+        cl_event done = (cl_event)(uintptr_t)0x5; /* must come back NULL */
+        const clattn_status st = inst_call(&I, 0, NULL, &done);
+        const size_t largest = clshim_largest_group();
+        clshim_limit_kernel_wg(0);
+        unsetenv("CLATTN_PARAMS_FUSED");
+        const char *how_s = how == 0 ? "clattn_set_params" : "CLATTN_PARAMS_FUSED";
+        const char *msg = clattn_last_error(I.ctx);
+        if (st != CLATTN_UNSUPPORTED)
+            fail_msg("%s, %s: returned %s, expected CLATTN_UNSUPPORTED (\"%s\")", r->name, how_s,
+                     clattn_status_name(st), msg);
+        if (!strstr(msg, "CL_KERNEL_WORK_GROUP_SIZE") || !strstr(msg, " 64 ") || !strstr(msg, " 31 "))
+            fail_msg("%s, %s: the message \"%s\" does not name the work-group and the kernel's limit",
+                     r->name, how_s, msg);
+        assert_null(done);
+        assert_int_equal(largest, 0);
+        float *got[MAX_OUT] = {0};
+        read_outputs(&I, got);
+        for (int o = 0; o < I.outs; o++)
+            for (size_t i = 0; i < I.n_out[o]; i++)
+                if (memcmp(&got[o][i], &FILL, sizeof FILL) != 0)
+                    fail_msg("%s, %s: output %d element %zu was modified", r->name, how_s, o, i);
+        clattn_release(I.ctx);
+    }
+}
+
 int main(void)
 {
     static char names[N_OF(rows)][80];
-    struct CMUnitTest tests[2 * N_OF(rows)];
+    static char wg_names[N_OF(rows)][80];
+    struct CMUnitTest tests[3 * N_OF(rows) + 1];
     size_t n = 0;
     for (size_t i = 0; i < N_OF(rows); i++)
         tests[n++] = (struct CMUnitTest){rows[i].name, test_chunks, NULL, tu_teardown, (void *)&rows[i]};
@@ -348,7 +593,22 @@ int main(void)
         snprintf(names[i], sizeof names[i], "%s, a chunk failing", rows[i].name);
         tests[n++] = (struct CMUnitTest){names[i], test_chunk_failure, NULL, tu_teardown, (void *)&rows[i]};
     }
-    const int failed = cmocka_run_group_tests_name("limits", tests, NULL, NULL);
+    /* The kernel_wg tests bring their own parameters (a tuning file), which CLATTN_PARAMS_<OP>
+     * would override: they run in the plain test_limits, not in its GPU-parameter variants. */
+    const int own_params = !getenv("CLATTN_PARAMS_FUSED") && !getenv("CLATTN_PARAMS_DECODE") &&
+                           !getenv("CLATTN_PARAMS_SCORES") && !getenv("CLATTN_PARAMS_PV") &&
+                           !getenv("CLATTN_PARAMS_SOFTMAX") && !getenv("CLATTN_PARAMS_MERGE");
+    for (size_t i = 0; own_params && i < N_OF(rows); i++) {
+        snprintf(wg_names[i], sizeof wg_names[i], "%s, kernels allowing smaller work-groups", rows[i].name);
+        tests[n++] = (struct CMUnitTest){wg_names[i], test_kernel_wg, NULL, tu_teardown, (void *)&rows[i]};
+    }
+    if (own_params)
+        tests[n++] = (struct CMUnitTest){"fused prefill, explicit parameters a kernel refuses",
+                                         test_kernel_wg_strict, NULL, tu_teardown, (void *)&rows[0]};
+    tu_apply_test_filter();
+    const int failed = _cmocka_run_group_tests("limits", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
+    if (wg_dir[0])
+        tu_remove_tree(wg_dir);
     return failed;
 }

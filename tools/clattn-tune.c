@@ -370,7 +370,8 @@ static int spills(int programs_before)
     for (int i = programs_before; i < ctx->nprograms; i++)
         for (int j = 0; j < ctx->programs[i].nkernels; j++) {
             cl_ulong priv = 0;
-            if (clGetKernelWorkGroupInfo(ctx->programs[i].kernels[j], ctx->device,
+            if (ctx->programs[i].kernels[j] && /* NULL: a kernel the device refused */
+                clGetKernelWorkGroupInfo(ctx->programs[i].kernels[j], ctx->device,
                                          CL_KERNEL_PRIVATE_MEM_SIZE, sizeof priv, &priv, NULL) == CL_SUCCESS &&
                 priv > 0)
                 return 1;
