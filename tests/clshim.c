@@ -610,15 +610,63 @@ static cl_int real_ndrange(cl_command_queue q, cl_kernel k, cl_uint dim, const s
 
 /* ---- a work-group limit for kernels with a reqd_work_group_size ---- */
 
-static atomic_size_t wg_limit, largest_group;
+static atomic_size_t wg_limit;
+/* What launched since the last clshim_limit_kernel_wg (launch_lock). */
+static pthread_mutex_t launch_lock = PTHREAD_MUTEX_INITIALIZER;
+static size_t largest_group;
+static char largest_kernel[64];
+static char launched_names[32][64];
+static int n_launched_names;
 
 void clshim_limit_kernel_wg(size_t n)
 {
     atomic_store(&wg_limit, n);
-    atomic_store(&largest_group, 0);
+    pthread_mutex_lock(&launch_lock);
+    largest_group = 0;
+    largest_kernel[0] = '\0';
+    n_launched_names = 0;
+    pthread_mutex_unlock(&launch_lock);
 }
 
-size_t clshim_largest_group(void) { return atomic_load(&largest_group); }
+size_t clshim_largest_group(void)
+{
+    pthread_mutex_lock(&launch_lock);
+    const size_t n = largest_group;
+    pthread_mutex_unlock(&launch_lock);
+    return n;
+}
+
+const char *clshim_largest_group_kernel(void) { return largest_kernel; }
+
+int clshim_launched(const char *kernel_name)
+{
+    int found = 0;
+    pthread_mutex_lock(&launch_lock);
+    for (int i = 0; i < n_launched_names && !found; i++)
+        found = strcmp(launched_names[i], kernel_name) == 0;
+    pthread_mutex_unlock(&launch_lock);
+    return found;
+}
+
+/* Notes a successful launch of kernel with `items` work-items a group (0: no reqd size). */
+static void note_launch(cl_kernel kernel, size_t items)
+{
+    char name[64] = "";
+    if (clGetKernelInfo(kernel, CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL) != CL_SUCCESS)
+        name[0] = '\0';
+    name[sizeof name - 1] = '\0';
+    pthread_mutex_lock(&launch_lock);
+    if (items > largest_group) {
+        largest_group = items;
+        memcpy(largest_kernel, name, sizeof name);
+    }
+    int seen = 0;
+    for (int i = 0; i < n_launched_names && !seen; i++)
+        seen = strcmp(launched_names[i], name) == 0;
+    if (!seen && n_launched_names < 32)
+        memcpy(launched_names[n_launched_names++], name, sizeof name);
+    pthread_mutex_unlock(&launch_lock);
+}
 
 static cl_int real_kernel_wg_info(cl_kernel k, cl_device_id d, cl_kernel_work_group_info param, size_t size,
                                   void *value, size_t *size_ret)
@@ -656,19 +704,18 @@ cl_int clEnqueueNDRangeKernel(cl_command_queue command_queue, cl_kernel kernel, 
     if (inject != CL_SUCCESS)
         return inject;
     cl_device_id device = NULL;
+    size_t items = 0;
+    if (clGetCommandQueueInfo(command_queue, CL_QUEUE_DEVICE, sizeof device, &device, NULL) == CL_SUCCESS)
+        items = reqd_items(kernel, device);
     const size_t limit = atomic_load(&wg_limit);
-    if (clGetCommandQueueInfo(command_queue, CL_QUEUE_DEVICE, sizeof device, &device, NULL) == CL_SUCCESS) {
-        const size_t items = reqd_items(kernel, device);
-        if (limit > 0 && items > limit)
-            return CL_INVALID_WORK_GROUP_SIZE;
-        for (size_t seen = atomic_load(&largest_group);
-             items > seen && !atomic_compare_exchange_weak(&largest_group, &seen, items);)
-            ;
-    }
+    if (limit > 0 && items > limit)
+        return CL_INVALID_WORK_GROUP_SIZE;
     const cl_int err = real_ndrange(command_queue, kernel, work_dim, global_work_offset, global_work_size,
                                     local_work_size, num_events_in_wait_list, event_wait_list, event);
-    if (err == CL_SUCCESS)
+    if (err == CL_SUCCESS) {
         atomic_store(&last_ndrange, event ? *event : NULL);
+        note_launch(kernel, items);
+    }
     return enqueued(err, event);
 }
 

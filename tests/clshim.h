@@ -89,7 +89,11 @@ cl_event clshim_last_ndrange_event(void);
  * Also resets clshim_largest_group. */
 void clshim_limit_kernel_wg(size_t n);
 /* The largest work-group (work-items) of a kernel with a reqd_work_group_size that
- * clEnqueueNDRangeKernel launched since the last clshim_limit_kernel_wg. */
+ * clEnqueueNDRangeKernel launched since the last clshim_limit_kernel_wg, and the name of the first
+ * kernel launched with it ("" when none; read it while no other thread launches). */
 size_t clshim_largest_group(void);
+const char *clshim_largest_group_kernel(void);
+/* 1 when a kernel of that name was launched since the last clshim_limit_kernel_wg. */
+int clshim_launched(const char *kernel_name);
 
 #endif /* CLATTN_TESTS_CLSHIM_H */

@@ -501,20 +501,22 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     const double tol = 1e-4;
 
     /* Defaults: what the library picks with no user file (and no environment override). */
+    clattn_set_params(ctx, op, NULL, 0);
     clattn_tuning_table *saved = ctx->user_tuning;
     ctx->user_tuning = NULL;
-    clattn_set_params(ctx, op, NULL, 0);
     const clattn_problem_class pc = class_of(t);
     clattn_kernel_params kp;
     if (clattn_get_params(ctx, &pc, &kp) != CLATTN_SUCCESS)
         die("clattn_get_params: %s", clattn_last_error(ctx));
-    ctx->user_tuning = saved;
     memcpy(t->defaults, kp.values, sizeof t->defaults);
-    clattn_set_params(ctx, op, t->defaults, np);
+    /* Timed as the library runs them, chosen rather than set: a kernel the device allows fewer
+     * work-items than the defaults ask for is then fitted to what it allows, as in any call
+     * (candidates below are set, and such a one is pruned instead). */
     t->default_ms = time_op(s, op, &dd);
+    const double derr = t->default_ms < 0 ? 0 : check_rows(s, op, &dd);
+    ctx->user_tuning = saved;
     if (t->default_ms < 0)
         die("the defaults fail on %s: %s", clattn_operation_name(op), clattn_last_error(ctx));
-    const double derr = check_rows(s, op, &dd);
     if (derr > tol)
         die("the defaults give wrong results on %s (error %.3g)", clattn_operation_name(op), derr);
     memcpy(t->best, t->defaults, sizeof t->best);
@@ -569,9 +571,11 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
             }
         }
     }
-    /* The defaults again, in the same conditions as the end of the search. */
-    clattn_set_params(ctx, op, t->defaults, np);
+    /* The defaults again, in the same conditions as the end of the search, and as before. */
+    clattn_set_params(ctx, op, NULL, 0);
+    ctx->user_tuning = NULL;
     const double d2 = time_op(s, op, &dd);
+    ctx->user_tuning = saved;
     if (d2 > 0 && d2 < t->default_ms)
         t->default_ms = d2;
     if (t->best_ms >= t->default_ms) {
