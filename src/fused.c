@@ -186,22 +186,39 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
                              &p->out, p->lse.buffer ? &p->lse : NULL, 0, NULL, done);
 }
 
+/* Prefill with at most this many rows per kv head reads K and V in place (as decode does), in
+ * one block of rows: the Kᵀ copy costs a read and a write of K plus a second read, which few
+ * rows do not repay. Up to twice as many rows read in place, in two blocks, when a kv head's K
+ * and V exceed a quarter of the device's cache (the copy then streams from memory too).
+ * Measured on PoCL (2-core Zen 4, B1 H8 d64 f32, min of 4 runs, noisy): seq_kv 65536, seq_q 17:
+ * 61-66 ms with the copy against 30-31 in place; 32: 71 against 44; 64: 117-123 against 81-88;
+ * seq_kv 8192, seq_q 64: 10.3-11.1 with the copy against 11.3-12.5 in place. */
+#define DIRECT_IN_PLACE_ROWS 32
+
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
  * a Kᵀ copy from the workspace, and V in place when it is f32 with head_dim_v a multiple of 16,
- * else from a padded f32 copy; decode reads K and V in place (IN_PLACE: each key
- * is read once, so a copy would triple the traffic). Sets *used = 0 (and enqueues nothing) when
- * the copies and partials do not fit the device's max allocation; the tiled kernel then runs
- * instead. */
+ * else from a padded f32 copy; decode, and prefill with few rows per kv head, read K and V in
+ * place (IN_PLACE: each key is read once per row block, where a copy would triple the traffic).
+ * Sets *used = 0 (and enqueues nothing) when the copies and partials do not fit the device's
+ * max allocation; the tiled kernel then runs instead. */
 static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
                                 cl_uint num_wait, const cl_event *wait, cl_event *done, int *used)
 {
     *used = 0;
     const int group = (int)(p->heads_q / p->heads_kv), R = group * (int)p->seq_q;
     const int decode = p->seq_q <= 16;
-    /* Decode with RM 0: one block covers the packed rows (up to 16). */
-    const int rm0 = decode && pp->v[2] <= 0 ? (R < 16 ? R : 16) : pp->v[2];
+    const uint64_t head_kv_bytes = (uint64_t)p->seq_kv * (uint64_t)(p->head_dim + p->head_dim_v) *
+                                   (uint64_t)clattn_dtype_size(p->dtype);
+    const int in_place = decode || R <= DIRECT_IN_PLACE_ROWS ||
+                         (R <= 2 * DIRECT_IN_PLACE_ROWS && head_kv_bytes > ctx->dev.cache_size / 4);
+    int rm0 = pp->v[2];
+    if (decode && rm0 <= 0) /* decode with RM 0: one block covers the packed rows (up to 16) */
+        rm0 = R < 16 ? R : 16;
+    else if (!decode && in_place) { /* equal blocks of at most 32 rows, a multiple of 4 (QK_TILE) */
+        const int blocks = (R + DIRECT_IN_PLACE_ROWS - 1) / DIRECT_IN_PLACE_ROWS;
+        rm0 = ((R + blocks - 1) / blocks + 3) / 4 * 4;
+    }
     const int rm = rm0 < 1 ? 1 : rm0 > 32 ? 32 : rm0;
-    const int in_place = decode; /* decode reads K and V in place, prefill from the copies */
     const int ns = in_place || pp->v[3] < 1 ? 1 : pp->v[3] > 4 ? 4 : pp->v[3];
     const int bn = 16 * ns, dv16 = (int)((p->head_dim_v + 15) / 16);
     const uint64_t zs = (uint64_t)p->batch * (uint64_t)p->heads_kv;
@@ -218,7 +235,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
      * blocks) stream the same chunk while it is in cache instead of each sweeping all keys from
      * memory; the partials are then merged. */
     int want = decode && pp->v[5] > 0 ? pp->v[5] : 1;
-    if (!decode && ctx->dev.cache_size) {
+    if (!in_place && ctx->dev.cache_size) {
         const uint64_t chunk = ctx->dev.cache_size / 4 / (4u * ((uint64_t)p->head_dim + vp_ss));
         if (chunk >= 16u * (uint64_t)bn && (uint64_t)p->seq_kv > chunk)
             want = (int)(((uint64_t)p->seq_kv + chunk - 1) / chunk);

@@ -131,6 +131,17 @@ static const att_case cases[] = {
     {"decode_hd16_dv256_16rows", 1, 1, 1, 16, 37, 16, 256, F32, .causal = 0},
     {"decode_hd59_poison_kvlen", 2, 2, 2, 4, 70, 59, 0, F32, .has_kv = 1, .kv = {40, 3}, .special = SP_POISON},
 
+    /* prefill with few rows per kv head (up to 32, or 64 when a head's K and V exceed a quarter
+     * of the device's cache): on CPUs, K and V read in place as for decode, in one or two blocks
+     * of rows whose size is not the default row block's */
+    {"few_rows_sq17_causal_mask_f16_kvlen", 2, 2, 2, 17, 90, 64, 0, F16, .causal = 1, .mask = MASK_FULL,
+     .mask_dt = F16, .has_kv = 1, .kv = {90, 37}},
+    {"few_rows_sq32_hd59_poison_kvlen", 2, 2, 2, 32, 70, 59, 0, F32, .has_kv = 1, .kv = {40, 3},
+     .special = SP_POISON},
+    {"few_rows_sq24_bf16_hd40_dv128_causal", 1, 2, 2, 24, 47, 40, 128, BF16, .causal = 1},
+    {"few_rows_two_blocks_sq40_kv20000_causal", 1, 1, 1, 40, 20000, 64, 0, F32, .causal = 1,
+     .special = SP_POISON_DIAG},
+
     /* grouped-query attention */
     {"gqa_3to1", 2, 6, 2, 37, 53, 64, 0, F32, .causal = 1},
     {"gqa_8to1", 1, 16, 2, 20, 70, 64, 0, F32, .causal = 0},
