@@ -15,7 +15,8 @@
  *                by DECODE DIRECT 1, in one or two blocks of rows, and RM/NS are unused too)
  *   DECODE     : WGX, WGY, RM, NS, VW, SPLITS, DIRECT  (fused.cl with key splits; RM 0 = cover the
  *                packed rows (up to 16), SPLITS 0 = automatic; DIRECT 1: fused_direct reading K
- *                and V in place, one work-item per RM rows and key split, 16-key blocks,
+ *                and V in place, one work-item per RM rows and key split (RM 0: up to 16 rows
+ *                in one block, more in equal blocks of at most 32), 16-key blocks,
  *                WGX/WGY/NS/VW unused; DIRECT 2: decode_rows (decode.cl), WGY key groups of
  *                ceil(head_dim_v / 4) work-items reading K and V from global memory, RM rows
  *                (0: all packed rows, up to 16), NS lanes reading one key row together for

@@ -130,6 +130,10 @@ static const att_case cases[] = {
     {"decode_hd256_dv16_bf16", 1, 1, 1, 2, 37, 256, 16, BF16, .causal = 1},
     {"decode_hd16_dv256_16rows", 1, 1, 1, 16, 37, 16, 256, F32, .causal = 0},
     {"decode_hd59_poison_kvlen", 2, 2, 2, 4, 70, 59, 0, F32, .has_kv = 1, .kv = {40, 3}, .special = SP_POISON},
+    /* more than 16 packed rows: one block of 20 (with tails), two of 20 */
+    {"decode_gqa5_sq4_rows20_mask_f16_hd72", 1, 10, 2, 4, 300, 72, 0, F16, .mask = MASK_HEADS, .mask_dt = F16},
+    {"decode_gqa8_sq5_rows40_causal_kvlen_hd59", 2, 16, 2, 5, 200, 59, 0, F32, .causal = 1, .has_kv = 1,
+     .kv = {200, 7}},
 
     /* prefill with few rows per kv head (up to 32, or 64 when a head's K and V exceed a quarter
      * of the device's cache): on CPUs, K and V read in place as for decode, in one or two blocks
