@@ -557,37 +557,90 @@ static void test_kernel_wg(void **state)
     }
 }
 
-/* Parameters the application or the environment set are run as given or refused: the fused
- * prefill row with the tuning file's parameters as an override and as CLATTN_PARAMS_FUSED fails
- * with UNSUPPORTED naming the kernel's limit, leaves the outputs alone and hands back no event. */
+/* The parameters of the tuning file above for the operation whose kernel the row runs first,
+ * with the kernel's name and the work-items it needs; values set by the application or the
+ * environment must be run as given or refused. */
+typedef struct strict_params {
+    clattn_operation op;
+    const char *env;
+    int n;
+    int v[9];
+    const char *kernel;
+    size_t wg;
+} strict_params;
+
+static strict_params strict_params_of(const row *r)
+{
+    switch (r->op) {
+    case OP_FUSED: {
+        if (r->Sq > 16) /* the tiled kernel: WGX x WGY */
+            return (strict_params){CLATTN_OPERATION_FUSED, "CLATTN_PARAMS_FUSED", 6, {8, 8, 2, 1, 4, 0},
+                                   "fused", 64};
+        if (!r->causal) /* decode_rows: WGY key groups of ceil(head_dim_v / 4) */
+            return (strict_params){CLATTN_OPERATION_DECODE, "CLATTN_PARAMS_DECODE", 7, {32, 4, 0, 1, 8, 0, 2},
+                                   "decode_rows", 4 * (size_t)((r->Dv + 3) / 4)};
+        /* decode_lanes: WGY key groups of a lane per 16-byte chunk of the longer row, a power of 2 */
+        size_t lanes = 1;
+        while (lanes < (size_t)((r->D > r->Dv ? r->D : r->Dv) + 3) / 4)
+            lanes *= 2;
+        return (strict_params){CLATTN_OPERATION_DECODE, "CLATTN_PARAMS_DECODE", 7, {32, 4, 0, 0, 8, 0, 5},
+                               "decode_lanes", 4 * lanes};
+    }
+    case OP_UNFUSED:
+    case OP_SCORES: /* the scores GEMM comes first */
+        return (strict_params){CLATTN_OPERATION_SCORES, "CLATTN_PARAMS_SCORES", 9, {8, 8, 2, 1, 16, 4, 0, 0, 0},
+                               "gemm", 64};
+    case OP_SOFTMAX:
+        return (strict_params){CLATTN_OPERATION_SOFTMAX, "CLATTN_PARAMS_SOFTMAX", 2, {64, 0}, "softmax", 64};
+    case OP_MERGE:
+        return (strict_params){CLATTN_OPERATION_MERGE, "CLATTN_PARAMS_MERGE", 1, {16}, "merge", 16};
+    }
+    return (strict_params){CLATTN_OPERATION_COUNT, NULL, 0, {0}, NULL, 0}; /* not reached */
+}
+
+/* Parameters the application or the environment set are run as given or refused: each row's
+ * operation, with the tuning file's parameters as an override and in CLATTN_PARAMS_<OP>, fails
+ * with UNSUPPORTED naming the kernel, its work-group and its limit, enqueues nothing, leaves the
+ * outputs alone and hands back no event, where the tuning file's own values were refitted. */
 static void test_kernel_wg_strict(void **state)
 {
     const row *r = *state;
     assert_true(clshim_active());
+    const strict_params sp = strict_params_of(r);
+    assert_non_null(sp.env);
     inst I;
     inst_init(&I, r, tu_ctx_get());
+    const size_t limit = sp.wg / 2 - 1;
     for (int how = 0; how < 2; how++) {
         I.ctx = wg_context();
-        const int values[6] = {8, 8, 2, 1, 4, 0};
-        if (how == 0)
-            assert_int_equal(clattn_set_params(I.ctx, CLATTN_OPERATION_FUSED, values, 6), CLATTN_SUCCESS);
-        else
-            setenv("CLATTN_PARAMS_FUSED", "8,8,2,1,4,0", 1);
+        if (how == 0) {
+            assert_int_equal(clattn_set_params(I.ctx, sp.op, sp.v, sp.n), CLATTN_SUCCESS);
+        } else {
+            char list[64];
+            int len = 0;
+            for (int i = 0; i < sp.n; i++)
+                len += snprintf(list + len, sizeof list - (size_t)len, "%s%d", i ? "," : "", sp.v[i]);
+            setenv(sp.env, list, 1);
+        }
         reset_outputs(&I);
-        clshim_limit_kernel_wg(31);
+        clshim_limit_kernel_wg(limit);
         cl_event done = (cl_event)(uintptr_t)0x5; /* must come back NULL */
         const clattn_status st = inst_call(&I, 0, NULL, &done);
         const size_t largest = clshim_largest_group();
         clshim_limit_kernel_wg(0);
-        unsetenv("CLATTN_PARAMS_FUSED");
-        const char *how_s = how == 0 ? "clattn_set_params" : "CLATTN_PARAMS_FUSED";
+        unsetenv(sp.env);
+        const char *how_s = how == 0 ? "clattn_set_params" : sp.env;
         const char *msg = clattn_last_error(I.ctx);
         if (st != CLATTN_UNSUPPORTED)
             fail_msg("%s, %s: returned %s, expected CLATTN_UNSUPPORTED (\"%s\")", r->name, how_s,
                      clattn_status_name(st), msg);
-        if (!strstr(msg, "CL_KERNEL_WORK_GROUP_SIZE") || !strstr(msg, " 64 ") || !strstr(msg, " 31 "))
-            fail_msg("%s, %s: the message \"%s\" does not name the work-group and the kernel's limit",
-                     r->name, how_s, msg);
+        char needs[64], allows[64], kernel[64];
+        snprintf(needs, sizeof needs, "needs work-groups of %zu work-items", sp.wg);
+        snprintf(allows, sizeof allows, "allows %zu (CL_KERNEL_WORK_GROUP_SIZE)", limit);
+        snprintf(kernel, sizeof kernel, "kernel %s", sp.kernel);
+        if (!strstr(msg, needs) || !strstr(msg, allows) || strncmp(msg, kernel, strlen(kernel)) != 0)
+            fail_msg("%s, %s: the message \"%s\" does not name the kernel (%s), its work-group (%zu) "
+                     "and its limit (%zu)", r->name, how_s, msg, sp.kernel, sp.wg, limit);
         assert_null(done);
         assert_int_equal(largest, 0);
         float *got[MAX_OUT] = {0};
@@ -604,7 +657,8 @@ int main(void)
 {
     static char names[N_OF(rows)][80];
     static char wg_names[N_OF(rows)][80];
-    struct CMUnitTest tests[3 * N_OF(rows) + 1];
+    static char strict_names[N_OF(rows)][80];
+    struct CMUnitTest tests[4 * N_OF(rows)];
     size_t n = 0;
     for (size_t i = 0; i < N_OF(rows); i++)
         tests[n++] = (struct CMUnitTest){rows[i].name, test_chunks, NULL, tu_teardown, (void *)&rows[i]};
@@ -621,9 +675,12 @@ int main(void)
         snprintf(wg_names[i], sizeof wg_names[i], "%s, kernels allowing smaller work-groups", rows[i].name);
         tests[n++] = (struct CMUnitTest){wg_names[i], test_kernel_wg, NULL, tu_teardown, (void *)&rows[i]};
     }
-    if (own_params)
-        tests[n++] = (struct CMUnitTest){"fused prefill, explicit parameters a kernel refuses",
-                                         test_kernel_wg_strict, NULL, tu_teardown, (void *)&rows[0]};
+    for (size_t i = 0; own_params && i < N_OF(rows); i++) {
+        snprintf(strict_names[i], sizeof strict_names[i], "%s, explicit parameters a kernel refuses",
+                 rows[i].name);
+        tests[n++] = (struct CMUnitTest){strict_names[i], test_kernel_wg_strict, NULL, tu_teardown,
+                                         (void *)&rows[i]};
+    }
     tu_apply_test_filter();
     const int failed = _cmocka_run_group_tests("limits", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
