@@ -318,12 +318,13 @@ fused(ATTN_KERNEL_ARGS(T_IN))
  * rows of k_ss floats) as float16 vectors of 16 consecutive keys, V as float16 vectors of 16
  * columns, in place when it is f32 with head_dim_v a multiple of 16, else from a zero-padded f32
  * copy (pack_v); the copies cost O(seq_kv) and stay hot in cache while every row block of the
- * head streams them. Decode reads K and V in place (IN_PLACE below). Keys go in chunks of
+ * head streams them. Decode, and prefill with few rows per kv head (src/fused.c), read K and V
+ * in place instead (IN_PLACE below). Keys go in chunks of
  * DBN = 16·NS through registers (S[RM][NS] float16 accumulators) into a block of NB keys (below),
  * whose p = e^(s - m) (exp2p16) are then read back as broadcast scalars for O += P·V. Where O has
- * more vectors than the registers (RM·DV16 > 32: head_dim_v 256, or many packed rows in decode),
- * P·V goes in register tiles of O (PV_TILE), and decode of 8 or more packed rows (grouped-query
- * heads) computes its scores in 4 x 4 register tiles too (QK_TILE). Measured on PoCL (2-core Zen 4,
+ * more vectors than the registers (RM·DV16 > 32: head_dim_v 256, or many packed rows in place),
+ * P·V goes in register tiles of O (PV_TILE), and in place, blocks of 8 or more packed rows (a
+ * multiple of 4) compute their scores in 4 x 4 register tiles too (QK_TILE). Measured on PoCL (2-core Zen 4,
  * medians of 8 runs alternating with the untiled kernel; single runs vary by 30%): B1 H4 S1024
  * d256 causal prefill 1.36x faster, decode at seq_kv 32768 with GQA 16:1 d256 1.1-1.5x and GQA
  * 8:1 d128 1.1-1.2x.
@@ -356,10 +357,11 @@ fused(ATTN_KERNEL_ARGS(T_IN))
 #endif
 #define NB (DBN * NC)
 
-/* IN_PLACE 1 (decode on CPUs, DECODE DIRECT 1): K and V are read where they are, in their
- * storage type, instead of from the copies: decode reads each key once, so copying would triple
- * the traffic. Chunks of 16 keys (NS 1); a row's 16 partial dot products (float16 over the head
- * dimension, Q zero-padded to DP = 16·ceil(D/16)) become one float16 of scores through hsum16x16.
+/* IN_PLACE 1 (decode on CPUs, DECODE DIRECT 1, and prefill with few rows per kv head): K and V
+ * are read where they are, in their storage type, instead of from the copies: a block of rows
+ * reads each key once, so with one or two blocks per kv head copying would triple the traffic.
+ * Chunks of 16 keys (NS 1); a row's 16 partial dot products (float16 over the head dimension, Q
+ * zero-padded to DP = 16·ceil(D/16)) become one float16 of scores through hsum16x16.
  * KV_FULL 1 when head_dim and head_dim_v are multiples of 16 (no tail loads). */
 #if IN_PLACE
 #define T_KV T_IN
@@ -367,7 +369,7 @@ fused(ATTN_KERNEL_ARGS(T_IN))
 #error "IN_PLACE needs NS 1"
 #endif
 /* The scores in register tiles of QB = 4 rows by KB = 4 keys (QK_TILE) when there are many rows
- * to a K row (grouped-query heads of 8 or more). */
+ * to a K row (8 or more packed rows: grouped-query heads, or prefill rows). */
 #define QK_TILE (RM >= 8 && RM % 4 == 0)
 #define QB 4
 #define KB 4

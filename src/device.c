@@ -45,7 +45,7 @@ clattn_status clattn__read_devinfo(cl_platform_id p, cl_device_id d, clattn_devi
                            NULL);
     if (clGetDeviceInfo(d, CL_DEVICE_GLOBAL_MEM_CACHE_SIZE, sizeof info->cache_size, &info->cache_size,
                         NULL) != CL_SUCCESS)
-        info->cache_size = 0; /* optional knowledge: only sizes key chunks of fused_direct */
+        info->cache_size = 0; /* optional: fused_direct's key chunks and its choice to read in place */
     err |= clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof info->max_wg, &info->max_wg, NULL);
     err |= clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof info->max_item, info->max_item,
                            NULL);

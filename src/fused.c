@@ -70,6 +70,10 @@ static int fit(const clattn_context *ctx, fused_cfg *c, int dv, size_t cap)
     return 0;
 }
 
+/* ceil(a / b) for a >= 1, b >= 1, without forming a + b (packed rows R may be close to INT_MAX:
+ * validation bounds heads_q / heads_kv x seq_q by it). */
+static int ceil_div(int a, int b) { return (a - 1) / b + 1; }
+
 /* Keys one split covers at most. Within a split the kernels keep O normalised and add each key's
  * share to it in fp32: late in a long range every share is tiny next to O, and their rounding
  * adds up. With identical keys (the worst case: the errors do not cancel) one split of 1e6 keys
@@ -189,11 +193,21 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
 /* Prefill with at most this many rows per kv head reads K and V in place (as decode does), in
  * one block of rows: the Kᵀ copy costs a read and a write of K plus a second read, which few
  * rows do not repay. Up to twice as many rows read in place, in two blocks, when a kv head's K
- * and V exceed a quarter of the device's cache (the copy then streams from memory too).
- * Measured on PoCL (2-core Zen 4, B1 H8 d64 f32, min of 4 runs, noisy): seq_kv 65536, seq_q 17:
- * 61-66 ms with the copy against 30-31 in place; 32: 71 against 44; 64: 117-123 against 81-88;
- * seq_kv 8192, seq_q 64: 10.3-11.1 with the copy against 11.3-12.5 in place. */
+ * and V exceed a quarter of the device's cache, or its size is unknown (the copy then streams
+ * from memory too). Measured on PoCL (2-core Zen 4, B1 H8 d64 f32, min of 4 runs, noisy):
+ * seq_kv 65536, seq_q 17: 61-66 ms with the copy against 30-31 in place; 32: 71 against 44;
+ * 64: 117-123 against 81-88; seq_kv 8192, seq_q 64: 10.3-11.1 with the copy against 11.3-12.5
+ * in place. */
 #define DIRECT_IN_PLACE_ROWS 32
+
+int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
+                            int64_t head_dim, int64_t head_dim_v, clattn_dtype dtype)
+{
+    const uint64_t head_kv_bytes =
+        (uint64_t)seq_kv * (uint64_t)(head_dim + head_dim_v) * (uint64_t)clattn_dtype_size(dtype);
+    return seq_q <= 16 || rows <= DIRECT_IN_PLACE_ROWS ||
+           (rows <= 2 * DIRECT_IN_PLACE_ROWS && head_kv_bytes > ctx->dev.cache_size / 4);
+}
 
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
  * a Kᵀ copy from the workspace, and V in place when it is f32 with head_dim_v a multiple of 16,
@@ -207,20 +221,17 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     *used = 0;
     const int group = (int)(p->heads_q / p->heads_kv), R = group * (int)p->seq_q;
     const int decode = p->seq_q <= 16;
-    const uint64_t head_kv_bytes = (uint64_t)p->seq_kv * (uint64_t)(p->head_dim + p->head_dim_v) *
-                                   (uint64_t)clattn_dtype_size(p->dtype);
-    const int in_place = decode || R <= DIRECT_IN_PLACE_ROWS ||
-                         (R <= 2 * DIRECT_IN_PLACE_ROWS && head_kv_bytes > ctx->dev.cache_size / 4);
+    const int in_place =
+        clattn__direct_in_place(ctx, R, p->seq_q, p->seq_kv, p->head_dim, p->head_dim_v, p->dtype);
     /* In place with RM 0 (decode) or few prefill rows: up to 16 packed rows in one block, more
      * in equal blocks of at most 32, a multiple of 4 (register-tiled scores, QK_TILE), since
-     * every block reads all of K and V. PoCL, decode d128 seq_kv 32768: 20 rows (GQA 5:1, seq_q
-     * 4) 24.7-32.3 ms in one block against 44 in blocks of 16; 64 rows 69 against 89. */
-    int rm0 = decode ? pp->v[2] : 0;
+     * each block reads K and V (all of them, but for causal prefill). PoCL, decode d128 seq_kv
+     * 32768: 20 rows (GQA 5:1, seq_q 4) 24.7-32.3 ms in one block against 44 in blocks of 16;
+     * 64 rows 69 against 89. */
+    int rm0 = in_place && !decode ? 0 : pp->v[2];
     if (in_place && rm0 <= 0) {
-        const int blocks = (R + DIRECT_IN_PLACE_ROWS - 1) / DIRECT_IN_PLACE_ROWS;
-        rm0 = R <= 16 ? R : ((R + blocks - 1) / blocks + 3) / 4 * 4;
-    } else if (!in_place)
-        rm0 = pp->v[2];
+        rm0 = R <= 16 ? R : (ceil_div(R, ceil_div(R, DIRECT_IN_PLACE_ROWS)) + 3) / 4 * 4;
+    }
     const int rm = rm0 < 1 ? 1 : rm0 > 32 ? 32 : rm0;
     const int ns = in_place || pp->v[3] < 1 ? 1 : pp->v[3] > 4 ? 4 : pp->v[3];
     const int bn = 16 * ns, dv16 = (int)((p->head_dim_v + 15) / 16);
@@ -231,7 +242,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     const int v_as_is = in_place || (p->dtype == CLATTN_F32 && p->head_dim_v % 16 == 0);
     const uint64_t kt_floats = in_place ? 0 : zs * (uint64_t)p->head_dim * pitch,
                    vp_floats = v_as_is ? 0 : zs * (uint64_t)p->seq_kv * vp_ss;
-    const int row_blocks = (R + rm - 1) / rm;
+    const int row_blocks = ceil_div(R, rm);
     int split_len;
     /* Long key ranges: chunks whose K/V copies take at most a quarter of the device's cache.
      * The split is the slowest grid dimension within a head, so consecutive work-groups (row
@@ -386,7 +397,7 @@ static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, cons
         if (!rows_shrink(&kg, &rm))
             return CLATTN_SUCCESS;
     }
-    const int bn = kg * w, row_tiles = (R + rm - 1) / rm;
+    const int bn = kg * w, row_tiles = ceil_div(R, rm);
     const long long tiles = (long long)row_tiles * p->batch * p->heads_kv;
     int split_len;
     /* Few registers and no local tiles: counted as half-size work-groups, so that twice as many
@@ -447,7 +458,7 @@ static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, con
     rm = rm < 1 ? 1 : rm > R ? R : rm;
     while (rm > 1 && (rm > 16 || rm * cvn > 16))
         rm = (rm + 1) / 2;
-    rm = (R + (R + rm - 1) / rm - 1) / ((R + rm - 1) / rm);
+    rm = ceil_div(R, ceil_div(R, rm));
     int ku = 1;
     while (ku < 16 && 2 * ku <= (pp->v[4] > 0 ? pp->v[4] : 8))
         ku *= 2;
@@ -464,7 +475,7 @@ static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, con
         if (!rows_shrink(&kg, &rm))
             return CLATTN_SUCCESS;
     }
-    const int bn = kg * ku, wg = kg * lanes, row_tiles = (R + rm - 1) / rm;
+    const int bn = kg * ku, wg = kg * lanes, row_tiles = ceil_div(R, rm);
     const long long tiles = (long long)row_tiles * p->batch * p->heads_kv;
     int split_len;
     /* Few registers and no local tiles, as decode_rows: counted as half-size work-groups. */
@@ -497,7 +508,7 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
                             (long long)p->head_dim, (long long)p->head_dim_v,
                             (unsigned long long)ctx->dev.local_mem);
     const int bm = c->wgy * c->rm, bn = c->wgx * c->vw * c->ns;
-    const int row_tiles = (R + bm - 1) / bm;
+    const int row_tiles = ceil_div(R, bm);
     const long long tiles = (long long)row_tiles * p->batch * p->heads_kv;
 
     int split_len;

@@ -327,6 +327,10 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
                                   cl_uint num_wait, const cl_event *wait, cl_event *done);
 clattn_status clattn__run_pv(clattn_context *ctx, const clattn_problem *p, const clattn_view *probs,
                              cl_uint num_wait, const cl_event *wait, cl_event *done);
+/* Whether fused_direct (CPUs) reads K and V in place for this problem (decode, or few packed
+ * rows per kv head), rather than from a Kᵀ copy: its RM and NS parameters are then unused. */
+int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
+                            int64_t head_dim, int64_t head_dim_v, clattn_dtype dtype);
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done);
 clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,

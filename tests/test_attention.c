@@ -134,6 +134,7 @@ static const att_case cases[] = {
     {"decode_gqa5_sq4_rows20_mask_f16_hd72", 1, 10, 2, 4, 300, 72, 0, F16, .mask = MASK_HEADS, .mask_dt = F16},
     {"decode_gqa8_sq5_rows40_causal_kvlen_hd59", 2, 16, 2, 5, 200, 59, 0, F32, .causal = 1, .has_kv = 1,
      .kv = {200, 7}},
+    {"decode_gqa8_sq4_rows32_hd256_f16", 1, 16, 2, 4, 300, 256, 0, F16, .causal = 1},
 
     /* prefill with few rows per kv head (up to 32, or 64 when a head's K and V exceed a quarter
      * of the device's cache): on CPUs, K and V read in place as for decode, in one or two blocks
@@ -143,8 +144,12 @@ static const att_case cases[] = {
     {"few_rows_sq32_hd59_poison_kvlen", 2, 2, 2, 32, 70, 59, 0, F32, .has_kv = 1, .kv = {40, 3},
      .special = SP_POISON},
     {"few_rows_sq24_bf16_hd40_dv128_causal", 1, 2, 2, 24, 47, 40, 128, BF16, .causal = 1},
-    {"few_rows_two_blocks_sq40_kv20000_causal", 1, 1, 1, 40, 20000, 64, 0, F32, .causal = 1,
-     .special = SP_POISON_DIAG},
+    /* K and V of 10 MB a head: two blocks in place where that is over a quarter of the cache
+     * (PoCL's 32 MiB here), else the Kᵀ copy */
+    {"few_rows_sq40_kv20000_causal", 1, 1, 1, 40, 20000, 64, 0, F32, .causal = 1, .special = SP_POISON_DIAG},
+    /* blocks of 32 rows with head_dim 256: P·V in register tiles, 100 KiB of private arrays */
+    {"few_rows_sq32_hd256_causal_mask", 1, 2, 2, 32, 100, 256, 0, F32, .causal = 1, .mask = MASK_HEADS,
+     .mask_dt = F32},
 
     /* grouped-query attention */
     {"gqa_3to1", 2, 6, 2, 37, 53, 64, 0, F32, .causal = 1},
@@ -267,6 +272,8 @@ static const att_case cases[] = {
     {"long_64x16384", 1, 1, 1, 64, 16384, 64, 0, F32, .causal = 0},
     {"long_64x65536", 1, 1, 1, 64, 65536, 64, 0, F32, .algos = ALG_FUSED},
     {"long_64x131072", 1, 1, 1, 64, 131072, 64, 0, F32, .algos = ALG_FUSED},
+    /* more rows than read in place on CPUs: the Kᵀ copy in cache-sized key chunks, merged */
+    {"long_72x40000", 1, 1, 1, 72, 40000, 64, 0, F32, .algos = ALG_FUSED},
     {"long_64x65536_f16_causal", 1, 1, 1, 64, 65536, 64, 0, F16, .causal = 1, .algos = ALG_FUSED},
     {"long_4096x4096_causal", 1, 1, 1, 4096, 4096, 64, 0, F32, .causal = 1, .algos = ALG_FUSED},
 };

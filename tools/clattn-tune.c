@@ -387,9 +387,20 @@ static int same(const int *a, const int *b, int n) { return memcmp(a, b, (size_t
 static int g_ptx_device;
 
 /* Removes choices that cannot matter, so equivalent candidates compare equal. */
-static void canonical(clattn_operation op, int *v)
+static void canonical(const task *t, int *v)
 {
-    if (op == CLATTN_OPERATION_SCORES) {
+    const clattn_operation op = t->op;
+    if (op == CLATTN_OPERATION_FUSED && v[5] == 1) { /* fused_direct: WGX, WGY and VW unused */
+        v[0] = v[1] = 1;
+        v[4] = 16;
+        /* Read in place for this shape (few rows per kv head), where RM and NS are unused too:
+         * the defaults' values stay, for the shapes of the bucket that take the Kᵀ copy. */
+        const shape *s = &t->s;
+        if (clattn__direct_in_place(ctx, s->h / s->hkv * s->sq, s->sq, s->skv, s->d, s->d, CLATTN_F32)) {
+            v[2] = t->defaults[2];
+            v[3] = t->defaults[3];
+        }
+    } else if (op == CLATTN_OPERATION_SCORES) {
         if (v[8]) { /* direct: only RM and NS count */
             v[0] = v[1] = 1;
             v[4] = 16;
@@ -423,20 +434,22 @@ static size_t space_size(clattn_operation op)
     return n;
 }
 
-static void nth_candidate(clattn_operation op, size_t idx, int *v)
+static void nth_candidate(const task *t, size_t idx, int *v)
 {
+    const clattn_operation op = t->op;
     for (int i = 0; i < clattn_param_count(op); i++) {
         const int *vals;
         const int n = clattn__param_candidates((clattn_op)op, i, &vals);
         v[i] = vals[idx % (size_t)n];
         idx /= (size_t)n;
     }
-    canonical(op, v);
+    canonical(t, v);
 }
 
 /* A neighbour of `from`: one or two parameters moved to another candidate value. */
-static void mutate(clattn_operation op, const int *from, int *v)
+static void mutate(const task *t, const int *from, int *v)
 {
+    const clattn_operation op = t->op;
     const int np = clattn_param_count(op);
     memcpy(v, from, (size_t)np * sizeof *v);
     const int moves = 1 + (int)(rnd() % 2);
@@ -446,7 +459,7 @@ static void mutate(clattn_operation op, const int *from, int *v)
         const int n = clattn__param_candidates((clattn_op)op, i, &vals);
         v[i] = vals[rnd() % (uint64_t)n];
     }
-    canonical(op, v);
+    canonical(t, v);
 }
 
 static const char *task_text(const task *t, char *buf, size_t size)
@@ -533,11 +546,11 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
             break;
         int v[CLATTN_MAX_KERNEL_PARAMS] = {0};
         if (exhaustive)
-            nth_candidate(op, iter, v);
+            nth_candidate(t, iter, v);
         else if (rnd() % 3 == 0)
-            nth_candidate(op, (size_t)(rnd() % space), v);
+            nth_candidate(t, (size_t)(rnd() % space), v);
         else
-            mutate(op, t->best, v);
+            mutate(t, t->best, v);
         int dup = 0;
         for (int i = 0; i < nseen && !dup; i++)
             dup = same(seen[i], v, np);
