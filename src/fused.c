@@ -229,9 +229,8 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
      * 32768: 20 rows (GQA 5:1, seq_q 4) 24.7-32.3 ms in one block against 44 in blocks of 16;
      * 64 rows 69 against 89. */
     int rm0 = in_place && !decode ? 0 : pp->v[2];
-    if (in_place && rm0 <= 0) {
+    if (in_place && rm0 <= 0)
         rm0 = R <= 16 ? R : (ceil_div(R, ceil_div(R, DIRECT_IN_PLACE_ROWS)) + 3) / 4 * 4;
-    }
     const int rm = rm0 < 1 ? 1 : rm0 > 32 ? 32 : rm0;
     const int ns = in_place || pp->v[3] < 1 ? 1 : pp->v[3] > 4 ? 4 : pp->v[3];
     const int bn = 16 * ns, dv16 = (int)((p->head_dim_v + 15) / 16);

@@ -131,7 +131,8 @@ static const att_case cases[] = {
     {"decode_hd16_dv256_16rows", 1, 1, 1, 16, 37, 16, 256, F32, .causal = 0},
     {"decode_hd59_poison_kvlen", 2, 2, 2, 4, 70, 59, 0, F32, .has_kv = 1, .kv = {40, 3}, .special = SP_POISON},
     /* more than 16 packed rows: one block of 20 (with tails), two of 20 */
-    {"decode_gqa5_sq4_rows20_mask_f16_hd72", 1, 10, 2, 4, 300, 72, 0, F16, .mask = MASK_HEADS, .mask_dt = F16},
+    {"decode_gqa5_sq4_rows20_mask_f16_hd72", 1, 10, 2, 4, 300, 72, 0, F16, .mask = MASK_HEADS,
+     .mask_dt = F16},
     {"decode_gqa8_sq5_rows40_causal_kvlen_hd59", 2, 16, 2, 5, 200, 59, 0, F32, .causal = 1, .has_kv = 1,
      .kv = {200, 7}},
     {"decode_gqa8_sq4_rows32_hd256_f16", 1, 16, 2, 4, 300, 256, 0, F16, .causal = 1},

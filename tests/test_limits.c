@@ -589,19 +589,20 @@ static strict_params strict_params_of(const row *r)
     }
     case OP_UNFUSED:
     case OP_SCORES: /* the scores GEMM comes first */
-        return (strict_params){CLATTN_OPERATION_SCORES, "CLATTN_PARAMS_SCORES", 9, {8, 8, 2, 1, 16, 4, 0, 0, 0},
-                               "gemm", 64};
+        return (strict_params){CLATTN_OPERATION_SCORES, "CLATTN_PARAMS_SCORES", 9,
+                               {8, 8, 2, 1, 16, 4, 0, 0, 0}, "gemm", 64};
     case OP_SOFTMAX:
         return (strict_params){CLATTN_OPERATION_SOFTMAX, "CLATTN_PARAMS_SOFTMAX", 2, {64, 0}, "softmax", 64};
     case OP_MERGE:
-        return (strict_params){CLATTN_OPERATION_MERGE, "CLATTN_PARAMS_MERGE", 1, {16}, "merge_pair", 16}; /* 3 parts: merged pairwise */
+        /* three parts: merged pairwise */
+        return (strict_params){CLATTN_OPERATION_MERGE, "CLATTN_PARAMS_MERGE", 1, {16}, "merge_pair", 16};
     }
     return (strict_params){CLATTN_OPERATION_COUNT, NULL, 0, {0}, NULL, 0}; /* not reached */
 }
 
 /* Parameters the application or the environment set are run as given or refused: each row's
  * operation, with the tuning file's parameters as an override and in CLATTN_PARAMS_<OP>, fails
- * with UNSUPPORTED naming the kernel, its work-group and its limit, enqueues nothing, leaves the
+ * with UNSUPPORTED naming the kernel, its work-group and its limit, launches nothing, leaves the
  * outputs alone and hands back no event, where the tuning file's own values were refitted. */
 static void test_kernel_wg_strict(void **state)
 {
