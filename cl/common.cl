@@ -73,6 +73,108 @@ inline float16 ld16_tail(__global const T_IN *p, int col, int n)
         t[e] = col + e < n ? LD_IN(p, col + e) : 0.0f;
     return vload16(0, t);
 }
+
+#if defined(DP16)
+/* Scores with K read in place, on CPUs (fused_direct with IN_PLACE in fused.cl, scores_in_place
+ * in gemm.cl): a query row is held as DP16 = 16·ceil(head_dim / 16) floats, zero past head_dim,
+ * so that a key's dot product is a sum of float16 products whose 16 lanes are added at the end
+ * (hsum16x16, for 16 keys at once). KV_FULL 1 when head_dim (and head_dim_v) are multiples of 16:
+ * no tail loads. qk16_row and qk16_tile4 are always inlined: PoCL 3.1 left qk16_row a call, in
+ * which vload_half16 of a K row of odd head_dim (not 16-byte aligned) became an aligned load
+ * that faulted; inlined, the loads are unaligned ones, as in the kernels. */
+typedef union qrow {
+    float f[DP16];
+    float16 v[DP16 / 16];
+} qrow;
+
+/* Elements col..col+15 of a K or V row of n elements, 0 past n. */
+inline float16 ld16_row(__global const T_IN *p, int col, int n)
+{
+#if !KV_FULL
+    if (col + 15 >= n)
+        return ld16_tail(p, col, n);
+#endif
+    return LD16_IN(p, col);
+}
+
+/* Lane e of the result is the sum of the 16 lanes of t[e]: four rounds of pairwise sums, each
+ * halving the vectors (two shuffles and an add per output vector). */
+inline float16 hsum16x16(const float16 *t)
+{
+    float16 w[8], x[4], y[2];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        w[k] = (float16)(t[2 * k].even, t[2 * k + 1].even) + (float16)(t[2 * k].odd, t[2 * k + 1].odd);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        x[k] = (float16)(w[2 * k].even, w[2 * k + 1].even) + (float16)(w[2 * k].odd, w[2 * k + 1].odd);
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        y[k] = (float16)(x[2 * k].even, x[2 * k + 1].even) + (float16)(x[2 * k].odd, x[2 * k + 1].odd);
+    return (float16)(y[0].even, y[1].even) + (float16)(y[0].odd, y[1].odd);
+}
+
+/* Lane e: the dot product of row q with key kc + e, whose K row starts (kc + e)·k_ss elements
+ * into Kb; keys past klast load key klast (the caller hides or drops them). The 16 keys' loads
+ * are unrolled: more misses in flight, which bandwidth-bound decodes of few rows need more than
+ * fewer loads. */
+__attribute__((always_inline)) inline float16 qk16_row(const qrow *q, __global const T_IN *Kb, ulong k_ss, int kc, int klast, int D)
+{
+    float16 t[16];
+#pragma unroll
+    for (int e = 0; e < 16; e++) {
+        __global const T_IN *kr = Kb + (ulong)min(kc + e, klast) * k_ss;
+        float16 acc = (float16)(0.0f);
+#pragma unroll
+        for (int c = 0; c < DP16 / 16 - 1; c++)
+            acc = MAD(q->v[c], LD16_IN(kr, 16 * c), acc);
+        t[e] = MAD(q->v[DP16 / 16 - 1], ld16_row(kr, DP16 - 16, D), acc);
+    }
+    return hsum16x16(t);
+}
+
+/* qk16_row for the four rows q[0..3] into s[0..3], in register tiles of 4 rows by 4 keys: a K
+ * vector serves 4 rows and a Q vector 4 keys, so a multiply-add costs half a load instead of
+ * about one (where many rows read each K row: grouped-query heads, prefill rows). The 16 K
+ * rows stay in L1 while the caller's row tiles pass over them. */
+__attribute__((always_inline)) inline void qk16_tile4(const qrow *q, __global const T_IN *Kb, ulong k_ss, int kc, int klast, int D,
+                       float16 *s)
+{
+    float16 t[4][16];
+#pragma unroll 1
+    for (int e0 = 0; e0 < 16; e0 += 4) {
+        __global const T_IN *kr[4];
+        float16 acc[4][4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            kr[e] = Kb + (ulong)min(kc + e0 + e, klast) * k_ss;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[i][e] = (float16)(0.0f);
+        }
+#pragma unroll
+        for (int c = 0; c < DP16 / 16; c++) {
+            float16 kv[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                kv[e] = c < DP16 / 16 - 1 ? LD16_IN(kr[e], 16 * c) : ld16_row(kr[e], DP16 - 16, D);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[i][e] = MAD(q[i].v[c], kv[e], acc[i][e]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                t[i][e0 + e] = acc[i][e];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        s[i] = hsum16x16(t[i]);
+}
+#endif
 #endif
 
 #if defined(DT_A)

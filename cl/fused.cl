@@ -360,45 +360,16 @@ fused(ATTN_KERNEL_ARGS(T_IN))
 /* IN_PLACE 1 (decode on CPUs, DECODE DIRECT 1, and prefill with few rows per kv head): K and V
  * are read where they are, in their storage type, instead of from the copies: a block of rows
  * reads each key once, so with one or two blocks per kv head copying would triple the traffic.
- * Chunks of 16 keys (NS 1); a row's 16 partial dot products (float16 over the head dimension, Q
- * zero-padded to DP = 16·ceil(D/16)) become one float16 of scores through hsum16x16.
+ * Chunks of 16 keys (NS 1), their scores from qk16_row or qk16_tile4 (common.cl; DP = DP16).
  * KV_FULL 1 when head_dim and head_dim_v are multiples of 16 (no tail loads). */
 #if IN_PLACE
 #define T_KV T_IN
-#if NS != 1
-#error "IN_PLACE needs NS 1"
+#if NS != 1 || DP != DP16
+#error "IN_PLACE needs NS 1 and DP = DP16"
 #endif
-/* The scores in register tiles of QB = 4 rows by KB = 4 keys (QK_TILE) when there are many rows
- * to a K row (8 or more packed rows: grouped-query heads, or prefill rows). */
+/* The scores in register tiles of 4 rows by 4 keys (qk16_tile4) when there are many rows to a
+ * K row (8 or more packed rows: grouped-query heads, or prefill rows). */
 #define QK_TILE (RM >= 8 && RM % 4 == 0)
-#define QB 4
-#define KB 4
-/* Elements col..col+15 of a K or V row of n elements, 0 past n. */
-inline float16 ld16_row(__global const T_IN *p, int col, int n)
-{
-#if !KV_FULL
-    if (col + 15 >= n)
-        return ld16_tail(p, col, n);
-#endif
-    return LD16_IN(p, col);
-}
-
-/* Lane e of the result is the sum of the 16 lanes of t[e]: four rounds of pairwise sums, each
- * halving the vectors (two shuffles and an add per output vector). */
-inline float16 hsum16x16(const float16 *t)
-{
-    float16 w[8], x[4], y[2];
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-        w[k] = (float16)(t[2 * k].even, t[2 * k + 1].even) + (float16)(t[2 * k].odd, t[2 * k + 1].odd);
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        x[k] = (float16)(w[2 * k].even, w[2 * k + 1].even) + (float16)(w[2 * k].odd, w[2 * k + 1].odd);
-#pragma unroll
-    for (int k = 0; k < 2; k++)
-        y[k] = (float16)(x[2 * k].even, x[2 * k + 1].even) + (float16)(x[2 * k].odd, x[2 * k + 1].odd);
-    return (float16)(y[0].even, y[1].even) + (float16)(y[0].odd, y[1].odd);
-}
 /* Vector c of a V row (c a constant after unrolling): only the last one can be short, since
  * 16·(DV16 - 1) < head_dim_v. */
 #define LDV16(p, c) ((c) < DV16 - 1 ? LD16_IN((p), 16 * (c)) : ld16_row((p), 16 * (c), DV))
@@ -495,10 +466,14 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
     __global const T_KV *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
     __global const T_KV *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
 
+#if IN_PLACE
+    qrow qs[RM]; /* DP = DP16 */
+#else
     union {
         float f[DP];
         float16 v[(DP + 15) / 16];
     } qs[RM];
+#endif
     float m[RM], l[RM];
     int rend[RM];
     ulong mrow[RM];
@@ -536,65 +511,18 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
              * (DP - 16 < head_dim): unrolled over the rows, with a tail check in every load,
              * RM 16 made programs that took PoCL one to three minutes to compile. */
 #if QK_TILE
-            /* Register tiles of QB rows x KB keys: a K vector serves QB rows and a Q vector KB
-             * keys, so a multiply-add costs 1/QB + 1/KB loads instead of about one (the rows
-             * of a grouped-query head share every K row). The chunk's K rows stay in L1 while
-             * the row blocks pass over them. */
 #pragma unroll 1
-            for (int i0 = 0; i0 < RM; i0 += QB) {
-                float16 t[QB][16];
-#pragma unroll 1
-                for (int e0 = 0; e0 < 16; e0 += KB) {
-                    __global const T_IN *kr[KB];
-                    float16 acc[QB][KB];
+            for (int i0 = 0; i0 < RM; i0 += 4) {
+                float16 t[4];
+                qk16_tile4(qs + i0, Kb, k_ss, kc, k_hi - 1, D, t);
 #pragma unroll
-                    for (int e = 0; e < KB; e++) {
-                        kr[e] = Kb + (ulong)min(kc + e0 + e, k_hi - 1) * k_ss;
-#pragma unroll
-                        for (int i = 0; i < QB; i++)
-                            acc[i][e] = (float16)(0.0f);
-                    }
-#pragma unroll
-                    for (int c = 0; c < DP / 16; c++) {
-                        float16 kv[KB];
-#pragma unroll
-                        for (int e = 0; e < KB; e++)
-                            kv[e] = c < DP / 16 - 1 ? LD16_IN(kr[e], 16 * c) : ld16_row(kr[e], DP - 16, D);
-#pragma unroll
-                        for (int i = 0; i < QB; i++) {
-                            const float16 q = qs[i0 + i].v[c];
-#pragma unroll
-                            for (int e = 0; e < KB; e++)
-                                acc[i][e] = MAD(q, kv[e], acc[i][e]);
-                        }
-                    }
-#pragma unroll
-                    for (int i = 0; i < QB; i++)
-#pragma unroll
-                        for (int e = 0; e < KB; e++)
-                            t[i][e0 + e] = acc[i][e];
-                }
-#pragma unroll
-                for (int i = 0; i < QB; i++)
-                    sb[i0 + i].v[ch] = hsum16x16(t[i]) * scale;
+                for (int i = 0; i < 4; i++)
+                    sb[i0 + i].v[ch] = t[i] * scale;
             }
 #else
-            /* Row by row, the 16 keys' loads unrolled: more misses in flight, which bandwidth-bound
-             * decodes of few rows need more than fewer loads. */
 #pragma unroll 1
-            for (int i = 0; i < RM; i++) {
-                float16 t[16];
-#pragma unroll
-                for (int e = 0; e < 16; e++) {
-                    __global const T_IN *kr = Kb + (ulong)min(kc + e, k_hi - 1) * k_ss;
-                    float16 acc = (float16)(0.0f);
-#pragma unroll
-                    for (int c = 0; c < DP / 16 - 1; c++)
-                        acc = MAD(qs[i].v[c], LD16_IN(kr, 16 * c), acc);
-                    t[e] = MAD(qs[i].v[DP / 16 - 1], ld16_row(kr, DP - 16, D), acc);
-                }
-                sb[i].v[ch] = hsum16x16(t) * scale;
-            }
+            for (int i = 0; i < RM; i++)
+                sb[i].v[ch] = qk16_row(qs + i, Kb, k_ss, kc, k_hi - 1, D) * scale;
 #endif
 #else
             float16 s[RM][NS];

@@ -262,12 +262,16 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     const int kv_full = p->head_dim % 16 == 0 && p->head_dim_v % 16 == 0;
 
     /* Every kernel is built before anything is enqueued: a build failure leaves no partial work. */
+    char dp16[24] = ""; /* in place: the query rows of qk16_row and qk16_tile4 (common.cl) */
+    if (in_place)
+        snprintf(dp16, sizeof dp16, " -DDP16=%d", dp);
     char opts[256];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=1 -DWGY=1 "
-             "-DRM=%d -DNS=%d -DVW=16 -DNV=1 -DDP=%d -DDV16=%d -DEXP2_POLY=1 -DIN_PLACE=%d -DKV_FULL=%d",
+             "-DRM=%d -DNS=%d -DVW=16 -DNV=1 -DDP=%d -DDV16=%d -DEXP2_POLY=1 -DIN_PLACE=%d -DKV_FULL=%d%s",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
-             p->has_mask ? (int)p->mask.dtype : 0, rm, ns, dp, dv16, in_place, kv_full);
+             p->has_mask ? (int)p->mask.dtype : 0, rm, ns, dp, dv16, in_place, kv_full,
+             dp16);
     cl_kernel kpack = NULL, kdirect;
     clattn_status st;
     if ((!v_as_is && (st = clattn__get_kernel(ctx, "fused.cl", opts, "pack_v", &kpack))) ||
