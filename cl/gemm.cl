@@ -50,13 +50,17 @@
 #define vstoreV CAT(vstore, VW)
 #define NWI (WGX * WGY)
 
+/* The argument list of gemm, scores_direct, scores_in_place and pv_direct (src/scores.c sets
+ * them alike); TB is the element type of B. */
+#define GEMM_KERNEL_ARGS(TB)                                                                     \
+    __global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss, __global const TB *B, \
+        ulong b_off, ulong b_sb, ulong b_sh, ulong b_ss, __global T_OUT *C, ulong c_off,         \
+        ulong c_sb, ulong c_sh, ulong c_ss, __global const T_MASK *mask, ulong m_off, ulong m_sb, \
+        ulong m_sh, ulong m_ss, __global const int *kvlen, int M, int N, int K, int heads,       \
+        int group, int seq_q, int seq_kv, int causal, int has_mask, float alpha
+
 __kernel __attribute__((reqd_work_group_size(WGX, WGY, 1))) void
-gemm(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
-     __global const T_IN *B, ulong b_off, ulong b_sb, ulong b_sh, ulong b_ss,
-     __global T_OUT *C, ulong c_off, ulong c_sb, ulong c_sh, ulong c_ss,
-     __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,
-     __global const int *kvlen, int M, int N, int K, int heads, int group, int seq_q, int seq_kv,
-     int causal, int has_mask, float alpha)
+gemm(GEMM_KERNEL_ARGS(T_IN))
 {
     __local float As[TM][TK + 4]; /* row-major: A values are read as broadcast scalars */
     __local float Bs[TK][TN];
@@ -295,25 +299,76 @@ transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong
     }
 }
 
+/* The direct kernels' indices: z = b·heads + h (kv head hk), rows from m0, keys (or O columns)
+ * from n0 in blocks of NB_, L keys in batch b, Ab the head's rows of A. */
+#define DIRECT_INDICES(NB_)                                                                      \
+    const int z = GROUP_ID(2);                                                                   \
+    const int b = z / heads, h = z % heads, hk = h / group;                                      \
+    const int m0 = GROUP_ID(1) * RM, n0 = get_group_id(0) * (NB_);                               \
+    const int L = keys_of_batch(kvlen, b, seq_kv);                                               \
+    __global const T_A *Ab = A + a_off + (ulong)b * a_sb + (ulong)h * a_sh
+
+/* Stores x at columns n..n+15 of a row of N elements, those past N left alone. */
+__attribute__((always_inline)) inline void store16_row(__global T_OUT *row, int n, int N, float16 x)
+{
+    if (n + 15 < N) {
+#if DT_OUT == 0
+        vstore16(x, 0, row + n);
+#else
+        ST4_OUT(row, n, x.s0123);
+        ST4_OUT(row, n + 4, x.s4567);
+        ST4_OUT(row, n + 8, x.s89ab);
+        ST4_OUT(row, n + 12, x.scdef);
+#endif
+        return;
+    }
+    float v[16];
+    vstore16(x, 0, v);
+    for (int e = 0; e < 16 && n + e < N; e++)
+        ST_OUT(row, n + e, v[e]);
+}
+
+/* The scores x (scaled) of keys n..n+15 into row m of C (Cb, rows c_ss apart): the mask row
+ * added (Mb, rows m_ss apart), keys at or past cend -inf (causal, key lengths), nothing past N. */
+__attribute__((always_inline)) inline void store_scores16(__global T_OUT *Cb, ulong c_ss,
+                                                          __global const T_MASK *Mb, ulong m_ss, int m,
+                                                          int n, int N, int cend, int has_mask,
+                                                          float16 x)
+{
+    if (n + 15 < N && n + 15 < cend && !has_mask) {
+#if DT_OUT == 0
+        vstore16(x, 0, Cb + (ulong)m * c_ss + n);
+#else
+        ST4_OUT(Cb, (ulong)m * c_ss + n, x.s0123);
+        ST4_OUT(Cb, (ulong)m * c_ss + n + 4, x.s4567);
+        ST4_OUT(Cb, (ulong)m * c_ss + n + 8, x.s89ab);
+        ST4_OUT(Cb, (ulong)m * c_ss + n + 12, x.scdef);
+#endif
+        return;
+    }
+    float v[16];
+    vstore16(x, 0, v);
+    for (int e = 0; e < 16 && n + e < N; e++) {
+        float y = v[e];
+        if (has_mask) {
+            /* A -inf mask hides the key even when its score is NaN. */
+            const float mv = LD_MASK(Mb, (ulong)m * m_ss + n + e);
+            y = mv == NEG_INF ? NEG_INF : y + mv;
+        }
+        ST_OUT(Cb, (ulong)m * c_ss + n + e, n + e < cend ? y : NEG_INF);
+    }
+}
+
 /* Scores on CPUs (DIRECT): one work-item per RM x (16·NS) tile, no local memory, no barrier.
  * Q is read in place (its values broadcast from L1), Kᵀ rows (transpose_k, pitch padded so that
  * consecutive rows do not share an L1 set) as float16 vectors; the accumulators stay in
  * registers. Rows beyond M and keys beyond N are computed from clamped/padded data and never
  * stored. Grid x = ceil(N / (16·NS)), y = ceil(M / RM), z = batch·heads (work-group 1x1x1). */
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
-scores_direct(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong a_ss,
-              __global const float *Bt, ulong b_off, ulong b_sb, ulong b_sh, ulong b_ss,
-              __global T_OUT *C, ulong c_off, ulong c_sb, ulong c_sh, ulong c_ss,
-              __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,
-              __global const int *kvlen, int M, int N, int K, int heads, int group, int seq_q,
-              int seq_kv, int causal, int has_mask, float alpha)
+scores_direct(GEMM_KERNEL_ARGS(float))
 {
-    const int z = GROUP_ID(2);
-    const int b = z / heads, h = z % heads, hk = h / group;
-    const int m0 = GROUP_ID(1) * RM, n0 = get_group_id(0) * (16 * NS);
-    const int L = keys_of_batch(kvlen, b, seq_kv);
-    __global const T_A *Ab = A + a_off + (ulong)b * a_sb + (ulong)h * a_sh;
-    __global const float *Bb = Bt + b_off + (ulong)b * b_sb + (ulong)hk * b_sh + n0;
+    DIRECT_INDICES(16 * NS);
+    __global const float *Bb = B + b_off + (ulong)b * b_sb + (ulong)hk * b_sh + n0;
 
     __global const T_A *arow[RM];
 #pragma unroll
@@ -344,31 +399,122 @@ scores_direct(__global const T_A *A, ulong a_off, ulong a_sb, ulong a_sh, ulong 
     for (int i = 0; i < RM && m0 + i < M; i++) {
         const int m = m0 + i;
         const int cend = causal_end(causal, m, seq_q, L);
-        for (int s = 0; s < NS; s++) {
-            const int n = n0 + 16 * s;
-            const float16 x = acc[i][s] * alpha;
-            if (n + 15 < N && n + 15 < cend && !has_mask) {
-#if DT_OUT == 0
-                vstore16(x, 0, Cb + (ulong)m * c_ss + n);
+        for (int s = 0; s < NS; s++)
+            store_scores16(Cb, c_ss, Mb, m_ss, m, n0 + 16 * s, N, cend, has_mask, acc[i][s] * alpha);
+    }
+}
+
+#if defined(DP16)
+/* Scores on CPUs with K read in place (DIRECT 1 with KT 0, or with few query rows: see
+ * src/scores.c): one work-item per RM rows and 256 keys, in chunks of 16 keys through
+ * qk16_tile4 (8 or more rows, a multiple of 4) or qk16_row (common.cl). With few rows the Kᵀ
+ * copy's write and second read of K cost more than the horizontal sums of in-place dot
+ * products. Grid x = ceil(N / 256), y = ceil(M / RM), z = batch·heads (work-group 1x1x1). */
+#define SIP_KEYS 256
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
+scores_in_place(GEMM_KERNEL_ARGS(T_IN))
+{
+    DIRECT_INDICES(SIP_KEYS);
+    __global const T_IN *Bb = B + b_off + (ulong)b * b_sb + (ulong)hk * b_sh;
+    qrow q[RM];
+#pragma unroll 1
+    for (int i = 0; i < RM; i++) {
+        __global const T_A *arow = Ab + (ulong)min(m0 + i, M - 1) * a_ss; /* rows past M: not stored */
+        for (int d = 0; d < DP16; d++)
+            q[i].f[d] = d < K ? LD_A(arow, d) : 0.0f;
+    }
+    __global T_OUT *Cb = C + c_off + (ulong)b * c_sb + (ulong)h * c_sh;
+    __global const T_MASK *Mb = mask + m_off + (ulong)b * m_sb + (ulong)h * m_sh;
+    const int n_end = min(N, n0 + SIP_KEYS);
+    for (int kc = n0; kc < n_end; kc += 16) {
+        float16 s[RM];
+#if RM >= 8 && RM % 4 == 0
+#pragma unroll 1
+        for (int i0 = 0; i0 < RM; i0 += 4)
+            qk16_tile4(q + i0, Bb, b_ss, kc, N - 1, K, s + i0);
 #else
-                ST4_OUT(Cb, (ulong)m * c_ss + n, x.s0123);
-                ST4_OUT(Cb, (ulong)m * c_ss + n + 4, x.s4567);
-                ST4_OUT(Cb, (ulong)m * c_ss + n + 8, x.s89ab);
-                ST4_OUT(Cb, (ulong)m * c_ss + n + 12, x.scdef);
+#pragma unroll 1
+        for (int i = 0; i < RM; i++)
+            s[i] = qk16_row(q + i, Bb, b_ss, kc, N - 1, K);
 #endif
-                continue;
-            }
-            float v[16];
-            vstore16(x, 0, v);
-            for (int e = 0; e < 16 && n + e < N; e++) {
-                float y = v[e];
-                if (has_mask) {
-                    /* A -inf mask hides the key even when its score is NaN. */
-                    const float mv = LD_MASK(Mb, (ulong)m * m_ss + n + e);
-                    y = mv == NEG_INF ? NEG_INF : y + mv;
-                }
-                ST_OUT(Cb, (ulong)m * c_ss + n + e, n + e < cend ? y : NEG_INF);
-            }
+#pragma unroll 1
+        for (int i = 0; i < RM && m0 + i < M; i++) {
+            const int m = m0 + i;
+            store_scores16(Cb, c_ss, Mb, m_ss, m, kc, N, causal_end(causal, m, seq_q, L), has_mask,
+                           s[i] * alpha);
         }
     }
 }
+#endif
+
+#if MODE == 1
+/* The NS float16 vectors of a V row's columns from vr, ncols of them existing (0 beyond). */
+__attribute__((always_inline)) inline void load_v16s(__global const T_IN *vr, int ncols, float16 *bv)
+{
+#pragma unroll
+    for (int s = 0; s < NS; s++)
+        bv[s] = 16 * s + 15 < ncols ? LD16_IN(vr, 16 * s) : ld16_tail(vr, 16 * s, ncols);
+}
+
+/* P·V on CPUs (P·V DIRECT 1): one work-item per RM rows x 16·NS columns of O over every key its
+ * rows see, no local memory, no barrier: V rows read in place as float16 vectors, P's values
+ * broadcast, the accumulators in registers. Keys some row of the block hides are checked row by
+ * row (IS_HIDDEN, see gemm's MODE 1) so that NaN or Inf in their V never reach O. Rows past M
+ * compute on a copy of row M - 1 and are not stored. Grid x = ceil(N / (16·NS)),
+ * y = ceil(M / RM), z = batch·heads (work-group 1x1x1). */
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
+pv_direct(GEMM_KERNEL_ARGS(T_IN))
+{
+    DIRECT_INDICES(16 * NS);
+    const int kend = causal_end(causal, min(M, m0 + RM) - 1, seq_q, L);
+    const int kfull = min(kend, has_mask ? 0 : causal_end(causal, m0, seq_q, L)); /* all rows see k < kfull */
+    __global const T_IN *Bb = B + b_off + (ulong)b * b_sb + (ulong)hk * b_sh + n0;
+    __global const T_A *arow[RM];
+    float16 acc[RM][NS];
+#pragma unroll
+    for (int i = 0; i < RM; i++) {
+        arow[i] = Ab + (ulong)min(m0 + i, M - 1) * a_ss;
+#pragma unroll
+        for (int s = 0; s < NS; s++)
+            acc[i][s] = (float16)(0.0f);
+    }
+    const int ncols = N - n0; /* columns of this block's V rows that exist */
+    int k = 0;
+    for (; k < kfull; k++) {
+        float16 bv[NS];
+        load_v16s(Bb + (ulong)k * b_ss, ncols, bv);
+#pragma unroll
+        for (int i = 0; i < RM; i++) {
+            const float a = LD_A(arow[i], k);
+#pragma unroll
+            for (int s = 0; s < NS; s++)
+                acc[i][s] = MAD((float16)(a), bv[s], acc[i][s]);
+        }
+    }
+    for (; k < kend; k++) {
+        float a[RM];
+        int seen = 0;
+#pragma unroll
+        for (int i = 0; i < RM; i++) {
+            a[i] = LD_A(arow[i], k);
+            seen |= !IS_HIDDEN(a[i]);
+        }
+        if (!seen)
+            continue;
+        float16 bv[NS];
+        load_v16s(Bb + (ulong)k * b_ss, ncols, bv);
+#pragma unroll
+        for (int i = 0; i < RM; i++)
+            if (!IS_HIDDEN(a[i]))
+#pragma unroll
+                for (int s = 0; s < NS; s++)
+                    acc[i][s] = MAD((float16)(a[i]), bv[s], acc[i][s]);
+    }
+    __global T_OUT *Cb = C + c_off + (ulong)b * c_sb + (ulong)h * c_sh;
+    for (int i = 0; i < RM && m0 + i < M; i++)
+#pragma unroll
+        for (int s = 0; s < NS; s++)
+            if (16 * s < ncols)
+                store16_row(Cb + (ulong)(m0 + i) * c_ss, n0 + 16 * s, N, acc[i][s]);
+}
+#endif

@@ -327,6 +327,10 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
                                   cl_uint num_wait, const cl_event *wait, cl_event *done);
 clattn_status clattn__run_pv(clattn_context *ctx, const clattn_problem *p, const clattn_view *probs,
                              cl_uint num_wait, const cl_event *wait, cl_event *done);
+/* Whether scores with parameters v (SCORES) read K in place (scores_in_place: DIRECT 1 with KT 0,
+ * or with few query rows) for seq_q rows against k_bytes of K in all: RM (up to 32 rows) and NS
+ * are then unused, and so is KT for few rows. */
+int clattn__scores_in_place(const clattn_context *ctx, const int *v, int64_t seq_q, uint64_t k_bytes);
 /* Whether fused_direct (CPUs) reads K and V in place for this problem (decode, or few packed
  * rows per kv head), rather than from a Kᵀ copy: its RM and NS parameters are then unused. */
 int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,

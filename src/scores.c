@@ -44,8 +44,30 @@ static clattn_params_source gemm_params(clattn_context *ctx, int mode, const cla
     const clattn_params_source source = clattn__default_params(ctx, &bucket, pp);
     sane_gemm(ctx, pp, ctx->dev.max_wg);
     if (mode != 0)
-        pp->v[6] = pp->v[7] = pp->v[8] = 0; /* KF, KT and DIRECT are scores-only */
+        pp->v[6] = pp->v[7] = 0; /* KF and KT are scores-only */
     return source;
+}
+
+/* Scores with at most 16 query rows per head, or 32 when the heads' K exceed a quarter of the
+ * device's cache (or its size is unknown), read K in place (scores_in_place) where DIRECT would
+ * read a Kᵀ copy: the copy costs a read and a write of K before the kernel reads it again, which
+ * few rows do not repay (as in fused.c). Measured on PoCL (2-core Zen 4, B1 H8 d64 f32, min ms,
+ * runs alternating with the copy): seq_kv 16384, seq_q 8: 2.6-3.3 in place against 8.2-11.2;
+ * seq_kv 8192, seq_q 17: 3.0-3.6 against 4.8-4.9; seq_q 32: 4.6-6.3 against 5.0-5.7; seq_kv
+ * 1024 (K in cache), seq_q 32: 0.73 against 0.61. */
+#define SCORES_IN_PLACE_ROWS 16
+
+int clattn__scores_in_place(const clattn_context *ctx, const int *v, int64_t seq_q, uint64_t k_bytes)
+{
+    return v[8] > 0 && (v[7] <= 0 || seq_q <= SCORES_IN_PLACE_ROWS ||
+                        (seq_q <= 2 * SCORES_IN_PLACE_ROWS && k_bytes > ctx->dev.cache_size / 4));
+}
+
+static int scores_in_place(const clattn_context *ctx, const clattn_params *pp, const clattn_problem *p)
+{
+    const uint64_t k_bytes = (uint64_t)p->batch * (uint64_t)p->heads_kv * (uint64_t)p->seq_kv *
+                             (uint64_t)p->head_dim * (uint64_t)clattn_dtype_size(p->dtype);
+    return clattn__scores_in_place(ctx, pp->v, p->seq_q, k_bytes);
 }
 
 /* Kᵀ scratch of KT scores: [batch·heads_kv][head_dim][pitch] floats. The pitch covers every
@@ -61,7 +83,7 @@ size_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p)
 {
     clattn_params pp;
     gemm_params(ctx, 0, p, &pp);
-    if (pp.v[7] <= 0)
+    if (pp.v[7] <= 0 || scores_in_place(ctx, &pp, p))
         return 0;
     const uint64_t bytes = 4u * (uint64_t)p->batch * (uint64_t)p->heads_kv * (uint64_t)p->head_dim *
                            kt_pitch(p, &pp);
@@ -77,7 +99,23 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
 {
     int *v = pp->v;
     const int kt = mode == 0 && v[7] > 0;
-    const int direct = kt && v[8] > 0;
+    const int direct = v[8] > 0;
+    /* The direct kernels: P·V (pv_direct) RM x 16·NS tiles, at most 6 x 64 or 24 x 16 (24
+     * accumulators: AVX-512 has 32 vector registers), RM no more rows than there are; scores
+     * in place (scores_in_place) RM rows (all of them up to 16, up to 32 in one block rounded to
+     * a multiple of 4 for the 4 x 4 register tiles, else RM); scores over Kᵀ (scores_direct)
+     * as set. */
+    const char *kname = mode == 1 ? (direct ? "pv_direct" : "gemm")
+                                  : (direct ? (kt ? "scores_direct" : "scores_in_place") : "gemm");
+    char dp16[48] = "";
+    if (direct && mode == 1) {
+        v[3] = v[3] < 1 ? 1 : v[3] > 4 ? 4 : v[3];
+        v[2] = v[2] * v[3] > 24 ? 24 / v[3] : v[2];
+        v[2] = v[2] > M ? M : v[2];
+    } else if (direct && !kt) {
+        v[2] = M <= 16 ? M : M <= 32 ? (M + 3) / 4 * 4 : v[2];
+        snprintf(dp16, sizeof dp16, " -DDP16=%d -DKV_FULL=%d", (K + 15) / 16 * 16, K % 16 == 0);
+    }
     cl_kernel k;
     for (size_t cap = ctx->dev.max_wg;;) {
         /* KF: scores stage the whole head_dim at once when it fits in local memory. */
@@ -93,18 +131,19 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
         char opts[256];
         snprintf(opts, sizeof opts,
                  "-cl-std=CL1.2 -cl-mad-enable -DMODE=%d -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d "
-                 "-DWGX=%d -DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d -DKFULL=%d -DKT=%d",
+                 "-DWGX=%d -DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d -DKFULL=%d -DKT=%d%s",
                  mode, (int)a->dtype, (int)bm->dtype, (int)c->dtype,
-                 p->has_mask ? (int)p->mask.dtype : 0, v[0], v[1], v[2], v[3], v[4], v[5], kfull, kt);
-        const clattn_status st =
-            clattn__get_kernel(ctx, "gemm.cl", opts, direct ? "scores_direct" : "gemm", &k);
+                 p->has_mask ? (int)p->mask.dtype : 0, v[0], v[1], v[2], v[3], v[4], v[5], kfull, kt,
+                 dp16);
+        const clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, kname, &k);
         if (!st)
             break;
         if (!(cap = clattn__retry_cap(ctx, st, source, cap)))
             return st;
         sane_gemm(ctx, pp, cap);
     }
-    const int tm = direct ? v[2] : v[1] * v[2], tn = direct ? 16 * v[3] : v[0] * v[5] * v[3];
+    const int tm = direct ? v[2] : v[1] * v[2],
+              tn = !direct ? v[0] * v[5] * v[3] : mode == 0 && !kt ? 256 : 16 * v[3];
     const int heads = (int)p->heads_q, group = (int)(p->heads_q / p->heads_kv);
     const int seq_q = (int)p->seq_q, seq_kv = (int)p->seq_kv, causal = p->causal,
               has_mask = p->has_mask; /* P·V: forces the NaN-safe path where P has masked zeros */
@@ -173,7 +212,7 @@ clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, c
 {
     clattn_params pp;
     const clattn_params_source source = gemm_params(ctx, 0, p, &pp);
-    if (!scratch)
+    if (!scratch || scores_in_place(ctx, &pp, p))
         pp.v[7] = 0;
     if (pp.v[7] <= 0)
         return gemm(ctx, 0, p, &pp, source, &p->q, &p->k, dst, (int)p->seq_q, (int)p->seq_kv,

@@ -3,9 +3,12 @@
  * Meaning of clattn_params.v[] per operation (all are compile-time -D values of the kernel):
  *   SCORES, PV : WGX, WGY, RM, NS, TK, VW, KF, KT, DIRECT
  *                (gemm.cl: tile TM = WGY·RM rows, TN = WGX·VW·NS cols; scores only: KF 1 stages
- *                all of head_dim at once, KT 1 reads a Kᵀ copy written by transpose_k, DIRECT 1
- *                (with KT) uses scores_direct: one work-item per RM x 16·NS tile, no local memory;
- *                P·V ignores the last three)
+ *                all of head_dim at once, KT 1 reads a Kᵀ copy written by transpose_k; DIRECT 1
+ *                (CPUs: one work-item, no local memory, WGX/WGY/TK/VW unused): scores with KT
+ *                scores_direct, RM x 16·NS tiles over the Kᵀ copy, but for few query rows
+ *                (scores.c: SCORES_IN_PLACE_ROWS) and without KT scores_in_place, RM rows x 256
+ *                keys reading K in place (RM automatic up to 32 rows); P·V pv_direct, RM x 16·NS
+ *                tiles of O reading V in place (at most 24 accumulators); P·V ignores KF and KT)
  *   SOFTMAX    : WG, ROWS  (softmax.cl: work-items per row; ROWS > 0: one work-item per ROWS rows)
  *   FUSED      : WGX, WGY, RM, NS, VW, DIRECT  (fused.cl: BM = WGY·RM rows, BN = WGX·VW·NS keys;
  *                DIRECT 1: fused_direct, one work-item per RM rows, 16·NS-key register chunks
@@ -67,12 +70,12 @@ static const op_space spaces[CLATTN_OP_COUNT] = {
      {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4, 6, 8, 16}, {1, 2, 3, 4}, {8, 16, 32, 64},
       {4, 8, 16}, {0, 1}, {0, 1}, {0, 1}},
      0x1c0},
-    /* PV: KF, KT and DIRECT are the scores kernel's; P·V has one variant */
+    /* PV: KF and KT are the scores kernel's; DIRECT 1 is pv_direct */
     {9,
      {"WGX", "WGY", "RM", "NS", "TK", "VW", "KF", "KT", "DIRECT"},
-     {5, 5, 5, 3, 4, 3, 1, 1, 1},
+     {5, 5, 5, 3, 4, 3, 1, 1, 2},
      {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4}, {8, 16, 32, 64}, {4, 8, 16},
-      {0}, {0}, {0}},
+      {0}, {0}, {0, 1}},
      0x1c0},
     /* SOFTMAX */
     {2, {"WG", "ROWS"}, {8, 5}, {{1, 4, 8, 16, 32, 64, 128, 256}, {0, 1, 2, 4, 8}}, 0},
@@ -153,7 +156,7 @@ static int vendor_defaults(const clattn_devinfo *d, clattn_op op, clattn_params 
     if (d->type & CL_DEVICE_TYPE_CPU) {
         static const int v[CLATTN_OP_COUNT][CLATTN_MAX_PARAMS] = {
             {1, 1, 6, 4, 16, 16, 1, 1, 1}, /* scores: direct, 6 x 64 register tile */
-            {2, 4, 8, 1, 64, 16, 0, 0, 0}, /* pv */
+            {1, 1, 6, 4, 16, 16, 0, 0, 1}, /* pv: direct, 6 x 64 register tile */
             {16, 2},                       /* softmax: one work-item per 2 rows */
             {1, 1, 4, 2, 16, 1},           /* fused: direct, 4 rows x 32-key chunks */
             {1, 1, 0, 4, 16, 0, 1},        /* decode: direct, K and V read in place */

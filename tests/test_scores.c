@@ -57,6 +57,11 @@ typedef struct sc_case {
  * ran for minutes. Tiled (DIRECT 0) and direct (DIRECT 1, with the Kᵀ copy). */
 static const int huge_tiled[9] = {16, 16, 128, 64, 4096, 16, 1, 0, 0};
 static const int huge_direct[9] = {1, 1, 128, 64, 4096, 16, 1, 1, 1};
+/* DIRECT 1 without KT: K read in place (scores_in_place) at any seq_q, RM rows a work-item up to
+ * 32 query rows (all of them, in 4 x 4 register tiles from 8 rows on), else RM 6 (row by row) or
+ * 8 (tiles). */
+static const int in_place_rm6[9] = {1, 1, 6, 4, 16, 16, 1, 0, 1};
+static const int in_place_rm8[9] = {1, 1, 8, 4, 16, 16, 1, 0, 1};
 
 /* clang-format off */
 static const sc_case cases[] = {
@@ -118,6 +123,21 @@ static const sc_case cases[] = {
     /* scale */
     {"scale_explicit", 2, 2, 2, 33, 47, 64, F32, F32, .scale = 0.5f},
     {"scale_negative", 2, 2, 2, 33, 47, 64, F32, F32, .scale = -0.25f, .mask = MASK_FULL, .mask_dt = F32},
+
+    /* K read in place on CPUs (up to 16 query rows by default; KT 0 at any count): keys in
+     * several 256-key work-items, head_dim tails in f16 and bf16, rows in tiles or one by one,
+     * NaN in keys past the key length */
+    {"in_place_1x5000_gqa", 1, 3, 1, 1, 5000, 64, F32, F32, .causal = 0},
+    {"in_place_16x300_hd59_f16_causal_kvlen", 2, 2, 2, 16, 300, 59, F16, F32, .causal = 1, .has_kv = 1,
+     .kv = {300, 123}},
+    {"in_place_12x97_hd111_bf16_mask_f16", 1, 2, 1, 12, 97, 111, BF16, F16, .mask = MASK_FULL,
+     .mask_dt = F16},
+    {"in_place_5x77_hd256_poison", 2, 2, 2, 5, 77, 256, F32, F32, .has_kv = 1, .kv = {50, 3}, .poison = 1},
+    {"in_place_kt0_24x129_causal", 1, 2, 2, 24, 129, 64, F32, F32, .causal = 1, .params = in_place_rm6},
+    {"in_place_kt0_45x203_hd40_mask_heads", 2, 2, 1, 45, 203, 40, F32, F32, .mask = MASK_HEADS,
+     .mask_dt = F32, .params = in_place_rm6},
+    {"in_place_kt0_70x90_bshd_kvlen_out_bf16", 2, 4, 2, 70, 90, 64, F32, BF16, .has_kv = 1, .kv = {90, 41},
+     .layout = LAYOUT_BSHD, .params = in_place_rm8},
 
     /* tuning values the kernels cannot take as they are */
     {"huge_params_tiled", 1, 2, 1, 33, 47, 64, F32, F32, .causal = 1, .params = huge_tiled},

@@ -689,7 +689,8 @@ static void test_set_params_errors(void **state)
     assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, NULL, 0), CLATTN_SUCCESS);
     assert_int_equal(clattn_param_max(CLATTN_OPERATION_DECODE, 6), 5);
     assert_int_equal(clattn_param_max(CLATTN_OPERATION_SCORES, 6), 1); /* KF */
-    assert_int_equal(clattn_param_max(CLATTN_OPERATION_PV, 8), 0);     /* P·V has one variant */
+    assert_int_equal(clattn_param_max(CLATTN_OPERATION_PV, 8), 1);     /* P·V: gemm or pv_direct */
+    assert_int_equal(clattn_param_max(CLATTN_OPERATION_PV, 7), 0);     /* KT is the scores' */
     assert_int_equal(clattn_param_max(CLATTN_OPERATION_FUSED, 2), 4096);
     assert_int_equal(clattn_param_max(CLATTN_OPERATION_FUSED, 6), -1);
     assert_int_equal(clattn_param_max((clattn_operation)99, 0), -1);

@@ -401,12 +401,33 @@ static void canonical(const task *t, int *v)
             v[3] = t->defaults[3];
         }
     } else if (op == CLATTN_OPERATION_SCORES) {
-        if (v[8]) { /* direct: only RM and NS count */
+        if (v[8]) { /* direct: KT, RM and NS count */
             v[0] = v[1] = 1;
             v[4] = 16;
             v[5] = 16;
             v[6] = 1;
-            v[7] = 1;
+            /* K read in place (KT 0, or few rows whatever KT says): RM (up to 32 rows) and NS
+             * unused, KT too for few rows; the defaults' values stay. */
+            const shape *s = &t->s;
+            const uint64_t k_bytes = 4u * (uint64_t)(s->b * s->hkv * s->skv * s->d);
+            if (clattn__scores_in_place(ctx, v, s->sq, k_bytes)) {
+                int with_kt[9];
+                memcpy(with_kt, v, sizeof with_kt);
+                with_kt[7] = 1;
+                if (clattn__scores_in_place(ctx, with_kt, s->sq, k_bytes))
+                    v[7] = t->defaults[7];
+                if (s->sq <= 32)
+                    v[2] = t->defaults[2];
+                v[3] = t->defaults[3];
+            }
+        }
+    } else if (op == CLATTN_OPERATION_PV) {
+        if (v[8]) { /* pv_direct: WGX, WGY, TK and VW unused; RM x NS at most 24 accumulators */
+            v[0] = v[1] = 1;
+            v[4] = 16;
+            v[5] = 16;
+            v[3] = v[3] < 1 ? 1 : v[3] > 4 ? 4 : v[3];
+            v[2] = v[2] * v[3] > 24 ? 24 / v[3] : v[2];
         }
     } else if (op == CLATTN_OPERATION_DECODE) {
         if (v[6] == 1) { /* fused_direct: RM and SPLITS count */
