@@ -308,25 +308,14 @@ transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong
     const int L = keys_of_batch(kvlen, b, seq_kv);                                               \
     __global const T_A *Ab = A + a_off + (ulong)b * a_sb + (ulong)h * a_sh
 
-/* Stores x at columns n..n+15 of a row of N elements, those past N left alone. */
-__attribute__((always_inline)) inline void store16_row(__global T_OUT *row, int n, int N, float16 x)
-{
-    if (n + 15 < N) {
-#if DT_OUT == 0
-        vstore16(x, 0, row + n);
-#else
-        ST4_OUT(row, n, x.s0123);
-        ST4_OUT(row, n + 4, x.s4567);
-        ST4_OUT(row, n + 8, x.s89ab);
-        ST4_OUT(row, n + 12, x.scdef);
-#endif
-        return;
+/* acc[i][s] += A[row i][k] · bv[s] over a direct kernel's RM x NS register tile (arow: the
+ * rows of A); a macro, so that acc stays in registers whatever the compiler inlines. */
+#define MAD_TILE(acc, arow, k, bv)                                                               \
+    _Pragma("unroll") for (int i_ = 0; i_ < RM; i_++) {                                          \
+        const float a_ = LD_A((arow)[i_], (k));                                                  \
+        _Pragma("unroll") for (int s_ = 0; s_ < NS; s_++)                                        \
+            (acc)[i_][s_] = MAD((float16)(a_), (bv)[s_], (acc)[i_][s_]);                         \
     }
-    float v[16];
-    vstore16(x, 0, v);
-    for (int e = 0; e < 16 && n + e < N; e++)
-        ST_OUT(row, n + e, v[e]);
-}
 
 /* The scores x (scaled) of keys n..n+15 into row m of C (Cb, rows c_ss apart): the mask row
  * added (Mb, rows m_ss apart), keys at or past cend -inf (causal, key lengths), nothing past N. */
@@ -385,13 +374,7 @@ scores_direct(GEMM_KERNEL_ARGS(float))
 #pragma unroll
         for (int s = 0; s < NS; s++)
             bv[s] = vload16(0, Bb + (ulong)k * b_ss + 16 * s);
-#pragma unroll
-        for (int i = 0; i < RM; i++) {
-            const float a = LD_A(arow[i], k);
-#pragma unroll
-            for (int s = 0; s < NS; s++)
-                acc[i][s] = MAD((float16)(a), bv[s], acc[i][s]);
-        }
+        MAD_TILE(acc, arow, k, bv)
     }
 
     __global T_OUT *Cb = C + c_off + (ulong)b * c_sb + (ulong)h * c_sh;
@@ -483,13 +466,7 @@ pv_direct(GEMM_KERNEL_ARGS(T_IN))
     for (; k < kfull; k++) {
         float16 bv[NS];
         load_v16s(Bb + (ulong)k * b_ss, ncols, bv);
-#pragma unroll
-        for (int i = 0; i < RM; i++) {
-            const float a = LD_A(arow[i], k);
-#pragma unroll
-            for (int s = 0; s < NS; s++)
-                acc[i][s] = MAD((float16)(a), bv[s], acc[i][s]);
-        }
+        MAD_TILE(acc, arow, k, bv)
     }
     for (; k < kend; k++) {
         float a[RM];
@@ -511,10 +488,16 @@ pv_direct(GEMM_KERNEL_ARGS(T_IN))
                     acc[i][s] = MAD((float16)(a[i]), bv[s], acc[i][s]);
     }
     __global T_OUT *Cb = C + c_off + (ulong)b * c_sb + (ulong)h * c_sh;
-    for (int i = 0; i < RM && m0 + i < M; i++)
+    for (int i = 0; i < RM && m0 + i < M; i++) {
+        __global T_OUT *crow = Cb + (ulong)(m0 + i) * c_ss;
 #pragma unroll
-        for (int s = 0; s < NS; s++)
-            if (16 * s < ncols)
-                store16_row(Cb + (ulong)(m0 + i) * c_ss, n0 + 16 * s, N, acc[i][s]);
+        for (int s = 0; s < NS; s++) {
+            const int n = n0 + 16 * s;
+            store4_row(crow, n, acc[i][s].s0123, N);
+            store4_row(crow, n + 4, acc[i][s].s4567, N);
+            store4_row(crow, n + 8, acc[i][s].s89ab, N);
+            store4_row(crow, n + 12, acc[i][s].scdef, N);
+        }
+    }
 }
 #endif
