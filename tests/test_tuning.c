@@ -425,6 +425,51 @@ static void test_bench_env(void **state)
 #endif
 }
 
+/* clattn-bench's peak: the multiply-add kernels build and run on this device and give one CSV
+ * line with a finite positive rate, the winning vector width in the dtype column, and no shape. */
+static void test_bench_peak(void **state)
+{
+    (void)state;
+#ifndef CLATTN_BENCH_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    clattn_release(tu_context()); /* skips (or fails, CLATTN_REQUIRE_DEVICE=1) without a device */
+    char cmd[1200], buf[8192];
+    snprintf(cmd, sizeof cmd, "%s --op peak --iters 2 --warmup 0 --csv >%s/peak.csv 2>%s/bench.log",
+             CLATTN_BENCH_PATH, dir, dir);
+    const int rc = system(cmd);
+    read_text("bench.log", buf, sizeof buf);
+    if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0)
+        fail_msg("clattn-bench --op peak failed:\n%s", buf);
+    read_text("peak.csv", buf, sizeof buf);
+    const char *line = strstr(buf, "\npeak,");
+    if (!line)
+        fail_msg("no peak line:\n%s", buf);
+    /* op,device,dtype,B,Hq,Hkv,Sq,Skv,D,causal,ms_median,ms_min,gflops,... */
+    char field[16][64];
+    int n = 0;
+    const char *p = line + 1;
+    while (n < 16 && *p && *p != '\n') {
+        const size_t len = strcspn(p, ",\n");
+        snprintf(field[n++], sizeof field[0], "%.*s", (int)(len < 63 ? len : 63), p);
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    if (n < 13)
+        fail_msg("short peak line: %s", line + 1);
+    if (strcmp(field[2], "f32") && strcmp(field[2], "f32x4") && strcmp(field[2], "f32x16"))
+        fail_msg("peak width '%s'", field[2]);
+    for (int i = 3; i < 10; i++)
+        if (field[i][0])
+            fail_msg("peak line has a shape field %d: '%s'", i, field[i]);
+    const double gflops = strtod(field[12], NULL), ms = strtod(field[10], NULL);
+    if (!(gflops > 0.0 && gflops < 1e7 && ms > 0.0))
+        fail_msg("peak rate %s GFLOP/s in %s ms", field[12], field[10]);
+#endif
+}
+
 #ifdef CLATTN_INFO_PATH
 /* 1 when s is one JSON value's worth of balanced braces and brackets outside strings, starting
  * with '{' and ending with '}' (and blanks): enough to catch a cut or mangled object. */
@@ -1002,6 +1047,7 @@ int main(void)
     tu_add_test("lookup/order", NULL, test_lookup_order, NULL);
     TU_ADD_TABLE("lookup/bad_env", test_bad_env, env_rows);
     tu_add_test("tools/bench_env", NULL, test_bench_env, NULL);
+    tu_add_test("tools/bench_peak", NULL, test_bench_peak, NULL);
     tu_add_test("tools/info", NULL, test_info, NULL);
     TU_ADD_TABLE("lookup/bad_user_file", test_bad_user_file, file_rows);
     TU_ADD_TABLE("lookup/odd_user_file", test_odd_user_file, odd_rows);

@@ -1,7 +1,7 @@
 /*
  * clattn-bench — times clattn's operations on one device next to peers measured in the same run
- * (device copy bandwidth, CLBlast's batched SGEMM) and optionally checks every timed result against
- * a float64 host reference.
+ * (device copy bandwidth, fp32 multiply-add peak, CLBlast's batched SGEMM) and optionally checks
+ * every timed result against a float64 host reference.
  *
  *   clattn-bench [--device SPEC] [--op LIST] [shape options] [--iters N] [--warmup N]
  *                [--csv] [--check] [--help]
@@ -58,9 +58,9 @@ enum { ID_Q = 1, ID_K = 2, ID_V = 3, ID_S = 4 };
 /* Rows checked per sampled head: evenly spaced, the first and the last included. */
 #define SAMPLE_ROWS 16
 
-enum op_id { OP_COPY, OP_SCORES, OP_SOFTMAX, OP_UNFUSED, OP_FUSED, OP_DECODE, OP_CLBLAST, OP_COUNT };
-static const char *const op_names[OP_COUNT] = {"copy",  "scores", "softmax", "unfused",
-                                               "fused", "decode", "clblast"};
+enum op_id { OP_COPY, OP_PEAK, OP_SCORES, OP_SOFTMAX, OP_UNFUSED, OP_FUSED, OP_DECODE, OP_CLBLAST, OP_COUNT };
+static const char *const op_names[OP_COUNT] = {"copy",  "peak",  "scores", "softmax",
+                                               "unfused", "fused", "decode", "clblast"};
 
 typedef struct shape {
     long long b, hq, hkv, sq, skv, d, dv; /* softmax: b, hq = heads, sq = rows, skv = cols */
@@ -103,12 +103,12 @@ typedef struct bench {
     int header_done;
     int check_failed;
     /* Peers, NAN until measured. */
-    double copy_gbps, clblast_ms, unfused_ms, fused_gflops;
+    double copy_gbps, peak_gflops, clblast_ms, unfused_ms, fused_gflops;
     /* Ratios for the closing block, in the order measured. */
     struct {
         const char *what, *how;
         double v;
-    } ratios[8];
+    } ratios[12];
     int n_ratios;
     /* Host staging for uploads and row reads, grown on demand. */
     void *stage;
@@ -782,6 +782,122 @@ static void run_copy(bench *bn)
     release(m, 2);
 }
 
+/* The device's fp32 multiply-add ceiling, measured in the same run as the operations it bounds.
+ * Each work-item runs PEAK_CHAINS independent fma chains (more than a multiply-add unit's latency
+ * times its issue rate on current hardware) of float, float4 or float16, 64 multiply-adds a loop
+ * iteration so that the loop's own instructions are negligible; the fastest width counts: a GPU
+ * wants scalar work-items, a CPU its SIMD width in one work-item. b < 1 and c keep the chains
+ * bounded and away from denormals; the sums are stored so nothing is dead code. */
+#define PEAK_CHAINS 8
+static const char peak_src[] =
+    "#define FMA8 a0 = fma(a0, b, c); a1 = fma(a1, b, c); a2 = fma(a2, b, c); a3 = fma(a3, b, c); \\\n"
+    "             a4 = fma(a4, b, c); a5 = fma(a5, b, c); a6 = fma(a6, b, c); a7 = fma(a7, b, c);\n"
+    "#define PEAK(NAME, T) \\\n"
+    "__kernel void NAME(__global T *out, int iters, float bs, float cs) \\\n"
+    "{ \\\n"
+    "    const T b = (T)(bs), c = (T)(cs); \\\n"
+    "    const T a = (T)((float)get_global_id(0) * 1e-6f); \\\n"
+    "    T a0 = a, a1 = a + 0.1f, a2 = a + 0.2f, a3 = a + 0.3f, a4 = a + 0.4f, a5 = a + 0.5f, \\\n"
+    "      a6 = a + 0.6f, a7 = a + 0.7f; \\\n"
+    "    for (int i = 0; i < iters; i++) { \\\n"
+    "        FMA8 FMA8 FMA8 FMA8 FMA8 FMA8 FMA8 FMA8 \\\n"
+    "    } \\\n"
+    "    out[get_global_id(0)] = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)); \\\n"
+    "}\n"
+    "PEAK(peak1, float)\n"
+    "PEAK(peak4, float4)\n"
+    "PEAK(peak16, float16)\n";
+#define PEAK_FMAS_PER_ITER (8 * PEAK_CHAINS)
+/* Work-items: PEAK_ITEMS_PER_CU / width per compute unit (enough resident warps or wavefronts
+ * on a GPU; on a CPU a few work-groups per thread). Runs are sized to about PEAK_TARGET_MS. */
+#define PEAK_ITEMS_PER_CU 2048
+#define PEAK_TARGET_MS 20.0
+
+typedef struct peak_job {
+    cl_kernel kernel;
+    size_t global, local; /* local 0: the implementation's choice */
+    cl_int iters;
+} peak_job;
+
+static int enqueue_peak(bench *bn, void *job)
+{
+    const peak_job *j = job;
+    check_cl(clSetKernelArg(j->kernel, 1, sizeof j->iters, &j->iters), "clSetKernelArg");
+    check_cl(clEnqueueNDRangeKernel(bn->queue, j->kernel, 1, NULL, &j->global,
+                                    j->local ? &j->local : NULL, 0, NULL, NULL),
+             "clEnqueueNDRangeKernel");
+    return 0;
+}
+
+static void run_peak(bench *bn)
+{
+    static const int widths[3] = {1, 4, 16};
+    static const char *const kernels[3] = {"peak1", "peak4", "peak16"};
+    static const char *const dtypes[3] = {"f32", "f32x4", "f32x16"};
+    const char *src = peak_src;
+    cl_int err;
+    cl_program prog = clCreateProgramWithSource(bn->clctx, 1, &src, NULL, &err);
+    check_cl(err, "clCreateProgramWithSource");
+    if (clBuildProgram(prog, 1, &bn->dev, "-cl-std=CL1.2", NULL, NULL) != CL_SUCCESS) {
+        char log[2048] = "";
+        clGetProgramBuildInfo(prog, bn->dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, NULL);
+        log[sizeof log - 1] = '\0';
+        fprintf(bn->opt.csv ? stderr : stdout, "peak: skipped: the kernel did not build: %s\n", log);
+        clReleaseProgram(prog);
+        return;
+    }
+    const size_t cus = bn->compute_units ? bn->compute_units : 1;
+    result best = new_result("peak", NULL);
+    for (int w = 0; w < 3; w++) {
+        peak_job j = {NULL, cus * PEAK_ITEMS_PER_CU / (size_t)widths[w], 0, 1};
+        if (bn->gpu)
+            j.local = 128; /* divides global: PEAK_ITEMS_PER_CU / 16 is a multiple of 128 */
+        j.kernel = clCreateKernel(prog, kernels[w], &err);
+        check_cl(err, "clCreateKernel");
+        cl_mem out = make_buffer(bn, "peak", j.global * (size_t)widths[w] * sizeof(float));
+        if (!out) {
+            clReleaseKernel(j.kernel);
+            continue;
+        }
+        const float b = 0.999f, c = 0.001f;
+        check_cl(clSetKernelArg(j.kernel, 0, sizeof out, &out), "clSetKernelArg");
+        check_cl(clSetKernelArg(j.kernel, 2, sizeof b, &b), "clSetKernelArg");
+        check_cl(clSetKernelArg(j.kernel, 3, sizeof c, &c), "clSetKernelArg");
+        /* Calibration: a first launch (a CPU runtime may compile the work-group function now),
+         * then timed launches scaled towards the target until one is long enough that launch
+         * overhead no longer distorts the scaling. */
+        j.iters = 16;
+        for (int k = 0; k < 5; k++) {
+            const double t0 = now_ms();
+            enqueue_peak(bn, &j);
+            check_cl(clFinish(bn->queue), "clFinish");
+            const double t = now_ms() - t0;
+            if (k == 0)
+                continue;
+            const double scaled = j.iters * PEAK_TARGET_MS / (t > 1e-3 ? t : 1e-3);
+            j.iters = scaled < 16 ? 16 : scaled > (1 << 24) ? (1 << 24) : (cl_int)scaled;
+            if (t >= PEAK_TARGET_MS / 4)
+                break;
+        }
+        result r = new_result("peak", NULL);
+        if (measure(bn, enqueue_peak, &j, &r.ms_med, &r.ms_min) == 0) {
+            /* From the fastest run: a ceiling, which interference only ever lowers. */
+            r.gflops = 2.0 * PEAK_FMAS_PER_ITER * widths[w] * (double)j.iters * (double)j.global /
+                       (r.ms_min * 1e6);
+            r.dtype = dtypes[w];
+            if (isnan(best.gflops) || r.gflops > best.gflops)
+                best = r;
+        }
+        clReleaseMemObject(out);
+        clReleaseKernel(j.kernel);
+    }
+    clReleaseProgram(prog);
+    if (!isnan(best.gflops)) {
+        bn->peak_gflops = best.gflops;
+        emit(bn, &best);
+    }
+}
+
 /* Attention, scores and decode share one job: which call is made depends on `kind`. */
 typedef struct attn_job {
     int kind; /* OP_SCORES, or an attention op */
@@ -1067,8 +1183,8 @@ static void usage(FILE *f)
           "\n"
           "  --device SPEC   device as clattn_create takes it: gpu, cpu, P:D, or a name substring\n"
           "                  (default: CLATTN_DEVICE, else the first GPU, else the first device)\n"
-          "  --op LIST       comma list of copy, scores, softmax, unfused, fused, decode, clblast,\n"
-          "                  or all (default: all)\n"
+          "  --op LIST       comma list of copy, peak, scores, softmax, unfused, fused, decode,\n"
+          "                  clblast, or all (default: all)\n"
           "  --batch N --heads N --heads-kv N --seq-q N --seq-kv N --dim N --dim-v N\n"
           "                  override every selected op's default shape (softmax: heads, rows =\n"
           "                  seq-q, cols = seq-kv); --heads alone keeps heads-kv = heads\n"
@@ -1090,9 +1206,12 @@ static void usage(FILE *f)
           "\n"
           "Timing is wall clock around enqueue + clFinish, so every kernel of an op counts.\n"
           "GFLOP/s: attention 2*B*Hq*pairs*(D+Dv) with pairs = visible (query, key) pairs;\n"
-          "scores 2*B*Hq*Sq*Skv*D. GB/s (1e9 bytes): copy read+write, softmax in+out, decode\n"
-          "Q+K+V+O, scores output written. Check errors are absolute up to magnitude 1 and\n"
-          "relative above it; softmax's are relative to the row's largest probability.\n"
+          "scores 2*B*Hq*Sq*Skv*D; peak: the device's fp32 multiply-add rate (independent fma\n"
+          "chains of float, float4 and float16; the fastest width is shown, in the dtype\n"
+          "column, its GFLOP/s from the fastest run), which bounds attention's GFLOP/s.\n"
+          "GB/s (1e9 bytes): copy read+write, softmax in+out, decode Q+K+V+O, scores output\n"
+          "written. Check errors are absolute up to magnitude 1 and relative above it;\n"
+          "softmax's are relative to the row's largest probability.\n"
           "\n"
           "Exit status: 0 ok, 1 usage or failure, 2 no OpenCL device, 3 check above tolerance.\n",
           f);
@@ -1279,7 +1398,7 @@ int main(int argc, char **argv)
 {
     static bench bn; /* static: zeroed, and its address is stable for the whole run */
     parse_args(argc, argv, &bn.opt);
-    bn.copy_gbps = bn.clblast_ms = bn.unfused_ms = bn.fused_gflops = NAN;
+    bn.copy_gbps = bn.peak_gflops = bn.clblast_ms = bn.unfused_ms = bn.fused_gflops = NAN;
     open_device(&bn);
     check_env_params(&bn);
     const options *o = &bn.opt;
@@ -1297,6 +1416,8 @@ int main(int argc, char **argv)
     /* Peers run before the ops compared with them, so every line can carry its ratio. */
     if (o->ops & (1u << OP_COPY))
         run_copy(&bn);
+    if (o->ops & (1u << OP_PEAK))
+        run_peak(&bn);
     shape sc = op_shape(&bn, OP_SCORES);
     sc.dv = sc.d; /* scores have no value dimension */
     if (o->ops & (1u << OP_CLBLAST))
@@ -1321,6 +1442,7 @@ int main(int argc, char **argv)
         run_attn(&bn, OP_UNFUSED, &s, &r);
         if (!isnan(r.ms_med)) {
             bn.unfused_ms = r.ms_med;
+            add_ratio(&bn, "unfused vs FMA peak", "unfused GFLOP/s / peak GFLOP/s", r.gflops / bn.peak_gflops);
             emit(&bn, &r);
         }
     }
@@ -1333,6 +1455,7 @@ int main(int argc, char **argv)
             r.ratio_name = "unfused_ms/fused_ms";
             r.ratio = bn.unfused_ms / r.ms_med;
             add_ratio(&bn, "fused vs unfused", "unfused ms / fused ms", r.ratio);
+            add_ratio(&bn, "fused vs FMA peak", "fused GFLOP/s / peak GFLOP/s", r.gflops / bn.peak_gflops);
             emit(&bn, &r);
         }
         if (!o->causal) {
