@@ -850,10 +850,13 @@ static void run_peak(bench *bn)
     result best = new_result("peak", NULL);
     for (int w = 0; w < 3; w++) {
         peak_job j = {NULL, cus * PEAK_ITEMS_PER_CU / (size_t)widths[w], 0, 1};
-        if (bn->gpu)
-            j.local = 128; /* divides global: PEAK_ITEMS_PER_CU / 16 is a multiple of 128 */
         j.kernel = clCreateKernel(prog, kernels[w], &err);
         check_cl(err, "clCreateKernel");
+        size_t max_local = 0;
+        if (bn->gpu && clGetKernelWorkGroupInfo(j.kernel, bn->dev, CL_KERNEL_WORK_GROUP_SIZE,
+                                                sizeof max_local, &max_local, NULL) == CL_SUCCESS &&
+            max_local >= 128)
+            j.local = 128; /* divides global: PEAK_ITEMS_PER_CU / 16 is a multiple of 128 */
         cl_mem out = make_buffer(bn, "peak", j.global * (size_t)widths[w] * sizeof(float));
         if (!out) {
             clReleaseKernel(j.kernel);
