@@ -38,7 +38,7 @@ grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest.log" | head -n 30
 fi
 
 if [[ $steps == *,bench,* ]]; then
-log "benchmark: copy, scores, softmax, unfused, fused (+ causal), decode, CLBlast"
+log "benchmark: copy, FMA peak, scores, softmax, unfused, fused (+ causal), decode, CLBlast"
 timeout 240 "$bin/clattn-bench" --op all --check >"$out/bench.txt" 2>&1
 cat "$out/bench.txt"
 fi
