@@ -393,6 +393,23 @@ static void read_text(const char *name, char *buf, size_t size)
 }
 #endif
 
+#ifdef CLATTN_BENCH_PATH
+/* Runs clattn-bench with `args` after the environment assignments `env`, its stdout into the
+ * test directory's file `out` (NULL: discarded) and its stderr read back into log.
+ * @return system()'s status. */
+static int run_bench(const char *env, const char *args, const char *out, char *log, size_t size)
+{
+    char cmd[1200], out_path[400] = "/dev/null";
+    if (out)
+        snprintf(out_path, sizeof out_path, "%s/%s", dir, out);
+    snprintf(cmd, sizeof cmd, "%s %s %s >%s 2>%s/bench.log", env, CLATTN_BENCH_PATH, args, out_path,
+             dir);
+    const int rc = system(cmd);
+    read_text("bench.log", log, size);
+    return rc;
+}
+#endif
+
 /* clattn-bench refuses a list the library would ignore (a sweep would measure other values than
  * it names) and lists the parameters it measured, with their source. */
 static void test_bench_env(void **state)
@@ -403,15 +420,14 @@ static void test_bench_env(void **state)
 #else
     make_dir();
     clattn_release(tu_context()); /* skips (or fails, CLATTN_REQUIRE_DEVICE=1) without a device */
-    char cmd[1200], buf[8192];
+    char env[64], buf[8192];
     const char *runs[2] = {"1,1,0,4,16,0,x", "1,1,0,4,16,0,1"};
     for (int i = 0; i < 2; i++) {
-        snprintf(cmd, sizeof cmd,
-                 "CLATTN_PARAMS_DECODE=%s %s --op decode --batch 1 --heads 2 --seq-kv 100 --dim 16 "
-                 "--iters 1 --warmup 0 --csv --check >/dev/null 2>%s/bench.log",
-                 runs[i], CLATTN_BENCH_PATH, dir);
-        const int rc = system(cmd);
-        read_text("bench.log", buf, sizeof buf);
+        snprintf(env, sizeof env, "CLATTN_PARAMS_DECODE=%s", runs[i]);
+        const int rc = run_bench(env,
+                                 "--op decode --batch 1 --heads 2 --seq-kv 100 --dim 16 --iters 1 "
+                                 "--warmup 0 --csv --check",
+                                 NULL, buf, sizeof buf);
         if (i == 0) {
             assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
             if (!strstr(buf, "CLATTN_PARAMS_DECODE=\"1,1,0,4,16,0,x\" ignored") || strstr(buf, "check decode"))
@@ -435,11 +451,8 @@ static void test_bench_peak(void **state)
 #else
     make_dir();
     clattn_release(tu_context()); /* skips (or fails, CLATTN_REQUIRE_DEVICE=1) without a device */
-    char cmd[1200], buf[8192];
-    snprintf(cmd, sizeof cmd, "%s --op peak --iters 2 --warmup 0 --csv >%s/peak.csv 2>%s/bench.log",
-             CLATTN_BENCH_PATH, dir, dir);
-    const int rc = system(cmd);
-    read_text("bench.log", buf, sizeof buf);
+    char buf[8192];
+    const int rc = run_bench("", "--op peak --iters 2 --warmup 0 --csv", "peak.csv", buf, sizeof buf);
     if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0)
         fail_msg("clattn-bench --op peak failed:\n%s", buf);
     read_text("peak.csv", buf, sizeof buf);

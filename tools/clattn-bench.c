@@ -783,12 +783,11 @@ static void run_copy(bench *bn)
 }
 
 /* The device's fp32 multiply-add ceiling, measured in the same run as the operations it bounds.
- * Each work-item runs PEAK_CHAINS independent fma chains (more than a multiply-add unit's latency
+ * Each work-item runs 8 independent fma chains (more than a multiply-add unit's latency
  * times its issue rate on current hardware) of float, float4 or float16, 64 multiply-adds a loop
  * iteration so that the loop's own instructions are negligible; the fastest width counts: a GPU
  * wants scalar work-items, a CPU its SIMD width in one work-item. b < 1 and c keep the chains
  * bounded and away from denormals; the sums are stored so nothing is dead code. */
-#define PEAK_CHAINS 8
 static const char peak_src[] =
     "#define FMA8 a0 = fma(a0, b, c); a1 = fma(a1, b, c); a2 = fma(a2, b, c); a3 = fma(a3, b, c); \\\n"
     "             a4 = fma(a4, b, c); a5 = fma(a5, b, c); a6 = fma(a6, b, c); a7 = fma(a7, b, c);\n"
@@ -807,7 +806,7 @@ static const char peak_src[] =
     "PEAK(peak1, float)\n"
     "PEAK(peak4, float4)\n"
     "PEAK(peak16, float16)\n";
-#define PEAK_FMAS_PER_ITER (8 * PEAK_CHAINS)
+#define PEAK_FMAS_PER_ITER 64 /* peak_src's loop body: FMA8 (8 chains) 8 times */
 /* Work-items: PEAK_ITEMS_PER_CU / width per compute unit (enough resident warps or wavefronts
  * on a GPU; on a CPU a few work-groups per thread). Runs are sized to about PEAK_TARGET_MS. */
 #define PEAK_ITEMS_PER_CU 2048
