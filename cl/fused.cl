@@ -319,7 +319,8 @@ fused(ATTN_KERNEL_ARGS(T_IN))
  * columns, in place when it is f32 with head_dim_v a multiple of 16, else from a zero-padded f32
  * copy (pack_v); the copies cost O(seq_kv) and stay hot in cache while every row block of the
  * head streams them. Decode, and prefill with few rows per kv head (src/fused.c), read K and V
- * in place instead (IN_PLACE below). Keys go in chunks of
+ * in place instead (IN_PLACE below; more than 16 such rows go to fused_lanes, further down).
+ * Keys go in chunks of
  * DBN = 16·NS through registers (S[RM][NS] float16 accumulators) into a block of NB keys (below),
  * whose p = e^(s - m) (exp2p16) are then read back as broadcast scalars for O += P·V. Where O has
  * more vectors than the registers (RM·DV16 > 32: head_dim_v 256, or many packed rows in place),
@@ -734,4 +735,304 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
                 empty ? NEG_INF : m[i] + log(l[i]);
     }
 }
+
+#if IN_PLACE && defined(LANES)
+/* ---- CPUs: fused_lanes (in place, more than 16 packed rows per kv head) ----
+ *
+ * fused_direct with the packed rows in the lanes of the vectors instead of keys or columns:
+ * RM = 16·LANES rows, each per-row quantity LANES float16 vectors. A key's score is a vector
+ * over rows built by multiply-adds of a Qᵀ column (d fixed, rows in lanes) with one K element
+ * broadcast; P·V adds to a column of Oᵀ a P vector times one V element broadcast. So nothing is
+ * summed across lanes (fused_direct sums each key's 16 partial products, hsum16x16), the row
+ * maxima and sums are lane-wise, and head_dim and head_dim_v need no padding: f32 and bf16
+ * elements are loaded one by one as broadcasts, which a CPU folds into the multiply-add, f16
+ * ones converted a few at a time first. Per block of LNB keys: the scores in tiles of LKT keys
+ * (LKT·LANES accumulators; each Qᵀ vector loaded serves LKT keys), the softmax, then P·V in
+ * tiles of LCT columns of Oᵀ over the block's keys. The numerics are fused_direct's: moving
+ * reference, O normalised after every block, hidden keys (p = -0) skipped lane by lane.
+ * Measured on PoCL (2-core Zen 4, minima of 10-20 runs, f32 unless said): decode GQA 32:8
+ * seq_q 16 seq_kv 8192 d128 11.2-12.3 ms against 16.6-21 with fused_direct, f16 13.2 against
+ * 15.8-17.8; prefill of 32 rows a head against 32768 keys (d64) 13.9-15.4 against 20.8-21.5. */
+#define LNB 64
+/* Keys per score tile and Oᵀ columns per P·V tile: 8 accumulators (6 with 3 vectors of rows). */
+#if LANES == 1
+#define LKT 8
+#elif LANES == 2
+#define LKT 4
+#else
+#define LKT 2
+#endif
+#define LCT LKT
+typedef union lanes16 {
+    float16 v;
+    float f[16];
+} lanes16;
+
+/* Elements c0..c0 + ncol - 1 (ncol <= LCT) of a V row, each broadcast to a vector; 0 past ncol.
+ * f16 whole tiles are converted LCT at a time (one element at a time, vload_half became a
+ * conversion per multiply-add). */
+__attribute__((always_inline)) inline void lanes_vrow(__global const T_KV *vp, int c0, int ncol,
+                                                      float16 *vv)
+{
+#if DT_IN == 1
+    if (ncol == LCT) {
+        float t[LCT];
+#if LCT == 8
+        vstore8(vload_half8(0, vp + c0), 0, t);
+#elif LCT == 4
+        vstore4(vload_half4(0, vp + c0), 0, t);
+#else
+        vstore2(vload_half2(0, vp + c0), 0, t);
+#endif
+#pragma unroll
+        for (int c = 0; c < LCT; c++)
+            vv[c] = (float16)(t[c]);
+        return;
+    }
+#endif
+#pragma unroll
+    for (int c = 0; c < LCT; c++)
+        vv[c] = (float16)(c < ncol ? LD_IN(vp, c0 + c) : 0.0f);
+}
+
+/* Oᵀ columns c0.. (ncol <= LCT of them, at ot[c·LANES + lv]) += Σ_n P[n]·V[key n][c0 + c] over
+ * the block's nkeys keys (P at sbk[n·LANES + lv], V row n at vp + n·v_ss); keys from nfree on
+ * are hidden from some rows, whose lanes (p = -0) keep their value. */
+__attribute__((always_inline)) inline void lanes_pv(lanes16 *ot, int c0, int ncol,
+                                                    __global const T_KV *vp, ulong v_ss,
+                                                    const lanes16 *sbk, int nfree, int nkeys)
+{
+    float16 acc[LCT][LANES];
+#pragma unroll
+    for (int c = 0; c < LCT; c++)
+#pragma unroll
+        for (int lv = 0; lv < LANES; lv++)
+            acc[c][lv] = c < ncol ? ot[(c0 + c) * LANES + lv].v : (float16)(0.0f);
+    int n = 0;
+    for (; n < nfree; n++, vp += v_ss) {
+        float16 vv[LCT];
+        lanes_vrow(vp, c0, ncol, vv);
+#pragma unroll
+        for (int lv = 0; lv < LANES; lv++) {
+            const float16 p = sbk[n * LANES + lv].v;
+#pragma unroll
+            for (int c = 0; c < LCT; c++)
+                acc[c][lv] = MAD(p, vv[c], acc[c][lv]);
+        }
+    }
+    for (; n < nkeys; n++, vp += v_ss) {
+        int16 hid[LANES];
+        int seen = 0;
+#pragma unroll
+        for (int lv = 0; lv < LANES; lv++) {
+            hid[lv] = as_int16(sbk[n * LANES + lv].v) == (int16)(INT_MIN);
+            seen |= !all(hid[lv]);
+        }
+        if (!seen)
+            continue;
+        float16 vv[LCT];
+        lanes_vrow(vp, c0, ncol, vv);
+#pragma unroll
+        for (int lv = 0; lv < LANES; lv++) {
+            const float16 p = sbk[n * LANES + lv].v;
+#pragma unroll
+            for (int c = 0; c < LCT; c++)
+                acc[c][lv] = select(MAD(p, vv[c], acc[c][lv]), acc[c][lv], hid[lv]);
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < LCT; c++)
+#pragma unroll
+        for (int lv = 0; lv < LANES; lv++)
+            if (c < ncol)
+                ot[(c0 + c) * LANES + lv].v = acc[c][lv];
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
+fused_lanes(ATTN_KERNEL_ARGS(T_KV))
+{
+    const int R = group * seq_q;
+    const int r0 = GROUP_ID(1) * RM;
+    const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
+                                       causal, kvlen, r0, min(R, r0 + RM) - 1);
+    const int split = w.split, b = w.b, hk = w.hk, L = w.L, k_lo = w.k_lo, k_hi = w.k_hi,
+              k_all = w.k_all;
+    __global const T_KV *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
+    __global const T_KV *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
+
+    /* Quantity x of row 16·lv + i is lane i of x[lv]; Qᵀ column d is qt[d·LANES + lv]. */
+    lanes16 qt[DP * LANES], ot[16 * DV16 * LANES], m[LANES], l[LANES];
+    int rend[RM];
+    ulong mrow[RM];
+    for (int i = 0; i < RM; i++) {
+        const int row = min(r0 + i, R - 1); /* rows past R compute on a copy, never stored */
+        const int pos = row % seq_q, hq = hk * group + row / seq_q;
+        __global const T_IN *qrow = Q + q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)pos * q_ss;
+        for (int d = 0; d < DP; d++) /* zero past D: the f16 scores run to DP */
+            qt[d * LANES + i / 16].f[i % 16] = d < D ? LD_IN(qrow, d) : 0.0f;
+        rend[i] = r0 + i < R ? min(k_hi, causal_end(causal, pos, seq_q, L)) : 0;
+        mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
+    }
+    int16 rendv[LANES];
+#pragma unroll
+    for (int lv = 0; lv < LANES; lv++) {
+        rendv[lv] = vload16(lv, rend);
+        m[lv].v = (float16)(NEG_INF);
+        l[lv].v = (float16)(0.0f);
+    }
+    for (int c = 0; c < 16 * DV16 * LANES; c++)
+        ot[c].v = (float16)(0.0f);
+
+    for (int kt = k_lo; kt < k_hi; kt += LNB) {
+        const int nkeys = min(LNB, k_hi - kt);
+        lanes16 sbk[LNB * LANES]; /* scores, then p, of key n at sbk[n·LANES + lv] */
+        for (int n0 = 0; n0 < nkeys; n0 += LKT) {
+            /* Keys past the range load the range's last key; their scores are never read. */
+            __global const T_KV *kr[LKT];
+            float16 acc[LKT][LANES];
+#pragma unroll
+            for (int e = 0; e < LKT; e++) {
+                kr[e] = Kb + (ulong)min(kt + n0 + e, k_hi - 1) * k_ss;
+#pragma unroll
+                for (int lv = 0; lv < LANES; lv++)
+                    acc[e][lv] = (float16)(0.0f);
+            }
+#if LPF && defined(__clang__)
+            /* While the tile's scores are computed: the tile's V rows, used after the block's
+             * softmax, and the K rows of the same keys of the next block. The CPU's own
+             * prefetchers left the multiply-adds waiting on memory. PoCL, minima of 20 runs:
+             * prefill of 32 rows against 32768 keys 14.7-15.4 ms against 18.7-26 without;
+             * decode GQA 32:8 seq_q 16 seq_kv 8192 d128 11.4-12.3 against 12.0-13.3. The same
+             * prefetches made fused_direct's in-place decode slower (16 rows or fewer, where
+             * the hardware keeps up): 25.3 ms against 21.1. */
+#pragma unroll
+            for (int e = 0; e < LKT; e++) {
+                __global const T_KV *kn = Kb + (ulong)min(kt + LNB + n0 + e, k_hi - 1) * k_ss;
+                __global const T_KV *vn = Vb + (ulong)min(kt + n0 + e, k_hi - 1) * v_ss;
+                for (int x = 0; x < D; x += 64 / (int)sizeof(T_KV))
+                    __builtin_prefetch((const void *)(uintptr_t)(kn + x), 0, 3);
+                for (int x = 0; x < DV; x += 64 / (int)sizeof(T_KV))
+                    __builtin_prefetch((const void *)(uintptr_t)(vn + x), 0, 3);
+            }
+#endif
+#if DT_IN == 1
+            /* f16: 16 elements of each key converted at once (see lanes_vrow), zero past D
+             * as Qᵀ is. */
+#pragma unroll 1
+            for (int d0 = 0; d0 < DP; d0 += 16) {
+                lanes16 kf[LKT];
+#pragma unroll
+                for (int e = 0; e < LKT; e++)
+                    kf[e].v = ld16_row(kr[e], d0, D);
+#pragma unroll 4
+                for (int dd = 0; dd < 16; dd++) {
+                    float16 q[LANES];
+#pragma unroll
+                    for (int lv = 0; lv < LANES; lv++)
+                        q[lv] = qt[(d0 + dd) * LANES + lv].v;
+#pragma unroll
+                    for (int e = 0; e < LKT; e++)
+#pragma unroll
+                        for (int lv = 0; lv < LANES; lv++)
+                            acc[e][lv] = MAD(q[lv], (float16)(kf[e].f[dd]), acc[e][lv]);
+                }
+            }
+#else
+#pragma unroll 2
+            for (int d = 0; d < D; d++) {
+                float16 q[LANES];
+#pragma unroll
+                for (int lv = 0; lv < LANES; lv++)
+                    q[lv] = qt[d * LANES + lv].v;
+#pragma unroll
+                for (int e = 0; e < LKT; e++) {
+                    const float16 kv = (float16)(LD_IN(kr[e], d));
+#pragma unroll
+                    for (int lv = 0; lv < LANES; lv++)
+                        acc[e][lv] = MAD(q[lv], kv, acc[e][lv]);
+                }
+            }
+#endif
+#pragma unroll
+            for (int e = 0; e < LKT; e++)
+#pragma unroll
+                for (int lv = 0; lv < LANES; lv++)
+                    sbk[(n0 + e) * LANES + lv].v = acc[e][lv] * scale;
+        }
+
+        /* Keys below k_all are hidden only by the mask (see fused_direct). */
+        const int guarded = has_mask || kt + LNB > k_all;
+#pragma unroll 1
+        for (int lv = 0; lv < LANES; lv++) {
+            if (guarded) {
+                for (int n = 0; n < nkeys; n++) {
+                    const int key = kt + n;
+                    float16 s = sbk[n * LANES + lv].v;
+                    if (has_mask) {
+                        lanes16 mv;
+                        for (int i = 0; i < 16; i++)
+                            mv.f[i] = LD_MASK(mask, mrow[16 * lv + i] + key);
+                        s = select(s + mv.v, (float16)(NEG_INF), mv.v == (float16)(NEG_INF));
+                    }
+                    sbk[n * LANES + lv].v = select(s, (float16)(NEG_INF), (int16)(key) >= rendv[lv]);
+                }
+            }
+            float16 mx = (float16)(NEG_INF);
+            for (int n = 0; n < nkeys; n++)
+                mx = MAX_SKIP_NAN(mx, sbk[n * LANES + lv].v);
+            /* The reference moves, lane by lane, where the block's largest score passes it by
+             * more than REF_SLACK; a row that has seen only -inf keeps a 0 reference. */
+            const float16 mo = m[lv].v, lo = l[lv].v;
+            const int16 up = mx > mo + (float16)(REF_SLACK);
+            const float16 mref = select(select(mo, (float16)(0.0f), mo == (float16)(NEG_INF)), mx, up);
+            const float16 alpha = select((float16)(1.0f), exp2p16((mo - mref) * LOG2E), up);
+            float16 ps = (float16)(0.0f);
+            for (int n = 0; n < nkeys; n++) {
+                const float16 x = sbk[n * LANES + lv].v;
+                float16 p = exp2p16((x - mref) * LOG2E);
+                if (guarded) /* hidden keys: -0, which lanes_pv skips */
+                    p = select(p, (float16)(HIDDEN_P), x == (float16)(NEG_INF));
+                ps += p;
+                sbk[n * LANES + lv].v = p;
+            }
+            const float16 lnew = lo * alpha + ps;
+            const float16 inv = select((float16)(0.0f), (float16)(1.0f) / lnew, lnew > (float16)(0.0f));
+            const float16 keep = select(lo * alpha * inv, lnew, isnan(lnew));
+            for (int c = 0; c < DV; c++)
+                ot[c * LANES + lv].v *= keep;
+            for (int n = 0; n < nkeys; n++)
+                sbk[n * LANES + lv].v *= inv;
+            m[lv].v = select(mo, mx, up);
+            l[lv].v = lnew;
+        }
+
+        __global const T_KV *vp0 = Vb + (ulong)kt * v_ss;
+        const int nfree = !guarded ? nkeys : has_mask ? 0 : clamp(k_all - kt, 0, nkeys);
+        int c0 = 0;
+#pragma unroll 1
+        for (; c0 + LCT <= DV; c0 += LCT)
+            lanes_pv(ot, c0, LCT, vp0, v_ss, sbk, nfree, nkeys);
+        if (c0 < DV)
+            lanes_pv(ot, c0, DV - c0, vp0, v_ss, sbk, nfree, nkeys);
+    }
+
+    O += o_off + (ulong)split * o_split;
+    LSE += l_off + (ulong)split * l_split;
+#pragma unroll 1
+    for (int i = 0; i < RM; i++) {
+        const int row = r0 + i;
+        if (row >= R)
+            continue;
+        const int hq = hk * group + row / seq_q, pos = row % seq_q, lv = i / 16, e = i % 16;
+        const float mi = m[lv].f[e], li = l[lv].f[e];
+        /* No visible key: 0 and LSE -inf (a row of NaN scores has l NaN: NaN, not empty). */
+        const int empty = mi == NEG_INF && !isnan(li);
+        __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
+        for (int c = 0; c < DV; c++)
+            ST_OUT(orow, c, empty ? 0.0f : ot[c * LANES + lv].f[e]);
+        if (has_lse)
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = empty ? NEG_INF : mi + log(li);
+    }
+}
+#endif /* fused_lanes */
 #endif /* IN_PLACE: the CPU kernels */

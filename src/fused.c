@@ -200,6 +200,13 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  * in place. */
 #define DIRECT_IN_PLACE_ROWS 32
 
+/* The most packed rows fused_lanes (fused.cl) takes in one block: 4 vectors of 16 lanes.
+ * Measured on PoCL (2-core Zen 4, minima of 10 runs, decode GQA 32:8, seq_q 16, seq_kv 8192,
+ * d128, f32): 64 rows in one block 11.2-11.5 ms, in two of 32 13.4-14.5, fused_direct in two
+ * blocks of 32 16.6-21. With 16 rows or fewer fused_direct is as fast or faster (12 rows: 19 ms
+ * against 27 in lanes that are a quarter empty), so it keeps them. */
+#define LANES_ROWS 64
+
 int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
                             int64_t head_dim, int64_t head_dim_v, clattn_dtype dtype)
 {
@@ -223,15 +230,20 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     const int decode = p->seq_q <= 16;
     const int in_place =
         clattn__direct_in_place(ctx, R, p->seq_q, p->seq_kv, p->head_dim, p->head_dim_v, p->dtype);
-    /* In place with RM 0 (decode) or few prefill rows: up to 16 packed rows in one block, more
-     * in equal blocks of at most 32, a multiple of 4 (register-tiled scores, QK_TILE), since
-     * each block reads K and V (all of them, but for causal prefill). PoCL, decode d128 seq_kv
-     * 32768: 20 rows (GQA 5:1, seq_q 4) 24.7-32.3 ms in one block against 44 in blocks of 16;
-     * 64 rows 69 against 89. */
-    int rm0 = in_place && !decode ? 0 : pp->v[2];
-    if (in_place && rm0 <= 0)
-        rm0 = R <= 16 ? R : (ceil_div(R, ceil_div(R, DIRECT_IN_PLACE_ROWS)) + 3) / 4 * 4;
-    const int rm = rm0 < 1 ? 1 : rm0 > 32 ? 32 : rm0;
+    /* In place with automatic rows (prefill, or decode with RM 0): up to 16 packed rows in one
+     * block of fused_direct; more in fused_lanes, in as few blocks as LANES_ROWS allows, since
+     * each block reads K and V (all of them, but for causal prefill). An explicit RM (the tuner's)
+     * keeps fused_direct, in blocks of at most 32 rows. */
+    int rm0 = in_place && !decode ? 0 : pp->v[2], lanes = 0;
+    if (in_place && rm0 <= 0) {
+        if (R <= 16) {
+            rm0 = R;
+        } else {
+            lanes = ceil_div(ceil_div(R, ceil_div(R, LANES_ROWS)), 16);
+            rm0 = 16 * lanes;
+        }
+    }
+    const int rm = rm0 < 1 ? 1 : rm0 > 32 && !lanes ? 32 : rm0;
     const int ns = in_place || pp->v[3] < 1 ? 1 : pp->v[3] > 4 ? 4 : pp->v[3];
     const int bn = 16 * ns, dv16 = (int)((p->head_dim_v + 15) / 16);
     const uint64_t zs = (uint64_t)p->batch * (uint64_t)p->heads_kv;
@@ -265,17 +277,21 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     char dp16[24] = ""; /* in place: the query rows of qk16_row and qk16_tile4 (common.cl) */
     if (in_place)
         snprintf(dp16, sizeof dp16, " -DDP16=%d", dp);
+    char lanes_opt[32] = ""; /* fused_lanes; LPF 1: software prefetches, on CPUs */
+    if (lanes)
+        snprintf(lanes_opt, sizeof lanes_opt, " -DLANES=%d -DLPF=%d", lanes,
+                 (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0);
     char opts[256];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=1 -DWGY=1 "
-             "-DRM=%d -DNS=%d -DVW=16 -DNV=1 -DDP=%d -DDV16=%d -DEXP2_POLY=1 -DIN_PLACE=%d -DKV_FULL=%d%s",
+             "-DRM=%d -DNS=%d -DVW=16 -DNV=1 -DDP=%d -DDV16=%d -DEXP2_POLY=1 -DIN_PLACE=%d -DKV_FULL=%d%s%s",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
              p->has_mask ? (int)p->mask.dtype : 0, rm, ns, dp, dv16, in_place, kv_full,
-             dp16);
+             dp16, lanes_opt);
     cl_kernel kpack = NULL, kdirect;
     clattn_status st;
     if ((!v_as_is && (st = clattn__get_kernel(ctx, "fused.cl", opts, "pack_v", &kpack))) ||
-        (st = clattn__get_kernel(ctx, "fused.cl", opts, "fused_direct", &kdirect)))
+        (st = clattn__get_kernel(ctx, "fused.cl", opts, lanes ? "fused_lanes" : "fused_direct", &kdirect)))
         return st;
     cl_mem ws = NULL;
     if (total > 0 && (st = clattn__workspace(ctx, (size_t)total * 4, &ws)))

@@ -15,11 +15,12 @@
  *                of 256-key softmax blocks, reading a Kᵀ copy and V (in place when f32 with
  *                head_dim_v a multiple of 16, else a padded copy), WGX/WGY/VW unused; with few
  *                rows per kv head (fused.c: DIRECT_IN_PLACE_ROWS) K and V are read in place as
- *                by DECODE DIRECT 1, in one or two blocks of rows, and RM/NS are unused too)
+ *                by DECODE DIRECT 1 with RM 0, and RM/NS are unused too)
  *   DECODE     : WGX, WGY, RM, NS, VW, SPLITS, DIRECT  (fused.cl with key splits; RM 0 = cover the
  *                packed rows (up to 16), SPLITS 0 = automatic; DIRECT 1: fused_direct reading K
- *                and V in place, one work-item per RM rows and key split (RM 0: up to 16 rows
- *                in one block, more in equal blocks of at most 32), 16-key blocks,
+ *                and V in place, one work-item per RM rows and key split, 16-key blocks (RM 0:
+ *                up to 16 rows in one block; more go to fused_lanes, the rows in the lanes of
+ *                float16 vectors, in as few blocks of at most 64 as there can be),
  *                WGX/WGY/NS/VW unused; DIRECT 2: decode_rows (decode.cl), WGY key groups of
  *                ceil(head_dim_v / 4) work-items reading K and V from global memory, RM rows
  *                (0: all packed rows, up to 16), NS lanes reading one key row together for

@@ -152,6 +152,31 @@ static const att_case cases[] = {
     {"few_rows_sq32_hd256_causal_mask", 1, 2, 2, 32, 100, 256, 0, F32, .causal = 1, .mask = MASK_HEADS,
      .mask_dt = F32},
 
+    /* more than 16 packed rows in place on CPUs: rows in vector lanes (fused_lanes), 2 to 4
+     * vectors of 16 a block: tails of head_dim (f16 K converted 16 at a time) and head_dim_v (a
+     * last O tile of 1 column), empty lanes (48 and 100 rows), the moving reference lane by
+     * lane, hidden and underflowing keys skipped or not lane by lane */
+    {"lanes_gqa6_sq4_rows24_f16_hd59_dv37_causal_kvlen", 2, 12, 2, 4, 300, 59, 37, F16, .causal = 1,
+     .has_kv = 1, .kv = {300, 9}},
+    {"lanes_gqa16_sq4_rows64_causal_mask_kvlen_hd128", 2, 32, 2, 4, 500, 128, 0, F32, .causal = 1,
+     .mask = MASK_HEADS, .mask_dt = F32, .has_kv = 1, .kv = {77, 500}},
+    {"lanes_gqa25_sq4_rows100_bf16_dv16", 1, 25, 1, 4, 300, 64, 16, BF16, .causal = 0},
+    {"lanes_gqa12_sq4_rows48_ramp_up", 1, 12, 1, 4, 300, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32,
+     .ramp = 0.5f},
+    {"lanes_gqa5_sq4_ramp_down_f16", 1, 5, 1, 4, 300, 64, 0, F16, .mask = MASK_FULL, .mask_dt = F32,
+     .ramp = -0.5f},
+    {"lanes_gqa8_sq3_nan_q", 2, 16, 2, 3, 300, 64, 0, F32, .special = SP_NAN_Q},
+    {"lanes_gqa8_sq3_underflow_nan_v_causal", 1, 8, 1, 3, 2500, 64, 0, F32, .causal = 1,
+     .special = SP_UNDERFLOW_NAN},
+    {"lanes_sq17_underflow_nan_v_tail_mask_f16", 1, 2, 2, 17, 256, 64, 0, F16, .mask = MASK_HEADS,
+     .mask_dt = F16, .special = SP_UNDERFLOW_NAN_TAIL},
+    {"lanes_sq32_poison_mask_columns_f16", 2, 2, 2, 32, 70, 64, 0, F16, .mask = MASK_BATCH_ROWS,
+     .mask_dt = F32, .special = SP_POISON},
+    {"lanes_gqa4_sq5_masked_row", 1, 4, 1, 5, 100, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32,
+     .special = SP_MASKED_ROW},
+    {"lanes_gqa8_sq5_poison_causal_diagonal_hd40", 2, 16, 2, 5, 70, 40, 0, F32, .causal = 1,
+     .special = SP_POISON_DIAG},
+
     /* grouped-query attention */
     {"gqa_3to1", 2, 6, 2, 37, 53, 64, 0, F32, .causal = 1},
     {"gqa_8to1", 1, 16, 2, 20, 70, 64, 0, F32, .causal = 0},
