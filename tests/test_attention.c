@@ -176,6 +176,8 @@ static const att_case cases[] = {
      .special = SP_MASKED_ROW},
     {"lanes_gqa8_sq5_poison_causal_diagonal_hd40", 2, 16, 2, 5, 70, 40, 0, F32, .causal = 1,
      .special = SP_POISON_DIAG},
+    /* the largest private arrays: 64 rows of head_dim 256 (Qᵀ and Oᵀ 64 KiB each) */
+    {"lanes_mqa64_sq1_rows64_hd256_f16", 1, 64, 1, 1, 300, 256, 0, F16, .causal = 0},
 
     /* grouped-query attention */
     {"gqa_3to1", 2, 6, 2, 37, 53, 64, 0, F32, .causal = 1},
