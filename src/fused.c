@@ -202,9 +202,9 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
 
 /* The most packed rows fused_lanes (fused.cl) takes in one block: 4 vectors of 16 lanes.
  * Measured on PoCL (2-core Zen 4, minima of 10 runs, decode GQA 32:8, seq_q 16, seq_kv 8192,
- * d128, f32): 64 rows in one block 11.2-11.5 ms, in two of 32 13.4-14.5, fused_direct in two
- * blocks of 32 16.6-21. With 16 rows or fewer fused_direct is as fast or faster (12 rows: 19 ms
- * against 27 in lanes that are a quarter empty), so it keeps them. */
+ * d128, f32): 64 rows in one block 11.4-11.6 ms, in two of 32 13.4-15.0, fused_direct in two
+ * blocks of 32 16.6-21.1. With 16 rows or fewer fused_direct is as fast or faster (12 rows:
+ * 19 ms against 22-28 in lanes that are a quarter empty), so it keeps them. */
 #define LANES_ROWS 64
 
 int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
