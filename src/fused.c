@@ -190,16 +190,6 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
                              &p->out, p->lse.buffer ? &p->lse : NULL, 0, NULL, done);
 }
 
-/* Prefill with at most this many rows per kv head reads K and V in place (as decode does), in
- * one block of rows: the Kᵀ copy costs a read and a write of K plus a second read, which few
- * rows do not repay. Up to twice as many rows read in place, in two blocks, when a kv head's K
- * and V exceed a quarter of the device's cache, or its size is unknown (the copy then streams
- * from memory too). Measured on PoCL (2-core Zen 4, B1 H8 d64 f32, min of 4 runs, noisy):
- * seq_kv 65536, seq_q 17: 61-66 ms with the copy against 30-31 in place; 32: 71 against 44;
- * 64: 117-123 against 81-88; seq_kv 8192, seq_q 64: 10.3-11.1 with the copy against 11.3-12.5
- * in place. */
-#define DIRECT_IN_PLACE_ROWS 32
-
 /* The most packed rows fused_lanes (fused.cl) takes in one block: 4 vectors of 16 lanes.
  * Measured on PoCL (2-core Zen 4, minima of 10 runs, decode GQA 32:8, seq_q 16, seq_kv 8192,
  * d128, f32): 64 rows in one block 11.4-11.6 ms, in two of 32 13.4-15.0, fused_direct in two
@@ -207,13 +197,17 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  * 19 ms against 22-28 in lanes that are a quarter empty), so it keeps them. */
 #define LANES_ROWS 64
 
-int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
-                            int64_t head_dim, int64_t head_dim_v, clattn_dtype dtype)
+/* Prefill with at most LANES_ROWS rows per kv head reads K and V in place as decode does, in one
+ * block of rows (fused_direct up to 16, fused_lanes above): the Kᵀ copy costs a read and a write
+ * of K plus a second read, which so few rows do not repay. Measured on PoCL (2-core Zen 4, B1
+ * H8 d64 f32, minima of 20 runs alternating, noisy): seq_q 64 against 8192 keys 6.3-6.4 ms in
+ * place against 10.0-13.6 with the copy, against 1024 keys 0.78-1.39 against 0.96-1.42, 48
+ * against 4096 2.2-4.2 against 3.4-4.7, 64 against 256 0.36-0.47 against 0.27-0.49 (even). With
+ * fused_direct in two blocks of 32, before fused_lanes, the copy was faster from 33 rows unless
+ * K and V were long (seq_kv 8192, seq_q 64: 11.3-12.5 in place against 10.3-11.1). */
+int clattn__direct_in_place(int64_t rows, int64_t seq_q)
 {
-    const uint64_t head_kv_bytes =
-        (uint64_t)seq_kv * (uint64_t)(head_dim + head_dim_v) * (uint64_t)clattn_dtype_size(dtype);
-    return seq_q <= 16 || rows <= DIRECT_IN_PLACE_ROWS ||
-           (rows <= 2 * DIRECT_IN_PLACE_ROWS && head_kv_bytes > ctx->dev.cache_size / 4);
+    return seq_q <= 16 || rows <= LANES_ROWS;
 }
 
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
@@ -229,7 +223,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     const int group = (int)(p->heads_q / p->heads_kv), R = group * (int)p->seq_q;
     const int decode = p->seq_q <= 16;
     const int in_place =
-        clattn__direct_in_place(ctx, R, p->seq_q, p->seq_kv, p->head_dim, p->head_dim_v, p->dtype);
+        clattn__direct_in_place(R, p->seq_q);
     /* In place with automatic rows (prefill, or decode with RM 0): up to 16 packed rows in one
      * block of fused_direct; more in fused_lanes, in as few blocks as LANES_ROWS allows, since
      * each block reads K and V (all of them, but for causal prefill). An explicit RM (the tuner's)

@@ -333,8 +333,7 @@ clattn_status clattn__run_pv(clattn_context *ctx, const clattn_problem *p, const
 int clattn__scores_in_place(const clattn_context *ctx, const int *v, int64_t seq_q, uint64_t k_bytes);
 /* Whether fused_direct (CPUs) reads K and V in place for this problem (decode, or few packed
  * rows per kv head), rather than from a Kᵀ copy: its RM and NS parameters are then unused. */
-int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
-                            int64_t head_dim, int64_t head_dim_v, clattn_dtype dtype);
+int clattn__direct_in_place(int64_t rows, int64_t seq_q);
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done);
 clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,

@@ -14,7 +14,7 @@
  *                DIRECT 1: fused_direct, one work-item per RM rows, 16·NS-key register chunks
  *                of 256-key softmax blocks, reading a Kᵀ copy and V (in place when f32 with
  *                head_dim_v a multiple of 16, else a padded copy), WGX/WGY/VW unused; with few
- *                rows per kv head (fused.c: DIRECT_IN_PLACE_ROWS) K and V are read in place as
+ *                rows per kv head (fused.c: LANES_ROWS) K and V are read in place as
  *                by DECODE DIRECT 1 with RM 0, and RM/NS are unused too)
  *   DECODE     : WGX, WGY, RM, NS, VW, SPLITS, DIRECT  (fused.cl with key splits; RM 0 = cover the
  *                packed rows (up to 16), SPLITS 0 = automatic; DIRECT 1: fused_direct reading K

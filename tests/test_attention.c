@@ -137,16 +137,14 @@ static const att_case cases[] = {
      .kv = {200, 7}},
     {"decode_gqa8_sq4_rows32_hd256_f16", 1, 16, 2, 4, 300, 256, 0, F16, .causal = 1},
 
-    /* prefill with few rows per kv head (up to 32, or 64 when a head's K and V exceed a quarter
-     * of the device's cache): on CPUs, K and V read in place as for decode, in one or two blocks
-     * of rows whose size is not the default row block's */
+    /* prefill with few rows per kv head (up to 64): on CPUs, K and V read in place as for
+     * decode, in one block of rows whose size is not the default row block's */
     {"few_rows_sq17_causal_mask_f16_kvlen", 2, 2, 2, 17, 90, 64, 0, F16, .causal = 1, .mask = MASK_FULL,
      .mask_dt = F16, .has_kv = 1, .kv = {90, 37}},
     {"few_rows_sq32_hd59_poison_kvlen", 2, 2, 2, 32, 70, 59, 0, F32, .has_kv = 1, .kv = {40, 3},
      .special = SP_POISON},
     {"few_rows_sq24_bf16_hd40_dv128_causal", 1, 2, 2, 24, 47, 40, 128, BF16, .causal = 1},
-    /* K and V of 10 MB a head: two blocks in place where that is over a quarter of the cache
-     * (PoCL's 32 MiB here), else the Kᵀ copy */
+    /* K and V of 10 MB a head, 40 rows in place (three vectors of lanes on CPUs) */
     {"few_rows_sq40_kv20000_causal", 1, 1, 1, 40, 20000, 64, 0, F32, .causal = 1, .special = SP_POISON_DIAG},
     /* blocks of 32 rows with head_dim 256: P·V in register tiles, 100 KiB of private arrays */
     {"few_rows_sq32_hd256_causal_mask", 1, 2, 2, 32, 100, 256, 0, F32, .causal = 1, .mask = MASK_HEADS,
