@@ -339,6 +339,7 @@ inline void store4_row(__global T_OUT *p, int col, float4 x, int n)
  * exact arithmetic (0·NaN) and the float64 reference. p·(1/l) keeps the sign of -0. */
 #define HIDDEN_P (-0.0f)
 #define IS_HIDDEN(p) (as_uint(p) == 0x80000000u)
+#define IS_HIDDEN16(p) (as_uint16(p) == (uint16)(0x80000000u)) /* lane by lane: -1 where hidden */
 
 /* Two softmax states (running maximum m, sum l of exp(score - m)) over disjoint keys, made one:
  * the union's m and l, and the weights of the two normalised outputs, o = k1·o1 + k2·o2. A state

@@ -825,7 +825,7 @@ __attribute__((always_inline)) inline void lanes_pv(lanes16 *ot, int c0, int nco
         int seen = 0;
 #pragma unroll
         for (int lv = 0; lv < LANES; lv++) {
-            hid[lv] = as_int16(sbk[n * LANES + lv].v) == (int16)(INT_MIN);
+            hid[lv] = IS_HIDDEN16(sbk[n * LANES + lv].v);
             seen |= !all(hid[lv]);
         }
         if (!seen)
