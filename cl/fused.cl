@@ -319,7 +319,7 @@ fused(ATTN_KERNEL_ARGS(T_IN))
  * columns, in place when it is f32 with head_dim_v a multiple of 16, else from a zero-padded f32
  * copy (pack_v); the copies cost O(seq_kv) and stay hot in cache while every row block of the
  * head streams them. Decode, and prefill with few rows per kv head (src/fused.c), read K and V
- * in place instead (IN_PLACE below; more than 16 such rows go to fused_lanes, further down).
+ * in place instead (IN_PLACE below; 11 or more such rows go to fused_lanes, further down).
  * Keys go in chunks of
  * DBN = 16·NS through registers (S[RM][NS] float16 accumulators) into a block of NB keys (below),
  * whose p = e^(s - m) (exp2p16) are then read back as broadcast scalars for O += P·V. Where O has
@@ -737,7 +737,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
 }
 
 #if IN_PLACE && defined(LANES)
-/* ---- CPUs: fused_lanes (in place, more than 16 packed rows per kv head) ----
+/* ---- CPUs: fused_lanes (in place, 11 or more packed rows per kv head) ----
  *
  * fused_direct with the packed rows in the lanes of the vectors instead of keys or columns:
  * RM = 16·LANES rows, each per-row quantity LANES float16 vectors. A key's score is a vector
@@ -752,7 +752,8 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
  * reference, O normalised after every block, hidden keys (p = -0) skipped lane by lane.
  * Measured on PoCL (2-core Zen 4, minima of 10-20 runs, f32 unless said): decode GQA 32:8
  * seq_q 16 seq_kv 8192 d128 11.2-12.3 ms against 16.6-21 with fused_direct, f16 13.2 against
- * 15.8-17.8; prefill of 32 rows a head against 32768 keys (d64) 13.9-15.4 against 20.8-21.5. */
+ * 15.8-17.8; prefill of 32 rows a head against 32768 keys (d64) 13.9-15.4 against 20.8-21.5.
+ * With 11 to 16 rows (one vector, up to 5 lanes empty) see src/fused.c: LANES_MIN_ROWS. */
 #define LNB 64
 /* Keys per score tile and Oᵀ columns per P·V tile: 8 accumulators (6 with 3 vectors of rows). */
 #if LANES == 1
@@ -899,20 +900,25 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV))
             }
 #if LPF && defined(__clang__)
             /* While the tile's scores are computed: the tile's V rows, used after the block's
-             * softmax, and the K rows of the same keys of the next block. The CPU's own
-             * prefetchers left the multiply-adds waiting on memory. PoCL, minima of 20 runs:
-             * prefill of 32 rows against 32768 keys 14.7-15.4 ms against 18.7-26 without;
-             * decode GQA 32:8 seq_q 16 seq_kv 8192 d128 11.4-12.3 against 12.0-13.3. The same
-             * prefetches made fused_direct's in-place decode slower (16 rows or fewer, where
-             * the hardware keeps up): 25.3 ms against 21.1. */
+             * softmax, and the K rows of the same keys of the next block, into L2 (locality 2).
+             * The CPU's own prefetchers left the multiply-adds waiting on memory. Into L1
+             * (locality 3), the next block's K and this block's V (32 KiB each at d128 f32) evict
+             * each other and Qᵀ from a 32 KiB L1: with 16 rows (one vector of lanes, few
+             * multiply-adds a byte) that made the kernel as slow as with 4. PoCL (2-core Zen 4),
+             * minima of 4-5 runs alternating, L2 against L1: decode GQA 32:8 seq_q 4 seq_kv 8192
+             * d128 3.5 ms against 5.4; prefill of 32 rows against 32768 keys (d64) 11.6 against
+             * 13.8; decode GQA 32:8 seq_q 16 (64 rows, compute-bound) 11.2 against 11.1. No
+             * prefetches at all: prefill 18.7-26 ms against 14.7-15.4 with L1 ones. Prefetches
+             * made fused_direct slower (few rows, where the hardware keeps up): 25.3 ms against
+             * 21.1, and into L2 3.7 against 3.4 (8 rows). */
 #pragma unroll
             for (int e = 0; e < LKT; e++) {
                 __global const T_KV *kn = Kb + (ulong)min(kt + LNB + n0 + e, k_hi - 1) * k_ss;
                 __global const T_KV *vn = Vb + (ulong)min(kt + n0 + e, k_hi - 1) * v_ss;
                 for (int x = 0; x < D; x += 64 / (int)sizeof(T_KV))
-                    __builtin_prefetch((const void *)(uintptr_t)(kn + x), 0, 3);
+                    __builtin_prefetch((const void *)(uintptr_t)(kn + x), 0, 2);
                 for (int x = 0; x < DV; x += 64 / (int)sizeof(T_KV))
-                    __builtin_prefetch((const void *)(uintptr_t)(vn + x), 0, 3);
+                    __builtin_prefetch((const void *)(uintptr_t)(vn + x), 0, 2);
             }
 #endif
 #if DT_IN == 1

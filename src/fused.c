@@ -193,12 +193,24 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
 /* The most packed rows fused_lanes (fused.cl) takes in one block: 4 vectors of 16 lanes.
  * Measured on PoCL (2-core Zen 4, minima of 10 runs, decode GQA 32:8, seq_q 16, seq_kv 8192,
  * d128, f32): 64 rows in one block 11.4-11.6 ms, in two of 32 13.4-15.0, fused_direct in two
- * blocks of 32 16.6-21.1. With 16 rows or fewer fused_direct is as fast or faster (12 rows:
- * 19 ms against 22-28 in lanes that are a quarter empty), so it keeps them. */
+ * blocks of 32 16.6-21.1. */
 #define LANES_ROWS 64
+/* The fewest packed rows fused_lanes takes (one vector, up to 5 of its 16 lanes empty); fewer
+ * stay on fused_direct, one block. Decode on PoCL (2-core Zen 4, seq_kv 8192, GQA over 8 kv
+ * heads unless said, minima of 4 runs alternating, ms, fused_lanes against fused_direct):
+ *   16 rows: d128 3.5 against 5.3, f16 3.0 against 4.7, bf16 3.8 against 4.5, d64 1.6 against
+ *            2.8, d256 9.1 against 10.3; GQA 16:1 at seq_kv 65536 3.6 against 5.2;
+ *   12 rows: d128 3.7 against 4.4, f16 3.6 against 4.9, d64 1.7 against 2.4, bf16 3.9 against 3.7;
+ *   11 rows: d128 4.2 against 4.8, f16 3.1 against 3.7;
+ *   10 rows: d128 3.6-4.0 against 3.5-3.6, f16 3.0 against 3.0, d64 (4 kv heads) 0.84 against 0.77;
+ *    9 rows: d128 3.8 against 3.1; 8 rows: f16 3.0 against 2.7, d64 1.6 against 1.3, d256 9.5
+ *            against 7.7; 4 rows: d128 3.8 against 1.9.
+ * fused_lanes costs about the same from 4 rows to 16 (its lanes are multiplied either way, and
+ * it streams K and V at about half the rate fused_direct reaches with few rows). */
+#define LANES_MIN_ROWS 11
 
 /* Prefill with at most LANES_ROWS rows per kv head reads K and V in place as decode does, in one
- * block of rows (fused_direct up to 16, fused_lanes above): the Kᵀ copy costs a read and a write
+ * block of rows (fused_lanes, prefill having more than 16): the Kᵀ copy costs a read and a write
  * of K plus a second read, which so few rows do not repay. Measured on PoCL (2-core Zen 4, B1
  * H8 d64 f32, minima of 20 runs alternating, noisy): seq_q 64 against 8192 keys 6.3-6.4 ms in
  * place against 10.0-13.6 with the copy, against 1024 keys 0.78-1.39 against 0.96-1.42, 48
@@ -224,13 +236,13 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     const int decode = p->seq_q <= 16;
     const int in_place =
         clattn__direct_in_place(R, p->seq_q);
-    /* In place with automatic rows (prefill, or decode with RM 0): up to 16 packed rows in one
-     * block of fused_direct; more in fused_lanes, in as few blocks as LANES_ROWS allows, since
-     * each block reads K and V (all of them, but for causal prefill). An explicit RM (the tuner's)
-     * keeps fused_direct, in blocks of at most 32 rows. */
+    /* In place with automatic rows (prefill, or decode with RM 0): fewer than LANES_MIN_ROWS
+     * packed rows in one block of fused_direct; more in fused_lanes, in as few blocks as
+     * LANES_ROWS allows, since each block reads K and V (all of them, but for causal prefill).
+     * An explicit RM (the tuner's) keeps fused_direct, in blocks of at most 32 rows. */
     int rm0 = in_place && !decode ? 0 : pp->v[2], lanes = 0;
     if (in_place && rm0 <= 0) {
-        if (R <= 16) {
+        if (R < LANES_MIN_ROWS) {
             rm0 = R;
         } else {
             lanes = ceil_div(ceil_div(R, ceil_div(R, LANES_ROWS)), 16);

@@ -19,7 +19,7 @@
  *   DECODE     : WGX, WGY, RM, NS, VW, SPLITS, DIRECT  (fused.cl with key splits; RM 0 = cover the
  *                packed rows (up to 16), SPLITS 0 = automatic; DIRECT 1: fused_direct reading K
  *                and V in place, one work-item per RM rows and key split, 16-key blocks (RM 0:
- *                up to 16 rows in one block; more go to fused_lanes, the rows in the lanes of
+ *                up to 10 rows in one block; more go to fused_lanes, the rows in the lanes of
  *                float16 vectors, in as few blocks of at most 64 as there can be),
  *                WGX/WGY/NS/VW unused; DIRECT 2: decode_rows (decode.cl), WGY key groups of
  *                ceil(head_dim_v / 4) work-items reading K and V from global memory, RM rows

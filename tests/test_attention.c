@@ -130,7 +130,8 @@ static const att_case cases[] = {
     {"decode_hd256_dv16_bf16", 1, 1, 1, 2, 37, 256, 16, BF16, .causal = 1},
     {"decode_hd16_dv256_16rows", 1, 1, 1, 16, 37, 16, 256, F32, .causal = 0},
     {"decode_hd59_poison_kvlen", 2, 2, 2, 4, 70, 59, 0, F32, .has_kv = 1, .kv = {40, 3}, .special = SP_POISON},
-    /* more than 16 packed rows: one block of 20 (with tails), two of 20 */
+    /* more than 16 packed rows: one block of 20 (with tails), two of 20 (fused_lanes on CPUs,
+     * as from 11 rows: decode_hd16_dv256_16rows too) */
     {"decode_gqa5_sq4_rows20_mask_f16_hd72", 1, 10, 2, 4, 300, 72, 0, F16, .mask = MASK_HEADS,
      .mask_dt = F16},
     {"decode_gqa8_sq5_rows40_causal_kvlen_hd59", 2, 16, 2, 5, 200, 59, 0, F32, .causal = 1, .has_kv = 1,
@@ -174,6 +175,12 @@ static const att_case cases[] = {
      .special = SP_MASKED_ROW},
     {"lanes_gqa8_sq5_poison_causal_diagonal_hd40", 2, 16, 2, 5, 70, 40, 0, F32, .causal = 1,
      .special = SP_POISON_DIAG},
+    /* one vector of lanes with 11 to 16 rows (decode of 11 or more rows goes to fused_lanes):
+     * 5 and 3 lanes empty, with tails, masks, per-batch key lengths and poisoned hidden keys */
+    {"lanes_gqa11_sq1_rows11_f16_hd128_mask_kvlen", 2, 22, 2, 1, 300, 128, 0, F16, .mask = MASK_HEADS,
+     .mask_dt = F16, .has_kv = 1, .kv = {300, 5}},
+    {"lanes_gqa13_sq1_rows13_poison_kvlen_bf16_hd59_dv37", 2, 26, 2, 1, 70, 59, 37, BF16, .has_kv = 1,
+     .kv = {40, 3}, .special = SP_POISON},
     /* the largest private arrays: 64 rows of head_dim 256 (Qᵀ and Oᵀ 64 KiB each) */
     {"lanes_mqa64_sq1_rows64_hd256_f16", 1, 64, 1, 1, 300, 256, 0, F16, .causal = 0},
 
@@ -771,7 +778,7 @@ static void test_case(void **state)
 
 int main(void)
 {
-    enum { MAX_TESTS = 128 };
+    enum { MAX_TESTS = 160 };
     static struct CMUnitTest tests[MAX_TESTS];
     size_t n = 0;
     /* CLATTN_TEST_DECODE_ONLY=1 (the _rows runs, tests/CMakeLists.txt): only the cases that take
