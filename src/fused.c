@@ -237,9 +237,9 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     const int in_place =
         clattn__direct_in_place(R, p->seq_q);
     /* In place with automatic rows (prefill, or decode with RM 0): fewer than LANES_MIN_ROWS
-     * packed rows in one block of fused_direct; more in fused_lanes, in as few blocks as
-     * LANES_ROWS allows, since each block reads K and V (all of them, but for causal prefill).
-     * An explicit RM (the tuner's) keeps fused_direct, in blocks of at most 32 rows. */
+     * packed rows in one block of fused_direct; that many or more in fused_lanes, in as few
+     * blocks as LANES_ROWS allows, since each block reads K and V (all of them, but for causal
+     * prefill). An explicit RM (the tuner's) keeps fused_direct, in blocks of at most 32 rows. */
     int rm0 = in_place && !decode ? 0 : pp->v[2], lanes = 0;
     if (in_place && rm0 <= 0) {
         if (R < LANES_MIN_ROWS) {
