@@ -7,7 +7,9 @@
  *                                  unfused, decode with key splits, masks, f16) while the others do;
  *                                  every result must match the float64 reference (attnprob.c), and
  *                                  once every context is released no OpenCL object is left
- *                                  (clshim.c counts them across all threads).
+ *                                  (clshim.c counts them across all threads). Before the threads,
+ *                                  the main thread runs every shape once (a PoCL 3.1 bug, see
+ *                                  contexts_in_parallel); so do the next two tests.
  *   threads/shared_queue           the same with contexts made by clattn_create_from_queue on one
  *                                  in-order queue of the caller's, all enqueueing on it at once.
  *   threads/fresh_cache_dir        the same with an empty cache directory, so the threads build the
@@ -258,14 +260,14 @@ static void contexts_in_parallel(const char *cache_dir, cl_command_queue shared)
 {
     assert_true(clshim_active());
     /* Every shape once on this thread first, on the suite's cache directory (so that a fresh
-     * directory still starts empty for the threads). This works around a PoCL 3.1 bug that has nothing to do with clattn:
-     * PoCL's CPU driver keeps one entry per kernel, local size and widest grid seen so far, takes
-     * an entry for each launch but gives back the first entry that matches the kernel and local
-     * size. A launch on a wider grid than any before adds a new first entry, and any launch of
-     * the same kernel still running on another queue at that moment then returns the wrong one:
-     * `pocl_release_dlhandle_cache: Assertion 'found->ref_count > 0' failed` (README, known
-     * issues). Once each kernel has run on its widest grid, the threads' launches find their
-     * entries. */
+     * directory still starts empty for the threads). This works around a PoCL 3.1 bug outside
+     * clattn: PoCL's CPU driver keeps one entry per kernel, local size and widest grid seen so
+     * far; a launch takes the entry that fits but gives back the first entry that matches the
+     * kernel and local size. A launch on a wider grid than any before adds a new first entry, and
+     * a launch of the same kernel still running on another queue at that moment gives back the
+     * wrong one: `pocl_release_dlhandle_cache: Assertion 'found->ref_count > 0' failed` (README,
+     * "Threads and processes"). Once each kernel has run on its widest grid, the threads'
+     * launches find the entries they take and give back. */
     clattn_release(tu_context()); /* skip (or fail) here without a device, not in the threads */
     clattn_context *warm = NULL;
     assert_int_equal(clattn_create(NULL, &warm), CLATTN_SUCCESS); /* as the threads make theirs */
