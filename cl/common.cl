@@ -17,6 +17,14 @@
  * compare and one blend (fmax must also test a, which PoCL compiles to twice the work). */
 #define MAX_SKIP_NAN(a, b) select((a), (b), (b) > (a))
 #define LOG2E 1.4426950408889634f
+/* How many float16 values the device's vector registers hold (-DNREG16, from the host: see
+ * clattn__nreg16 in src/device.c): 32 with AVX-512's 32 zmm, 8 with AVX/AVX2's 16 ymm, 4 with
+ * SSE's 16 xmm; GPUs, where the CPU register tiles below are not used, get 32. The CPU kernels
+ * size their register tiles by it: a tile that does not fit spills every accumulator to the
+ * stack at every multiply-add. */
+#ifndef NREG16
+#define NREG16 32
+#endif
 #define LN2 0.6931471805599453f
 
 /* Work-group index in grid y or z. A launch with more work-groups there than the device takes
@@ -79,7 +87,7 @@ inline float16 ld16_tail(__global const T_IN *p, int col, int n)
  * in gemm.cl): a query row is held as DP16 = 16·ceil(head_dim / 16) floats, zero past head_dim,
  * so that a key's dot product is a sum of float16 products whose 16 lanes are added at the end
  * (hsum16x16, for 16 keys at once). KV_FULL 1 when head_dim (and head_dim_v) are multiples of 16:
- * no tail loads. qk16_row and qk16_tile4 are always inlined: PoCL 3.1 left qk16_row a call, in
+ * no tail loads. qk16_row and qk16_tile are always inlined: PoCL 3.1 left qk16_row a call, in
  * which vload_half16 of a K row of odd head_dim (not 16-byte aligned) became an aligned load
  * that faulted; inlined, the loads are unaligned ones, as in the kernels. */
 typedef union qrow {
@@ -133,45 +141,67 @@ __attribute__((always_inline)) inline float16 qk16_row(const qrow *q, __global c
     return hsum16x16(t);
 }
 
-/* qk16_row for the four rows q[0..3] into s[0..3], in register tiles of 4 rows by 4 keys: a K
- * vector serves 4 rows and a Q vector 4 keys, so a multiply-add costs half a load instead of
- * about one (where many rows read each K row: grouped-query heads, prefill rows). The 16 K
- * rows stay in L1 while the caller's row tiles pass over them. */
-__attribute__((always_inline)) inline void qk16_tile4(const qrow *q, __global const T_IN *Kb, ulong k_ss, int kc, int klast, int D,
+/* qk16_tile's register tile: QT_R rows by QT_E keys of float16 accumulators, plus QT_E K
+ * vectors: 4 x 4 where the registers hold 32 float16 (AVX-512), 2 x 2 where they hold 8
+ * (AVX2: 8 accumulators, 4 K vectors and a Q vector in 16 ymm, where 4 x 4 spilled every
+ * accumulator at every multiply-add). */
+#if NREG16 >= 32
+#define QT_R 4
+#define QT_E 4
+#else
+#define QT_R 2
+#define QT_E 2
+#endif
+/* Whether rm query rows (a constant) take qk16_tile, in tiles of QT_R rows, rather than qk16_row
+ * row by row: several rows read each K row (grouped-query heads, prefill rows) and QT_R divides
+ * them; with 32 float16 registers from 8 rows (two tiles), with 8 (AVX2) from 2: decode on
+ * PoCL (2-core AMD EPYC, AVX2, B1 seq_kv 8192 d128 over 8 kv heads, minima of 3 x 30 runs)
+ * 2 rows 2.55 ms against 2.91 with qk16_row. */
+#if NREG16 >= 32
+#define QK_TILE_FOR(rm) ((rm) >= 8 && (rm) % 4 == 0)
+#else
+#define QK_TILE_FOR(rm) ((rm) % QT_R == 0)
+#endif
+
+/* qk16_row for the QT_R rows q[0..QT_R-1] into s[0..QT_R-1], in register tiles of QT_R rows by
+ * QT_E keys: a K vector serves QT_R rows and a Q vector QT_E keys, so a multiply-add costs
+ * 1/QT_R + 1/QT_E loads instead of 2 (where many rows read each K row: grouped-query heads,
+ * prefill rows). The 16 K rows stay in L1 while the caller's row tiles pass over them. */
+__attribute__((always_inline)) inline void qk16_tile(const qrow *q, __global const T_IN *Kb, ulong k_ss, int kc, int klast, int D,
                        float16 *s)
 {
-    float16 t[4][16];
+    float16 t[QT_R][16];
 #pragma unroll 1
-    for (int e0 = 0; e0 < 16; e0 += 4) {
-        __global const T_IN *kr[4];
-        float16 acc[4][4];
+    for (int e0 = 0; e0 < 16; e0 += QT_E) {
+        __global const T_IN *kr[QT_E];
+        float16 acc[QT_R][QT_E];
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
+        for (int e = 0; e < QT_E; e++) {
             kr[e] = Kb + (ulong)min(kc + e0 + e, klast) * k_ss;
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < QT_R; i++)
                 acc[i][e] = (float16)(0.0f);
         }
 #pragma unroll
         for (int c = 0; c < DP16 / 16; c++) {
-            float16 kv[4];
+            float16 kv[QT_E];
 #pragma unroll
-            for (int e = 0; e < 4; e++)
+            for (int e = 0; e < QT_E; e++)
                 kv[e] = c < DP16 / 16 - 1 ? LD16_IN(kr[e], 16 * c) : ld16_row(kr[e], DP16 - 16, D);
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < QT_R; i++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
+                for (int e = 0; e < QT_E; e++)
                     acc[i][e] = MAD(q[i].v[c], kv[e], acc[i][e]);
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < QT_R; i++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
+            for (int e = 0; e < QT_E; e++)
                 t[i][e0 + e] = acc[i][e];
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < QT_R; i++)
         s[i] = hsum16x16(t[i]);
 }
 #endif

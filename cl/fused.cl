@@ -361,16 +361,17 @@ fused(ATTN_KERNEL_ARGS(T_IN))
 /* IN_PLACE 1 (decode on CPUs, DECODE DIRECT 1, and prefill with few rows per kv head): K and V
  * are read where they are, in their storage type, instead of from the copies: a block of rows
  * reads each key once, so with one or two blocks per kv head copying would triple the traffic.
- * Chunks of 16 keys (NS 1), their scores from qk16_row or qk16_tile4 (common.cl; DP = DP16).
+ * Chunks of 16 keys (NS 1), their scores from qk16_row or qk16_tile (common.cl; DP = DP16).
  * KV_FULL 1 when head_dim and head_dim_v are multiples of 16 (no tail loads). */
 #if IN_PLACE
 #define T_KV T_IN
 #if NS != 1 || DP != DP16
 #error "IN_PLACE needs NS 1 and DP = DP16"
 #endif
-/* The scores in register tiles of 4 rows by 4 keys (qk16_tile4) when there are many rows to a
- * K row (8 or more packed rows: grouped-query heads, or prefill rows). */
-#define QK_TILE (RM >= 8 && RM % 4 == 0)
+/* The scores in register tiles (qk16_tile) where RM rows take them (QK_TILE_FOR, common.cl). */
+#ifndef QK_TILE
+#define QK_TILE QK_TILE_FOR(RM)
+#endif
 /* Vector c of a V row (c a constant after unrolling): only the last one can be short, since
  * 16·(DV16 - 1) < head_dim_v. */
 #define LDV16(p, c) ((c) < DV16 - 1 ? LD16_IN((p), 16 * (c)) : ld16_row((p), 16 * (c), DV))
@@ -388,8 +389,32 @@ fused(ATTN_KERNEL_ARGS(T_IN))
 #define ROWS_LOOP _Pragma("unroll")
 #endif
 /* P·V in register tiles (PV_TILE) when o has more vectors than the registers hold: PR rows (a
- * divisor of RM) by PC column vectors (a divisor of DV16), at most about 16 accumulators. */
-#define PV_TILE (RM * DV16 > 32)
+ * divisor of RM) by PC column vectors (a divisor of DV16), at most about half the registers:
+ * 16 accumulators with AVX-512; with AVX2, 4 (8 ymm; PC V vectors and a broadcast beside them),
+ * 2 x 2 where it divides, since every column tile reads the block's V rows once more (from L2
+ * after the first): decode on PoCL (2-core AMD EPYC, AVX2, B1 seq_kv 8192 d128 over 8 kv heads,
+ * minima of 3 x 30 runs alternating, noisy): 8 rows 2 x 2 4.33 ms, 4 x 1 (eight column passes)
+ * 6.60, 2 x 4 4.75, 1 x 8 4.78, 4 x 2 4.89, untiled (o in L1) 4.42, the AVX-512 tile 8 x 2
+ * (32 ymm, every accumulator spilled at every key) 6.2; 4 rows 2 x 2 3.48, 4 x 1 3.98, 2 x 4
+ * 3.53, untiled 3.81. */
+#ifndef PV_TILE
+#define PV_TILE (RM * DV16 > NREG16)
+#endif
+#if !(defined(PR) && defined(PC)) /* else set by the build options (experiments) */
+#if NREG16 < 32
+#if RM % 2 == 0
+#define PR 2
+#else
+#define PR 1
+#endif
+#if PR == 1 && DV16 % 4 == 0
+#define PC 4
+#elif DV16 % 2 == 0
+#define PC 2
+#else
+#define PC 1
+#endif
+#else /* NREG16 >= 32 */
 #if RM <= 8
 #define PR RM
 #elif RM % 8 == 0
@@ -412,6 +437,8 @@ fused(ATTN_KERNEL_ARGS(T_IN))
 #else
 #define PC 1
 #endif
+#endif /* NREG16 */
+#endif /* PR, PC */
 /* How far a score may exceed the row's reference before the reference moves: 8·ln 2, so
  * p = e^(s - m) <= 2^8 and the sums stay far from overflow (l <= 2^8·seq_kv). */
 #define REF_SLACK 5.5451774f
@@ -513,11 +540,11 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
              * RM 16 made programs that took PoCL one to three minutes to compile. */
 #if QK_TILE
 #pragma unroll 1
-            for (int i0 = 0; i0 < RM; i0 += 4) {
-                float16 t[4];
-                qk16_tile4(qs + i0, Kb, k_ss, kc, k_hi - 1, D, t);
+            for (int i0 = 0; i0 < RM; i0 += QT_R) {
+                float16 t[QT_R];
+                qk16_tile(qs + i0, Kb, k_ss, kc, k_hi - 1, D, t);
 #pragma unroll
-                for (int i = 0; i < 4; i++)
+                for (int i = 0; i < QT_R; i++)
                     sb[i0 + i].v[ch] = t[i] * scale;
             }
 #else

@@ -390,7 +390,7 @@ scores_direct(GEMM_KERNEL_ARGS(float))
 #if defined(DP16)
 /* Scores on CPUs with K read in place (DIRECT 1 with KT 0, or with few query rows: see
  * src/scores.c): one work-item per RM rows and 256 keys, in chunks of 16 keys through
- * qk16_tile4 (8 or more rows, a multiple of 4) or qk16_row (common.cl). With few rows the Kᵀ
+ * qk16_tile (where QK_TILE_FOR(RM), common.cl) or qk16_row. With few rows the Kᵀ
  * copy's write and second read of K cost more than the horizontal sums of in-place dot
  * products. Grid x = ceil(N / 256), y = ceil(M / RM), z = batch·heads (work-group 1x1x1). */
 #define SIP_KEYS 256
@@ -411,10 +411,10 @@ scores_in_place(GEMM_KERNEL_ARGS(T_IN))
     const int n_end = min(N, n0 + SIP_KEYS);
     for (int kc = n0; kc < n_end; kc += 16) {
         float16 s[RM];
-#if RM >= 8 && RM % 4 == 0
+#if QK_TILE_FOR(RM)
 #pragma unroll 1
-        for (int i0 = 0; i0 < RM; i0 += 4)
-            qk16_tile4(q + i0, Bb, b_ss, kc, N - 1, K, s + i0);
+        for (int i0 = 0; i0 < RM; i0 += QT_R)
+            qk16_tile(q + i0, Bb, b_ss, kc, N - 1, K, s + i0);
 #else
 #pragma unroll 1
         for (int i = 0; i < RM; i++)

@@ -56,6 +56,18 @@ clattn_status clattn__read_devinfo(cl_platform_id p, cl_device_id d, clattn_devi
     cl_device_fp_config fp = 0;
     if (clGetDeviceInfo(d, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL) == CL_SUCCESS)
         info->has_fma = (fp & CL_FP_FMA) != 0;
+    /* The CPU kernels' register tiles (-DNREG16, common.cl) follow the vector registers: a native
+     * float width of 16 is AVX-512's 32 zmm (32 float16 values), 8 is AVX or AVX2's 16 ymm (8),
+     * 4 is SSE's 16 xmm (4). PoCL reports the width of the instruction set it compiles for (8 on
+     * an AVX2-only AMD EPYC, where it compiles for haswell). GPUs, and CPUs reporting 16 or more
+     * or nothing, get 32, the value the tiles were first measured with (on AVX-512); the GPU
+     * kernels do not use it. */
+    cl_uint vw = 0;
+    info->nreg16 = 32;
+    if ((info->type & CL_DEVICE_TYPE_CPU) &&
+        clGetDeviceInfo(d, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT, sizeof vw, &vw, NULL) == CL_SUCCESS &&
+        vw > 0 && vw < 16)
+        info->nreg16 = vw >= 8 ? 8 : 4;
     if (info->compute_units == 0)
         info->compute_units = 1;
     /* OpenCL has no query for it, but NVIDIA's driver runs on CUDA grids, whose y and z extents

@@ -280,7 +280,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     const int kv_full = p->head_dim % 16 == 0 && p->head_dim_v % 16 == 0;
 
     /* Every kernel is built before anything is enqueued: a build failure leaves no partial work. */
-    char dp16[24] = ""; /* in place: the query rows of qk16_row and qk16_tile4 (common.cl) */
+    char dp16[24] = ""; /* in place: the query rows of qk16_row and qk16_tile (common.cl) */
     if (in_place)
         snprintf(dp16, sizeof dp16, " -DDP16=%d", dp);
     char lanes_opt[32] = ""; /* fused_lanes; LPF 1: software prefetches, on CPUs */

@@ -30,6 +30,7 @@ typedef struct clattn_devinfo {
     size_t max_groups_yz; /* work-groups a launch may have in grid y and z; 0: no limit known */
     cl_uint mem_align_bits;
     int has_fma; /* CL_FP_FMA: fma() is a hardware instruction, kernels use it for MAD */
+    int nreg16;  /* float16 values the vector registers hold (CPU register tiles): see device.c */
     char key[512];
 } clattn_devinfo;
 

@@ -140,8 +140,8 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
     /* Development: CLATTN_BUILD_OPTIONS adds compiler options (e.g. -cl-nv-verbose), part of the
      * cache key like the rest; CLATTN_BUILD_LOG=1 prints every source build's log to stderr. */
     const char *extra = getenv("CLATTN_BUILD_OPTIONS");
-    snprintf(options, sizeof options, "%s -DHAS_FMA=%d%s%.300s", op_options, ctx->dev.has_fma,
-             extra && *extra ? " " : "", extra ? extra : "");
+    snprintf(options, sizeof options, "%s -DHAS_FMA=%d -DNREG16=%d%s%.300s", op_options,
+             ctx->dev.has_fma, ctx->dev.nreg16, extra && *extra ? " " : "", extra ? extra : "");
     char *src = assemble(file);
     if (!src)
         return clattn__fail(ctx, CLATTN_BUILD_FAILED, "kernel source \"%s\" is missing", file);

@@ -472,7 +472,8 @@ static void test_bench_peak(void **state)
     }
     if (n < 13)
         fail_msg("short peak line: %s", line + 1);
-    if (strcmp(field[2], "f32") && strcmp(field[2], "f32x4") && strcmp(field[2], "f32x16"))
+    if (strcmp(field[2], "f32") && strcmp(field[2], "f32x4") && strcmp(field[2], "f32x8") &&
+        strcmp(field[2], "f32x16"))
         fail_msg("peak width '%s'", field[2]);
     for (int i = 3; i < 10; i++)
         if (field[i][0])

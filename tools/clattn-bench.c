@@ -784,9 +784,10 @@ static void run_copy(bench *bn)
 
 /* The device's fp32 multiply-add ceiling, measured in the same run as the operations it bounds.
  * Each work-item runs 8 independent fma chains (more than a multiply-add unit's latency
- * times its issue rate on current hardware) of float, float4 or float16, 64 multiply-adds a loop
- * iteration so that the loop's own instructions are negligible; the fastest width counts: a GPU
- * wants scalar work-items, a CPU its SIMD width in one work-item. b < 1 and c keep the chains
+ * times its issue rate on current hardware) of float, float4, float8 or float16, 64 multiply-adds
+ * a loop iteration so that the loop's own instructions are negligible; the fastest width counts:
+ * a GPU wants scalar work-items, a CPU its SIMD width in one work-item (float8 with AVX2, whose
+ * 16 registers cannot hold 8 float16 chains and their operands: those spill). b < 1 and c keep the chains
  * bounded and away from denormals; the sums are stored so nothing is dead code. */
 static const char peak_src[] =
     "#define FMA8 a0 = fma(a0, b, c); a1 = fma(a1, b, c); a2 = fma(a2, b, c); a3 = fma(a3, b, c); \\\n"
@@ -805,6 +806,7 @@ static const char peak_src[] =
     "}\n"
     "PEAK(peak1, float)\n"
     "PEAK(peak4, float4)\n"
+    "PEAK(peak8, float8)\n"
     "PEAK(peak16, float16)\n";
 #define PEAK_FMAS_PER_ITER 64 /* peak_src's loop body: FMA8 (8 chains) 8 times */
 /* Work-items: PEAK_ITEMS_PER_CU / width per compute unit (enough resident warps or wavefronts
@@ -830,9 +832,9 @@ static int enqueue_peak(bench *bn, void *job)
 
 static void run_peak(bench *bn)
 {
-    static const int widths[3] = {1, 4, 16};
-    static const char *const kernels[3] = {"peak1", "peak4", "peak16"};
-    static const char *const dtypes[3] = {"f32", "f32x4", "f32x16"};
+    static const int widths[4] = {1, 4, 8, 16};
+    static const char *const kernels[4] = {"peak1", "peak4", "peak8", "peak16"};
+    static const char *const dtypes[4] = {"f32", "f32x4", "f32x8", "f32x16"};
     const char *src = peak_src;
     cl_int err;
     cl_program prog = clCreateProgramWithSource(bn->clctx, 1, &src, NULL, &err);
@@ -847,7 +849,7 @@ static void run_peak(bench *bn)
     }
     const size_t cus = bn->compute_units ? bn->compute_units : 1;
     result best = new_result("peak", NULL);
-    for (int w = 0; w < 3; w++) {
+    for (int w = 0; w < 4; w++) {
         peak_job j = {NULL, cus * PEAK_ITEMS_PER_CU / (size_t)widths[w], 0, 1};
         j.kernel = clCreateKernel(prog, kernels[w], &err);
         check_cl(err, "clCreateKernel");
@@ -1209,8 +1211,8 @@ static void usage(FILE *f)
           "Timing is wall clock around enqueue + clFinish, so every kernel of an op counts.\n"
           "GFLOP/s: attention 2*B*Hq*pairs*(D+Dv) with pairs = visible (query, key) pairs;\n"
           "scores 2*B*Hq*Sq*Skv*D; peak: the device's fp32 multiply-add rate (independent fma\n"
-          "chains of float, float4 and float16; the fastest width is shown, in the dtype\n"
-          "column, its GFLOP/s from the fastest run), which bounds attention's GFLOP/s.\n"
+          "chains of float, float4, float8 and float16; the fastest width is shown, in the\n"
+          "dtype column, its GFLOP/s from the fastest run), which bounds attention's GFLOP/s.\n"
           "GB/s (1e9 bytes): copy read+write, softmax in+out, decode Q+K+V+O, scores output\n"
           "written. Check errors are absolute up to magnitude 1 and relative above it;\n"
           "softmax's are relative to the row's largest probability.\n"
