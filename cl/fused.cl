@@ -323,9 +323,10 @@ fused(ATTN_KERNEL_ARGS(T_IN))
  * Keys go in chunks of
  * DBN = 16·NS through registers (S[RM][NS] float16 accumulators) into a block of NB keys (below),
  * whose p = e^(s - m) (exp2p16) are then read back as broadcast scalars for O += P·V. Where O has
- * more vectors than the registers (RM·DV16 > 32: head_dim_v 256, or many packed rows in place),
- * P·V goes in register tiles of O (PV_TILE), and in place, blocks of 8 or more packed rows (a
- * multiple of 4) compute their scores in 4 x 4 register tiles too (QK_TILE). Measured on PoCL (2-core Zen 4,
+ * more vectors than the registers (RM·DV16 > NREG16, common.cl; with AVX-512 32: head_dim_v
+ * 256, or many packed rows in place), P·V goes in register tiles of O (PV_TILE), and in place,
+ * blocks of 8 or more packed rows (a multiple of 4; with AVX2 2 or more, even) compute their
+ * scores in register tiles too (QK_TILE). Measured on PoCL (2-core Zen 4, AVX-512,
  * medians of 8 runs alternating with the untiled kernel; single runs vary by 30%): B1 H4 S1024
  * d256 causal prefill 1.36x faster, decode at seq_kv 32768 with GQA 16:1 d256 1.1-1.5x and GQA
  * 8:1 d128 1.1-1.2x.
@@ -396,7 +397,8 @@ fused(ATTN_KERNEL_ARGS(T_IN))
  * minima of 3 x 30 runs alternating, noisy): 8 rows 2 x 2 4.33 ms, 4 x 1 (eight column passes)
  * 6.60, 2 x 4 4.75, 1 x 8 4.78, 4 x 2 4.89, untiled (o in L1) 4.42, the AVX-512 tile 8 x 2
  * (32 ymm, every accumulator spilled at every key) 6.2; 4 rows 2 x 2 3.48, 4 x 1 3.98, 2 x 4
- * 3.53, untiled 3.81. */
+ * 3.53, untiled 3.81. Prefill over the Kᵀ copy (B1 H8 S1024 d64, RM 6: 2 x 2 tiles against o
+ * untiled, 48 ymm) 17.8-19.4 ms against 27.3. */
 #ifndef PV_TILE
 #define PV_TILE (RM * DV16 > NREG16)
 #endif
