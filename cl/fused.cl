@@ -402,44 +402,36 @@ fused(ATTN_KERNEL_ARGS(T_IN))
 #ifndef PV_TILE
 #define PV_TILE (RM * DV16 > NREG16)
 #endif
+#if NREG16 >= 32
+#define PV_ACC 16 /* accumulators a tile may have */
+#define PV_ROWS 8 /* and rows */
+#else
+#define PV_ACC 4
+#define PV_ROWS 2
+#endif
 #if !(defined(PR) && defined(PC)) /* else set by the build options (experiments) */
-#if NREG16 < 32
-#if RM % 2 == 0
-#define PR 2
-#else
-#define PR 1
-#endif
-#if PR == 1 && DV16 % 4 == 0
-#define PC 4
-#elif DV16 % 2 == 0
-#define PC 2
-#else
-#define PC 1
-#endif
-#else /* NREG16 >= 32 */
-#if RM <= 8
+#if RM <= PV_ROWS
 #define PR RM
-#elif RM % 8 == 0
+#elif RM % 8 == 0 && PV_ROWS >= 8
 #define PR 8
-#elif RM % 6 == 0
+#elif RM % 6 == 0 && PV_ROWS >= 6
 #define PR 6
-#elif RM % 4 == 0
+#elif RM % 4 == 0 && PV_ROWS >= 4
 #define PR 4
-#elif RM % 3 == 0
+#elif RM % 3 == 0 && PV_ROWS >= 3
 #define PR 3
 #elif RM % 2 == 0
 #define PR 2
 #else
 #define PR 1
 #endif
-#if PR <= 4 && DV16 % 4 == 0
+#if 4 * PR <= PV_ACC && DV16 % 4 == 0
 #define PC 4
 #elif DV16 % 2 == 0
 #define PC 2
 #else
 #define PC 1
 #endif
-#endif /* NREG16 */
 #endif /* PR, PC */
 /* How far a score may exceed the row's reference before the reference moves: 8·ln 2, so
  * p = e^(s - m) <= 2^8 and the sums stay far from overflow (l <= 2^8·seq_kv). */
