@@ -390,25 +390,35 @@ fused(ATTN_KERNEL_ARGS(T_IN))
 #define ROWS_LOOP _Pragma("unroll")
 #endif
 /* P·V in register tiles (PV_TILE) when o has more vectors than the registers hold: PR rows (a
- * divisor of RM) by PC column vectors (a divisor of DV16), at most about half the registers:
- * 16 accumulators with AVX-512; with AVX2, 4 (8 ymm; PC V vectors and a broadcast beside them),
- * 2 x 2 where it divides, since every column tile reads the block's V rows once more (from L2
- * after the first): decode on PoCL (2-core AMD EPYC, AVX2, B1 seq_kv 8192 d128 over 8 kv heads,
+ * divisor of RM) by PC column vectors (a divisor of DV16), at most about half the registers: 16
+ * accumulators with AVX-512; with AVX2 in place, 4 (8 ymm; PC V vectors and a broadcast beside
+ * them), 2 x 2 where it divides, since every column tile reads the block's V rows once more (from
+ * L2 after the first): decode on PoCL (2-core AMD EPYC, AVX2, B1 seq_kv 8192 d128 over 8 kv heads,
  * minima of 3 x 30 runs alternating, noisy): 8 rows 2 x 2 4.33 ms, 4 x 1 (eight column passes)
- * 6.60, 2 x 4 4.75, 1 x 8 4.78, 4 x 2 4.89, untiled (o in L1) 4.42, the AVX-512 tile 8 x 2
- * (32 ymm, every accumulator spilled at every key) 6.2; 4 rows 2 x 2 3.48, 4 x 1 3.98, 2 x 4
- * 3.53, untiled 3.81. Prefill over the Kᵀ copy (B1 H8 S1024 d64, RM 6: 2 x 2 tiles against o
- * untiled, 48 ymm) 17.8-19.4 ms against 27.3. */
+ * 6.60, 2 x 4 4.75, 1 x 8 4.78, 4 x 2 4.89, untiled (o in L1) 4.42, the AVX-512 tile 8 x 2 (32
+ * ymm, every accumulator spilled at every key) 6.2; 4 rows 2 x 2 3.48, 4 x 1 3.98, 2 x 4 3.53,
+ * untiled 3.81. That is in place, where V comes from memory. Prefill over the Kᵀ copy, where a
+ * head's V stays in cache for all its row blocks and P·V is bound by the multiply-adds, takes up
+ * to 3/4 of the registers in accumulators, 6 x 1 with RM 6 (12 ymm: 8 loads for 12 multiply-adds,
+ * enough of them in flight): B1 H8 S1024 f32 (minima of 3-6 runs alternating), d64 15.5 ms against
+ * 18.4 with 2 x 2, d128 34.1 against 37.3, d256 (H4) 32.8 against 38.6. */
 #ifndef PV_TILE
 #define PV_TILE (RM * DV16 > NREG16)
 #endif
 #if NREG16 >= 32
 #define PV_ACC 16 /* accumulators a tile may have */
 #define PV_ROWS 8 /* and rows */
-#else
+#elif IN_PLACE
 #define PV_ACC 4
 #define PV_ROWS 2
+#else
+#define PV_ACC (3 * NREG16 / 4)
+#define PV_ROWS PV_ACC
 #endif
+/* Whether PR x pc accumulators fit: at most PV_ACC of them and, with several rows (whose PC V
+ * vectors stay in registers while the rows' probabilities are broadcast against them), the V
+ * vectors and a broadcast beside them. */
+#define PV_FITS(pc) ((pc) * PR <= PV_ACC && (PR == 1 || (pc) * (PR + 1) < NREG16))
 #if !(defined(PR) && defined(PC)) /* else set by the build options (experiments) */
 #if RM <= PV_ROWS
 #define PR RM
@@ -425,9 +435,9 @@ fused(ATTN_KERNEL_ARGS(T_IN))
 #else
 #define PR 1
 #endif
-#if 4 * PR <= PV_ACC && DV16 % 4 == 0
+#if PV_FITS(4) && DV16 % 4 == 0
 #define PC 4
-#elif DV16 % 2 == 0
+#elif PV_FITS(2) && DV16 % 2 == 0
 #define PC 2
 #else
 #define PC 1
@@ -776,15 +786,26 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
  * 15.8-17.8; prefill of 32 rows a head against 32768 keys (d64) 13.9-15.4 against 20.8-21.5.
  * With 11 to 16 rows (one vector, up to 5 lanes empty) see src/fused.c: LANES_MIN_ROWS. */
 #define LNB 64
-/* Keys per score tile and Oᵀ columns per P·V tile: 8 accumulators (6 with 3 vectors of rows). */
-#if LANES == 1
+/* Keys per score tile and Oᵀ columns per P·V tile: 8 accumulators (6 with 3 vectors of rows)
+ * with AVX-512; with fewer registers (AVX2, NREG16 8: 16 ymm) at most NREG16 / 2 accumulators,
+ * at least one key: 8 of them (16 ymm) spill at every step. Measured on PoCL (2-core AMD EPYC,
+ * AVX2 only, decode B1 H32/8 Skv8192 d128 f32, minima of 4 runs alternating, noisy): 16 rows
+ * (LANES 1) LKT 8 8.4-8.9 ms, 4 5.2-6.7, 2 5.9-7.4; 32 rows (LANES 2) LKT 4 15.2, 2 7.5-9.1,
+ * 1 9.7; 64 rows (LANES 4) LKT 2 29.1, 1 18.0-19.5 (LCT 1 or 2). */
+#ifndef LKT
+#if NREG16 < 32
+#define LKT (NREG16 / 2 / LANES > 1 ? NREG16 / 2 / LANES : 1)
+#elif LANES == 1
 #define LKT 8
 #elif LANES == 2
 #define LKT 4
 #else
 #define LKT 2
 #endif
+#endif
+#ifndef LCT
 #define LCT LKT
+#endif
 typedef union lanes16 {
     float16 v;
     float f[16];
@@ -803,8 +824,10 @@ __attribute__((always_inline)) inline void lanes_vrow(__global const T_KV *vp, i
         vstore8(vload_half8(0, vp + c0), 0, t);
 #elif LCT == 4
         vstore4(vload_half4(0, vp + c0), 0, t);
-#else
+#elif LCT == 2
         vstore2(vload_half2(0, vp + c0), 0, t);
+#else
+        t[0] = vload_half(0, vp + c0);
 #endif
 #pragma unroll
         for (int c = 0; c < LCT; c++)

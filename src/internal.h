@@ -332,6 +332,12 @@ clattn_status clattn__run_pv(clattn_context *ctx, const clattn_problem *p, const
  * or with few query rows) for seq_q rows against k_bytes of K in all: RM (up to 32 rows) and NS
  * are then unused, and so is KT for few rows. */
 int clattn__scores_in_place(const clattn_context *ctx, const int *v, int64_t seq_q, uint64_t k_bytes);
+/* Fits a CPU kernel's register tile of rm x ns float16 accumulators (scores_direct, pv_direct,
+ * fused_direct over the Kᵀ copy) to the device's vector registers (nreg16, see device.c). */
+void clattn__fit_register_tile(const clattn_context *ctx, int *rm, int *ns);
+/* The same for the parameters v of a GEMM (op SCORES or PV) whose kernel has a register tile
+ * (scores_direct, pv_direct); others are left as they are. */
+void clattn__fit_gemm_tile(const clattn_context *ctx, clattn_op op, int *v);
 /* Whether fused_direct (CPUs) reads K and V in place for this problem (decode, or few packed
  * rows per kv head), rather than from a Kᵀ copy: its RM and NS parameters are then unused. */
 int clattn__direct_in_place(int64_t rows, int64_t seq_q);

@@ -33,6 +33,34 @@ static void sane_gemm(const clattn_context *ctx, clattn_params *pp, size_t cap)
     }
 }
 
+/* The register tile: rm x ns float16 accumulators, with ns float16 of B (K, V) and a broadcast
+ * value of A beside them, in NREG16 float16 values (device.c): rm·ns at most three quarters of
+ * them and ns·(rm + 1) all but one, ns giving way first. With AVX-512 (32) that allows the
+ * 6 x 64, 8 x 48, 12 x 32 and 24 x 16 tiles; with AVX2 (8) 6 x 16 or 2 x 32, where the AVX-512
+ * 6 x 64 tile spills every accumulator at every k. Measured on PoCL, 2-core AMD EPYC with AVX2
+ * only (B1 H8 S1024 d64 f32, min ms of 3-5 alternating runs): scores 6 x 64 21.2, 6 x 16 11.5,
+ * 4 x 16 13.4, 8 x 16 16.5, 12 x 16 19.5, 2 x 32 19.5, 6 x 32 18.5, 3 x 32 27.8; unfused with
+ * scores 6 x 16, P·V 6 x 64 31.2, 6 x 16 22.2, 4 x 16 21.4, 2 x 32 22.4, 3 x 32 29.8, 2 x 16
+ * 25.2. fused_direct's scores tile is the same (src/fused.c). */
+void clattn__fit_register_tile(const clattn_context *ctx, int *rm, int *ns)
+{
+    const int n = ctx->dev.nreg16;
+    while (*rm * *ns > 3 * n / 4 || *ns * (*rm + 1) > n - 1) {
+        if (*ns > 1)
+            --*ns;
+        else if (*rm > 1)
+            --*rm;
+        else
+            break;
+    }
+}
+
+void clattn__fit_gemm_tile(const clattn_context *ctx, clattn_op op, int *v)
+{
+    if (v[8] > 0 && (op == CLATTN_OP_PV || v[7] > 0)) /* in place: rows tiled in common.cl */
+        clattn__fit_register_tile(ctx, &v[2], &v[3]);
+}
+
 /* Tile parameters of one GEMM (see tuning.c), clamped to the device; returns their source. */
 static clattn_params_source gemm_params(clattn_context *ctx, int mode, const clattn_problem *p,
                                         clattn_params *pp)
@@ -45,6 +73,7 @@ static clattn_params_source gemm_params(clattn_context *ctx, int mode, const cla
     sane_gemm(ctx, pp, ctx->dev.max_wg);
     if (mode != 0)
         pp->v[6] = pp->v[7] = 0; /* KF and KT are scores-only */
+    clattn__fit_gemm_tile(ctx, mode == 0 ? CLATTN_OP_SCORES : CLATTN_OP_PV, pp->v);
     return source;
 }
 
@@ -100,17 +129,14 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
     int *v = pp->v;
     const int kt = mode == 0 && v[7] > 0;
     const int direct = v[8] > 0;
-    /* The direct kernels: P·V (pv_direct) RM x 16·NS tiles, at most 6 x 64 or 24 x 16 (24
-     * accumulators: AVX-512 has 32 vector registers), RM no more rows than there are; scores
-     * in place (scores_in_place) RM rows (all of them up to 16, up to 32 in one block rounded to
-     * a multiple of 4 for the 4 x 4 register tiles, else RM); scores over Kᵀ (scores_direct)
-     * as set. */
+    /* The direct kernels: P·V (pv_direct) RM x 16·NS tiles as fitted (gemm_params), RM no more
+     * rows than there are; scores in place (scores_in_place) RM rows (all of them up to 16,
+     * up to 32 in one block rounded to a multiple of 4 for the 4 x 4 register tiles, else RM);
+     * scores over Kᵀ (scores_direct) as fitted. */
     const char *kname = mode == 1 ? (direct ? "pv_direct" : "gemm")
                                   : (direct ? (kt ? "scores_direct" : "scores_in_place") : "gemm");
     char dp16[48] = "";
     if (direct && mode == 1) {
-        v[3] = v[3] < 1 ? 1 : v[3] > 4 ? 4 : v[3];
-        v[2] = v[2] * v[3] > 24 ? 24 / v[3] : v[2];
         v[2] = v[2] > M ? M : v[2];
     } else if (direct && !kt) {
         v[2] = M <= 16 ? M : M <= 32 ? (M + 3) / 4 * 4 : v[2];

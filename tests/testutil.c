@@ -234,6 +234,13 @@ clattn_context *tu_context(void)
                     ctx->dev.max_item[i] = i < 2 ? 1024u : 64u;
             ctx->dev.max_groups_yz = 65535;
         }
+        /* CLATTN_TEST_NREG16=swap: the CPU kernels' register tiles of the other vector width
+         * (device.c): AVX2's (8) where the device has AVX-512's (32) or more, AVX-512's where
+         * it has fewer, so that every machine checks both sets of tiles (the results must not
+         * change; the speed does). */
+        const char *nreg = getenv("CLATTN_TEST_NREG16");
+        if (nreg && strcmp(nreg, "swap") == 0)
+            ctx->dev.nreg16 = ctx->dev.nreg16 >= 32 ? 8 : 32;
         /* CLATTN_TEST_MAX_GROUPS_YZ=n: grid y and z take n work-groups, so that every launch
          * larger than that runs in chunks (clattn__enqueue). */
         const int groups = tu_getenv_int("CLATTN_TEST_MAX_GROUPS_YZ", 0);
