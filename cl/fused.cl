@@ -806,6 +806,9 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
 #ifndef LCT
 #define LCT LKT
 #endif
+#if LCT != 1 && LCT != 2 && LCT != 4 && LCT != 8 /* lanes_vrow's f16 loads */
+#error "LCT must be 1, 2, 4 or 8"
+#endif
 typedef union lanes16 {
     float16 v;
     float f[16];
