@@ -157,10 +157,10 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
         char opts[256];
         snprintf(opts, sizeof opts,
                  "-cl-std=CL1.2 -cl-mad-enable -DMODE=%d -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d "
-                 "-DWGX=%d -DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d -DKFULL=%d -DKT=%d%s",
+                 "-DWGX=%d -DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d -DKFULL=%d -DKT=%d -DDIRECT=%d%s",
                  mode, (int)a->dtype, (int)bm->dtype, (int)c->dtype,
                  p->has_mask ? (int)p->mask.dtype : 0, v[0], v[1], v[2], v[3], v[4], v[5], kfull, kt,
-                 dp16);
+                 direct, dp16);
         const clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, kname, &k);
         if (!st)
             break;

@@ -969,16 +969,19 @@ static void test_tuner(void **state)
     assert_int_equal(clattn_get_params(ctx, &pc, &dk), CLATTN_SUCCESS);
     const int *d6 = dk.values;
     /* The kernel is built with the defaults' register tile as fitted to the vector registers
-     * (scores_direct: src/scores.c), which on AVX2 is not the tile the defaults name. */
+     * (scores_direct: src/scores.c), which on AVX2 is not the tile the defaults name. DIRECT
+     * tells the tiled GEMM (DIRECT 0) from scores_direct where the other defines agree (RM 6,
+     * NS 1 is a tiled candidate too). */
     int f6[CLATTN_MAX_KERNEL_PARAMS];
     memcpy(f6, d6, sizeof f6);
     clattn__fit_gemm_tile(ctx, CLATTN_OP_SCORES, f6);
     snprintf(cmd, sizeof cmd,
              "mkdir -p %s/cl && cp %s/cl/*.cl %s/cl/ && { printf '#if defined(RM) && MODE == 0 && "
-             "(WGX != %d || WGY != %d || RM != %d || NS != %d || TK != %d || VW != %d)\\n#undef MAD\\n"
+             "(WGX != %d || WGY != %d || RM != %d || NS != %d || TK != %d || VW != %d || DIRECT != %d)\\n"
+             "#undef MAD\\n"
              "#define MAD(a, b, c) ((a) * (b) * 2.0f + (c))\\n#endif\\n'; cat %s/cl/gemm.cl; } "
              "> %s/cl/gemm.tmp && mv %s/cl/gemm.tmp %s/cl/gemm.cl",
-             dir, CLATTN_SOURCE_DIR, dir, f6[0], f6[1], f6[2], f6[3], f6[4], f6[5], CLATTN_SOURCE_DIR,
+             dir, CLATTN_SOURCE_DIR, dir, f6[0], f6[1], f6[2], f6[3], f6[4], f6[5], f6[8], CLATTN_SOURCE_DIR,
              dir, dir, dir);
     assert_int_equal(system(cmd), 0);
     char kdir[200];
