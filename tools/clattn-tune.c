@@ -422,12 +422,10 @@ static void canonical(const task *t, int *v)
             }
         }
     } else if (op == CLATTN_OPERATION_PV) {
-        if (v[8]) { /* pv_direct: WGX, WGY, TK and VW unused; RM x NS at most 24 accumulators */
+        if (v[8]) { /* pv_direct: WGX, WGY, TK and VW unused (RM x NS: fitted in tune()) */
             v[0] = v[1] = 1;
             v[4] = 16;
             v[5] = 16;
-            v[3] = v[3] < 1 ? 1 : v[3] > 4 ? 4 : v[3];
-            v[2] = v[2] * v[3] > 24 ? 24 / v[3] : v[2];
         }
     } else if (op == CLATTN_OPERATION_DECODE) {
         if (v[6] == 1) { /* fused_direct: RM and SPLITS count */
