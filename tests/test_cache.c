@@ -4,7 +4,7 @@
  * a directory, a device) and healed, CLATTN_CACHE=0 and its other spellings, directories that
  * cannot be written or read or whose path is too long (then no tuning directory is derived either),
  * several processes writing one entry at once, kernels that fail to compile, and the time a warm
- * cache saves (printed, not asserted).
+ * cache saves (printed, not asserted), and that a build writes nothing to stderr.
  *
  * Every test gets a fresh mkdtemp directory as CLATTN_CACHE_DIR, set before clattn_create (the
  * context reads it once, at creation), and reads the context's private counters (ctx->stats) to tell
@@ -22,6 +22,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -919,6 +920,46 @@ static void test_cold_warm(void **state)
     print_message("time to first ready fused kernel: cold %.1f ms, warm %.1f ms\n", cold, warm);
 }
 
+/* =============================== a quiet build =============================== */
+
+/* A build writes nothing to the application's stderr (README: the library never prints). PoCL
+ * prints a count of its compiler's warnings itself ("23 warnings generated.": on AVX2, float16
+ * arguments change the ABI) unless the options carry -w. A -D of this process's id and the time
+ * makes PoCL compile rather than take the binary from its own cache. */
+static void test_quiet_build(void **state)
+{
+    (void)state;
+    if (getenv("CLATTN_BUILD_LOG") != NULL && strcmp(getenv("CLATTN_BUILD_LOG"), "1") == 0)
+        skip(); /* the log is asked for, warnings included */
+    clattn_release(tu_context());
+    clattn_context *ctx = new_context();
+    char opt[256], path[PATH_MAX + 16];
+    snprintf(opt, sizeof opt, "%s -DQUIET_PROBE=%ld%ld", OPT_FUSED, (long)getpid(), (long)time(NULL));
+    snprintf(path, sizeof path, "%s/stderr.txt", g_dir);
+    fflush(stderr);
+    const int saved = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(saved >= 0 && fd >= 0);
+    assert_true(dup2(fd, 2) == 2);
+    close(fd);
+    cl_kernel k = NULL;
+    const clattn_status st = clattn__get_kernel(ctx, "fused.cl", opt, "fused", &k);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("clattn__get_kernel: %s: %s", clattn_status_name(st), clattn_last_error(ctx));
+    assert_int_equal(ctx->stats.builds, 1);
+    clattn_release(ctx);
+    char text[512] = "";
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    if (n > 0)
+        fail_msg("a kernel build wrote %zu bytes to stderr, beginning: %s", n, text);
+}
+
 /* =============================== default directories =============================== */
 
 /* Without CLATTN_CACHE_DIR the cache is $XDG_CACHE_HOME/clattn, else $HOME/.cache/clattn, and the
@@ -986,6 +1027,7 @@ int main(int argc, char **argv)
     tu_add_test("concurrent/four_processes_one_entry", NULL, test_concurrent_writers, NULL);
     TU_ADD_TABLE("build_failure", test_build_failure, bad_build_rows);
     tu_add_test("timing/cold_vs_warm", NULL, test_cold_warm, NULL);
+    tu_add_test("quiet/build_writes_nothing_to_stderr", NULL, test_quiet_build, NULL);
     tu_add_test("dirs/xdg_then_home", NULL, test_default_dirs, NULL);
 
     const int failed = tu_run_tests("cache");
