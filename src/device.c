@@ -58,16 +58,23 @@ clattn_status clattn__read_devinfo(cl_platform_id p, cl_device_id d, clattn_devi
         info->has_fma = (fp & CL_FP_FMA) != 0;
     /* The CPU kernels' register tiles (-DNREG16, common.cl) follow the vector registers: a native
      * float width of 16 is AVX-512's 32 zmm (32 float16 values), 8 is AVX or AVX2's 16 ymm (8),
-     * 4 is SSE's 16 xmm (4). PoCL reports the width of the instruction set it compiles for (8 on
-     * an AVX2-only AMD EPYC, where it compiles for haswell). GPUs, and CPUs reporting 16 or more
-     * or nothing, get 32, the value the tiles were first measured with (on AVX-512); the GPU
-     * kernels do not use it. */
+     * 4 is SSE's 16 xmm (4; for AArch64 see below). PoCL reports the width of the instruction set
+     * it compiles for (8 on an AVX2-only AMD EPYC, where it compiles for haswell). GPUs, and CPUs
+     * reporting 16 or more or nothing, get 32, the value the tiles were first measured with (on
+     * AVX-512); the GPU kernels do not use it. */
     cl_uint vw = 0;
     info->nreg16 = 32;
     if ((info->type & CL_DEVICE_TYPE_CPU) &&
         clGetDeviceInfo(d, CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT, sizeof vw, &vw, NULL) == CL_SUCCESS &&
         vw > 0 && vw < 16)
         info->nreg16 = vw >= 8 ? 8 : 4;
+#if defined(__aarch64__)
+    /* A CPU device is this host: AArch64's NEON has 32 registers of 4 floats, as many values as
+     * AVX2's 16 of 8, so a native width of 4 there gets AVX2's tiles (not measured: no AArch64
+     * machine was at hand). */
+    if ((info->type & CL_DEVICE_TYPE_CPU) && info->nreg16 == 4)
+        info->nreg16 = 8;
+#endif
     if (info->compute_units == 0)
         info->compute_units = 1;
     /* OpenCL has no query for it, but NVIDIA's driver runs on CUDA grids, whose y and z extents

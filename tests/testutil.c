@@ -237,10 +237,17 @@ clattn_context *tu_context(void)
         /* CLATTN_TEST_NREG16=swap: the CPU kernels' register tiles of the other vector width
          * (device.c): AVX2's (8) where the device has AVX-512's (32) or more, AVX-512's where
          * it has fewer, so that every machine checks both sets of tiles (the results must not
-         * change; the speed does). */
+         * change; the speed does). CLATTN_TEST_NREG16=4, 8 or 32: that width's tiles (4: SSE's
+         * 16 xmm registers). */
         const char *nreg = getenv("CLATTN_TEST_NREG16");
         if (nreg && strcmp(nreg, "swap") == 0)
             ctx->dev.nreg16 = ctx->dev.nreg16 >= 32 ? 8 : 32;
+        else if (nreg && (!strcmp(nreg, "4") || !strcmp(nreg, "8") || !strcmp(nreg, "32")))
+            ctx->dev.nreg16 = atoi(nreg);
+        else if (nreg && *nreg) {
+            fprintf(stderr, "CLATTN_TEST_NREG16=%s: expected swap, 4, 8 or 32\n", nreg);
+            exit(2);
+        }
         /* CLATTN_TEST_MAX_GROUPS_YZ=n: grid y and z take n work-groups, so that every launch
          * larger than that runs in chunks (clattn__enqueue). */
         const int groups = tu_getenv_int("CLATTN_TEST_MAX_GROUPS_YZ", 0);
