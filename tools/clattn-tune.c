@@ -399,6 +399,14 @@ static void canonical(const task *t, int *v)
         if (clattn__direct_in_place(s->h / s->hkv * s->sq, s->sq)) {
             v[2] = t->defaults[2];
             v[3] = t->defaults[3];
+        } else {
+            /* Over the Kᵀ copy: the scores' tile S[RM][NS] as src/fused.c builds it, clamped and
+             * fitted to the vector registers, so that on AVX2 RM 6 with NS 1 to 4 is one kernel,
+             * timed once. */
+            int rm = v[2] < 1 ? 1 : v[2] > 32 ? 32 : v[2], ns = v[3] < 1 ? 1 : v[3] > 4 ? 4 : v[3];
+            clattn__fit_register_tile(ctx, &rm, &ns);
+            v[2] = rm;
+            v[3] = ns;
         }
     } else if (op == CLATTN_OPERATION_SCORES) {
         if (v[8]) { /* direct: KT, RM and NS count */
@@ -562,6 +570,7 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     int seen[512][CLATTN_MAX_KERNEL_PARAMS];
     int nseen = 0;
     memcpy(seen[nseen], t->defaults, sizeof seen[0]);
+    canonical(t, seen[nseen]);
     if (op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_PV)
         clattn__fit_gemm_tile(ctx, (clattn_op)op, seen[nseen]);
     nseen++;
