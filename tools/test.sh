@@ -18,7 +18,9 @@ step_done() { echo "   ($((SECONDS - step_start)) s)"; }
 step "build and test (Release, -Werror)"
 cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DCLATTN_TEST_CACHE_DIR="$cache" >/dev/null
 cmake --build build-test -j"$jobs"
-(cd build-test && ctest --output-on-failure -j1)
+# A test per core at a time: the cold stage is mostly PoCL compiling kernels, one thread per
+# compile, and the tests share the binary cache safely (unique temporary files, renamed).
+(cd build-test && ctest --output-on-failure -j"$jobs")
 step_done
 
 step "build and test under AddressSanitizer + UndefinedBehaviorSanitizer"
@@ -30,7 +32,7 @@ cmake --build build-asan -j"$jobs"
 # test_soak that calls do not, and the valgrind step below checks leaks in the library's own code.
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:strict_string_checks=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-(cd build-asan && ctest --output-on-failure -j1 -E consumer)
+(cd build-asan && ctest --output-on-failure -j"$jobs" -E consumer)
 step_done
 
 if [ "${CLATTN_VALGRIND:-1}" != 0 ]; then
