@@ -249,10 +249,11 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
             rm0 = 16 * lanes;
         }
     }
-    int rm = rm0 < 1 ? 1 : rm0 > 32 && !lanes ? 32 : rm0;
-    int ns = in_place || pp->v[3] < 1 ? 1 : pp->v[3] > 4 ? 4 : pp->v[3];
-    if (!in_place) /* the scores' register tile, S[RM][NS] (fused.cl) */
-        clattn__fit_register_tile(ctx, &rm, &ns);
+    int rm = rm0 < 1 ? 1 : rm0 > 32 && !lanes ? 32 : rm0, ns = 1;
+    if (!in_place) { /* the scores' register tile, S[RM][NS] (fused.cl) */
+        ns = pp->v[3];
+        clattn__fit_fused_tile(ctx, &rm, &ns);
+    }
     const int bn = 16 * ns, dv16 = (int)((p->head_dim_v + 15) / 16);
     const uint64_t zs = (uint64_t)p->batch * (uint64_t)p->heads_kv;
     const uint64_t pitch = ((uint64_t)p->seq_kv + bn - 1) / bn * bn + 16; /* see kt_pitch */

@@ -338,6 +338,9 @@ void clattn__fit_register_tile(const clattn_context *ctx, int *rm, int *ns);
 /* The same for the parameters v of a GEMM (op SCORES or PV) whose kernel has a register tile
  * (scores_direct, pv_direct); others are left as they are. */
 void clattn__fit_gemm_tile(const clattn_context *ctx, clattn_op op, int *v);
+/* fused_direct's scores tile S[rm][ns] over the Kᵀ copy from the parameters RM and NS: rm in 1..32,
+ * ns in 1..4, then fitted as above (src/fused.c; clattn-tune compares candidates by it). */
+void clattn__fit_fused_tile(const clattn_context *ctx, int *rm, int *ns);
 /* Whether fused_direct (CPUs) reads K and V in place for this problem (decode, or few packed
  * rows per kv head), rather than from a Kᵀ copy: its RM and NS parameters are then unused. */
 int clattn__direct_in_place(int64_t rows, int64_t seq_q);

@@ -144,9 +144,9 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
      * PoCL prints a count of them itself ("23 warnings generated.") on every build; on AVX2 its
      * clang warns that float16 arguments change the ABI without AVX-512. Kept when the log is
      * asked for. */
-    const int log = clattn__env_flag("CLATTN_BUILD_LOG", 0);
+    const int show_log = clattn__env_flag("CLATTN_BUILD_LOG", 0);
     snprintf(options, sizeof options, "%s -DHAS_FMA=%d -DNREG16=%d%s%s%.300s", op_options,
-             ctx->dev.has_fma, ctx->dev.nreg16, log ? "" : " -w", extra && *extra ? " " : "",
+             ctx->dev.has_fma, ctx->dev.nreg16, show_log ? "" : " -w", extra && *extra ? " " : "",
              extra ? extra : "");
     char *src = assemble(file);
     if (!src)
@@ -174,7 +174,7 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
         return clattn__fail(ctx, CLATTN_BUILD_FAILED, "building %s with \"%s\" failed: %s (%d)",
                             file, options, clattn__cl_error_name(err), (int)err);
     }
-    if (log) {
+    if (show_log) {
         keep_build_log(ctx, prog);
         fprintf(stderr, "clattn: built %s with \"%s\"\n%s\n", file, options,
                 ctx->build_log ? ctx->build_log : "");

@@ -61,6 +61,13 @@ void clattn__fit_gemm_tile(const clattn_context *ctx, clattn_op op, int *v)
         clattn__fit_register_tile(ctx, &v[2], &v[3]);
 }
 
+void clattn__fit_fused_tile(const clattn_context *ctx, int *rm, int *ns)
+{
+    *rm = *rm < 1 ? 1 : *rm > 32 ? 32 : *rm;
+    *ns = *ns < 1 ? 1 : *ns > 4 ? 4 : *ns;
+    clattn__fit_register_tile(ctx, rm, ns);
+}
+
 /* Tile parameters of one GEMM (see tuning.c), clamped to the device; returns their source. */
 static clattn_params_source gemm_params(clattn_context *ctx, int mode, const clattn_problem *p,
                                         clattn_params *pp)

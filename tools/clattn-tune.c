@@ -400,13 +400,9 @@ static void canonical(const task *t, int *v)
             v[2] = t->defaults[2];
             v[3] = t->defaults[3];
         } else {
-            /* Over the Kᵀ copy: the scores' tile S[RM][NS] as src/fused.c builds it, clamped and
-             * fitted to the vector registers, so that on AVX2 RM 6 with NS 1 to 4 is one kernel,
-             * timed once. */
-            int rm = v[2] < 1 ? 1 : v[2] > 32 ? 32 : v[2], ns = v[3] < 1 ? 1 : v[3] > 4 ? 4 : v[3];
-            clattn__fit_register_tile(ctx, &rm, &ns);
-            v[2] = rm;
-            v[3] = ns;
+            /* Over the Kᵀ copy: the scores' tile S[RM][NS] as src/fused.c builds it, so that on
+             * AVX2 RM 6 with NS 1 to 4 is one kernel, timed once. */
+            clattn__fit_fused_tile(ctx, &v[2], &v[3]);
         }
     } else if (op == CLATTN_OPERATION_SCORES) {
         if (v[8]) { /* direct: KT, RM and NS count */
