@@ -184,32 +184,34 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
     }
 
     /* Fold the parts pairwise into an f32 accumulator; the LSE accumulator alternates between two
-     * slots because merge_pair must not overwrite an LSE other work-groups still read. */
+     * slots because merge_pair must not overwrite an LSE other work-groups still read. One part
+     * needs only an LSE slot (below), two parts none. */
     const cl_ulong rows = (cl_ulong)(B * H * S);
     const cl_ulong dv = (cl_ulong)DV;
+    const cl_ulong acc_floats = num_parts == 1 ? 0 : rows * dv;
     cl_mem ws = NULL;
     if (num_parts != 2) {
-        st = clattn__workspace(ctx, (size_t)(rows * dv + 3 * rows) * 4, &ws);
+        st = clattn__workspace(ctx, (size_t)(acc_floats + (num_parts == 1 ? 1 : 2) * rows) * 4, &ws);
         if (st) {
             free(vpo);
             return st;
         }
     }
     const clattn_view acc = {ws, CLATTN_F32, 0, {(cl_ulong)(H * S) * dv, (cl_ulong)S * dv, dv}};
-    clattn_view accl[3];
-    for (int i = 0; i < 3; i++)
-        accl[i] = (clattn_view){ws, CLATTN_F32, rows * dv + (cl_ulong)i * rows, {(cl_ulong)(H * S), (cl_ulong)S, 1}};
+    clattn_view accl[2];
+    for (int i = 0; i < 2; i++)
+        accl[i] = (clattn_view){ws, CLATTN_F32, acc_floats + (cl_ulong)i * rows, {(cl_ulong)(H * S), (cl_ulong)S, 1}};
 
     if (num_parts == 1) {
         /* One part: pair it with an all -inf LSE slot, whose weight is exactly zero. */
         float ninf = -1.0f / 0.0f;
-        cl_int err = clEnqueueFillBuffer(ctx->queue, ws, &ninf, sizeof ninf, (size_t)accl[2].offset * 4,
+        cl_int err = clEnqueueFillBuffer(ctx->queue, ws, &ninf, sizeof ninf, (size_t)accl[0].offset * 4,
                                          (size_t)rows * 4, num_wait, num_wait ? wait : NULL, NULL);
         if (err != CL_SUCCESS) {
             free(vpo);
             return clattn__cl_fail(ctx, err, "clEnqueueFillBuffer(merge)");
         }
-        st = merge_pair(ctx, &vpo[0], &vpl[0], &vpo[0], &accl[2], &vo, lse ? &vl : NULL, B, H, S,
+        st = merge_pair(ctx, &vpo[0], &vpl[0], &vpo[0], &accl[0], &vo, lse ? &vl : NULL, B, H, S,
                         DV, 0, NULL, done);
         free(vpo);
         return st;
