@@ -47,8 +47,9 @@ extern "C" {
 /** Largest head_dim and head_dim_v accepted by every operation. */
 #define CLATTN_MAX_HEAD_DIM 256
 /** Largest seq_q and seq_kv (softmax: rows and cols), 2^31 - 2^20: kernels count keys and rows
- * in 32-bit integers with room for a tile past the end. batch, heads and the other extents go
- * up to 2^31 - 1; batch x heads_q and (heads_q / heads_kv) x seq_q must stay within that too. */
+ * in 32-bit integers with room for a tile past the end; (heads_q / heads_kv) x seq_q, the rows
+ * of a kv head's query group, too. batch, heads and the other extents go up to 2^31 - 1, and
+ * batch x heads_q must stay within that. */
 #define CLATTN_MAX_SEQ 0x7ff00000LL
 
 /** @return CLATTN_VERSION_NUMBER of the library actually linked. */

@@ -25,14 +25,17 @@ static clattn_status run_unfused(clattn_context *ctx, const clattn_problem *p, c
 static clattn_status unfused_launches(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                       const cl_event *wait, cl_event *done)
 {
-    const uint64_t elems = (uint64_t)p->batch * (uint64_t)p->heads_q * (uint64_t)p->seq_q *
-                           (uint64_t)p->seq_kv;
+    /* batch x heads_q x seq_q is below 2^37 (validation), seq_kv below 2^31: the product may
+     * pass 2^64. */
+    const uint64_t elems = clattn__mul_sat((uint64_t)p->batch * (uint64_t)p->heads_q * (uint64_t)p->seq_q,
+                                           (uint64_t)p->seq_kv);
     if (elems > (uint64_t)SIZE_MAX / 4 || elems * 4 > ctx->dev.max_alloc)
         return clattn__fail(ctx, CLATTN_UNSUPPORTED,
-                            "the unfused path needs a %llu-byte scores matrix (batch x heads_q x "
+                            "the unfused path needs a %.4g-byte scores matrix (batch x heads_q x "
                             "seq_q x seq_kv floats), more than the device's max allocation of %llu "
                             "bytes; use CLATTN_ALGORITHM_FUSED (O(seq) memory)",
-                            (unsigned long long)(elems * 4), (unsigned long long)ctx->dev.max_alloc);
+                            4.0 * (double)p->batch * (double)p->heads_q * (double)p->seq_q * (double)p->seq_kv,
+                            (unsigned long long)ctx->dev.max_alloc);
     /* One workspace: the scores matrix, then the transposed K of the KT scores variant. */
     const size_t kt = clattn__scores_scratch(ctx, p);
     if (kt > ctx->dev.max_alloc - elems * 4)

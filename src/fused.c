@@ -260,8 +260,10 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     const uint64_t vp_ss = 16u * (uint64_t)dv16;
     /* f32 V rows of whole float16 vectors are read in place: the padded copy would be the same. */
     const int v_as_is = in_place || (p->dtype == CLATTN_F32 && p->head_dim_v % 16 == 0);
-    const uint64_t kt_floats = in_place ? 0 : zs * (uint64_t)p->head_dim * pitch,
-                   vp_floats = v_as_is ? 0 : zs * (uint64_t)p->seq_kv * vp_ss;
+    /* zs·head_dim and zs·vp_ss are below 2^40, pitch and seq_kv below 2^31: the products may
+     * pass 2^64 (then total below sends the problem to the tiled kernel). */
+    const uint64_t kt_floats = in_place ? 0 : clattn__mul_sat(zs * (uint64_t)p->head_dim, pitch),
+                   vp_floats = v_as_is ? 0 : clattn__mul_sat(zs * vp_ss, (uint64_t)p->seq_kv);
     const int row_blocks = ceil_div(R, rm);
     int split_len;
     /* Long key ranges: chunks whose K/V copies take at most a quarter of the device's cache.
@@ -276,7 +278,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     }
     const int splits = choose_splits(ctx, p, (long long)row_blocks * (long long)zs, bn, 1, want, &split_len);
     const uint64_t part = splits > 1 ? (uint64_t)splits * part_floats(p) : 0;
-    const uint64_t total = kt_floats + vp_floats + part;
+    const uint64_t total = clattn__add_sat(clattn__add_sat(kt_floats, vp_floats), part);
     if (total > ctx->dev.max_alloc / 4 || total > (uint64_t)SIZE_MAX / 4)
         return CLATTN_SUCCESS;
     const int dp = in_place ? (int)((p->head_dim + 15) / 16 * 16) : (int)((p->head_dim + 3) / 4 * 4);

@@ -101,8 +101,9 @@ int clattn__scores_in_place(const clattn_context *ctx, const int *v, int64_t seq
 
 static int scores_in_place(const clattn_context *ctx, const clattn_params *pp, const clattn_problem *p)
 {
-    const uint64_t k_bytes = (uint64_t)p->batch * (uint64_t)p->heads_kv * (uint64_t)p->seq_kv *
-                             (uint64_t)p->head_dim * (uint64_t)clattn_dtype_size(p->dtype);
+    const uint64_t k_bytes = clattn__mul_sat((uint64_t)p->batch * (uint64_t)p->heads_kv * (uint64_t)p->head_dim *
+                                                 (uint64_t)clattn_dtype_size(p->dtype),
+                                             (uint64_t)p->seq_kv);
     return clattn__scores_in_place(ctx, pp->v, p->seq_q, k_bytes);
 }
 
@@ -121,8 +122,8 @@ size_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p)
     gemm_params(ctx, 0, p, &pp);
     if (pp.v[7] <= 0 || scores_in_place(ctx, &pp, p))
         return 0;
-    const uint64_t bytes = 4u * (uint64_t)p->batch * (uint64_t)p->heads_kv * (uint64_t)p->head_dim *
-                           kt_pitch(p, &pp);
+    const uint64_t bytes = clattn__mul_sat(4u * (uint64_t)p->batch * (uint64_t)p->heads_kv * (uint64_t)p->head_dim,
+                                           kt_pitch(p, &pp)); /* 2^41 x 2^31 */
     return bytes <= ctx->dev.max_alloc / 2 ? (size_t)bytes : 0; /* too big: transpose per tile */
 }
 

@@ -350,11 +350,13 @@ clattn_status clattn__check_desc(clattn_context *ctx, const clattn_attention_des
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "desc->batch x heads_q (%lld x %lld) exceeds %lld", (long long)desc->batch,
                             (long long)desc->heads_q, MAX_EXTENT);
-    if ((uint64_t)(desc->heads_q / desc->heads_kv) * (uint64_t)desc->seq_q > (uint64_t)MAX_EXTENT)
+    /* and the rows of a kv head's query group like seq_q, with room for a row tile past the
+     * last row (r0 + RM in the kernels). */
+    if ((uint64_t)(desc->heads_q / desc->heads_kv) * (uint64_t)desc->seq_q > (uint64_t)CLATTN_MAX_SEQ)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "desc->heads_q / heads_kv x seq_q (%lld x %lld) exceeds %lld",
                             (long long)(desc->heads_q / desc->heads_kv), (long long)desc->seq_q,
-                            MAX_EXTENT);
+                            (long long)CLATTN_MAX_SEQ);
 
     return CLATTN_SUCCESS;
 }

@@ -28,7 +28,8 @@
     X(clEnqueueReadBufferRect) X(clEnqueueWriteBufferRect) X(clEnqueueCopyBuffer)                 \
     X(clEnqueueCopyBufferRect) X(clEnqueueMapBuffer) X(clEnqueueUnmapMemObject)                   \
     X(clEnqueueMigrateMemObjects) X(clEnqueueMarkerWithWaitList)                                  \
-    X(clEnqueueBarrierWithWaitList) X(clEnqueueMarker) X(clGetKernelWorkGroupInfo)
+    X(clEnqueueBarrierWithWaitList) X(clEnqueueMarker) X(clGetKernelWorkGroupInfo)                \
+    X(clGetMemObjectInfo)
 
 enum {
 #define CLSHIM_ENUM_(name) R_##name,
@@ -692,6 +693,30 @@ cl_int clGetKernelWorkGroupInfo(cl_kernel kernel, cl_device_id device, cl_kernel
     if (err == CL_SUCCESS && param_name == CL_KERNEL_WORK_GROUP_SIZE && param_value && limit > 0 &&
         reqd_items(kernel, device) > 0 && *(size_t *)param_value > limit)
         *(size_t *)param_value = limit;
+    return err;
+}
+
+/* ---- a buffer reported larger than it is ---- */
+
+static _Atomic(cl_mem) fake_mem;
+static atomic_size_t fake_size;
+
+void clshim_fake_mem_size(cl_mem m, size_t size)
+{
+    atomic_store(&fake_size, size);
+    atomic_store(&fake_mem, m);
+}
+
+cl_int clGetMemObjectInfo(cl_mem memobj, cl_mem_info param_name, size_t param_value_size, void *param_value,
+                          size_t *param_value_size_ret)
+{
+    __typeof__(&clGetMemObjectInfo) fn = (__typeof__(&clGetMemObjectInfo))real(R_clGetMemObjectInfo);
+    if (fn == NULL)
+        return CL_INVALID_OPERATION;
+    const cl_int err = fn(memobj, param_name, param_value_size, param_value, param_value_size_ret);
+    if (err == CL_SUCCESS && param_name == CL_MEM_SIZE && param_value && memobj != NULL &&
+        memobj == atomic_load(&fake_mem))
+        *(size_t *)param_value = atomic_load(&fake_size);
     return err;
 }
 

@@ -96,4 +96,9 @@ const char *clshim_largest_group_kernel(void);
 /* 1 when a kernel of that name was launched since the last clshim_limit_kernel_wg. */
 int clshim_launched(const char *kernel_name);
 
+/* From now on clGetMemObjectInfo(m, CL_MEM_SIZE) reports `size` bytes (the buffer stays as it
+ * is): for shapes that need more memory than the machine has, in calls that must refuse them
+ * before touching the buffer. NULL ends it. */
+void clshim_fake_mem_size(cl_mem m, size_t size);
+
 #endif /* CLATTN_TESTS_CLSHIM_H */

@@ -824,6 +824,9 @@ MUT(a_seq_q_above_max, f->desc.seq_q = CLATTN_MAX_SEQ + 1)
 /* 2^16 query heads over one kv head, 2^16 rows each: 2^32 packed rows of one kv head. */
 MUT(a_group_rows_above_int32, f->desc.batch = 1; f->desc.heads_q = 65536; f->desc.heads_kv = 1;
     f->desc.seq_q = 65536)
+/* 2 x 1073217537 = 2^31 - 2^20 + 2: within int32, past the rows a group may have. */
+MUT(a_group_rows_above_max_seq, f->desc.batch = 1; f->desc.heads_q = 2; f->desc.heads_kv = 1;
+    f->desc.seq_q = 1073217537)
 MUT(a_batch_heads_above_int32, f->desc.batch = 65536; f->desc.heads_q = 65536; f->desc.heads_kv = 1;
     f->desc.seq_q = 1)
 
@@ -1123,6 +1126,7 @@ static const row rows[] = {
     {"seq_kv_above_max", E_ATTENTION, a_seq_kv_above_max, INV, "desc->seq_kv", "2146435073"},
     {"seq_q_above_max", E_ATTENTION, a_seq_q_above_max, INV, "desc->seq_q", "2146435073"},
     {"group_rows_above_int32", E_ATTENTION, a_group_rows_above_int32, INV, "heads_q / heads_kv x seq_q", "65536"},
+    {"group_rows_above_max_seq", E_ATTENTION, a_group_rows_above_max_seq, INV, "heads_q / heads_kv x seq_q", "1073217537"},
     {"batch_x_heads_q_above_int32", E_ATTENTION, a_batch_heads_above_int32, INV, "batch x heads_q", "65536"},
     {"q_subbuffer_of_out", E_ATTENTION, a_q_subbuffer_of_out, INV, "out overlaps", NULL},
     {"out_q_disjoint_subbuffers", E_ATTENTION, a_out_q_disjoint_subbuffers, OK, "", NULL},

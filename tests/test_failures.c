@@ -819,6 +819,49 @@ static void test_real_exhaustion(void **state)
         skip(); /* the driver overcommits: nothing was exhausted, nothing to conclude */
 }
 
+/* =============================== sizes past 2^64 =============================== */
+
+/* The unfused path's scores matrix (batch x heads_q x seq_q x seq_kv floats) passes 2^64 bytes on
+ * a shape that validation accepts: 7 x 1 x 1227733102 x 2146434880 floats. Its size must not wrap
+ * (to 2136930816 bytes, which fits this device's max allocation, and would size the workspace the
+ * kernels then write past): the call is refused before anything is allocated or launched.
+ * Q, K and V are broadcast from one element; the f16 output, 17 GB for this shape, is a 64-byte
+ * buffer that the shim reports as large enough, and must keep its contents. */
+static void test_scores_matrix_past_2_64(void **state)
+{
+    (void)state;
+    assert_true(clshim_active());
+    clattn_context *ctx = tu_ctx_get();
+    const int64_t B = 7, S = 1227733102, SKV = 2146434880;
+    const unsigned char pattern[64] = {0x5a, 0x5a, 0x5a, 0x5a, 0xa5};
+    cl_mem in = tu_xbuffer(64, pattern), out = tu_xbuffer(64, pattern);
+    clattn_tensor q = clattn_tensor_bhsd(in, CLATTN_F16, B, 1, S, 1);
+    clattn_tensor k = clattn_tensor_bhsd(in, CLATTN_F16, B, 1, SKV, 1);
+    clattn_tensor v = k;
+    for (int i = 0; i < 3; i++)
+        q.stride[i] = k.stride[i] = v.stride[i] = 0;
+    const clattn_tensor o = clattn_tensor_bhsd(out, CLATTN_F16, B, 1, S, 1);
+    const clattn_attention_desc d = {.batch = B, .heads_q = 1, .heads_kv = 1, .seq_q = S, .seq_kv = SKV,
+                                     .head_dim = 1, .algorithm = CLATTN_ALGORITHM_UNFUSED};
+    const long launches = clshim_calls(CLSHIM_ENQUEUE_NDRANGE), fills = clshim_calls(CLSHIM_ENQUEUE_FILL),
+               buffers = clshim_calls(CLSHIM_CREATE_BUFFER);
+    cl_event done = GARBAGE_EVENT;
+    clshim_fake_mem_size(out, (size_t)(B * S * 2));
+    const clattn_status st = clattn_attention(ctx, &d, &q, &k, &v, &o, 0, NULL, &done);
+    clshim_fake_mem_size(NULL, 0);
+    const char *msg = clattn_last_error(ctx);
+    if (st != CLATTN_UNSUPPORTED || strstr(msg, "scores matrix") == NULL || strstr(msg, "e+19-byte") == NULL)
+        fail_msg("returned %s (message \"%s\"), expected CLATTN_UNSUPPORTED for a 7.379e+19-byte scores matrix",
+                 clattn_status_name(st), msg);
+    assert_null(done);
+    assert_int_equal(clshim_calls(CLSHIM_ENQUEUE_NDRANGE), launches);
+    assert_int_equal(clshim_calls(CLSHIM_ENQUEUE_FILL), fills);
+    assert_int_equal(clshim_calls(CLSHIM_CREATE_BUFFER), buffers);
+    unsigned char after[64];
+    tu_read(ctx, out, sizeof after, after);
+    assert_memory_equal(after, pattern, sizeof after);
+}
+
 /* =============================== registration =============================== */
 
 int main(void)
@@ -834,5 +877,6 @@ int main(void)
     TU_ADD_TABLE("build", test_build, build_rows);
     tu_set_fixtures(NULL, tu_teardown);
     tu_add_test("oom_real/device_memory", NULL, test_real_exhaustion, NULL);
+    tu_add_test("sizes/scores_matrix_past_2_64", NULL, test_scores_matrix_past_2_64, NULL);
     return tu_run_tests("failures");
 }
