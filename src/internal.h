@@ -121,15 +121,32 @@ void clattn__set_create_error(const char *fmt, ...)
 char *clattn__strdup(const char *s);
 /* 0/off/false/no or 1/on/true/yes, any case; unset or anything else: dflt */
 int clattn__env_flag(const char *name, int dflt);
-/* a·b and a + b, or UINT64_MAX where they overflow: sizes of scratch buffers, whose factors
- * validation bounds one by one but not together, compared with the device's limits. */
+/* *r = a·b or a + b and 1, or 0 (r untouched) where that overflows 64 bits. */
+static inline int clattn__mul_ok(uint64_t a, uint64_t b, uint64_t *r)
+{
+    if (a != 0 && b > UINT64_MAX / a)
+        return 0;
+    *r = a * b;
+    return 1;
+}
+static inline int clattn__add_ok(uint64_t a, uint64_t b, uint64_t *r)
+{
+    if (b > UINT64_MAX - a)
+        return 0;
+    *r = a + b;
+    return 1;
+}
+/* The same saturating at UINT64_MAX: sizes of scratch buffers, whose factors validation bounds
+ * one by one but not together, compared with the device's limits. */
 static inline uint64_t clattn__mul_sat(uint64_t a, uint64_t b)
 {
-    return a != 0 && b > UINT64_MAX / a ? UINT64_MAX : a * b;
+    uint64_t r;
+    return clattn__mul_ok(a, b, &r) ? r : UINT64_MAX;
 }
 static inline uint64_t clattn__add_sat(uint64_t a, uint64_t b)
 {
-    return b > UINT64_MAX - a ? UINT64_MAX : a + b;
+    uint64_t r;
+    return clattn__add_ok(a, b, &r) ? r : UINT64_MAX;
 }
 
 /* ---- hashing (hash.c): 128-bit FNV-1a style digest for cache keys ---- */

@@ -18,21 +18,6 @@ static const char *dtype_name(clattn_dtype d)
     return "unknown";
 }
 
-static int mul_ok(uint64_t a, uint64_t b, uint64_t *r)
-{
-    if (a != 0 && b > UINT64_MAX / a)
-        return 0;
-    *r = a * b;
-    return 1;
-}
-
-static int add_ok(uint64_t a, uint64_t b, uint64_t *r)
-{
-    if (b > UINT64_MAX - a)
-        return 0;
-    *r = a + b;
-    return 1;
-}
 
 /* Highest element index the view touches, or 0 with *ok = 0 on overflow. */
 static uint64_t last_index(const clattn_tensor *t, const int64_t shape[4], int *ok)
@@ -40,9 +25,9 @@ static uint64_t last_index(const clattn_tensor *t, const int64_t shape[4], int *
     uint64_t hi = (uint64_t)t->offset, term;
     *ok = 1;
     for (int i = 0; i < 3; i++)
-        if (!mul_ok((uint64_t)(shape[i] - 1), (uint64_t)t->stride[i], &term) || !add_ok(hi, term, &hi))
+        if (!clattn__mul_ok((uint64_t)(shape[i] - 1), (uint64_t)t->stride[i], &term) || !clattn__add_ok(hi, term, &hi))
             *ok = 0;
-    if (!add_ok(hi, (uint64_t)(shape[3] - 1), &hi))
+    if (!clattn__add_ok(hi, (uint64_t)(shape[3] - 1), &hi))
         *ok = 0;
     return hi;
 }
@@ -96,7 +81,7 @@ clattn_status clattn__check_view(clattn_context *ctx, const char *name, const cl
                                 name, i, dims[i], (long long)t->stride[i]);
     int ok;
     uint64_t hi = last_index(t, shape, &ok), bytes = 0;
-    if (!ok || !add_ok(hi, 1, &bytes) || !mul_ok(bytes, clattn_dtype_size(t->dtype), &bytes))
+    if (!ok || !clattn__add_ok(hi, 1, &bytes) || !clattn__mul_ok(bytes, clattn_dtype_size(t->dtype), &bytes))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "%s: offset + strides x shape overflows 64 bits", name);
     size_t mem_size = 0;
@@ -339,8 +324,8 @@ clattn_status clattn__check_desc(clattn_context *ctx, const clattn_attention_des
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->algorithm %d is not a clattn_algorithm",
                             (int)desc->algorithm);
     uint64_t total;
-    if (!mul_ok((uint64_t)desc->batch, (uint64_t)desc->heads_q, &total) ||
-        !mul_ok(total, (uint64_t)desc->seq_q, &total) || total > MAX_EXTENT * 64)
+    if (!clattn__mul_ok((uint64_t)desc->batch, (uint64_t)desc->heads_q, &total) ||
+        !clattn__mul_ok(total, (uint64_t)desc->seq_q, &total) || total > MAX_EXTENT * 64)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "desc->batch x heads_q x seq_q (%lld x %lld x %lld) exceeds %lld",
                             (long long)desc->batch, (long long)desc->heads_q, (long long)desc->seq_q,

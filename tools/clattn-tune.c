@@ -447,6 +447,15 @@ static void canonical(const task *t, int *v)
     }
 }
 
+/* A candidate as its kernel is built: the GEMMs' register tiles fitted to the vector registers
+ * (src/scores.c), so that on AVX2 NS 1 to 4 with RM 6 are one kernel, timed once. */
+static void as_built(clattn_operation op, const int *v, int *built)
+{
+    memcpy(built, v, CLATTN_MAX_KERNEL_PARAMS * sizeof *built);
+    if (op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_PV)
+        clattn__fit_gemm_tile(ctx, (clattn_op)op, built);
+}
+
 static size_t space_size(clattn_operation op)
 {
     size_t n = 1;
@@ -560,16 +569,13 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
 
     const size_t space = space_size(op);
     const int exhaustive = space <= 96;
-    /* The candidates as their kernels are built: the GEMMs' register tiles are fitted to the
-     * vector registers (src/scores.c), so that on AVX2 NS 1 to 4 with RM 6 are one kernel, timed
-     * once. */
+    /* The candidates as their kernels are built (as_built), the defaults first. */
     int seen[512][CLATTN_MAX_KERNEL_PARAMS];
     int nseen = 0;
-    memcpy(seen[nseen], t->defaults, sizeof seen[0]);
-    canonical(t, seen[nseen]);
-    if (op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_PV)
-        clattn__fit_gemm_tile(ctx, (clattn_op)op, seen[nseen]);
-    nseen++;
+    int defaults[CLATTN_MAX_KERNEL_PARAMS];
+    memcpy(defaults, t->defaults, sizeof defaults);
+    canonical(t, defaults);
+    as_built(op, defaults, seen[nseen++]);
     const double t0 = now_s();
     for (size_t iter = 0;; iter++) {
         if (now_s() - t0 > budget || nseen == 512 || (exhaustive && iter >= space))
@@ -582,9 +588,7 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
         else
             mutate(t, t->best, v);
         int built[CLATTN_MAX_KERNEL_PARAMS];
-        memcpy(built, v, sizeof built);
-        if (op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_PV)
-            clattn__fit_gemm_tile(ctx, (clattn_op)op, built);
+        as_built(op, v, built);
         int dup = 0;
         for (int i = 0; i < nseen && !dup; i++)
             dup = same(seen[i], built, np);
