@@ -37,6 +37,9 @@
  *                          the memory back, and the call must work. Only on a GPU, or an accelerator
  *                          reporting less than 8 GiB; never on a CPU device, whose memory is the
  *                          host's whatever it reports (skipped with a message).
+ *   sizes/scores_matrix_past_2_64  a scores matrix past 2^64 bytes is refused, not wrapped.
+ *   copies_past_max_alloc/<row>  a max allocation too small for the Kᵀ/V copies of the CPU
+ *                          kernels: the call succeeds without them and matches the reference.
  *
  * Each row builds its inputs from a fixed seed; all shapes are tiny.
  */
@@ -862,6 +865,74 @@ static void test_scores_matrix_past_2_64(void **state)
     assert_memory_equal(after, pattern, sizeof after);
 }
 
+/* =============================== scratch copies past the max allocation =============================== */
+
+/* On CPUs, prefill attention and scores with many query rows per head first copy K transposed
+ * (and V padded, when it is not f32 rows of whole float16 vectors) into a workspace; the unfused
+ * path puts that copy after its scores matrix, in the same allocation. When the device's max
+ * allocation cannot hold the copies, the call must still succeed and match the reference, with
+ * kernels that read K where it is: the tiled fused kernel, scores by tiles. Each row runs on two
+ * new contexts: one as the device is, which shows whether this device copies at all for the
+ * shape (a CPU must; on a GPU none may, and the row then checks the results only), and one whose
+ * max allocation is lowered to `limit` bytes, where no copy may run. */
+typedef struct alloc_row {
+    op_row r;
+    unsigned long long limit;
+} alloc_row;
+
+/* The Kᵀ copy is head_dim x (seq_kv rounded up to the key tile, + 16) floats a kv head: at least
+ * 64 x 2064 x 4 = 528384 bytes for these rows.
+ *   fused_prefill: 80 rows a kv head (more than fused_direct reads in place) with their Kᵀ copy
+ *     in 512 KiB: the copies do not fit.
+ *   scores: the scratch may take half of the max allocation, 512 KiB of 1 MiB: it does not fit.
+ *   unfused_probs: the 2 MiB scores matrix fits 2.25 MiB, the copy after it does not (until this
+ *     test, the call was refused with CLATTN_UNSUPPORTED instead of running without the copy). */
+/* clang-format off */
+static const alloc_row alloc_rows[] = {
+    /* name                 op            B  Hq Hkv Sq   Skv   D   alg      causal lse probs probs_dt parts late_from  limit */
+    {{"fused_prefill",      OP_ATTENTION, 1, 2, 1,  40,  2048, 64, FUSED,   1,     1,  0,    F32,     0,    -1}, 512u << 10},
+    {{"scores",             OP_SCORES,    1, 2, 1,  64,  2048, 64, AUTO,    0,     0,  0,    F32,     0,    -1}, 1u << 20},
+    {{"unfused_probs",      OP_ATTENTION, 1, 1, 1,  256, 2048, 64, UNFUSED, 0,     1,  1,    F32,     0,    2},  (2u << 20) + (256u << 10)},
+};
+/* clang-format on */
+
+static void test_alloc(void **state)
+{
+    const alloc_row *a = *state;
+    static const char *const copies[] = {"transpose_k16", "transpose_k", "pack_v"};
+    int copied_as_is = 0;
+    for (int limited = 0; limited < 2; ++limited) {
+        clattn_context *ctx = tu_context();
+        if (limited)
+            tu_limit_max_alloc(ctx, a->limit);
+        inst I;
+        inst_init(&I, &a->r, ctx);
+        clshim_limit_kernel_wg(0); /* forgets the kernels launched so far */
+        call_ok(&I, limited ? "max allocation lowered" : "device as it is");
+        const char *copy = NULL;
+        for (size_t i = 0; i < N_OF(copies) && !copy; ++i)
+            if (clshim_launched(copies[i]))
+                copy = copies[i];
+        print_message("%s, max allocation %s: %s\n", a->r.name, limited ? "lowered" : "as it is",
+                      copy ? copy : "no copy");
+        if (!limited) {
+            cl_device_type type = 0;
+            assert_int_equal(clGetDeviceInfo(clattn_device(ctx), CL_DEVICE_TYPE, sizeof type, &type, NULL),
+                             CL_SUCCESS);
+            if (!copy && (type & CL_DEVICE_TYPE_CPU))
+                fail_msg("%s: no copy kernel ran on a CPU device: the row no longer tests the fallback", a->r.name);
+            copied_as_is = copy != NULL;
+        } else if (copy) {
+            fail_msg("%s: %s ran with a max allocation of %llu bytes, too small for the copy", a->r.name, copy,
+                     a->limit);
+        }
+        inst_free(&I);
+        clattn_release(ctx);
+    }
+    if (!copied_as_is)
+        print_message("%s: this device makes no copy for the shape; only the results were checked\n", a->r.name);
+}
+
 /* =============================== registration =============================== */
 
 int main(void)
@@ -878,5 +949,7 @@ int main(void)
     tu_set_fixtures(NULL, tu_teardown);
     tu_add_test("oom_real/device_memory", NULL, test_real_exhaustion, NULL);
     tu_add_test("sizes/scores_matrix_past_2_64", NULL, test_scores_matrix_past_2_64, NULL);
+    for (size_t i = 0; i < N_OF(alloc_rows); ++i)
+        tu_add_test("copies_past_max_alloc", alloc_rows[i].r.name, test_alloc, &alloc_rows[i]);
     return tu_run_tests("failures");
 }

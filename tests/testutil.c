@@ -275,6 +275,13 @@ static void check_cl(cl_int err, const char *what)
     }
 }
 
+void tu_limit_max_alloc(clattn_context *ctx, unsigned long long bytes)
+{
+    assert_non_null(ctx);
+    if (bytes < ctx->dev.max_alloc)
+        ctx->dev.max_alloc = bytes;
+}
+
 cl_mem tu_buffer(clattn_context *ctx, size_t bytes, const void *host)
 {
     cl_int err = CL_SUCCESS;

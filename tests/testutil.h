@@ -71,6 +71,10 @@ void tu_assert_allclose_(const char *what, const double *got, const double *want
  * work-groups of at most 1024 (NVIDIA's OpenCL limits). CLATTN_TEST_MAX_GROUPS_YZ=n: grid y and
  * z take at most n work-groups (NVIDIA's 65535 scaled down), launches past it run in chunks. */
 clattn_context *tu_context(void);
+/* Makes ctx take its device's max allocation for `bytes` (only ever lower): the scratch copies
+ * and workspaces a call sizes against it then do not fit, on shapes small enough to run, and the
+ * library must take its paths without them. */
+void tu_limit_max_alloc(clattn_context *ctx, unsigned long long bytes);
 /* A CL_MEM_READ_WRITE buffer of `bytes` (at least 1, since OpenCL refuses size 0), filled from host
  * when not NULL (blocking write). Asserts success. */
 cl_mem tu_buffer(clattn_context *ctx, size_t bytes, const void *host);
