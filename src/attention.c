@@ -42,7 +42,7 @@ static clattn_status unfused_launches(clattn_context *ctx, const clattn_problem 
     if (kt > ctx->dev.max_alloc - elems * 4)
         kt = 0;
     cl_mem ws;
-    clattn_status st = clattn__workspace(ctx, (size_t)elems * 4 + kt, &ws);
+    clattn_status st = clattn__workspace(ctx, elems * 4 + kt, &ws);
     if (st)
         return st;
     const cl_ulong skv = (cl_ulong)p->seq_kv, sq = (cl_ulong)p->seq_q, hq = (cl_ulong)p->heads_q;

@@ -305,7 +305,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
         (st = clattn__get_kernel(ctx, "fused.cl", opts, lanes ? "fused_lanes" : "fused_direct", &kdirect)))
         return st;
     cl_mem ws = NULL;
-    if (total > 0 && (st = clattn__workspace(ctx, (size_t)total * 4, &ws)))
+    if (total > 0 && (st = clattn__workspace(ctx, total * 4, &ws)))
         return st;
     *used = 1;
     const size_t local[3] = {1, 1, 1};
@@ -378,7 +378,7 @@ static clattn_status launch_rows(clattn_context *ctx, const clattn_problem *p, c
     if (st)
         return st;
     cl_mem ws = NULL;
-    if (splits > 1 && (st = clattn__workspace(ctx, (size_t)splits * part_floats(p) * 4, &ws)))
+    if (splits > 1 && (st = clattn__workspace(ctx, (uint64_t)splits * part_floats(p) * 4, &ws)))
         return st;
     *used = 1;
     const size_t local[3] = {(size_t)wg, 1, 1};
@@ -546,7 +546,7 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
                                      pp->v[5] > 0 && decode ? pp->v[5] : 1, &split_len);
     cl_mem ws = NULL;
     if (splits > 1) {
-        clattn_status st = clattn__workspace(ctx, (size_t)splits * part_floats(p) * 4, &ws);
+        clattn_status st = clattn__workspace(ctx, (uint64_t)splits * part_floats(p) * 4, &ws);
         if (st)
             return st;
     }

@@ -28,15 +28,17 @@ clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_
     const int64_t B = desc->batch, HQ = desc->heads_q, HK = desc->heads_kv, SQ = desc->seq_q,
                   SK = desc->seq_kv, D = desc->head_dim,
                   DV = desc->head_dim_v ? desc->head_dim_v : desc->head_dim;
-    /* Host arrays must be addressable: bound each byte count well inside size_t. */
+    /* Host arrays must be addressable: bound each byte count well inside size_t (10^15 bytes,
+     * or half of SIZE_MAX where size_t has 32 bits). */
     const double nq = (double)B * HQ * SQ * D, nk = (double)B * HK * SK * D,
-                 nv = (double)B * HK * SK * DV, no = (double)B * HQ * SQ * DV;
-    if (nq * es > 1e15 || nk * es > 1e15 || nv * es > 1e15 || no * es > 1e15)
+                 nv = (double)B * HK * SK * DV, no = (double)B * HQ * SQ * DV, nl = (double)B * HQ * SQ;
+    const double limit = (double)SIZE_MAX / 2 < 1e15 ? (double)SIZE_MAX / 2 : 1e15;
+    if (nq * es > limit || nk * es > limit || nv * es > limit || no * es > limit || nl * 4 > limit)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                            "desc sizes need more than 10^15 bytes of host memory (q %.3g, k %.3g, "
-                            "v %.3g, out %.3g elements)", nq, nk, nv, no);
+                            "desc sizes need more than %.3g bytes of host memory in one array (q %.3g, "
+                            "k %.3g, v %.3g, out %.3g elements)", limit, nq, nk, nv, no);
     const size_t bq = (size_t)nq * es, bk = (size_t)nk * es, bv = (size_t)nv * es, bo = (size_t)no * es,
-                 bl = (size_t)(B * HQ * SQ) * 4;
+                 bl = (size_t)nl * 4;
     cl_int err = CL_SUCCESS;
     cl_mem m[5] = {NULL, NULL, NULL, NULL, NULL};
     const size_t sizes[5] = {bq, bk, bv, bo, bl};

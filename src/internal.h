@@ -259,8 +259,9 @@ clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims,
                               const size_t *local, cl_uint num_wait, const cl_event *wait,
                               cl_event *done, const char *what);
 
-/* Workspace that grows on demand; freed by clattn_release. */
-clattn_status clattn__workspace(clattn_context *ctx, size_t bytes, cl_mem *out);
+/* Workspace that grows on demand; freed by clattn_release. `bytes` is 64-bit so that callers
+ * never truncate a size to size_t: past the max allocation or SIZE_MAX, CLATTN_UNSUPPORTED. */
+clattn_status clattn__workspace(clattn_context *ctx, uint64_t bytes, cl_mem *out);
 
 /* ---- tuning (tuning.c) ---- */
 typedef enum clattn_op {

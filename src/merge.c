@@ -191,7 +191,8 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
     const cl_ulong acc_floats = num_parts == 1 ? 0 : rows * dv;
     cl_mem ws = NULL;
     if (num_parts != 2) {
-        st = clattn__workspace(ctx, (size_t)(acc_floats + (num_parts == 1 ? 1 : 2) * rows) * 4, &ws);
+        st = clattn__workspace(
+            ctx, clattn__mul_sat(clattn__add_sat(acc_floats, (num_parts == 1 ? 1u : 2u) * rows), 4), &ws);
         if (st) {
             free(vpo);
             return st;

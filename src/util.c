@@ -178,18 +178,20 @@ clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims,
     return clattn__cl_fail(ctx, err, where);
 }
 
-clattn_status clattn__workspace(clattn_context *ctx, size_t bytes, cl_mem *out)
+clattn_status clattn__workspace(clattn_context *ctx, uint64_t need, cl_mem *out)
 {
-    if (bytes == 0)
-        bytes = 4;
-    if (ctx->workspace && ctx->workspace_size >= bytes) {
+    if (need == 0)
+        need = 4;
+    if (ctx->workspace && ctx->workspace_size >= need) {
         *out = ctx->workspace;
         return CLATTN_SUCCESS;
     }
-    if (bytes > ctx->dev.max_alloc)
+    if (need > ctx->dev.max_alloc || need > SIZE_MAX)
         return clattn__fail(ctx, CLATTN_UNSUPPORTED,
-                            "workspace of %zu bytes exceeds the device's max allocation of %llu bytes",
-                            bytes, (unsigned long long)ctx->dev.max_alloc);
+                            "workspace of %llu bytes exceeds the device's max allocation of %llu bytes%s",
+                            (unsigned long long)need, (unsigned long long)ctx->dev.max_alloc,
+                            need > SIZE_MAX ? " or this host's size_t" : "");
+    const size_t bytes = (size_t)need;
     /* Grow by at least 1.5x so a slowly growing sequence does not reallocate every call. Releasing
      * the old buffer is safe while kernels still use it: OpenCL frees it after they finish. */
     size_t want = bytes;
