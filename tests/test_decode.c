@@ -8,7 +8,8 @@
  * ref_merge on the very parts (the merge alone), with ref_attention over all keys, and with a
  * whole-range clattn_attention. A part with an empty range is a part computed with kv_lengths 0
  * (lse all -inf, its output then overwritten with NaN: it must contribute nothing), and a part
- * whose row holds NaN must make that merged row NaN, whatever the other parts hold.
+ * whose row holds NaN, or whose lse is +inf, must make that merged row NaN, whatever the other parts
+ * hold.
  *
  * Tolerances as in test_attention.c: f32 out atol 2e-5, rtol 1e-4; lse atol 1e-5, rtol 4e-6; the
  * relative ones (and lse's atol) grow by sqrt(seq_kv / 4096) past 4096 keys, since the softmax
@@ -98,7 +99,8 @@ typedef struct merge_case {
     int mask;            /* an f32 mask [B][H][Sq][Skv]; each part reads its column range */
     int no_lse;          /* merge without an lse output */
     int nan_row0;        /* part 0's row 0 overwritten: out NaN and lse NaN (1) or -3000, a weight
-                          * that underflows to 0 (2): merged row 0 must be NaN either way */
+                          * that underflows to 0 (2), or only its lse, with +inf (3): merged row 0
+                          * must be NaN in every case */
 } merge_case;
 
 static const merge_case merge_cases[] = {
@@ -121,6 +123,8 @@ static const merge_case merge_cases[] = {
     {"one_copies_nan", 1, 2, 2, 4, 300, 64, F32, F32, 1, .nan_row0 = 1},
     {"nan_part_weight_0", 1, 2, 2, 4, 300, 64, F32, F32, 3, .nan_row0 = 2},
     {"nan_part_weight_0_f16", 1, 2, 2, 4, 300, 64, F16, F16, 2, .nan_row0 = 2},
+    {"inf_lse_three", 1, 2, 2, 4, 300, 64, F32, F32, 3, .nan_row0 = 3},
+    {"inf_lse_one", 1, 2, 2, 4, 300, 64, F32, F32, 1, .nan_row0 = 3},
     /* 40002 rows: more than the 32768 the merge grid puts in y, so rows also go in z */
     {"two_rows_40002", 1, 2, 2, 20001, 64, 8, F32, F32, 2, .mask = 0},
 };
@@ -390,14 +394,16 @@ static void test_merge(void **state)
     }
     if (m->nan_row0) {
         /* NaN in a part propagates to its row, whatever the other parts hold (-inf included), and
-         * whatever its weight, 0 included (a part with keys is multiplied, as in the reference). */
+         * whatever its weight, 0 included (a part with keys is multiplied, as in the reference).
+         * An lse of +inf, which no attention produces, has no finite weight: NaN too. */
         void *nan_img = tu_xalloc((size_t)D * esz);
         for (size_t i = 0; i < (size_t)D; ++i)
             tu_store(m->dt, nan_img, i, NAN);
-        const float nanf = m->nan_row0 == 2 ? -3000.0f : NAN;
-        assert_int_equal(clEnqueueWriteBuffer(clattn_queue(tu_ctx), parts.t.buffer, CL_TRUE, 0, (size_t)D * esz,
-                                              nan_img, 0, NULL, NULL),
-                         CL_SUCCESS);
+        const float nanf = m->nan_row0 == 2 ? -3000.0f : m->nan_row0 == 3 ? INFINITY : NAN;
+        if (m->nan_row0 != 3)
+            assert_int_equal(clEnqueueWriteBuffer(clattn_queue(tu_ctx), parts.t.buffer, CL_TRUE, 0,
+                                                  (size_t)D * esz, nan_img, 0, NULL, NULL),
+                             CL_SUCCESS);
         assert_int_equal(clEnqueueWriteBuffer(clattn_queue(tu_ctx), plse.t.buffer, CL_TRUE, 0, sizeof nanf, &nanf,
                                               0, NULL, NULL),
                          CL_SUCCESS);
@@ -443,8 +449,9 @@ static void test_merge(void **state)
         rtol += 0x1p-8;
     }
     if (P == 1) {
-        /* One part: an exact copy, rounded once to the output type. */
-        for (size_t i = 0; i < nout; ++i) {
+        /* One part: an exact copy, rounded once to the output type; but for a row whose lse is
+         * +inf, NaN as with more parts (ref_merge's row). */
+        for (size_t i = m->nan_row0 == 3 ? (size_t)D : 0; i < nout; ++i) {
             uint32_t tmp;
             tu_store(m->out_dt, &tmp, 0, po[0][i]);
             want[i] = tu_load(m->out_dt, &tmp, 0);
