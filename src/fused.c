@@ -225,17 +225,16 @@ int clattn__direct_in_place(int64_t rows, int64_t seq_q)
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
  * a Kᵀ copy from the workspace, and V in place when it is f32 with head_dim_v a multiple of 16,
  * else from a padded f32 copy; decode, and prefill with few rows per kv head, read K and V in
- * place (IN_PLACE: each key is read once per row block, where a copy would triple the traffic).
- * Sets *used = 0 (and enqueues nothing) when the copies and partials do not fit the device's
- * max allocation; the tiled kernel then runs instead. */
+ * place (IN_PLACE: each key is read once per row block, where a copy would triple the traffic;
+ * `in_place` asks for it, clattn__direct_in_place says when it pays). Sets *used = 0 (and
+ * enqueues nothing) when the copies and partials do not fit the device's max allocation. */
 static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
-                                cl_uint num_wait, const cl_event *wait, cl_event *done, int *used)
+                                int in_place, cl_uint num_wait, const cl_event *wait, cl_event *done,
+                                int *used)
 {
     *used = 0;
     const int group = (int)(p->heads_q / p->heads_kv), R = group * (int)p->seq_q;
     const int decode = p->seq_q <= 16;
-    const int in_place =
-        clattn__direct_in_place(R, p->seq_q);
     /* In place with automatic rows (prefill, or decode with RM 0): fewer than LANES_MIN_ROWS
      * packed rows in one block of fused_direct; that many or more in fused_lanes, in as few
      * blocks as LANES_ROWS allows, since each block reads K and V (all of them, but for causal
@@ -594,10 +593,16 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
         if (st || used)
             return st;
     } else if (decode ? pp.v[6] > 0 : pp.v[5] > 0) {
+        /* Copies of K and V that do not fit the max allocation: K and V read in place (only the
+         * split partials, at most half of it, remain), before the tiled kernel, which is several
+         * times slower on CPUs (PoCL, 2-core AMD EPYC, AVX2, B1 H8 Sq256 Skv8192 d64 causal, min
+         * ms: copies 46-49, in place 33, tiled 375-411). */
         int used;
-        clattn_status st = run_direct(ctx, p, &pp, num_wait, wait, done, &used);
-        if (st || used)
-            return st;
+        for (int in_place = clattn__direct_in_place(R, p->seq_q); in_place <= 1; in_place++) {
+            clattn_status st = run_direct(ctx, p, &pp, in_place, num_wait, wait, done, &used);
+            if (st || used)
+                return st;
+        }
     }
     const int vw = pp.v[4] == 8 || pp.v[4] == 16 ? pp.v[4] : 4;
     /* RM and NS beyond the tuner's range (16, 2) only spill registers and can keep a kernel

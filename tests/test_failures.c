@@ -871,28 +871,30 @@ static void test_scores_matrix_past_2_64(void **state)
  * (and V padded, when it is not f32 rows of whole float16 vectors) into a workspace; the unfused
  * path puts that copy after its scores matrix, in the same allocation. When the device's max
  * allocation cannot hold the copies, the call must still succeed and match the reference, with
- * kernels that read K where it is: the tiled fused kernel, scores by tiles. Each row runs on two
- * new contexts: one as the device is, which shows whether this device copies at all for the
- * shape (a CPU must; on a GPU none may, and the row then checks the results only), and one whose
- * max allocation is lowered to `limit` bytes, where no copy may run. */
+ * kernels that read K where it is. Each row runs on two new contexts: one as the device is, which
+ * shows whether this device copies at all for the shape (a CPU must; on a GPU none may, and the
+ * row then checks the results only), and one whose max allocation is lowered to `limit` bytes,
+ * where no copy may run and a CPU must run `cpu_kernel`. */
 typedef struct alloc_row {
     op_row r;
     unsigned long long limit;
+    const char *cpu_kernel;
 } alloc_row;
 
 /* The Kᵀ copy is head_dim x (seq_kv rounded up to the key tile, + 16) floats a kv head: at least
  * 64 x 2064 x 4 = 528384 bytes for these rows.
  *   fused_prefill: 80 rows a kv head (more than fused_direct reads in place) with their Kᵀ copy
- *     in 512 KiB: the copies do not fit.
- *   scores: the scratch may take half of the max allocation, 512 KiB of 1 MiB: it does not fit.
+ *     in 512 KiB: the copies do not fit; K and V are read in place (fused_lanes) instead.
+ *   scores: the scratch may take half of the max allocation, 512 KiB of 1 MiB: it does not fit,
+ *     and the scores kernel reads K in place.
  *   unfused_probs: the 2 MiB scores matrix fits 2.25 MiB, the copy after it does not (until this
  *     test, the call was refused with CLATTN_UNSUPPORTED instead of running without the copy). */
 /* clang-format off */
 static const alloc_row alloc_rows[] = {
     /* name                 op            B  Hq Hkv Sq   Skv   D   alg      causal lse probs probs_dt parts late_from  limit */
-    {{"fused_prefill",      OP_ATTENTION, 1, 2, 1,  40,  2048, 64, FUSED,   1,     1,  0,    F32,     0,    -1}, 512u << 10},
-    {{"scores",             OP_SCORES,    1, 2, 1,  64,  2048, 64, AUTO,    0,     0,  0,    F32,     0,    -1}, 1u << 20},
-    {{"unfused_probs",      OP_ATTENTION, 1, 1, 1,  256, 2048, 64, UNFUSED, 0,     1,  1,    F32,     0,    2},  (2u << 20) + (256u << 10)},
+    {{"fused_prefill",      OP_ATTENTION, 1, 2, 1,  40,  2048, 64, FUSED,   1,     1,  0,    F32,     0,    -1}, 512u << 10,                "fused_lanes"},
+    {{"scores",             OP_SCORES,    1, 2, 1,  64,  2048, 64, AUTO,    0,     0,  0,    F32,     0,    -1}, 1u << 20,                  "scores_in_place"},
+    {{"unfused_probs",      OP_ATTENTION, 1, 1, 1,  256, 2048, 64, UNFUSED, 0,     1,  1,    F32,     0,    2},  (2u << 20) + (256u << 10), "scores_in_place"},
 };
 /* clang-format on */
 
@@ -903,6 +905,9 @@ static void test_alloc(void **state)
     int copied_as_is = 0;
     for (int limited = 0; limited < 2; ++limited) {
         clattn_context *ctx = tu_context();
+        cl_device_type type = 0;
+        assert_int_equal(clGetDeviceInfo(clattn_device(ctx), CL_DEVICE_TYPE, sizeof type, &type, NULL), CL_SUCCESS);
+        const int cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
         if (limited)
             tu_limit_max_alloc(ctx, a->limit);
         inst I;
@@ -916,15 +921,14 @@ static void test_alloc(void **state)
         print_message("%s, max allocation %s: %s\n", a->r.name, limited ? "lowered" : "as it is",
                       copy ? copy : "no copy");
         if (!limited) {
-            cl_device_type type = 0;
-            assert_int_equal(clGetDeviceInfo(clattn_device(ctx), CL_DEVICE_TYPE, sizeof type, &type, NULL),
-                             CL_SUCCESS);
-            if (!copy && (type & CL_DEVICE_TYPE_CPU))
+            if (!copy && cpu)
                 fail_msg("%s: no copy kernel ran on a CPU device: the row no longer tests the fallback", a->r.name);
             copied_as_is = copy != NULL;
         } else if (copy) {
             fail_msg("%s: %s ran with a max allocation of %llu bytes, too small for the copy", a->r.name, copy,
                      a->limit);
+        } else if (cpu && !clshim_launched(a->cpu_kernel)) {
+            fail_msg("%s: %s did not run with the max allocation lowered", a->r.name, a->cpu_kernel);
         }
         inst_free(&I);
         clattn_release(ctx);
