@@ -216,10 +216,27 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  * place against 10.0-13.6 with the copy, against 1024 keys 0.78-1.39 against 0.96-1.42, 48
  * against 4096 2.2-4.2 against 3.4-4.7, 64 against 256 0.36-0.47 against 0.27-0.49 (even). With
  * fused_direct in two blocks of 32, before fused_lanes, the copy was faster from 33 rows unless
- * K and V were long (seq_kv 8192, seq_q 64: 11.3-12.5 in place against 10.3-11.1). */
-int clattn__direct_in_place(int64_t rows, int64_t seq_q)
+ * K and V were long (seq_kv 8192, seq_q 64: 11.3-12.5 in place against 10.3-11.1).
+ * f32 K and V of at least KV_IN_PLACE floats a kv head (4 MiB) are read in place with any number
+ * of rows, in blocks of up to 64: fused_direct over the copies takes 4 to 6 rows a block (its
+ * register tile), and streams all of K and V once a block, which long K and V make slow from
+ * memory. Measured on PoCL (2-core AMD EPYC, AVX2, 32 MiB cache, B1 H8 f32, minima of 2-3 runs
+ * alternating, ms, in place against copies, non-causal then causal):
+ *   d64,  seq_kv 16384, seq_q 128/256/512/1024: 35/74/149/259 against 75/131/219/409, causal
+ *         36/65/146/247 against 75/137/240/380;
+ *   d128, seq_kv 16384, seq_q 128/256/512/1024: 66/132/287/543 against 147/242/432/960;
+ *   d128, seq_kv 8192, seq_q 512: 133-139 against 147-160; d128, seq_kv 4096, seq_q 128/256/512/
+ *         1024: 21/33/77/163 against 22/49/77/165, causal 18/34/64/139 against 22/38/66/129;
+ *   d64, seq_kv 8192, seq_q 1024: 118-119 against 119-123 (even); seq_kv 4096, seq_q 256/1024:
+ *         even; below 4 MiB the copies win: d64 seq_kv 2048, seq_q 1024 causal 61-63 against
+ *         42-43; seq_kv 1024, seq_q 1024 causal 13.8 against 11.3.
+ * f16 and bf16, converted a block at a time in place but once in the copies, keep the copies
+ * (d64 seq_q 512, seq_kv 8192: 81-113 in place against 78-82; 16384: 180-210 against 154-233). */
+#define KV_IN_PLACE (1 << 20)
+
+int clattn__direct_in_place(int64_t rows, int64_t seq_q, int64_t seq_kv, int64_t dk_plus_dv, clattn_dtype dtype)
 {
-    return seq_q <= 16 || rows <= LANES_ROWS;
+    return seq_q <= 16 || rows <= LANES_ROWS || (dtype == CLATTN_F32 && seq_kv * dk_plus_dv >= KV_IN_PLACE);
 }
 
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
@@ -598,7 +615,8 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
          * times slower on CPUs (PoCL, 2-core AMD EPYC, AVX2, B1 H8 Sq256 Skv8192 d64 causal, min
          * ms: copies 46-49, in place 33, tiled 375-411). */
         int used;
-        for (int in_place = clattn__direct_in_place(R, p->seq_q); in_place <= 1; in_place++) {
+        for (int in_place = clattn__direct_in_place(R, p->seq_q, p->seq_kv, p->head_dim + p->head_dim_v, p->dtype);
+             in_place <= 1; in_place++) {
             clattn_status st = run_direct(ctx, p, &pp, in_place, num_wait, wait, done, &used);
             if (st || used)
                 return st;

@@ -259,9 +259,10 @@ clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims,
                               const size_t *local, cl_uint num_wait, const cl_event *wait,
                               cl_event *done, const char *what);
 
-/* Workspace that grows on demand; freed by clattn_release. `bytes` is 64-bit so that callers
- * never truncate a size to size_t: past the max allocation or SIZE_MAX, CLATTN_UNSUPPORTED. */
-clattn_status clattn__workspace(clattn_context *ctx, uint64_t bytes, cl_mem *out);
+/* Workspace of at least `need` bytes that grows on demand; freed by clattn_release. `need` is
+ * 64-bit so that callers never truncate a size to size_t: past the max allocation or SIZE_MAX,
+ * CLATTN_UNSUPPORTED. */
+clattn_status clattn__workspace(clattn_context *ctx, uint64_t need, cl_mem *out);
 
 /* ---- tuning (tuning.c) ---- */
 typedef enum clattn_op {
@@ -369,9 +370,10 @@ void clattn__fit_gemm_tile(const clattn_context *ctx, clattn_op op, int *v);
 /* fused_direct's scores tile S[rm][ns] over the Kᵀ copy from the parameters RM and NS: rm in 1..32,
  * ns in 1..4, then fitted as above (src/fused.c; clattn-tune compares candidates by it). */
 void clattn__fit_fused_tile(const clattn_context *ctx, int *rm, int *ns);
-/* Whether fused_direct (CPUs) reads K and V in place for this problem (decode, or few packed
- * rows per kv head), rather than from a Kᵀ copy: its RM and NS parameters are then unused. */
-int clattn__direct_in_place(int64_t rows, int64_t seq_q);
+/* Whether fused_direct (CPUs) reads K and V in place for this problem (decode, few packed rows
+ * per kv head, or long f32 K and V), rather than from a Kᵀ copy: its RM and NS parameters are
+ * then unused. */
+int clattn__direct_in_place(int64_t rows, int64_t seq_q, int64_t seq_kv, int64_t dk_plus_dv, clattn_dtype dtype);
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done);
 clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,
