@@ -225,11 +225,13 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  *   d64,  seq_kv 16384, seq_q 128/256/512/1024: 35/74/149/259 against 75/131/219/409, causal
  *         36/65/146/247 against 75/137/240/380;
  *   d128, seq_kv 16384, seq_q 128/256/512/1024: 66/132/287/543 against 147/242/432/960;
- *   d128, seq_kv 8192, seq_q 512: 133-139 against 147-160; d128, seq_kv 4096, seq_q 128/256/512/
- *         1024: 21/33/77/163 against 22/49/77/165, causal 18/34/64/139 against 22/38/66/129;
- *   d64, seq_kv 8192, seq_q 1024: 118-119 against 119-123 (even); seq_kv 4096, seq_q 256/1024:
- *         even; below 4 MiB the copies win: d64 seq_kv 2048, seq_q 1024 causal 61-63 against
- *         42-43; seq_kv 1024, seq_q 1024 causal 13.8 against 11.3.
+ *   d128, seq_kv 8192, seq_q 512: 133-138 against 147-148, causal 136-142 against 160-175;
+ *   d128, seq_kv 4096, seq_q 128/256/512/1024: 21/33/77/163 against 22/49/77/165, causal
+ *         18/34/64/139 against 22/38/66/129;
+ *   d64, seq_kv 8192, seq_q 1024: 124-154 against 129-142, causal 118-120 against 119-123
+ *         (even); seq_kv 4096, seq_q 256/1024: even; below 4 MiB the copies win: d64 seq_kv
+ *         2048, seq_q 1024: 38-78 against 37-57, causal 32-63 against 30-43; seq_kv 1024,
+ *         seq_q 1024 causal 13.8 against 11.3.
  * f16 and bf16, converted a block at a time in place but once in the copies, keep the copies
  * (d64 seq_q 512, seq_kv 8192: 81-113 in place against 78-82; 16384: 180-210 against 154-233). */
 #define KV_IN_PLACE (1 << 20)
