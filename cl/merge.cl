@@ -1,7 +1,7 @@
 /* Merging partial attention results over disjoint key ranges:
  *   lse = log Σ_p exp(lse_p),  out = Σ_p exp(lse_p - lse) · out_p
  * A part with lse = -inf (no visible key) contributes nothing; all -inf gives 0 and -inf. NaN
- * in a part, or lse = +inf (no finite weight: exp(inf - inf)), makes the row NaN.
+ * in any other part, or lse = +inf (no finite weight: exp(inf - inf)), makes the row NaN.
  *
  * merge_strided: the parts lie in one f32 buffer at a fixed stride (flash-decoding splits).
  * merge_pair:    folds one more part (any storage type) into an accumulator; clattn_merge chains

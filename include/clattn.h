@@ -239,9 +239,9 @@ CLATTN_API clattn_status clattn_softmax(clattn_context *ctx, const clattn_softma
  * Combines partial attention results over disjoint key ranges into the exact whole:
  * out = Σ_i exp(lse_i - lse) · out_i with lse = log Σ_i exp(lse_i). Each part_out[i] has out's
  * shape [B][H][S][Dv]; each part_lse[i] and `lse` are f32 [B][H][S][1]. A part whose lse is -inf
- * contributes nothing; a row where every part is -inf gives 0 and -inf. NaN in a part's row (out
- * or lse), or an lse of +inf (which attention never gives), makes the merged row and its lse NaN,
- * with any number of parts. `lse` may be NULL.
+ * contributes nothing, whatever its out holds; a row where every part is -inf gives 0 and -inf.
+ * NaN in any other part's row (out or lse), or an lse of +inf (which attention never gives), makes
+ * the merged row and its lse NaN, with any number of parts. `lse` may be NULL.
  */
 CLATTN_API clattn_status clattn_merge(clattn_context *ctx, int num_parts,
                                       const clattn_tensor *part_out, const clattn_tensor *part_lse,
