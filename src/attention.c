@@ -37,10 +37,9 @@ static clattn_status unfused_launches(clattn_context *ctx, const clattn_problem 
                             4.0 * (double)p->batch * (double)p->heads_q * (double)p->seq_q * (double)p->seq_kv,
                             (unsigned long long)ctx->dev.max_alloc);
     /* One workspace: the scores matrix, then the transposed K of the KT scores variant when
-     * both fit one allocation; else the scores GEMM transposes K tile by tile (no scratch). */
-    size_t kt = clattn__scores_scratch(ctx, p);
-    if (kt > ctx->dev.max_alloc - elems * 4)
-        kt = 0;
+     * both fit one allocation (as clattn_scores, at most half of it); else none. */
+    const uint64_t room = ctx->dev.max_alloc - elems * 4, half = ctx->dev.max_alloc / 2;
+    const uint64_t kt = clattn__scores_scratch(ctx, p, room < half ? room : half);
     cl_mem ws;
     clattn_status st = clattn__workspace(ctx, elems * 4 + kt, &ws);
     if (st)

@@ -340,8 +340,9 @@ int clattn__log2_ceil(int64_t x);
 
 /* ---- operations ---- */
 /* Scores (gemm.cl). `scratch` (may be NULL) from element `scratch_off` holds
- * clattn__scores_scratch() bytes for the transposed K of the KT variant. */
-size_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p);
+ * clattn__scores_scratch() bytes for the transposed K of the KT variant: 0 (no scratch, K read
+ * tile by tile) when the variant does not run or its copy needs more than `room` bytes. */
+uint64_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p, uint64_t room);
 /* Kᵀ of the problem's K as f32 into scratch (element offset off, rows of pitch floats, one
  * head_dim x pitch block per batch·heads_kv); for KT scores and fused_direct. */
 clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem *p, cl_mem scratch,

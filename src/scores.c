@@ -116,7 +116,7 @@ static uint64_t kt_pitch(const clattn_problem *p, const clattn_params *pp)
     return ((uint64_t)p->seq_kv + tn - 1) / tn * tn + 16;
 }
 
-size_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p)
+uint64_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p, uint64_t room)
 {
     clattn_params pp;
     gemm_params(ctx, 0, p, &pp);
@@ -124,7 +124,7 @@ size_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p)
         return 0;
     const uint64_t bytes = clattn__mul_sat(4u * (uint64_t)p->batch * (uint64_t)p->heads_kv * (uint64_t)p->head_dim,
                                            kt_pitch(p, &pp)); /* 2^41 x 2^31 */
-    return bytes <= ctx->dev.max_alloc / 2 ? (size_t)bytes : 0; /* too big: transpose per tile */
+    return bytes <= room ? bytes : 0; /* too big: transpose per tile */
 }
 
 /* One GEMM with parameters pp from `source` (gemm_params). A kernel compiled with more registers
@@ -299,7 +299,7 @@ clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *de
     if (desc->kv_lengths && clattn__kvlen_overlaps(desc->kv_lengths, p.batch, scores))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->kv_lengths overlaps scores");
     cl_mem scratch = NULL;
-    const size_t kt = clattn__scores_scratch(ctx, &p);
+    const uint64_t kt = clattn__scores_scratch(ctx, &p, ctx->dev.max_alloc / 2);
     if (kt && (st = clattn__workspace(ctx, kt, &scratch)))
         return st;
     return clattn__run_scores(ctx, &p, &dst, scratch, 0, num_wait, wait, done);
