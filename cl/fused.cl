@@ -314,11 +314,17 @@ fused(ATTN_KERNEL_ARGS(T_IN))
  *
  * One work-item per block of RM packed rows (as above) and key split, no local memory, no
  * barrier: on a CPU a work-group's work-items run one after another, so local tiles and barriers
- * only add copies and spills. Prefill reads keys from a Kᵀ copy (transpose_k16 in gemm.cl, f32,
- * rows of k_ss floats) as float16 vectors of 16 consecutive keys, V as float16 vectors of 16
- * columns, in place when it is f32 with head_dim_v a multiple of 16, else from a zero-padded f32
- * copy (pack_v); the copies cost O(seq_kv) and stay hot in cache while every row block of the
- * head streams them. Decode, and prefill with few rows per kv head (src/fused.c), read K and V
+ * only add copies and spills. Prefill reads keys from a Kᵀ copy (transpose_k16 in gemm.cl, f32)
+ * as float16 vectors of 16 consecutive keys, V from a zero-padded f32 copy (pack_v) as float16
+ * vectors of 16 columns; the copies cost O(seq_kv) and stay hot in cache while every row block of
+ * the head streams them. Both are stored in panels, so that each loop over them reads one
+ * sequential stream: Kᵀ in panels of BN keys, Kt[z][n / BN][d][n % BN] (k_ss = BN), which a
+ * chunk's scores read as one block of head_dim·BN floats, where rows of Kᵀ took one cache line
+ * of head_dim lines a page apart; V in panels of 16 columns (pack_v), which a P·V column tile
+ * reads key by key. Measured on PoCL (2-core AMD EPYC, AVX2, B1 H8 f32, minima and medians of
+ * 4-6 runs alternating, ms, panels against rows of Kᵀ and V in place): S1024 d64 15.8 / 18.4
+ * against 15.7 / 16.7 (even), d128 28.0 / 28.8 against 33.8 / 35.7, d256 (H4) 27.2 / 29.3
+ * against 33.6 / 34.9, seq_q 1024 seq_kv 4096 d64 60 / 70 against 67 / 75. Decode, and prefill with few rows per kv head (src/fused.c), read K and V
  * in place instead (IN_PLACE below; 11 or more such rows go to fused_lanes, further down).
  * Keys go in chunks of
  * DBN = 16·NS through registers (S[RM][NS] float16 accumulators) into a block of NB keys (below),
@@ -378,7 +384,8 @@ fused(ATTN_KERNEL_ARGS(T_IN))
 #define LDV16(p, c) ((c) < DV16 - 1 ? LD16_IN((p), 16 * (c)) : ld16_row((p), 16 * (c), DV))
 #else
 #define T_KV float
-#define LDV16(p, c) vload16((c), (p))
+/* Columns 16c..16c+15 of the V copy's key row at p: panel c of the head (v_sh = DV16 panels). */
+#define LDV16(p, c) vload16(0, (p) + (ulong)(c) * (v_sh / DV16))
 #endif
 /* The loops over the rows that touch the O accumulators o[RM][DV16] (rescaling, the untiled
  * P·V, the stores): unrolled while those fit the registers or nearly (32 float16 vectors on
@@ -464,23 +471,22 @@ inline float hsum16(float16 v)
     return c.x + c.y;
 }
 
-/* Vp[z][n][c] = V[b][hk][n][c] as f32 for c < DV, 0 for DV <= c < 16·DV16; z = b·heads_kv + hk.
- * One work-item per key. */
+/* The V copy of fused_direct, in panels of 16 columns: Vp[z][c / 16][n][c % 16] = V[b][hk][n][c]
+ * as f32 for c < DV, 0 for DV <= c < 16·DV16; z = b·heads_kv + hk, head blocks of vp_sz floats
+ * (DV16 panels of vp_sz / DV16). A column tile of P·V then reads its keys' 16 columns as one
+ * sequential stream instead of a 64-byte piece of every V row. One work-item per key. */
 __kernel void pack_v(__global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,
-                     __global float *Vp, ulong vp_off, ulong vp_sz, ulong vp_ss, int N, int DV,
-                     int heads_kv)
+                     __global float *Vp, ulong vp_off, ulong vp_sz, int N, int DV, int heads_kv)
 {
     const int n = get_global_id(0), z = get_global_id(1);
     if (n >= N)
         return;
     const int b = z / heads_kv, hk = z % heads_kv;
     __global const T_IN *src = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh + (ulong)n * v_ss;
-    __global float *dst = Vp + vp_off + (ulong)z * vp_sz + (ulong)n * vp_ss;
-    int c = 0;
-    for (; c + 3 < DV; c += 4)
-        vstore4(LD4_IN(src, c), 0, dst + c);
-    for (; c < 16 * DV16; c++)
-        dst[c] = c < DV ? LD_IN(src, c) : 0.0f;
+    __global float *dst = Vp + vp_off + (ulong)z * vp_sz + (ulong)n * 16;
+    for (int c = 0; c < DV16; c++)
+        vstore16(16 * c + 16 <= DV ? LD16_IN(src, 16 * c) : ld16_tail(src, 16 * c, DV), 0,
+                 dst + (ulong)c * (vp_sz / DV16));
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
@@ -493,8 +499,8 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
     const int split = w.split, z = w.z, b = w.b, hk = w.hk, L = w.L, k_lo = w.k_lo,
               k_hi = w.k_hi, k_all = w.k_all;
 
-    /* The head's keys and values: K[key][d] and V[key][c] in place, or Kᵀ[d][key] (rows of k_ss
-     * floats) and padded V[key][c] (rows of v_ss floats) from the copies. */
+    /* The head's keys and values: K[key][d] and V[key][c] in place, or the panels of the
+     * copies, Kt[key / BN][d][key % BN] (k_ss = BN) and Vp[c / 16][key][c % 16] (v_ss = 16). */
     __global const T_KV *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
     __global const T_KV *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
 
@@ -563,7 +569,8 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
 #pragma unroll
                 for (int j = 0; j < NS; j++)
                     s[i][j] = (float16)(0.0f);
-            __global const float *kp = Kb + kc;
+            /* The chunk's panel of the Kᵀ copy (kc a multiple of DBN = BN, see above). */
+            __global const float *kp = Kb + (ulong)kc * D;
             for (int d = 0; d < D; d++, kp += k_ss) {
                 float16 kv[NS];
 #pragma unroll

@@ -239,7 +239,9 @@ gemm(GEMM_KERNEL_ARGS(T_IN))
 }
 
 /* Kᵀ for KT scores: Kt[z][d][n] = K[b][hk][n][d] as f32, z = b·heads_kv + hk, rows of pitch
- * kt_ss; only d < D and n < N are written (the GEMM never reads beyond). One work-item per key:
+ * kt_ss; only d < D and n < N are written (the GEMM never reads beyond). With -DKT_PANEL=P
+ * (fused_direct's copy, fused.cl) in panels of P keys instead, P a multiple of 16:
+ * Kt[z][n / P][d][n % P], kt_ss unused. One work-item per key:
  * neighbouring work-items write neighbouring words. Grid x = N rounded up, y = batch·heads_kv. */
 __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
                           __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D,
@@ -250,7 +252,12 @@ __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong
         return;
     const int b = z / heads_kv, hk = z % heads_kv;
     __global const T_IN *src = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh + (ulong)n * k_ss;
+#if KT_PANEL
+    __global float *dst = Kt + kt_off + (ulong)z * kt_sz + (ulong)(n / KT_PANEL) * KT_PANEL * D + n % KT_PANEL;
+    kt_ss = KT_PANEL;
+#else
     __global float *dst = Kt + kt_off + (ulong)z * kt_sz + n;
+#endif
     for (int d = 0; d < D; d++)
         dst[(ulong)d * kt_ss] = LD_IN(src, d);
 }
@@ -270,7 +277,12 @@ transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong
     const int n0 = get_group_id(0) * 16, z = GROUP_ID(1);
     const int b = z / heads_kv, hk = z % heads_kv;
     __global const T_IN *src = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
+#if KT_PANEL
+    __global float *dst = Kt + kt_off + (ulong)z * kt_sz + (ulong)(n0 / KT_PANEL) * KT_PANEL * D + n0 % KT_PANEL;
+    kt_ss = KT_PANEL; /* between the rows of a panel */
+#else
     __global float *dst = Kt + kt_off + (ulong)z * kt_sz + n0;
+#endif
     for (int d0 = 0; d0 < D; d0 += 16) {
         float16 a[16], t[16];
 #pragma unroll

@@ -242,8 +242,8 @@ int clattn__direct_in_place(int64_t rows, int64_t seq_q, int64_t seq_kv, int64_t
 }
 
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
- * a Kᵀ copy from the workspace, and V in place when it is f32 with head_dim_v a multiple of 16,
- * else from a padded f32 copy; decode, and prefill with few rows per kv head, read K and V in
+ * f32 copies of K and V from the workspace, both in panels (fused.cl): Kᵀ by transpose_k16
+ * with panels of bn keys, V zero-padded by pack_v with panels of 16 columns; decode, and prefill with few rows per kv head, read K and V in
  * place (IN_PLACE: each key is read once per row block, where a copy would triple the traffic;
  * `in_place` asks for it, clattn__direct_in_place says when it pays). Sets *used = 0 (and
  * enqueues nothing) when the copies and partials do not fit the device's max allocation. */
@@ -276,12 +276,10 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     const uint64_t zs = (uint64_t)p->batch * (uint64_t)p->heads_kv;
     const uint64_t pitch = ((uint64_t)p->seq_kv + bn - 1) / bn * bn + 16; /* see kt_pitch */
     const uint64_t vp_ss = 16u * (uint64_t)dv16;
-    /* f32 V rows of whole float16 vectors are read in place: the padded copy would be the same. */
-    const int v_as_is = in_place || (p->dtype == CLATTN_F32 && p->head_dim_v % 16 == 0);
     /* zs·head_dim and zs·vp_ss are below 2^40, pitch and seq_kv below 2^31: the products may
      * pass 2^64 (then total below sends the problem to the tiled kernel). */
     const uint64_t kt_floats = in_place ? 0 : clattn__mul_sat(zs * (uint64_t)p->head_dim, pitch),
-                   vp_floats = v_as_is ? 0 : clattn__mul_sat(zs * vp_ss, (uint64_t)p->seq_kv);
+                   vp_floats = in_place ? 0 : clattn__mul_sat(zs * vp_ss, (uint64_t)p->seq_kv);
     const int row_blocks = ceil_div(R, rm);
     int split_len;
     /* Long key ranges: chunks whose K/V copies take at most a quarter of the device's cache.
@@ -319,7 +317,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
              dp16, lanes_opt);
     cl_kernel kpack = NULL, kdirect;
     clattn_status st;
-    if ((!v_as_is && (st = clattn__get_kernel(ctx, "fused.cl", opts, "pack_v", &kpack))) ||
+    if ((!in_place && (st = clattn__get_kernel(ctx, "fused.cl", opts, "pack_v", &kpack))) ||
         (st = clattn__get_kernel(ctx, "fused.cl", opts, lanes ? "fused_lanes" : "fused_direct", &kdirect)))
         return st;
     cl_mem ws = NULL;
@@ -331,23 +329,19 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     if (in_place)
         return launch(ctx, p, kdirect, "fused_direct", &p->k, &p->v, ws, 0, splits, split_len, global,
                       local, num_wait, wait, done);
-    if ((st = clattn__run_transpose_k(ctx, p, ws, 0, pitch, num_wait, wait)))
+    if ((st = clattn__run_transpose_k(ctx, p, ws, 0, pitch, bn, num_wait, wait)))
         return st;
-    /* The Kᵀ copy as a view: [z][d][pitch], z = b·heads_kv + hk. */
+    /* The Kᵀ copy as a view: [z][key / bn][d][key % bn] in head blocks of head_dim·pitch floats,
+     * z = b·heads_kv + hk (fused.cl reads a chunk's panel at its first key·head_dim). */
     const cl_ulong hk_n = (cl_ulong)p->heads_kv, kt_sz = (cl_ulong)p->head_dim * pitch;
-    const clattn_view kt = {ws, CLATTN_F32, 0, {hk_n * kt_sz, kt_sz, pitch}};
-    if (v_as_is)
-        return launch(ctx, p, kdirect, "fused_direct", &kt, &p->v, ws, kt_floats, splits, split_len,
-                      global, local, 0, NULL, done);
-
-    const cl_ulong vp_off = kt_floats, vp_sz = (cl_ulong)p->seq_kv * vp_ss, vp_pitch = vp_ss;
+    const clattn_view kt = {ws, CLATTN_F32, 0, {hk_n * kt_sz, kt_sz, (cl_ulong)bn}};
+    const cl_ulong vp_off = kt_floats, vp_sz = (cl_ulong)p->seq_kv * vp_ss, vp_pitch = 16;
     const int n = (int)p->seq_kv, dv = (int)p->head_dim_v, hkv = (int)p->heads_kv;
     clattn_args a = {kpack, 0, CL_SUCCESS};
     clattn__arg_view(&a, &p->v);
     clattn__arg(&a, sizeof(cl_mem), &ws);
     clattn__arg(&a, sizeof(cl_ulong), &vp_off);
     clattn__arg(&a, sizeof(cl_ulong), &vp_sz);
-    clattn__arg(&a, sizeof(cl_ulong), &vp_pitch);
     clattn__arg(&a, sizeof(int), &n);
     clattn__arg(&a, sizeof(int), &dv);
     clattn__arg(&a, sizeof(int), &hkv);
@@ -357,7 +351,8 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
                               NULL, "pack_v")))
         return st;
 
-    /* The padded V copy as a view: [z][key][vp_ss]. */
+    /* The padded V copy as a view: [z][c / 16][key][c % 16] in head blocks of seq_kv·vp_ss floats
+     * (fused.cl finds the panels from the head stride). */
     const clattn_view vpk = {ws, CLATTN_F32, vp_off, {hk_n * vp_sz, vp_sz, vp_pitch}};
     return launch(ctx, p, kdirect, "fused_direct", &kt, &vpk, ws, kt_floats + vp_floats, splits,
                   split_len, global, local, 0, NULL, done);

@@ -346,7 +346,7 @@ uint64_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p, ui
 /* Kᵀ of the problem's K as f32 into scratch (element offset off, rows of pitch floats, one
  * head_dim x pitch block per batch·heads_kv); for KT scores and fused_direct. */
 clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem *p, cl_mem scratch,
-                                      uint64_t off, uint64_t pitch, cl_uint num_wait,
+                                      uint64_t off, uint64_t pitch, int panel, cl_uint num_wait,
                                       const cl_event *wait);
 clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
                                  cl_mem scratch, uint64_t scratch_off, cl_uint num_wait,

@@ -209,11 +209,12 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
 /* Kt[z][d][n] = K[b][hk][n][d] as f32 (z = b·heads_kv + hk) into scratch at element offset off,
  * rows of pitch floats, head blocks of head_dim·pitch. */
 clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem *p, cl_mem scratch,
-                                      uint64_t off, uint64_t pitch, cl_uint num_wait,
+                                      uint64_t off, uint64_t pitch, int panel, cl_uint num_wait,
                                       const cl_event *wait)
 {
-    char opts[96];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0", (int)p->k.dtype);
+    char opts[128];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DKT_PANEL=%d",
+             (int)p->k.dtype, panel);
     /* CPUs: transpose_k16 (16x16 blocks in registers); elsewhere one work-item per key. */
     const int cpu = (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0;
     const char *name = cpu ? "transpose_k16" : "transpose_k";
@@ -254,7 +255,7 @@ clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, c
 
     /* KT: Kᵀ into the scratch, then the GEMM reads it like P·V reads V. */
     const uint64_t pitch = kt_pitch(p, &pp), hsz = (uint64_t)p->head_dim * pitch;
-    clattn_status st = clattn__run_transpose_k(ctx, p, scratch, scratch_off, pitch, num_wait, wait);
+    clattn_status st = clattn__run_transpose_k(ctx, p, scratch, scratch_off, pitch, 0, num_wait, wait);
     if (st)
         return st;
     const clattn_view ktv = {scratch, CLATTN_F32, scratch_off,
