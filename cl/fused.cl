@@ -324,9 +324,9 @@ fused(ATTN_KERNEL_ARGS(T_IN))
  * reads key by key. Measured on PoCL (2-core AMD EPYC, AVX2, B1 H8 f32, minima and medians of
  * 4-6 runs alternating, ms, panels against rows of Kᵀ and V in place): S1024 d64 15.8 / 18.4
  * against 15.7 / 16.7 (even), d128 28.0 / 28.8 against 33.8 / 35.7, d256 (H4) 27.2 / 29.3
- * against 33.6 / 34.9, seq_q 1024 seq_kv 4096 d64 60 / 70 against 67 / 75. Decode, and prefill with few rows per kv head (src/fused.c), read K and V
- * in place instead (IN_PLACE below; 11 or more such rows go to fused_lanes, further down).
- * Keys go in chunks of
+ * against 33.6 / 34.9, seq_q 1024 seq_kv 4096 d64 60 / 70 against 67 / 75. Decode, and prefill
+ * with few rows per kv head or long f32 K and V (src/fused.c), read K and V in place instead
+ * (IN_PLACE below; 11 or more such rows go to fused_lanes, further down). Keys go in chunks of
  * DBN = 16·NS through registers (S[RM][NS] float16 accumulators) into a block of NB keys (below),
  * whose p = e^(s - m) (exp2p16) are then read back as broadcast scalars for O += P·V. Where O has
  * more vectors than the registers (RM·DV16 > NREG16, common.cl; with AVX-512 32: head_dim_v

@@ -217,28 +217,32 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  * against 4096 2.2-4.2 against 3.4-4.7, 64 against 256 0.36-0.47 against 0.27-0.49 (even). With
  * fused_direct in two blocks of 32, before fused_lanes, the copy was faster from 33 rows unless
  * K and V were long (seq_kv 8192, seq_q 64: 11.3-12.5 in place against 10.3-11.1).
- * f32 K and V of at least KV_IN_PLACE floats a kv head (4 MiB) are read in place with any number
- * of rows, in blocks of up to 64: fused_direct over the copies takes 4 to 6 rows a block (its
- * register tile), and streams all of K and V once a block, which long K and V make slow from
- * memory. Measured on PoCL (2-core AMD EPYC, AVX2, 32 MiB cache, B1 H8 f32, minima of 2-3 runs
- * alternating, ms, in place against copies, non-causal then causal):
- *   d64,  seq_kv 16384, seq_q 128/256/512/1024: 35/74/149/259 against 75/131/219/409, causal
- *         36/65/146/247 against 75/137/240/380;
- *   d128, seq_kv 16384, seq_q 128/256/512/1024: 66/132/287/543 against 147/242/432/960;
- *   d128, seq_kv 8192, seq_q 512: 133-138 against 147-148, causal 136-142 against 160-175;
- *   d128, seq_kv 4096, seq_q 128/256/512/1024: 21/33/77/163 against 22/49/77/165, causal
- *         18/34/64/139 against 22/38/66/129;
- *   d64, seq_kv 8192, seq_q 1024: 124-154 against 129-142, causal 118-120 against 119-123
- *         (even); seq_kv 4096, seq_q 256/1024: even; below 4 MiB the copies win: d64 seq_kv
- *         2048, seq_q 1024: 38-78 against 37-57, causal 32-63 against 30-43; seq_kv 1024,
- *         seq_q 1024 causal 13.8 against 11.3.
+ * f32 K and V with head_dim + head_dim_v <= KV_IN_PLACE_DIMS and at least KV_IN_PLACE floats a
+ * kv head (8 MiB: 16384 keys at head_dim 64) are read in place with any number of rows, in blocks
+ * of up to 64: fused_direct over the copies takes 4 to 6 rows a block (its register tile), and
+ * streams all of K and V once a block, which long K and V make slow. Measured on PoCL (2-core AMD
+ * EPYC, AVX2, 32 MiB cache, B1 H8 f32, minima of 2 runs alternating, ms, in place against the
+ * copies in panels, non-causal then causal):
+ *   d64,  seq_kv 32768, seq_q 256: 159 against 177, causal 146 against 192;
+ *   d64,  seq_kv 16384, seq_q 256: 62 against 73; seq_q 512: 127-162 against 131-153 (even);
+ *         seq_q 1024: 267 against 317, causal 250 against 236;
+ *   d64,  seq_kv 8192, seq_q 1024: 144 against 125, causal 135 against 119 (copies);
+ *   d128, seq_kv 16384, seq_q 1024: 690 against 598, causal 684 against 565; seq_q 512: 345
+ *         against 297, causal 326 against 295 (copies);
+ *   d128, seq_kv 8192, seq_q 512: 128 against 119, causal 161 against 115;
+ *   d128, seq_kv 4096, seq_q 1024: 135 against 107, causal 120 against 93.
+ * With the copies in rows (before the panels, see fused.cl) in place won from 4 MiB at both head
+ * sizes (d128 seq_kv 16384 seq_q 1024: 543 against 960).
  * f16 and bf16, converted a block at a time in place but once in the copies, keep the copies
- * (d64 seq_q 512, seq_kv 8192: 81-113 in place against 78-82; 16384: 180-210 against 154-233). */
-#define KV_IN_PLACE (1 << 20)
+ * (rows: d64 seq_q 512, seq_kv 8192: 81-113 in place against 78-82; 16384: 180-210 against
+ * 154-233). */
+#define KV_IN_PLACE (1 << 21)
+#define KV_IN_PLACE_DIMS 128
 
 int clattn__direct_in_place(int64_t rows, int64_t seq_q, int64_t seq_kv, int64_t dk_plus_dv, clattn_dtype dtype)
 {
-    return seq_q <= 16 || rows <= LANES_ROWS || (dtype == CLATTN_F32 && seq_kv * dk_plus_dv >= KV_IN_PLACE);
+    return seq_q <= 16 || rows <= LANES_ROWS ||
+           (dtype == CLATTN_F32 && dk_plus_dv <= KV_IN_PLACE_DIMS && seq_kv * dk_plus_dv >= KV_IN_PLACE);
 }
 
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads

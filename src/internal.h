@@ -343,8 +343,9 @@ int clattn__log2_ceil(int64_t x);
  * clattn__scores_scratch() bytes for the transposed K of the KT variant: 0 (no scratch, K read
  * tile by tile) when the variant does not run or its copy needs more than `room` bytes. */
 uint64_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p, uint64_t room);
-/* Kᵀ of the problem's K as f32 into scratch (element offset off, rows of pitch floats, one
- * head_dim x pitch block per batch·heads_kv); for KT scores and fused_direct. */
+/* Kᵀ of the problem's K as f32 into scratch (element offset off, one head_dim x pitch block per
+ * batch·heads_kv): rows of pitch floats with panel 0 (KT scores), else panels of `panel` keys
+ * (a multiple of 16), Kt[z][n / panel][d][n % panel] (fused_direct). */
 clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem *p, cl_mem scratch,
                                       uint64_t off, uint64_t pitch, int panel, cl_uint num_wait,
                                       const cl_event *wait);

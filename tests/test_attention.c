@@ -310,7 +310,7 @@ static const att_case cases[] = {
      * blocks of rows, also with packed query groups, causal, and head_dim_v != head_dim */
     {"long_72x40000_f16", 1, 1, 1, 72, 40000, 64, 0, F16, .algos = ALG_FUSED},
     {"long_72x40000", 1, 1, 1, 72, 40000, 64, 0, F32, .algos = ALG_FUSED},
-    {"long_gqa_4x50x8192_causal", 1, 4, 1, 50, 8192, 128, 64, F32, .causal = 1, .algos = ALG_FUSED},
+    {"long_gqa_4x50x24576_causal_dv32", 1, 4, 1, 50, 24576, 64, 32, F32, .causal = 1, .algos = ALG_FUSED},
     {"long_64x65536_f16_causal", 1, 1, 1, 64, 65536, 64, 0, F16, .causal = 1, .algos = ALG_FUSED},
     {"long_4096x4096_causal", 1, 1, 1, 4096, 4096, 64, 0, F32, .causal = 1, .algos = ALG_FUSED},
 };
