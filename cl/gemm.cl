@@ -253,7 +253,8 @@ __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong
     const int b = z / heads_kv, hk = z % heads_kv;
     __global const T_IN *src = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh + (ulong)n * k_ss;
 #if KT_PANEL
-    __global float *dst = Kt + kt_off + (ulong)z * kt_sz + (ulong)(n / KT_PANEL) * KT_PANEL * D + n % KT_PANEL;
+    __global float *dst =
+        Kt + kt_off + (ulong)z * kt_sz + (ulong)(n / KT_PANEL) * KT_PANEL * D + n % KT_PANEL;
     kt_ss = KT_PANEL;
 #else
     __global float *dst = Kt + kt_off + (ulong)z * kt_sz + n;
@@ -278,7 +279,8 @@ transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong
     const int b = z / heads_kv, hk = z % heads_kv;
     __global const T_IN *src = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
 #if KT_PANEL
-    __global float *dst = Kt + kt_off + (ulong)z * kt_sz + (ulong)(n0 / KT_PANEL) * KT_PANEL * D + n0 % KT_PANEL;
+    __global float *dst =
+        Kt + kt_off + (ulong)z * kt_sz + (ulong)(n0 / KT_PANEL) * KT_PANEL * D + n0 % KT_PANEL;
     kt_ss = KT_PANEL; /* between the rows of a panel */
 #else
     __global float *dst = Kt + kt_off + (ulong)z * kt_sz + n0;

@@ -247,10 +247,11 @@ int clattn__direct_in_place(int64_t rows, int64_t seq_q, int64_t seq_kv, int64_t
 
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
  * f32 copies of K and V from the workspace, both in panels (fused.cl): Kᵀ by transpose_k16
- * with panels of bn keys, V zero-padded by pack_v with panels of 16 columns; decode, and prefill with few rows per kv head, read K and V in
- * place (IN_PLACE: each key is read once per row block, where a copy would triple the traffic;
- * `in_place` asks for it, clattn__direct_in_place says when it pays). Sets *used = 0 (and
- * enqueues nothing) when the copies and partials do not fit the device's max allocation. */
+ * with panels of bn keys, V zero-padded by pack_v with panels of 16 columns; decode, and prefill
+ * with few rows per kv head or long f32 K and V, read K and V in place (IN_PLACE: each key is
+ * read once per row block, where a copy would triple the traffic; `in_place` asks for it,
+ * clattn__direct_in_place says when it pays). Sets *used = 0 (and enqueues nothing) when the
+ * copies and partials do not fit the device's max allocation. */
 static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
                                 int in_place, cl_uint num_wait, const cl_event *wait, cl_event *done,
                                 int *used)
