@@ -365,9 +365,10 @@ fused(ATTN_KERNEL_ARGS(T_IN))
 #endif
 #define NB (DBN * NC)
 
-/* IN_PLACE 1 (decode on CPUs, DECODE DIRECT 1, and prefill with few rows per kv head): K and V
- * are read where they are, in their storage type, instead of from the copies: a block of rows
- * reads each key once, so with one or two blocks per kv head copying would triple the traffic.
+/* IN_PLACE 1 (decode on CPUs, DECODE DIRECT 1, and prefill with few rows per kv head or long
+ * f32 K and V: clattn__direct_in_place, src/fused.c): K and V are read where they are, in their
+ * storage type, instead of from the copies: a block of rows reads each key once, so with one or
+ * two blocks per kv head copying would triple the traffic.
  * Chunks of 16 keys (NS 1), their scores from qk16_row or qk16_tile (common.cl; DP = DP16).
  * KV_FULL 1 when head_dim and head_dim_v are multiples of 16 (no tail loads). */
 #if IN_PLACE
@@ -569,7 +570,8 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
 #pragma unroll
                 for (int j = 0; j < NS; j++)
                     s[i][j] = (float16)(0.0f);
-            /* The chunk's panel of the Kᵀ copy (kc a multiple of DBN = BN, see above). */
+            /* The chunk's panel of the Kᵀ copy: kc is a multiple of DBN = BN, since k_lo is
+             * (split_len a multiple of bn, choose_splits in src/fused.c) and NB is. */
             __global const float *kp = Kb + (ulong)kc * D;
             for (int d = 0; d < D; d++, kp += k_ss) {
                 float16 kv[NS];

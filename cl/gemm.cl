@@ -266,8 +266,9 @@ __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong
 /* transpose_k for CPUs, same arguments and output: one work-item per 16 keys (x) and kv head
  * (y). A 16x16 block (16 key rows, 16 of their elements) is loaded as float16 rows, transposed
  * in registers and stored as 16 float16 rows of Kᵀ: vector loads and stores instead of the
- * 16-lane gathers that the per-key kernel becomes. Keys past N repeat key N-1 (never read), so
- * writes go up to 16·ceil(N/16) - 1, which every pitch covers. Each of the four rounds takes
+ * 16-lane gathers that the per-key kernel becomes. Keys past N repeat key N-1 (never read, or
+ * read as hidden keys by fused_direct), so writes go up to 16·ceil(N/16) - 1, which every pitch
+ * covers. Each of the four rounds takes
  * the even lanes of rows 2k and 2k+1 into row k and their odd lanes into row k + 8: with (row,
  * lane) as the 8 bits r3..r0 c3..c0 of the element's index, a round rotates them right by one,
  * so four rounds swap row and lane. */

@@ -207,7 +207,8 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
 }
 
 /* Kt[z][d][n] = K[b][hk][n][d] as f32 (z = b·heads_kv + hk) into scratch at element offset off,
- * rows of pitch floats, head blocks of head_dim·pitch. */
+ * head blocks of head_dim·pitch: rows of pitch floats with panel 0, else panels of `panel` keys,
+ * Kt[z][n / panel][d][n % panel] (internal.h). */
 clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem *p, cl_mem scratch,
                                       uint64_t off, uint64_t pitch, int panel, cl_uint num_wait,
                                       const cl_event *wait)

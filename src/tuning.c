@@ -12,10 +12,11 @@
  *   SOFTMAX    : WG, ROWS  (softmax.cl: work-items per row; ROWS > 0: one work-item per ROWS rows)
  *   FUSED      : WGX, WGY, RM, NS, VW, DIRECT  (fused.cl: BM = WGY·RM rows, BN = WGX·VW·NS keys;
  *                DIRECT 1: fused_direct, one work-item per RM rows, 16·NS-key register chunks
- *                of 256-key softmax blocks, reading a Kᵀ copy and V (in place when f32 with
- *                head_dim_v a multiple of 16, else a padded copy), WGX/WGY/VW unused; with few
- *                rows per kv head (fused.c: LANES_ROWS) K and V are read in place as
- *                by DECODE DIRECT 1 with RM 0, and RM/NS are unused too)
+ *                of 256-key softmax blocks, reading copies of Kᵀ and of V (zero-padded), both
+ *                in panels (fused.cl), WGX/WGY/VW unused; with few rows per kv head (fused.c:
+ *                LANES_ROWS), or long f32 K and V with head_dim + head_dim_v <= 128 (fused.c:
+ *                clattn__direct_in_place), K and V are read in place as by DECODE DIRECT 1 with
+ *                RM 0, and RM/NS are unused too)
  *   DECODE     : WGX, WGY, RM, NS, VW, SPLITS, DIRECT  (fused.cl with key splits; RM 0 = cover the
  *                packed rows (up to 16), SPLITS 0 = automatic; DIRECT 1: fused_direct reading K
  *                and V in place, one work-item per RM rows and key split, 16-key blocks (RM 0:

@@ -868,7 +868,7 @@ static void test_scores_matrix_past_2_64(void **state)
 /* =============================== scratch copies past the max allocation =============================== */
 
 /* On CPUs, prefill attention and scores with many query rows per head first copy K transposed
- * (and V padded, when it is not f32 rows of whole float16 vectors) into a workspace; the unfused
+ * (fused attention also V, padded, in panels) into a workspace; the unfused
  * path puts that copy after its scores matrix, in the same allocation. When the device's max
  * allocation cannot hold the copies, the call must still succeed and match the reference, with
  * kernels that read K where it is. Each row runs on two new contexts: one as the device is, which
