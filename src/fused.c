@@ -279,7 +279,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     }
     const int bn = 16 * ns, dv16 = (int)((p->head_dim_v + 15) / 16);
     const uint64_t zs = (uint64_t)p->batch * (uint64_t)p->heads_kv;
-    const uint64_t pitch = ((uint64_t)p->seq_kv + bn - 1) / bn * bn + 16; /* whole panels */
+    const uint64_t pitch = ((uint64_t)p->seq_kv + bn - 1) / bn * bn + 16; /* whole panels, and 16 floats of slack */
     const uint64_t vp_ss = 16u * (uint64_t)dv16;
     /* zs·head_dim and zs·vp_ss are below 2^40, pitch and seq_kv below 2^31: the products may
      * pass 2^64 (then total below sends the problem to the tiled kernel). */

@@ -9,7 +9,7 @@
 # STEPS: a comma list of tests, bench, lanes, sweep (default tests,bench: about 6 minutes; lanes
 # and sweep about 6 more each); the build comes first in every call and is incremental. DEVICE:
 # a clattn_create spec (default nvidia). CTEST_REGEX picks the tests (default: all but the
-# consumer check and test_decode_direct16, a CPU kernel's). The OpenCL runtime must be registered
+# consumer check, test_decode_direct16 and test_attention_ns3, CPU kernels'). The OpenCL runtime must be registered
 # with the ICD loader (on the lent machines: `source .gpu/env.sh` first, after
 # ../shared/gpu/prepare.sh here).
 set -uo pipefail
@@ -33,7 +33,7 @@ grep -iE "name|key|version" "$out/info.txt" | head -n 8
 
 if [[ $steps == *,tests,* ]]; then
 log "tests on $dev ($tests)"
-(cd build-gpu && CLATTN_REQUIRE_DEVICE=1 timeout 300 ctest -j4 -R "$tests" -E "consumer|direct16" \
+(cd build-gpu && CLATTN_REQUIRE_DEVICE=1 timeout 300 ctest -j4 -R "$tests" -E "consumer|direct16|ns3" \
   --output-on-failure >"$out/ctest.log" 2>&1)
 grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest.log" | head -n 30
 fi
