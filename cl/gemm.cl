@@ -37,6 +37,9 @@
 #ifndef KT
 #define KT 0 /* 1: scores read B = Kᵀ, pre-transposed by transpose_k ([D][Skv] per kv head) */
 #endif
+#ifndef KT_PANEL
+#define KT_PANEL 0 /* scores_direct: Kᵀ in panels of 16·NS keys (transpose_k), else rows */
+#endif
 #ifndef KFULL
 #define KFULL 0 /* 1: TK >= K (scores with the whole head_dim staged at once) */
 #endif
@@ -240,8 +243,8 @@ gemm(GEMM_KERNEL_ARGS(T_IN))
 
 /* Kᵀ for KT scores: Kt[z][d][n] = K[b][hk][n][d] as f32, z = b·heads_kv + hk, rows of pitch
  * kt_ss; only d < D and n < N are written (the GEMM never reads beyond). With -DKT_PANEL=P
- * (fused_direct's copy, fused.cl) in panels of P keys instead, P a multiple of 16:
- * Kt[z][n / P][d][n % P], kt_ss unused. One work-item per key:
+ * (the copies of scores_direct and fused_direct, fused.cl) in panels of P keys instead, P a
+ * multiple of 16: Kt[z][n / P][d][n % P], kt_ss unused. One work-item per key:
  * neighbouring work-items write neighbouring words. Grid x = N rounded up, y = batch·heads_kv. */
 __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
                           __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D,
@@ -364,15 +367,28 @@ __attribute__((always_inline)) inline void store_scores16(__global T_OUT *Cb, ul
 }
 
 /* Scores on CPUs (DIRECT): one work-item per RM x (16·NS) tile, no local memory, no barrier.
- * Q is read in place (its values broadcast from L1), Kᵀ rows (transpose_k, pitch padded so that
- * consecutive rows do not share an L1 set) as float16 vectors; the accumulators stay in
- * registers. Rows beyond M and keys beyond N are computed from clamped/padded data and never
- * stored. Grid x = ceil(N / (16·NS)), y = ceil(M / RM), z = batch·heads (work-group 1x1x1). */
+ * Q is read in place (its values broadcast from L1), Kᵀ as float16 vectors from the tile's panel
+ * (transpose_k with KT_PANEL = 16·NS: head_dim rows of 16·NS keys, one contiguous block, where
+ * rows of Kᵀ took a cache line from each of head_dim rows seq_kv floats apart). Measured on PoCL
+ * (2-core Intel Xeon, AVX-512, B1 H8 f32, minima of 3 runs alternating, ms, panels against
+ * rows): S1024 d64 even (4.9-5.3 against 5.0-6.2), d128 even, d256 (H4) 8.1-8.3 against 8.8-9.0,
+ * seq_kv 4096 20.7-21.3 against 22.1-22.6, seq_q 512 seq_kv 16384 64.7-66.0 against 99.7-124,
+ * d128 seq_q 512 seq_kv 8192 58.8-60.4 against 97.7-98.3. The accumulators stay in registers.
+ * Rows beyond M and keys beyond N are computed from clamped/padded data and never stored. Grid
+ * x = ceil(N / (16·NS)), y = ceil(M / RM), z = batch·heads (work-group 1x1x1). */
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 scores_direct(GEMM_KERNEL_ARGS(float))
 {
     DIRECT_INDICES(16 * NS);
+#if KT_PANEL
+#if KT && KT_PANEL != 16 * NS /* (transpose_k's builds set KT_PANEL alone) */
+#error "scores_direct reads one panel of Kᵀ a tile: KT_PANEL must be 16·NS"
+#endif
+    __global const float *Bb = B + b_off + (ulong)b * b_sb + (ulong)hk * b_sh + (ulong)n0 * K;
+    b_ss = 16 * NS; /* between the rows of a panel */
+#else
     __global const float *Bb = B + b_off + (ulong)b * b_sb + (ulong)hk * b_sh + n0;
+#endif
 
     __global const T_A *arow[RM];
 #pragma unroll

@@ -107,9 +107,10 @@ static int scores_in_place(const clattn_context *ctx, const clattn_params *pp, c
     return clattn__scores_in_place(ctx, pp->v, p->seq_q, k_bytes);
 }
 
-/* Kᵀ scratch of KT scores: [batch·heads_kv][head_dim][pitch] floats. The pitch covers every
- * column the direct kernel reads (whole 16·NS tiles) plus one cache line, so that rows of a
- * power-of-two length do not all fall into one L1 set. */
+/* Kᵀ scratch of KT scores: [batch·heads_kv][head_dim·pitch] floats, rows of pitch floats for
+ * the gemm kernel (the pitch plus one cache line, so that rows of a power-of-two length do not
+ * all fall into one L1 set), panels of 16·NS keys for scores_direct (which reads whole panels:
+ * the pitch covers them). */
 static uint64_t kt_pitch(const clattn_problem *p, const clattn_params *pp)
 {
     const uint64_t tn = 16u * (uint64_t)(pp->v[3] > 0 ? pp->v[3] : 1);
@@ -165,10 +166,10 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
         char opts[256];
         snprintf(opts, sizeof opts,
                  "-cl-std=CL1.2 -cl-mad-enable -DMODE=%d -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d "
-                 "-DWGX=%d -DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d -DKFULL=%d -DKT=%d -DDIRECT=%d%s",
+                 "-DWGX=%d -DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d -DKFULL=%d -DKT=%d -DDIRECT=%d -DKT_PANEL=%d%s",
                  mode, (int)a->dtype, (int)bm->dtype, (int)c->dtype,
                  p->has_mask ? (int)p->mask.dtype : 0, v[0], v[1], v[2], v[3], v[4], v[5], kfull, kt,
-                 direct, dp16);
+                 direct, kt && direct ? 16 * v[3] : 0, dp16);
         const clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, kname, &k);
         if (!st)
             break;
@@ -254,9 +255,12 @@ clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, c
         return gemm(ctx, 0, p, &pp, source, &p->q, &p->k, dst, (int)p->seq_q, (int)p->seq_kv,
                     (int)p->head_dim, num_wait, wait, done);
 
-    /* KT: Kᵀ into the scratch, then the GEMM reads it like P·V reads V. */
+    /* KT: Kᵀ into the scratch (in panels of the tile's 16·NS keys for scores_direct: NS is
+     * final here, a retry in gemm() only narrows work-groups), then the GEMM reads it like P·V
+     * reads V. */
     const uint64_t pitch = kt_pitch(p, &pp), hsz = (uint64_t)p->head_dim * pitch;
-    clattn_status st = clattn__run_transpose_k(ctx, p, scratch, scratch_off, pitch, 0, num_wait, wait);
+    clattn_status st = clattn__run_transpose_k(ctx, p, scratch, scratch_off, pitch,
+                                               pp.v[8] > 0 ? 16 * pp.v[3] : 0, num_wait, wait);
     if (st)
         return st;
     const clattn_view ktv = {scratch, CLATTN_F32, scratch_off,
