@@ -275,7 +275,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     int rm = rm0 < 1 ? 1 : rm0 > 32 && !lanes ? 32 : rm0, ns = 1;
     if (!in_place) { /* the scores' register tile, S[RM][NS] (fused.cl) */
         ns = pp->v[3];
-        clattn__fit_fused_tile(ctx, &rm, &ns);
+        clattn__fit_fused_tile(ctx, p->head_dim_v, &rm, &ns);
     }
     const int bn = 16 * ns, dv16 = (int)((p->head_dim_v + 15) / 16);
     const uint64_t zs = (uint64_t)p->batch * (uint64_t)p->heads_kv;

@@ -370,8 +370,9 @@ void clattn__fit_register_tile(const clattn_context *ctx, int *rm, int *ns);
  * (scores_direct, pv_direct); others are left as they are. */
 void clattn__fit_gemm_tile(const clattn_context *ctx, clattn_op op, int *v);
 /* fused_direct's scores tile S[rm][ns] over the Kᵀ copy from the parameters RM and NS: rm in 1..32,
- * ns in 1..4, then fitted as above (src/fused.c; clattn-tune compares candidates by it). */
-void clattn__fit_fused_tile(const clattn_context *ctx, int *rm, int *ns);
+ * ns in 1..4, then fitted as above, and rm fewer where the rows' O accumulators for head_dim_v
+ * would nearly fill the registers (src/fused.c; clattn-tune compares candidates by it). */
+void clattn__fit_fused_tile(const clattn_context *ctx, int64_t head_dim_v, int *rm, int *ns);
 /* Whether fused_direct (CPUs) reads K and V in place for this problem (decode, few packed rows
  * per kv head, or long f32 K and V), rather than from a Kᵀ copy: its RM and NS parameters are
  * then unused. */

@@ -61,11 +61,22 @@ void clattn__fit_gemm_tile(const clattn_context *ctx, clattn_op op, int *v)
         clattn__fit_register_tile(ctx, &v[2], &v[3]);
 }
 
-void clattn__fit_fused_tile(const clattn_context *ctx, int *rm, int *ns)
+/* fused_direct keeps a row block's O, rm x dv16 float16 vectors, in registers through P·V when
+ * they fit (rm·dv16 <= NREG16, fused.cl's PV_TILE 0), beside a V vector and a broadcast; past
+ * three quarters of the registers that spills: on PoCL (2-core Intel Xeon, AVX-512, B1 H8 S1024
+ * f32, minima of 2-3 runs alternating, ms) head_dim 80 (dv16 5) took 11.3-11.5 with RM 6 (30
+ * vectors) against 10.0-10.4 with RM 4, and head_dim 64 (dv16 4) 10.2-10.5 with RM 8 (32)
+ * against 7.9-8.2 with RM 6. Such rm gives way to the most rows that keep O within three
+ * quarters; larger row blocks tile O (PV_TILE 1) and are left as they are. */
+void clattn__fit_fused_tile(const clattn_context *ctx, int64_t head_dim_v, int *rm, int *ns)
 {
     *rm = *rm < 1 ? 1 : *rm > 32 ? 32 : *rm;
     *ns = *ns < 1 ? 1 : *ns > 4 ? 4 : *ns;
     clattn__fit_register_tile(ctx, rm, ns);
+    const int n = ctx->dev.nreg16;
+    const int dv16 = head_dim_v < 1 ? 1 : head_dim_v > 256 ? 16 : (int)((head_dim_v + 15) / 16);
+    if (*rm * dv16 > 3 * n / 4 && *rm * dv16 <= n && 3 * n / 4 >= dv16)
+        *rm = 3 * n / 4 / dv16;
 }
 
 /* Tile parameters of one GEMM (see tuning.c), clamped to the device; returns their source. */

@@ -84,8 +84,8 @@ static const op_space spaces[CLATTN_OP_COUNT] = {
     /* FUSED */
     {6,
      {"WGX", "WGY", "RM", "NS", "VW", "DIRECT"},
-     {5, 5, 7, 2, 3, 2},
-     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 3, 4, 6, 8, 16}, {1, 2}, {4, 8, 16}, {0, 1}},
+     {5, 5, 7, 3, 3, 2},
+     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 3, 4, 6, 8, 16}, {1, 2, 4}, {4, 8, 16}, {0, 1}},
      0x20},
     /* DECODE */
     {7,
@@ -160,19 +160,22 @@ static int vendor_defaults(const clattn_devinfo *d, clattn_op op, clattn_params 
             {1, 1, 6, 4, 16, 16, 1, 1, 1}, /* scores: direct, 6 x 64 register tile */
             {1, 1, 6, 4, 16, 16, 0, 0, 1}, /* pv: direct, 6 x 64 register tile */
             {16, 2},                       /* softmax: one work-item per 2 rows */
-            {1, 1, 4, 2, 16, 1},           /* fused: direct, 4 rows x 32-key chunks */
+            {1, 1, 6, 4, 16, 1},           /* fused: direct, 6 rows x 64-key chunks */
             {1, 1, 0, 4, 16, 0, 1},        /* decode: direct, K and V read in place */
             {16},                          /* merge */
         };
         memcpy(p->v, v[op], sizeof v[op]);
-        /* Fewer vector registers (AVX2: 16 ymm, NREG16 8; see device.c): fused prefill in
-         * 6 x 16 score tiles, which fit them, rather than 4 x 32, which spill. Measured on PoCL
-         * (2-core AMD EPYC, AVX2 only, B1 H8 S1024 d128 f32, min ms of 4 alternating runs):
-         * 34.1 against 42.0, causal 18.2 against 23.3; 4 x 16 44.1. */
-        if (op == CLATTN_OP_FUSED && d->nreg16 < 32) {
-            p->v[2] = 6;
-            p->v[3] = 1;
-        }
+        /* fused: the 6 x 64 score tile (24 accumulators) keeps both of an Intel core's 512-bit
+         * FMA units busy, where 6 x 16 (6 accumulators, 7 loads for 6 multiply-adds) waits on
+         * their latency and on the loads. PoCL, 2-core Intel Xeon (AVX-512), B1 H8 S1024 f32
+         * unless noted, minima of 2-4 runs alternating, ms, 6 x 64 against 6 x 16 and 4 x 32:
+         * d64 7.6-8.4 against 9.3-9.5; d64 f16 8.4-8.5 against 9.9-10.2 and 8.9-9.0; d32
+         * 4.8-5.1 against 5.4-5.7 and 5.4-5.5; d128 14.7 against 17.5-17.8 and 17.8-18.6; d256
+         * (H4) 18.5-19.4 against 20.8-21.3 and 21.7-21.9; d64 seq_kv 4096 38.4-39.7 against
+         * 43.3-44.5 and 47.3-48.5. With fewer vector registers (AVX2, NREG16 8; device.c) the
+         * fitted tile (src/scores.c) is 6 x 16, which AVX2 favours (2-core AMD EPYC, B1 H8
+         * S1024 d128 f32: 34.1 ms against 42.0 for 4 x 32, causal 18.2 against 23.3). At
+         * head_dim_v 65 to 80 the fit takes 4 rows (O's accumulators, src/scores.c). */
         *what = "vendor defaults (CPU devices)";
         return 1;
     }

@@ -402,7 +402,7 @@ static void canonical(const task *t, int *v)
         } else {
             /* Over the Kᵀ copy: the scores' tile S[RM][NS] as src/fused.c builds it, so that on
              * AVX2 RM 6 with NS 1 to 4 is one kernel, timed once. */
-            clattn__fit_fused_tile(ctx, &v[2], &v[3]);
+            clattn__fit_fused_tile(ctx, s->d, &v[2], &v[3]);
         }
     } else if (op == CLATTN_OPERATION_SCORES) {
         if (v[8]) { /* direct: KT, RM and NS count */
