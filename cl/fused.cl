@@ -598,44 +598,64 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
          * only by the mask. */
         const int guarded = has_mask || kt + NB > k_all;
         const int nv = nch * NS;
+        /* The rows' passes go side by side, a vector of every row at a time: each row's running
+         * maximum and sum is a chain of dependent operations, which one row at a time would wait
+         * on (16 vectors a block: 64 cycles of vmaxps latency per row). */
+        float16 acc[RM]; /* the rows' block maxima, then their sums of p */
+        float mref[RM], alpha[RM], inv[RM];
         ROWS_LOOP
         for (int i = 0; i < RM; i++) {
             if (guarded)
                 hide_keys(sb[i].f, nch * DBN, kt, rend[i], has_mask, mask, mrow[i]);
+            acc[i] = (float16)(NEG_INF);
+        }
+        for (int v = 0; v < nv; v++) {
+            ROWS_LOOP
+            for (int i = 0; i < RM; i++)
+                acc[i] = MAX_SKIP_NAN(acc[i], sb[i].v[v]);
+        }
+        ROWS_LOOP
+        for (int i = 0; i < RM; i++) {
             /* The reference m moves only when the block's largest score passes it by more than
-             * REF_SLACK (always while m is -inf, never for NaN): most blocks skip the rescaling. */
-            float16 mx = (float16)(NEG_INF);
-            for (int v = 0; v < nv; v++)
-                mx = MAX_SKIP_NAN(mx, sb[i].v[v]);
-            const float bmax = hmax16(mx);
-            float mnew = m[i], alpha = 1.0f;
-            /* A row that has seen only -inf keeps a 0 reference so that -inf - -inf never occurs. */
-            float mref = mnew == NEG_INF ? 0.0f : mnew;
+             * REF_SLACK (always while m is -inf, never for NaN): most blocks skip the rescaling.
+             * A row that has seen only -inf keeps a 0 reference so that -inf - -inf never
+             * occurs. */
+            const float bmax = hmax16(acc[i]);
+            alpha[i] = 1.0f;
+            mref[i] = m[i] == NEG_INF ? 0.0f : m[i];
             if (bmax > m[i] + REF_SLACK) {
-                mnew = bmax;
-                mref = bmax;
-                alpha = exp2p((m[i] - mref) * LOG2E);
+                alpha[i] = exp2p((m[i] - bmax) * LOG2E);
+                mref[i] = bmax;
+                m[i] = bmax;
             }
-            float16 ps = (float16)(0.0f);
-            for (int v = 0; v < nv; v++) {
+            acc[i] = (float16)(0.0f);
+        }
+        for (int v = 0; v < nv; v++) {
+            ROWS_LOOP
+            for (int i = 0; i < RM; i++) {
                 const float16 x = sb[i].v[v];
-                float16 p = exp2p16((x - mref) * LOG2E);
+                float16 p = exp2p16((x - mref[i]) * LOG2E);
                 if (guarded) /* hidden keys: -0, which the checked P·V below skips */
                     p = select(p, (float16)(HIDDEN_P), x == (float16)(NEG_INF));
-                ps += p;
+                acc[i] += p;
                 sb[i].v[v] = p;
             }
-            const float lnew = l[i] * alpha + hsum16(ps);
+        }
+        ROWS_LOOP
+        for (int i = 0; i < RM; i++) {
+            const float lnew = l[i] * alpha[i] + hsum16(acc[i]);
             /* lnew is 0 while the row has seen no key (o stays 0), NaN once a score was NaN. */
-            const float inv = lnew > 0.0f ? 1.0f / lnew : 0.0f;
-            const float keep = isnan(lnew) ? lnew : l[i] * alpha * inv;
+            inv[i] = lnew > 0.0f ? 1.0f / lnew : 0.0f;
+            const float keep = isnan(lnew) ? lnew : l[i] * alpha[i] * inv[i];
 #pragma unroll
             for (int c = 0; c < DV16; c++)
                 o[i][c] *= keep;
-            for (int v = 0; v < nv; v++)
-                sb[i].v[v] *= inv;
-            m[i] = mnew;
             l[i] = lnew;
+        }
+        for (int v = 0; v < nv; v++) {
+            ROWS_LOOP
+            for (int i = 0; i < RM; i++)
+                sb[i].v[v] *= inv[i];
         }
 
         /* P·V: keys every row sees without a check, the rest skipping each row's hidden keys
