@@ -1059,6 +1059,61 @@ static void test_two_writers(void **state)
     assert_int_not_equal(system(cmd), 0);
 }
 
+/* clattn__fit_fused_tile (src/scores.c) over every register count a CPU gets (SSE 4, AVX2 8,
+ * AVX-512 32 float16 values), head_dim_v, RM and NS, out-of-range values included: what it
+ * gives is a tile the kernel can build (1..32 rows, 1..4 chunks, never more than asked), fits the
+ * registers (the score tile in three quarters of them, with its chunk vectors and a broadcast in
+ * all but one; an untiled O in three quarters), and is a fixed point, since clattn-tune compares
+ * candidates by their fitted form. Then the tiles the measurements chose (tuning.c). Needs no
+ * device: the fit reads only the register count. */
+static void test_fit_fused_tile(void **state)
+{
+    (void)state;
+    clattn_context *ctx = calloc(1, sizeof *ctx);
+    assert_non_null(ctx);
+    static const int nregs[3] = {4, 8, 32};
+    for (int k = 0; k < 3; k++) {
+        const int n = nregs[k];
+        ctx->dev.nreg16 = n;
+        for (int dv = -1; dv <= 300; dv++)
+            for (int rm0 = -2; rm0 <= 40; rm0++)
+                for (int ns0 = -1; ns0 <= 6; ns0++) {
+                    int rm = rm0, ns = ns0;
+                    clattn__fit_fused_tile(ctx, dv, &rm, &ns);
+                    const int dv16 = dv < 1 ? 1 : dv > 256 ? 16 : (dv + 15) / 16;
+                    const int want_rm = rm0 < 1 ? 1 : rm0 > 32 ? 32 : rm0, want_ns = ns0 < 1 ? 1 : ns0 > 4 ? 4 : ns0;
+                    if (rm < 1 || rm > want_rm || ns < 1 || ns > want_ns)
+                        fail_msg("nreg16 %d dv %d RM %d NS %d: fitted to %d x %d", n, dv, rm0, ns0, rm, ns);
+                    if ((rm * ns > 3 * n / 4 || ns * (rm + 1) > n - 1) && !(rm == 1 && ns == 1))
+                        fail_msg("nreg16 %d dv %d RM %d NS %d: score tile %d x %d does not fit", n, dv, rm0,
+                                 ns0, rm, ns);
+                    if (rm * dv16 <= n && rm * dv16 > 3 * n / 4 && dv16 <= 3 * n / 4)
+                        fail_msg("nreg16 %d dv %d RM %d NS %d: O of %d x %d vectors untiled past 3/4", n, dv,
+                                 rm0, ns0, rm, dv16);
+                    int rm2 = rm, ns2 = ns;
+                    clattn__fit_fused_tile(ctx, dv, &rm2, &ns2);
+                    if (rm2 != rm || ns2 != ns)
+                        fail_msg("nreg16 %d dv %d: %d x %d refits to %d x %d", n, dv, rm, ns, rm2, ns2);
+                }
+    }
+    /* The defaults RM 6, NS 4 (vendor defaults, CPUs): 6 x 64 with AVX-512, 4 rows at
+     * head_dim_v 65..80 (O 5 vectors a row), 6 x 16 with AVX2; an explicit RM 8 at head_dim 64,
+     * whose O would take all 32 registers, 6 rows. {nreg16, dv, RM, NS, fitted RM, NS} */
+    static const int cases[][6] = {{32, 64, 6, 4, 6, 4},  {32, 80, 6, 4, 4, 4}, {32, 65, 6, 4, 4, 4},
+                                   {32, 128, 6, 4, 6, 4}, {32, 48, 6, 4, 6, 4}, {8, 64, 6, 4, 6, 1},
+                                   {8, 16, 6, 4, 6, 1},   {32, 64, 8, 2, 6, 2}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int *t = cases[c];
+        ctx->dev.nreg16 = t[0];
+        int rm = t[2], ns = t[3];
+        clattn__fit_fused_tile(ctx, t[1], &rm, &ns);
+        if (rm != t[4] || ns != t[5])
+            fail_msg("nreg16 %d dv %d RM %d NS %d: %d x %d, expected %d x %d", t[0], t[1], t[2], t[3], rm,
+                     ns, t[4], t[5]);
+    }
+    free(ctx);
+}
+
 int main(void)
 {
     tu_add_test("format/round_trip", NULL, test_round_trip, NULL);
@@ -1077,6 +1132,7 @@ int main(void)
     tu_add_test("api/tuning_path_clears_error", NULL, test_tuning_path_clears_error, NULL);
     tu_add_test("api/set_params_errors", NULL, test_set_params_errors, NULL);
     tu_add_test("api/override_computes", NULL, test_override_computes, NULL);
+    tu_add_test("fit/fused_tile", NULL, test_fit_fused_tile, NULL);
     tu_add_test("tuner/end_to_end", NULL, test_tuner, NULL);
     tu_add_test("store/two_writers", NULL, test_two_writers, NULL);
     const int rc = tu_run_tests("tuning");
