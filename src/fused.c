@@ -217,8 +217,9 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  * against 4096 2.2-4.2 against 3.4-4.7, 64 against 256 0.36-0.47 against 0.27-0.49 (even). With
  * fused_direct in two blocks of 32, before fused_lanes, the copy was faster from 33 rows unless
  * K and V were long (seq_kv 8192, seq_q 64: 11.3-12.5 in place against 10.3-11.1).
- * f32 K and V with head_dim + head_dim_v <= KV_IN_PLACE_DIMS and at least KV_IN_PLACE floats a
- * kv head (8 MiB: 16384 keys at head_dim 64) are read in place with any number of rows, in blocks
+ * With AVX2's register tiles (NREG16 < 32), f32 K and V with head_dim + head_dim_v <=
+ * KV_IN_PLACE_DIMS and at least KV_IN_PLACE floats a kv head (8 MiB: 16384 keys at head_dim 64;
+ * AVX-512: KV_IN_PLACE_512 below) are read in place with any number of rows, in blocks
  * of up to 64: fused_direct over the copies takes 4 to 6 rows a block (its register tile), and
  * streams all of K and V once a block, which long K and V make slow. Measured on PoCL (2-core AMD
  * EPYC, AVX2, 32 MiB cache, B1 H8 f32, minima of 2 runs alternating, ms, in place against the
@@ -238,11 +239,42 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  * 154-233). */
 #define KV_IN_PLACE (1 << 21)
 #define KV_IN_PLACE_DIMS 128
+/* With AVX-512's register tiles (NREG16 32: fused_lanes with 8 accumulators, fused_direct's
+ * 6 x 64 score tile) f32 and bf16 K and V of more than KV_IN_PLACE_512 floats a kv head (2 MiB
+ * in f32, one core's L2 on the machine measured) are read in place whatever head_dim +
+ * head_dim_v: past that the copies stream from L3 for every 6-row block, where fused_lanes reads
+ * K and V once per 64 rows. Measured on PoCL (2-core Intel Xeon, AVX-512, 2 MiB L2 a core; PoCL
+ * reports the 260 MiB L3 as the cache, so the copies are not cut into key chunks), B1 H8
+ * seq_q 1024 f32 unless noted, minima of 3 runs, ms, in place against the copies, non-causal /
+ * causal:
+ *   d64,  seq_kv 8192: 71.0 / 68.3 against 101.1 / 97.5; seq_q 256: 17.5 / 18.9 against
+ *         28.2 / 29.7; seq_q 128: 10.5 / 9.3 against 17.5 / 18.1; 6144: 54.5 / 50.3 against
+ *         80.3 / 73.6; 5120: 46.0 / 43.9 against 59.2 / 51.8; dv32 8192: 54.3 / 50.8 against
+ *         79.8 / 76.1; bf16 8192: 75.6 / 72.7 against 100.9 / 96.4;
+ *   d32,  seq_kv 12288: 63.0 / 60.8 against 82.7 / 78.9;
+ *   d128, seq_kv 8192: 135.8 / 131.2 against 214.6 / 202.8 (bf16 143.6 / 140.6 against
+ *         213.1 / 201.6); 4096: 67.0 / 62.3 against 101.6 / 88.0; seq_q 512, 3072: 25.9 /
+ *         27.1 against 37.0 / 36.5; GQA 32:8, seq_q 256, 8192: 148 / 148 against 216 / 225;
+ *   d256 (H4), seq_kv 4096: 83.2 / 83.0 against 103.2 / 95.6; 2048: 39.1 / 36.3 against
+ *         47.2 / 34.3.
+ * At 2^19 floats about even (d64 4096: 35.3 / 34.9 against 37.7 / 32.2; d128 2048: 63.7 /
+ * 39.8 against 72.5 / 33.7; d32 8192: 41.9 / 39.3 against 44.9 / 44.5), below it the copies
+ * win (d64 2048: 17.3 / 15.7 against 15.3 / 12.2). f16, converted a block at a time in place,
+ * is even at any length (d64 8192: 106.8 / 106.2 against 103.6 / 96.6; d128 8192: 203.8 /
+ * 195.4 against 215.1 / 202.2; d64 seq_q 512 16384: 107.9 / 104.5 against 112.6 / 111.9) and
+ * keeps the copies. Cutting the copies into L2-sized key chunks (1024 or 2048 keys) was slower
+ * than in place above 2^19 floats and slower than no chunks at or below it. The 2-core Zen 4
+ * (AVX-512, 1 MiB L2) was not measured; AVX2 keeps the rule above. */
+#define KV_IN_PLACE_512 (1 << 19)
 
-int clattn__direct_in_place(int64_t rows, int64_t seq_q, int64_t seq_kv, int64_t dk_plus_dv, clattn_dtype dtype)
+int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
+                            int64_t dk_plus_dv, clattn_dtype dtype)
 {
-    return seq_q <= 16 || rows <= LANES_ROWS ||
-           (dtype == CLATTN_F32 && dk_plus_dv <= KV_IN_PLACE_DIMS && seq_kv * dk_plus_dv >= KV_IN_PLACE);
+    if (seq_q <= 16 || rows <= LANES_ROWS)
+        return 1;
+    if (ctx->dev.nreg16 >= 32)
+        return dtype != CLATTN_F16 && seq_kv * dk_plus_dv > KV_IN_PLACE_512;
+    return dtype == CLATTN_F32 && dk_plus_dv <= KV_IN_PLACE_DIMS && seq_kv * dk_plus_dv >= KV_IN_PLACE;
 }
 
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
@@ -617,7 +649,7 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
          * times slower on CPUs (PoCL, 2-core AMD EPYC, AVX2, B1 H8 Sq256 Skv8192 d64 causal, min
          * ms: copies 46-49, in place 33, tiled 375-411). */
         int used;
-        for (int in_place = clattn__direct_in_place(R, p->seq_q, p->seq_kv, p->head_dim + p->head_dim_v, p->dtype);
+        for (int in_place = clattn__direct_in_place(ctx, R, p->seq_q, p->seq_kv, p->head_dim + p->head_dim_v, p->dtype);
              in_place <= 1; in_place++) {
             clattn_status st = run_direct(ctx, p, &pp, in_place, num_wait, wait, done, &used);
             if (st || used)

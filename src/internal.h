@@ -374,9 +374,10 @@ void clattn__fit_gemm_tile(const clattn_context *ctx, clattn_op op, int *v);
  * would nearly fill the registers (src/fused.c; clattn-tune compares candidates by it). */
 void clattn__fit_fused_tile(const clattn_context *ctx, int64_t head_dim_v, int *rm, int *ns);
 /* Whether fused_direct (CPUs) reads K and V in place for this problem (decode, few packed rows
- * per kv head, or long f32 K and V), rather than from a Kᵀ copy: its RM and NS parameters are
- * then unused. */
-int clattn__direct_in_place(int64_t rows, int64_t seq_q, int64_t seq_kv, int64_t dk_plus_dv, clattn_dtype dtype);
+ * per kv head, or long K and V, by the context's vector registers), rather than from a Kᵀ copy:
+ * its RM and NS parameters are then unused. */
+int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
+                            int64_t dk_plus_dv, clattn_dtype dtype);
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done);
 clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,

@@ -14,8 +14,9 @@
  *                DIRECT 1: fused_direct, one work-item per RM rows, 16·NS-key register chunks
  *                of 256-key softmax blocks, reading copies of Kᵀ and of V (zero-padded), both
  *                in panels (fused.cl), WGX/WGY/VW unused; with few rows per kv head (fused.c:
- *                LANES_ROWS), or long f32 K and V with head_dim + head_dim_v <= 128 (fused.c:
- *                clattn__direct_in_place), K and V are read in place as by DECODE DIRECT 1 with
+ *                LANES_ROWS), or long K and V (fused.c: clattn__direct_in_place: with AVX-512
+ *                f32 or bf16 past 2 MiB of f32, with AVX2 f32 past 8 MiB and head_dim +
+ *                head_dim_v <= 128), K and V are read in place as by DECODE DIRECT 1 with
  *                RM 0, and RM/NS are unused too)
  *   DECODE     : WGX, WGY, RM, NS, VW, SPLITS, DIRECT  (fused.cl with key splits; RM 0 = cover the
  *                packed rows (up to 16), SPLITS 0 = automatic; DIRECT 1: fused_direct reading K

@@ -308,12 +308,16 @@ static const att_case cases[] = {
     /* more rows than read in place on CPUs for short K and V: f16, the K/V copies in
      * cache-sized key chunks, merged; f32, long enough to be read in place (src/fused.c,
      * KV_IN_PLACE) in blocks of rows, also with packed query groups, causal, and head_dim_v !=
-     * head_dim; f32 with head_dim + head_dim_v > 128, over the copies. The copies_ cases also run
-     * with 48-key panels (test_attention_ns3, tests/CMakeLists.txt). */
+     * head_dim; f32 with head_dim + head_dim_v > 128 and bf16, in place with AVX-512's tiles
+     * (KV_IN_PLACE_512) and over the copies with AVX2's; f16 with head_dim + head_dim_v > 128
+     * over the copies. The copies_ cases also run with 48-key panels (test_attention_ns3,
+     * tests/CMakeLists.txt). */
     {"copies_long_72x40000_f16", 1, 1, 1, 72, 40000, 64, 0, F16, .algos = ALG_FUSED},
     {"long_72x40000", 1, 1, 1, 72, 40000, 64, 0, F32, .algos = ALG_FUSED},
+    {"long_72x12000_bf16", 1, 1, 1, 72, 12000, 64, 0, BF16, .algos = ALG_FUSED},
     {"long_gqa_4x50x24576_causal_dv32", 1, 4, 1, 50, 24576, 64, 32, F32, .causal = 1, .algos = ALG_FUSED},
-    {"copies_long_gqa_4x50x8192_causal_hd128_dv64", 1, 4, 1, 50, 8192, 128, 64, F32, .causal = 1,
+    {"long_gqa_4x50x8192_causal_hd128_dv64", 1, 4, 1, 50, 8192, 128, 64, F32, .causal = 1, .algos = ALG_FUSED},
+    {"copies_long_gqa_4x50x8192_causal_hd128_dv64_f16", 1, 4, 1, 50, 8192, 128, 64, F16, .causal = 1,
      .algos = ALG_FUSED},
     /* copies with tails: head_dim 59 and head_dim_v 40 (pack_v's last panel), 120 packed rows per
      * kv head, two batches and kv heads, key lengths */
