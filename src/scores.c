@@ -122,6 +122,9 @@ static int scores_in_place(const clattn_context *ctx, const clattn_params *pp, c
  * the gemm kernel (the pitch plus one cache line, so that rows of a power-of-two length do not
  * all fall into one L1 set), panels of 16·NS keys for scores_direct (which reads whole panels:
  * the pitch covers them). */
+/* The keys of a Kᵀ panel: the tile's 16·NS for scores_direct (DIRECT), 0 (rows) for gemm. */
+static int kt_panel(const int *v) { return v[8] > 0 ? 16 * v[3] : 0; }
+
 static uint64_t kt_pitch(const clattn_problem *p, const clattn_params *pp)
 {
     const uint64_t tn = 16u * (uint64_t)(pp->v[3] > 0 ? pp->v[3] : 1);
@@ -180,7 +183,7 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
                  "-DWGX=%d -DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d -DKFULL=%d -DKT=%d -DDIRECT=%d -DKT_PANEL=%d%s",
                  mode, (int)a->dtype, (int)bm->dtype, (int)c->dtype,
                  p->has_mask ? (int)p->mask.dtype : 0, v[0], v[1], v[2], v[3], v[4], v[5], kfull, kt,
-                 direct, kt && direct ? 16 * v[3] : 0, dp16);
+                 direct, kt ? kt_panel(v) : 0, dp16);
         const clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, kname, &k);
         if (!st)
             break;
@@ -271,7 +274,7 @@ clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, c
      * reads V. */
     const uint64_t pitch = kt_pitch(p, &pp), hsz = (uint64_t)p->head_dim * pitch;
     clattn_status st = clattn__run_transpose_k(ctx, p, scratch, scratch_off, pitch,
-                                               pp.v[8] > 0 ? 16 * pp.v[3] : 0, num_wait, wait);
+                                               kt_panel(pp.v), num_wait, wait);
     if (st)
         return st;
     const clattn_view ktv = {scratch, CLATTN_F32, scratch_off,
