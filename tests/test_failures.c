@@ -37,7 +37,10 @@
  *                          the memory back, and the call must work. Only on a GPU, or an accelerator
  *                          reporting less than 8 GiB; never on a CPU device, whose memory is the
  *                          host's whatever it reports (skipped with a message).
- *   sizes/scores_matrix_past_2_64  a scores matrix past 2^64 bytes is refused, not wrapped.
+ *   sizes/scores_matrix_past_2_64  a scores matrix past 2^64 bytes is refused, not wrapped
+ *                          (skipped where size_t has 32 bits: its output cannot exist there).
+ *   sizes/scores_matrix_past_2_32  one past 2^32 bytes, with the max allocation lowered to 1 GiB:
+ *                          refused, not wrapped to 4 MiB where size_t has 32 bits.
  *   copies_past_max_alloc/<row>  a max allocation too small for the Kᵀ/V copies of the CPU
  *                          kernels: the call succeeds without them and matches the reference.
  *
@@ -824,20 +827,17 @@ static void test_real_exhaustion(void **state)
 
 /* =============================== sizes past 2^64 =============================== */
 
-/* The unfused path's scores matrix (batch x heads_q x seq_q x seq_kv floats) passes 2^64 bytes on
- * a shape that validation accepts: 7 x 1 x 1227733102 x 2146434880 floats. Its size must not wrap
- * (to 2136930816 bytes, which fits this device's max allocation, and would size the workspace the
- * kernels then write past): the call is refused before anything is allocated or launched.
- * Q, K and V are broadcast from one element; the f16 output, 17 GB for this shape, is a 64-byte
- * buffer that the shim reports as large enough, and must keep its contents. */
-static void test_scores_matrix_past_2_64(void **state)
+/* The unfused path's scores matrix (batch x heads_q x seq_q x seq_kv floats) of a shape that
+ * validation accepts must not wrap: the call is refused (UNSUPPORTED, the size in the message as
+ * `bytes`, e.g. "e+19-byte") before anything is allocated or launched, where a wrapped size would
+ * fit the max allocation and size the workspace that the kernels then write past. Q, K and V are
+ * broadcast from one element; the f16 output is a 64-byte buffer that the shim reports as large
+ * enough, and must keep its contents. */
+static void scores_matrix_refused(clattn_context *ctx, int64_t B, int64_t S, int64_t SKV, const char *bytes)
 {
-    (void)state;
     assert_true(clshim_active());
-    clattn_context *ctx = tu_ctx_get();
-    const int64_t B = 7, S = 1227733102, SKV = 2146434880;
     const unsigned char pattern[64] = {0x5a, 0x5a, 0x5a, 0x5a, 0xa5};
-    cl_mem in = tu_xbuffer(64, pattern), out = tu_xbuffer(64, pattern);
+    cl_mem in = tu_buffer(ctx, 64, pattern), out = tu_buffer(ctx, 64, pattern);
     clattn_tensor q = clattn_tensor_bhsd(in, CLATTN_F16, B, 1, S, 1);
     clattn_tensor k = clattn_tensor_bhsd(in, CLATTN_F16, B, 1, SKV, 1);
     clattn_tensor v = k;
@@ -849,20 +849,49 @@ static void test_scores_matrix_past_2_64(void **state)
     const long launches = clshim_calls(CLSHIM_ENQUEUE_NDRANGE), fills = clshim_calls(CLSHIM_ENQUEUE_FILL),
                buffers = clshim_calls(CLSHIM_CREATE_BUFFER);
     cl_event done = GARBAGE_EVENT;
+    assert_true((uint64_t)(B * S * 2) <= SIZE_MAX);
     clshim_fake_mem_size(out, (size_t)(B * S * 2));
     const clattn_status st = clattn_attention(ctx, &d, &q, &k, &v, &o, 0, NULL, &done);
     clshim_fake_mem_size(NULL, 0);
     const char *msg = clattn_last_error(ctx);
-    if (st != CLATTN_UNSUPPORTED || strstr(msg, "scores matrix") == NULL || strstr(msg, "e+19-byte") == NULL)
-        fail_msg("returned %s (message \"%s\"), expected CLATTN_UNSUPPORTED for a 7.379e+19-byte scores matrix",
-                 clattn_status_name(st), msg);
+    if (st != CLATTN_UNSUPPORTED || strstr(msg, "scores matrix") == NULL || strstr(msg, bytes) == NULL)
+        fail_msg("returned %s (message \"%s\"), expected CLATTN_UNSUPPORTED for a %.4g-byte scores matrix",
+                 clattn_status_name(st), msg, 4.0 * (double)B * (double)S * (double)SKV);
     assert_null(done);
     assert_int_equal(clshim_calls(CLSHIM_ENQUEUE_NDRANGE), launches);
     assert_int_equal(clshim_calls(CLSHIM_ENQUEUE_FILL), fills);
     assert_int_equal(clshim_calls(CLSHIM_CREATE_BUFFER), buffers);
     unsigned char after[64];
     tu_read(ctx, out, sizeof after, after);
+    clReleaseMemObject(in);
+    clReleaseMemObject(out);
     assert_memory_equal(after, pattern, sizeof after);
+}
+
+/* 7 x 1 x 1227733102 x 2146434880 floats: 7.379e19 bytes, which wraps 2^64 to 2136930816, within
+ * this device's max allocation. The output, 17 GB, cannot exist where size_t has 32 bits (a
+ * cl_mem's size is a size_t): skipped there, where the next test covers the wrap. */
+static void test_scores_matrix_past_2_64(void **state)
+{
+    (void)state;
+    const int64_t B = 7, S = 1227733102, SKV = 2146434880;
+    if ((uint64_t)(B * S * 2) > SIZE_MAX) {
+        print_message("skipping: a %lld-byte output does not fit this host's size_t\n", (long long)(B * S * 2));
+        skip();
+    }
+    scores_matrix_refused(tu_ctx_get(), B, S, SKV, "e+19-byte");
+}
+
+/* 1 x 1 x 2^20 x 4097 floats: 1.718e10 bytes, which wraps a 32-bit size_t to 4 MiB. The max
+ * allocation is lowered to 1 GiB (a 32-bit device's is at most 4 GiB anyway), so that every host
+ * refuses it; with 32-bit sizes, only a size kept in 64 bits does. */
+static void test_scores_matrix_past_2_32(void **state)
+{
+    (void)state;
+    clattn_context *ctx = tu_context();
+    tu_limit_max_alloc(ctx, 1ull << 30);
+    scores_matrix_refused(ctx, 1, 1 << 20, 4097, "e+10-byte");
+    clattn_release(ctx);
 }
 
 /* =============================== scratch copies past the max allocation =============================== */
@@ -953,6 +982,7 @@ int main(void)
     tu_set_fixtures(NULL, tu_teardown);
     tu_add_test("oom_real/device_memory", NULL, test_real_exhaustion, NULL);
     tu_add_test("sizes/scores_matrix_past_2_64", NULL, test_scores_matrix_past_2_64, NULL);
+    tu_add_test("sizes/scores_matrix_past_2_32", NULL, test_scores_matrix_past_2_32, NULL);
     for (size_t i = 0; i < N_OF(alloc_rows); ++i)
         tu_add_test("copies_past_max_alloc", alloc_rows[i].r.name, test_alloc, &alloc_rows[i]);
     return tu_run_tests("failures");

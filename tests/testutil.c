@@ -275,6 +275,42 @@ static void check_cl(cl_int err, const char *what)
     }
 }
 
+int tu_device_rounds_floats(clattn_context *ctx)
+{
+    static cl_device_id known = NULL;
+    static int rounds = 1;
+    assert_non_null(ctx);
+    if (known == clattn_device(ctx))
+        return rounds;
+    /* 0.25 + 1.5·2^23 rounded to float is 1.5·2^23: the difference is 0 where the sum is rounded,
+     * 0.25 where it is kept wider. The operands come from the buffer, so that nothing folds. */
+    static const char *src = "__kernel void probe(__global float *x)\n"
+                             "{ x[0] = (x[0] + x[1]) - x[1]; }\n";
+    cl_int err = CL_SUCCESS;
+    cl_context cl = clattn_cl_context(ctx);
+    cl_device_id dev = clattn_device(ctx);
+    cl_program prog = clCreateProgramWithSource(cl, 1, &src, NULL, &err);
+    check_cl(err, "clCreateProgramWithSource");
+    check_cl(clBuildProgram(prog, 1, &dev, "", NULL, NULL), "clBuildProgram");
+    cl_kernel k = clCreateKernel(prog, "probe", &err);
+    check_cl(err, "clCreateKernel");
+    const float in[2] = {0.25f, 12582912.0f};
+    cl_mem buf = tu_buffer(ctx, sizeof in, in);
+    check_cl(clSetKernelArg(k, 0, sizeof buf, &buf), "clSetKernelArg");
+    const size_t one = 1;
+    check_cl(clEnqueueNDRangeKernel(clattn_queue(ctx), k, 1, NULL, &one, NULL, 0, NULL, NULL),
+             "clEnqueueNDRangeKernel");
+    float out = -1.0f;
+    tu_read(ctx, buf, sizeof out, &out);
+    clReleaseMemObject(buf);
+    clReleaseKernel(k);
+    clReleaseProgram(prog);
+    assert_true(out == 0.0f || out == 0.25f);
+    known = dev;
+    rounds = out == 0.0f;
+    return rounds;
+}
+
 void tu_limit_max_alloc(clattn_context *ctx, unsigned long long bytes)
 {
     assert_non_null(ctx);

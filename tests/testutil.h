@@ -83,6 +83,12 @@ void tu_read(clattn_context *ctx, cl_mem buf, size_t bytes, void *host);
 /* clFinish on the context's queue. Asserts success. */
 void tu_finish(clattn_context *ctx);
 
+/* 1 when ctx's device rounds every float operation to float, as OpenCL requires; 0 when it
+ * keeps wider intermediates (PoCL on 32-bit x86 computes on the x87 stack), where the same
+ * arithmetic compiled twice (PoCL specialises kernels by launch) can differ in the last bits.
+ * Runs a one-work-item kernel on the first call for a device. Asserts the kernel ran. */
+int tu_device_rounds_floats(clattn_context *ctx);
+
 /* Integer environment variable, or dflt when unset, empty or not a whole number. */
 int tu_getenv_int(const char *name, int dflt);
 

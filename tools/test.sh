@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up, build, and run the whole test suite; then again under AddressSanitizer and
-# UndefinedBehaviorSanitizer; then part of it under valgrind memcheck; then every libFuzzer harness
-# for a minute. Set CLATTN_REQUIRE_DEVICE=1 to make device tests fail rather than skip when no
-# OpenCL device is found (CI does). CLATTN_FUZZ_SECONDS sets the time per fuzz harness (default 60;
-# 0 skips fuzzing), CLATTN_VALGRIND=0 skips the memcheck step.
+# UndefinedBehaviorSanitizer; then part of it under valgrind memcheck; then part of it built for
+# 32-bit x86 (tools/test32.sh); then every libFuzzer harness for a minute. Set
+# CLATTN_REQUIRE_DEVICE=1 to make device tests fail rather than skip when no OpenCL device is
+# found (CI does). CLATTN_FUZZ_SECONDS sets the time per fuzz harness (default 60;
+# 0 skips fuzzing), CLATTN_VALGRIND=0 skips the memcheck step, CLATTN_TEST32=0 the 32-bit one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh
@@ -62,6 +63,13 @@ if [ "${CLATTN_VALGRIND:-1}" != 0 ]; then
   step_done
 fi
 
+if [ "${CLATTN_TEST32:-1}" != 0 ]; then
+  step "32-bit x86: build and part of the suite in an i386 root (tools/test32.sh)"
+  # Skips with a message where it cannot make the root (no root/sudo, no network, no mount).
+  ./tools/test32.sh
+  step_done
+fi
+
 fuzz_seconds=${CLATTN_FUZZ_SECONDS:-60}
 if [ "$fuzz_seconds" != 0 ]; then
   step "libFuzzer harnesses (clang, ASan + UBSan), ${fuzz_seconds} s each"
@@ -88,4 +96,4 @@ if [ "$fuzz_seconds" != 0 ]; then
   done
   step_done
 fi
-echo "== all tests passed (normal, sanitized, valgrind, fuzzed)"
+echo "== all tests passed (normal, sanitized, valgrind, 32-bit, fuzzed)"
