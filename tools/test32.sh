@@ -79,7 +79,7 @@ mnt "$root/sys" -t sysfs sysfs
 mnt "$root/dev" -t tmpfs -o mode=755,size=64m tmpfs
 for n in "null 1 3" "zero 1 5" "random 1 8" "urandom 1 9"; do
   set -- $n
-  $SUDO mknod -m 666 "$root/dev/$1" c "$2" "$3"
+  $SUDO mknod -m 666 "$root/dev/$1" c "$2" "$3" || unavailable "cannot make /dev/$1 in the root"
 done
 $SUDO mkdir -p -m 1777 "$root/dev/shm"
 mnt "$root/src" --bind "$src"
