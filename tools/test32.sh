@@ -85,6 +85,8 @@ $SUDO mkdir -p -m 1777 "$root/dev/shm"
 mnt "$root/src" --bind "$src"
 $SUDO mount -o remount,bind,ro "$root/src" || unavailable "cannot make the source read-only in the root"
 
+$SUDO chroot "$root" /bin/true || unavailable "cannot chroot into the root"
+
 # Built in the root's /build (its own file system, outside the source); -Werror as everywhere.
 $SUDO chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
   CLATTN_REQUIRE_DEVICE="${CLATTN_REQUIRE_DEVICE:-1}" TESTS="$tests" bash -euo pipefail -c '
