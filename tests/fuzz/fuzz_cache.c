@@ -8,7 +8,8 @@
  * nothing after it. The hash is two 64-bit FNV-1a lanes (offset bases 0xcbf29ce484222325 and
  * 0x84222325cbf29ce4, the second lane fed each byte rotated left by 3), folded as a ^ (b << 1).
  *   - A file that is valid must be accepted with exactly its payload; anything else must be
- *     rejected (NULL) and counted in disk_rejects, with nothing left allocated (AddressSanitizer).
+ *     rejected (NULL) and counted in disk_rejects, with nothing left allocated (LeakSanitizer, after
+ *     every input: tools/test.sh runs this harness with leak checks on).
  *   - Store mode: what clattn__cache_store writes loads back byte for byte, and no temporary file
  *     is left in the directory.
  * No OpenCL device is needed: the reader only uses the context's cache directory and counters.
