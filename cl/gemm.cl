@@ -84,14 +84,17 @@ gemm(GEMM_KERNEL_ARGS(T_IN))
     const int kend = causal_end(causal, last_row, seq_q, L);
     const int kfull = has_mask ? 0 : causal_end(causal, m0, seq_q, L); /* all rows see k < kfull */
 #else
-    const int kend = K;
+    /* A scores tile whose keys all its rows hide (causal, key lengths: the last row sees the
+     * most) is all -inf: no dot products (kend 0; uniform across the work-group, so no barrier is
+     * skipped by some work-items only). */
+    const int kend = n0 >= causal_end(causal, min(M, m0 + TM) - 1, seq_q, L) ? 0 : K;
 #endif
 
 #if KFULL
     /* TK covers the whole reduction: one staging step, and the accumulators live only between
      * the barrier and the epilogue, so PoCL keeps them in registers instead of spilling them to
      * its per-work-item context arrays at every barrier. */
-    {
+    if (kend > 0) {
         const int k0 = 0;
 #else
     floatV acc[RM][NS];
@@ -157,7 +160,7 @@ gemm(GEMM_KERNEL_ARGS(T_IN))
     for (int i = 0; i < RM; i++)
         for (int s = 0; s < NS; s++)
             acc[i][s] = (floatV)(0.0f);
-    {
+    if (kend > 0) {
 #endif
 #if MODE == 1
         if (k0 + TK > kfull) {
@@ -215,8 +218,8 @@ gemm(GEMM_KERNEL_ARGS(T_IN))
                 const int n = n0 + VW * (tx + WGX * s) + q;
 #if MODE == 0
                 const float4 x = vload4(0, v + q) * alpha;
-                if (n + 3 < N && n + 3 < cend && !has_mask) {
-                    ST4_OUT(Cb, (ulong)m * c_ss + n, x);
+                if (n + 3 < N && ((n + 3 < cend && !has_mask) || n >= cend)) {
+                    ST4_OUT(Cb, (ulong)m * c_ss + n, n >= cend ? (float4)(NEG_INF) : x);
                     continue;
                 }
                 for (int e = 0; e < 4 && n + e < N; e++) {
@@ -336,13 +339,17 @@ transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong
     }
 
 /* The scores x (scaled) of keys n..n+15 into row m of C (Cb, rows c_ss apart): the mask row
- * added (Mb, rows m_ss apart), keys at or past cend -inf (causal, key lengths), nothing past N. */
+ * added (Mb, rows m_ss apart), keys at or past cend -inf (causal, key lengths), nothing past N.
+ * Sixteen keys all hidden (n >= cend) are -inf whatever the mask and x. */
 __attribute__((always_inline)) inline void store_scores16(__global T_OUT *Cb, ulong c_ss,
                                                           __global const T_MASK *Mb, ulong m_ss, int m,
                                                           int n, int N, int cend, int has_mask,
                                                           float16 x)
 {
-    if (n + 15 < N && n + 15 < cend && !has_mask) {
+    const int hidden = n >= cend;
+    if (n + 15 < N && ((n + 15 < cend && !has_mask) || hidden)) {
+        if (hidden)
+            x = (float16)(NEG_INF);
 #if DT_OUT == 0
         vstore16(x, 0, Cb + (ulong)m * c_ss + n);
 #else
@@ -400,7 +407,11 @@ scores_direct(GEMM_KERNEL_ARGS(float))
 #pragma unroll
         for (int s = 0; s < NS; s++)
             acc[i][s] = (float16)(0.0f);
-    for (int k = 0; k < K; k++) {
+    /* A tile whose keys all its rows hide (causal, key lengths: the last row sees the most) is
+     * all -inf: its dot products are skipped, which halves the work of causal scores. */
+    const int tile_end = causal_end(causal, min(M, m0 + RM) - 1, seq_q, L);
+    const int depth = n0 < tile_end ? K : 0;
+    for (int k = 0; k < depth; k++) {
         float16 bv[NS];
 #pragma unroll
         for (int s = 0; s < NS; s++)
@@ -440,8 +451,16 @@ scores_in_place(GEMM_KERNEL_ARGS(T_IN))
     __global T_OUT *Cb = C + c_off + (ulong)b * c_sb + (ulong)h * c_sh;
     __global const T_MASK *Mb = mask + m_off + (ulong)b * m_sb + (ulong)h * m_sh;
     const int n_end = min(N, n0 + SIP_KEYS);
+    /* Chunks at or past the last row's end are hidden from every row: -inf, not computed. */
+    const int tile_end = causal_end(causal, min(M, m0 + RM) - 1, seq_q, L);
     for (int kc = n0; kc < n_end; kc += 16) {
         float16 s[RM];
+        if (kc >= tile_end) {
+#pragma unroll 1
+            for (int i = 0; i < RM && m0 + i < M; i++)
+                store_scores16(Cb, c_ss, Mb, m_ss, m0 + i, kc, N, tile_end, has_mask, (float16)(0.0f));
+            continue;
+        }
 #if QK_TILE_FOR(RM)
 #pragma unroll 1
         for (int i0 = 0; i0 < RM; i0 += QT_R)

@@ -62,6 +62,12 @@ static const int huge_direct[9] = {1, 1, 128, 64, 4096, 16, 1, 1, 1};
  * 8 (tiles). */
 static const int in_place_rm6[9] = {1, 1, 6, 4, 16, 16, 1, 0, 1};
 static const int in_place_rm8[9] = {1, 1, 8, 4, 16, 16, 1, 0, 1};
+/* The tiled kernel (gemm, DIRECT 0: the GPUs') in small 8 x 16 tiles, so that many tiles are
+ * hidden from all their rows (causal, key lengths) and skip their dot products: head_dim staged
+ * at once (KF 1), in 16-deep steps (KF 0), and over the Kᵀ copy (KT 1). */
+static const int tiled_kf[9] = {4, 4, 2, 1, 16, 4, 1, 0, 0};
+static const int tiled_k16[9] = {4, 4, 2, 1, 16, 4, 0, 0, 0};
+static const int tiled_kt[9] = {4, 4, 2, 1, 16, 4, 0, 1, 0};
 
 /* clang-format off */
 static const sc_case cases[] = {
@@ -102,6 +108,8 @@ static const sc_case cases[] = {
     {"kvlen_clamped", 2, 2, 2, 19, 129, 64, F32, F32, .has_kv = 1, .kv = {-3, 5000}},
     {"kvlen_causal", 3, 2, 2, 19, 129, 64, F32, F32, .causal = 1, .has_kv = 1, .kv = {129, 10, 77}},
     {"kvlen_poison", 2, 2, 2, 19, 129, 64, F32, F32, .has_kv = 1, .kv = {100, 7}, .poison = 1},
+    {"kvlen_causal_poison_65x300", 2, 2, 2, 65, 300, 64, F32, F32, .causal = 1, .has_kv = 1,
+     .kv = {300, 120}, .poison = 1},
     {"causal_mask_kvlen_gqa", 3, 4, 2, 45, 77, 40, F32, F32, .causal = 1, .mask = MASK_FULL, .mask_dt = F32,
      .has_kv = 1, .kv = {77, 50, 0}},
 
@@ -138,6 +146,18 @@ static const sc_case cases[] = {
      .mask_dt = F32, .params = in_place_rm6},
     {"in_place_kt0_70x90_bshd_kvlen_out_bf16", 2, 4, 2, 70, 90, 64, F32, BF16, .has_kv = 1, .kv = {90, 41},
      .layout = LAYOUT_BSHD, .params = in_place_rm8},
+
+    /* the tiled kernel: hidden tiles next to visible ones, in every combination with masks,
+     * key lengths (NaN/Inf in the keys they hide), f16 output and BSHD */
+    {"tiled_kf_causal_65x129", 1, 2, 2, 65, 129, 64, F32, F32, .causal = 1, .params = tiled_kf},
+    {"tiled_kf_causal_129x65_kvlen_mask_out_f16", 2, 2, 1, 129, 65, 64, F32, F16, .causal = 1,
+     .has_kv = 1, .kv = {65, 30}, .mask = MASK_FULL, .mask_dt = F32, .params = tiled_kf},
+    {"tiled_k16_causal_40x150_kvlen_poison", 2, 2, 2, 40, 150, 48, F32, F32, .causal = 1,
+     .has_kv = 1, .kv = {150, 70}, .poison = 1, .params = tiled_k16},
+    {"tiled_kt_causal_33x100_bshd_mask_f16", 2, 4, 2, 33, 100, 64, F16, F32, .causal = 1,
+     .mask = MASK_HEADS, .mask_dt = F16, .layout = LAYOUT_BSHD, .params = tiled_kt},
+    {"tiled_kt_kvlen_poison_out_bf16", 2, 2, 2, 19, 129, 64, F32, BF16, .has_kv = 1, .kv = {100, 7},
+     .poison = 1, .params = tiled_kt},
 
     /* tuning values the kernels cannot take as they are */
     {"huge_params_tiled", 1, 2, 1, 33, 47, 64, F32, F32, .causal = 1, .params = huge_tiled},
