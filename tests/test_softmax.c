@@ -56,6 +56,7 @@ typedef struct sm_case {
     double neginf_frac; /* fraction of input entries set to -inf */
     int inf_rows;       /* row 0 of (b 0, h 0) all -inf, row 1 all -inf but one entry */
     int nan_row;        /* one NaN at a visible entry of row 1 of (b 0, h 0) */
+    double spike;       /* added to one entry of every row: a maximum the kernel must find */
 } sm_case;
 
 /* clang-format off */
@@ -71,6 +72,17 @@ static const sm_case cases[] = {
     {"len65536", 1, 1, 1, 65536, F32, F32, .causal = 0},
     {"len1000000", 1, 1, 1, 1000000, F32, F32, .causal = 0},
     {"len65536_f16", 1, 1, 1, 65536, F16, F16, .causal = 0},
+
+    /* One entry of each row 100 above the rest, in the first columns, the last (the 16-column
+     * tail) and between (every chunk position of the maximum pass): a maximum that missed it would
+     * leave e^96 > FLT_MAX in the sum, and the row would come out NaN. The rest are e^-96 and
+     * below: 0 or subnormal in fp32, within atol. Rows of 100, 1040 and 1073 columns end the
+     * pass (softmax_rows) with 2, 1 and 3 16-column chunks after its groups of 4, then 4, 0 and 1
+     * columns one at a time. */
+    {"spike_100", 2, 2, 40, 100, F32, F32, .spike = 100.0},
+    {"spike_1000", 1, 2, 64, 1000, F32, F32, .spike = 100.0},
+    {"spike_1040_f16_in", 1, 1, 70, 1040, F16, F32, .spike = 100.0},
+    {"spike_1073_mask", 1, 1, 70, 1073, F32, F32, .spike = 100.0, .mask = MASK_SHARED, .mask_dt = F32},
 
     /* large offsets: the max subtraction must keep exp in range */
     {"offset_plus_1e4", 1, 2, 5, 1000, F32, F32, .offset = 1e4},
@@ -166,6 +178,14 @@ static void test_case(void **state)
     }
     if (c->nan_row)
         tu_put(c->in_dt, tin, x, row_index(c, 0, 0, 1) * C, NAN); /* column 0: visible in every row kind here */
+    if (c->spike != 0.0)
+        for (int b = 0; b < c->B; ++b)
+            for (int h = 0; h < c->H; ++h)
+                for (int r = 0; r < c->R; ++r) {
+                    const size_t col = r < 8 ? C - 1 - (size_t)r : r < 12 ? (size_t)r - 8 : ((size_t)r * 53 + 11) % C;
+                    const size_t i = row_index(c, b, h, r) * C + col;
+                    tu_put(c->in_dt, tin, x, i, x[i] + c->spike);
+                }
 
     int kvl[4] = {0, 0, 0, 0};
     for (int b = 0; b < c->B; ++b)
