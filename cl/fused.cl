@@ -640,13 +640,17 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
             }
             acc[i] = (float16)(0.0f);
         }
+        int16 hid = (int16)(0); /* lanes where some row hides some key of the block */
         for (int v = 0; v < nv; v++) {
             ROWS_LOOP
             for (int i = 0; i < RM; i++) {
                 const float16 x = sb[i].v[v];
                 float16 p = exp2p16((x - mref[i]) * LOG2E);
-                if (guarded) /* hidden keys: -0, which the checked P·V below skips */
-                    p = select(p, (float16)(HIDDEN_P), x == (float16)(NEG_INF));
+                if (guarded) { /* hidden keys: -0, which the checked P·V below skips */
+                    const int16 h = x == (float16)(NEG_INF);
+                    p = select(p, (float16)(HIDDEN_P), h);
+                    hid |= h;
+                }
                 acc[i] += p;
                 sb[i].v[v] = p;
             }
@@ -669,9 +673,13 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
         }
 
         /* P·V: keys every row sees without a check, the rest skipping each row's hidden keys
-         * (p -0) so that NaN/Inf in their V never reaches O. */
+         * (p -0) so that NaN/Inf in their V never reaches O. A block in which no row hides a key
+         * goes unchecked too: with an additive mask of finite values (biases) every block does.
+         * Measured on PoCL (2-core Intel Xeon, AVX-512, B1 H8 S1024 d64 f32, a finite f32 mask
+         * broadcast over the heads, minima of 10 calls, 3 runs alternating): 9.82-9.87 ms against
+         * 11.9-14.1 when every masked block was checked (no mask: 8.4-9.6). */
         __global const T_KV *vp0 = Vb + (ulong)kt * v_ss;
-        const int nfree = !guarded ? nkeys : has_mask ? 0 : clamp(k_all - kt, 0, nkeys);
+        const int nfree = !guarded || !any(hid) ? nkeys : has_mask ? 0 : clamp(k_all - kt, 0, nkeys);
 #if PV_TILE
         /* O in register tiles of PR rows x PC vectors, each over all the block's keys: per key a
          * tile loads PC V vectors and PR probabilities for PR·PC multiply-adds, where a whole
@@ -1054,6 +1062,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV))
 
         /* Keys below k_all are hidden only by the mask (see fused_direct). */
         const int guarded = has_mask || kt + LNB > k_all;
+        int16 hid = (int16)(0); /* lanes (rows) that hide some key of the block */
 #pragma unroll 1
         for (int lv = 0; lv < LANES; lv++) {
             if (guarded) {
@@ -1082,8 +1091,11 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV))
             for (int n = 0; n < nkeys; n++) {
                 const float16 x = sbk[n * LANES + lv].v;
                 float16 p = exp2p16((x - mref) * LOG2E);
-                if (guarded) /* hidden keys: -0, which lanes_pv skips */
-                    p = select(p, (float16)(HIDDEN_P), x == (float16)(NEG_INF));
+                if (guarded) { /* hidden keys: -0, which lanes_pv skips */
+                    const int16 h = x == (float16)(NEG_INF);
+                    p = select(p, (float16)(HIDDEN_P), h);
+                    hid |= h;
+                }
                 ps += p;
                 sbk[n * LANES + lv].v = p;
             }
@@ -1099,7 +1111,8 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV))
         }
 
         __global const T_KV *vp0 = Vb + (ulong)kt * v_ss;
-        const int nfree = !guarded ? nkeys : has_mask ? 0 : clamp(k_all - kt, 0, nkeys);
+        /* As in fused_direct: a block in which no row hides a key goes unchecked. */
+        const int nfree = !guarded || !any(hid) ? nkeys : has_mask ? 0 : clamp(k_all - kt, 0, nkeys);
         int c0 = 0;
 #pragma unroll 1
         for (; c0 + LCT <= DV; c0 += LCT)

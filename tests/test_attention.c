@@ -87,6 +87,7 @@ typedef struct att_case {
     unsigned algos;  /* 0: FUSED | UNFUSED */
     float ramp;      /* mask entry of key j += ramp·j (contiguous mask): rows whose largest logit
                       * keeps rising along the keys (> 0), or sits in the first keys (< 0) */
+    int bias;        /* a mask without -inf entries (a bias, as ALiBi's): it hides no key */
 } att_case;
 
 /* clang-format off */
@@ -197,6 +198,16 @@ static const att_case cases[] = {
     {"mask_shared_f16", 2, 3, 3, 33, 47, 64, 0, F32, .mask = MASK_SHARED, .mask_dt = F16},
     {"mask_batch_rows", 2, 3, 3, 33, 47, 64, 0, F32, .mask = MASK_BATCH_ROWS, .mask_dt = F32},
     {"mask_heads_stride0", 2, 3, 3, 33, 47, 64, 0, F32, .mask = MASK_HEADS_STRIDE0, .mask_dt = F32},
+    /* bias masks (no -inf): the CPU kernels multiply a block that hides no key without checks;
+     * blocks that causal or key lengths cut still check, and a NaN in the bias still reaches its
+     * row. Prefill over the copies (256-key blocks, a partial last one), in place with key
+     * lengths, fused_lanes (32 rows a kv head), and with causal, key lengths and a NaN entry. */
+    {"bias_mask_300x700", 1, 2, 2, 300, 700, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32, .bias = 1},
+    {"bias_mask_decode_kvlen_hd128", 2, 4, 4, 1, 1000, 128, 0, F32, .mask = MASK_HEADS, .mask_dt = F32,
+     .has_kv = 1, .kv = {1000, 300}, .bias = 1},
+    {"bias_mask_lanes_gqa8_sq4_f16", 2, 16, 2, 4, 600, 64, 0, F16, .mask = MASK_FULL, .mask_dt = F16, .bias = 1},
+    {"bias_mask_causal_kvlen_nan", 2, 2, 1, 70, 600, 64, 0, F32, .causal = 1, .mask = MASK_FULL, .mask_dt = F32,
+     .has_kv = 1, .kv = {600, 400}, .special = SP_NAN_MASK, .bias = 1},
 
     /* kv_lengths alone and together with causal and a mask */
     {"kvlen", 3, 2, 2, 19, 64, 64, 0, F32, .has_kv = 1, .kv = {64, 17, 40}},
@@ -412,7 +423,7 @@ static void build(problem *p)
         p->xmask = tu_xdoubles(n);
         tu_fill(&rng, c->mask_dt, tm, p->xmask, n, -2.0, 2.0);
         for (size_t i = 0; i < n; ++i)
-            if (tu_uniform(&rng, 0.0, 1.0) < 0.1)
+            if (tu_uniform(&rng, 0.0, 1.0) < 0.1 && !c->bias)
                 tu_put(c->mask_dt, tm, p->xmask, i, -INFINITY);
         if (c->ramp != 0.0f)
             for (size_t i = 0; i < n; ++i)
