@@ -484,6 +484,68 @@ static void test_bench_peak(void **state)
 #endif
 }
 
+/* clattn-bench --mask and --kv-len: every masked op is passed the masks (its float64 check, which
+ * applies them, passes on every line: masks left out or key lengths off by one fail it), the CSV
+ * names them in its last column, and a malformed value exits 1 before anything runs. */
+static void test_bench_masks(void **state)
+{
+    (void)state;
+#ifndef CLATTN_BENCH_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    clattn_release(tu_context()); /* skips (or fails, CLATTN_REQUIRE_DEVICE=1) without a device */
+    static const struct {
+        const char *args, *column;
+    } runs[] = {
+        /* key lengths 0 (a batch with no key), short, past seq_kv (clamped); rows whose window
+         * lies past their batch's keys see nothing */
+        {"--mask window:23 --kv-len 70,0,500", "window:23+kvlen"},
+        {"--mask bias --dtype f16", "bias"},
+        {"--kv-len 9,90 --dtype bf16", "kvlen"},
+    };
+    static const char *const ops[] = {"scores", "softmax", "unfused", "fused", "fused causal", "decode"};
+    char args[512], buf[16384];
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        snprintf(args, sizeof args,
+                 "--op scores,softmax,unfused,fused,decode --batch 3 --heads 4 --heads-kv 2 --seq-q 40 "
+                 "--seq-kv 100 --dim 16 --iters 1 --warmup 0 --csv --check %s",
+                 runs[r].args);
+        const int rc = run_bench("", args, "masks.csv", buf, sizeof buf);
+        if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0)
+            fail_msg("clattn-bench %s: exit %d:\n%s", runs[r].args, rc, buf);
+        char want[128];
+        for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++) {
+            snprintf(want, sizeof want, "check %s mask %s ", ops[o], runs[r].column);
+            const char *line = strstr(buf, want), *end = line ? strchr(line, '\n') : NULL;
+            if (!end || end - line < 4 || strncmp(end - 4, ": ok", 4) != 0)
+                fail_msg("clattn-bench %s: no passing check line '%s':\n%s", runs[r].args, want, buf);
+        }
+        if (strstr(buf, "FAILED"))
+            fail_msg("clattn-bench %s:\n%s", runs[r].args, buf);
+        read_text("masks.csv", buf, sizeof buf);
+        if (!strstr(buf, ",ratio,mask\n"))
+            fail_msg("CSV header without the mask column:\n%s", buf);
+        snprintf(want, sizeof want, ",%s\n", runs[r].column);
+        int lines = 0;
+        for (const char *p = strstr(buf, want); p; p = strstr(p + 1, want))
+            lines++;
+        if (lines != 6)
+            fail_msg("%d CSV lines end in '%s', want 6:\n%s", lines, want, buf);
+    }
+    static const char *const bad[] = {"--mask window:0", "--mask window:", "--mask causal",
+                                      "--kv-len 4,,5", "--kv-len 4,", "--kv-len -1",
+                                      "--kv-len 2147483648", "--kv-len"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "--op fused --seq-q 4 --seq-kv 8 --dim 4 %s", bad[i]);
+        const int rc = run_bench("", args, NULL, buf, sizeof buf);
+        if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 1 || !strstr(buf, bad[i][2] == 'm' ? "--mask" : "--kv-len") ||
+            strstr(buf, "check"))
+            fail_msg("clattn-bench %s: exit %d, want 1 with a message:\n%s", bad[i], rc, buf);
+    }
+#endif
+}
+
 #ifdef CLATTN_INFO_PATH
 /* 1 when s is one JSON value's worth of balanced braces and brackets outside strings, starting
  * with '{' and ending with '}' (and blanks): enough to catch a cut or mangled object. */
@@ -1125,6 +1187,7 @@ int main(void)
     TU_ADD_TABLE("lookup/bad_env", test_bad_env, env_rows);
     tu_add_test("tools/bench_env", NULL, test_bench_env, NULL);
     tu_add_test("tools/bench_peak", NULL, test_bench_peak, NULL);
+    tu_add_test("tools/bench_masks", NULL, test_bench_masks, NULL);
     tu_add_test("tools/info", NULL, test_info, NULL);
     TU_ADD_TABLE("lookup/bad_user_file", test_bad_user_file, file_rows);
     TU_ADD_TABLE("lookup/odd_user_file", test_odd_user_file, odd_rows);

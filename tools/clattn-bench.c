@@ -3,8 +3,8 @@
  * (device copy bandwidth, fp32 multiply-add peak, CLBlast's batched SGEMM) and optionally checks
  * every timed result against a float64 host reference.
  *
- *   clattn-bench [--device SPEC] [--op LIST] [shape options] [--iters N] [--warmup N]
- *                [--csv] [--check] [--help]
+ *   clattn-bench [--device SPEC] [--op LIST] [shape options] [--causal] [--mask KIND]
+ *                [--kv-len LIST] [--iters N] [--warmup N] [--csv] [--check] [--help]
  *
  * Method (see PERFORMANCE.md): each operation is enqueued and the queue drained with clFinish, with
  * a CLOCK_MONOTONIC wall clock around both, so every kernel an operation enqueues is timed (the
@@ -49,7 +49,14 @@
 
 #define SEED 0x5eedc1a7701ULL
 /* Generator streams, one per input tensor, so Q, K, V and the softmax input differ. */
-enum { ID_Q = 1, ID_K = 2, ID_V = 3, ID_S = 4 };
+enum { ID_Q = 1, ID_K = 2, ID_V = 3, ID_S = 4, ID_M = 5 };
+
+/* --mask: no additive mask; finite values in [-1, 1) (the mask is read, hides nothing); a
+ * sliding window of W keys ending at each row's diagonal key, -inf elsewhere. The mask tensor is
+ * [1][1][Sq][Skv], broadcast over batch and heads, f16 with f16 storage and f32 otherwise. */
+enum { MASK_NONE, MASK_BIAS, MASK_WINDOW };
+/* --kv-len takes at most this many lengths (cycled over the batch). */
+#define MAX_KV_LENS 64
 
 /* Elements generated and uploaded per clEnqueueWriteBuffer: bounds host memory for big tensors. */
 #define UPLOAD_CHUNK ((size_t)1 << 22)
@@ -66,6 +73,9 @@ typedef struct shape {
     long long b, hq, hkv, sq, skv, d, dv; /* softmax: b, hq = heads, sq = rows, skv = cols */
     clattn_dtype dt;
     int causal;
+    int mask;         /* MASK_* */
+    long long window; /* MASK_WINDOW: keys each row sees */
+    int kv_lens;      /* 1: per-batch key lengths from --kv-len */
 } shape;
 
 typedef struct options {
@@ -74,6 +84,10 @@ typedef struct options {
     long long b, hq, hkv, sq, skv, d, dv; /* -1: per-op default */
     int dtype;                            /* -1: per-op default (f32) */
     int causal;                           /* 1: --causal given */
+    int mask;                             /* MASK_*, from --mask */
+    long long window;                     /* --mask window:W */
+    long long kv_len[MAX_KV_LENS];        /* --kv-len, cycled over the batch */
+    int n_kv_len;                         /* 0: no key lengths */
     int iters, warmup, csv, check;
 } options;
 
@@ -309,6 +323,50 @@ static void upload(bench *bn, cl_mem buf, unsigned id, uint64_t count, clattn_dt
     }
 }
 
+static clattn_dtype mask_dtype(const shape *s);
+static double mask_at(const shape *s, long long i, long long j);
+
+/* The --mask tensor ([1][1][Sq][Skv]) and the --kv-len buffer (int32[B]) of shape s, filled; NULL
+ * where not asked for. @return 0, or OP_SKIPPED (a buffer beyond the device's limit, reason
+ * printed; nothing left allocated). */
+static int make_masks(bench *bn, const char *op, const shape *s, cl_mem *mask, cl_mem *lens)
+{
+    *mask = *lens = NULL;
+    if (s->mask != MASK_NONE) {
+        const clattn_dtype mdt = mask_dtype(s);
+        const size_t es = esize(mdt);
+        const uint64_t count = (uint64_t)(s->sq * s->skv);
+        if (!(*mask = make_buffer(bn, op, count * es)))
+            return OP_SKIPPED;
+        void *h = stage(bn, UPLOAD_CHUNK * es);
+        for (uint64_t at = 0; at < count; at += UPLOAD_CHUNK) {
+            const size_t n = (size_t)(count - at < UPLOAD_CHUNK ? count - at : UPLOAD_CHUNK);
+            for (size_t k = 0; k < n; k++) {
+                const uint64_t e = at + k;
+                store(h, k, mdt, (float)mask_at(s, (long long)(e / (uint64_t)s->skv), (long long)(e % (uint64_t)s->skv)));
+            }
+            check_cl(clEnqueueWriteBuffer(bn->queue, *mask, CL_TRUE, (size_t)at * es, n * es, h, 0, NULL,
+                                          NULL),
+                     "clEnqueueWriteBuffer");
+        }
+    }
+    if (s->kv_lens) {
+        if (!(*lens = make_buffer(bn, op, (size_t)s->b * sizeof(cl_int)))) {
+            release(mask, 1);
+            *mask = NULL;
+            return OP_SKIPPED;
+        }
+        cl_int *v = xmalloc((size_t)s->b * sizeof *v);
+        for (long long b = 0; b < s->b; b++)
+            v[b] = (cl_int)bn->opt.kv_len[b % bn->opt.n_kv_len];
+        check_cl(clEnqueueWriteBuffer(bn->queue, *lens, CL_TRUE, 0, (size_t)s->b * sizeof *v, v, 0, NULL,
+                                      NULL),
+                 "clEnqueueWriteBuffer");
+        free(v);
+    }
+    return 0;
+}
+
 /* Reads `n` elements at element offset `off` into dst as doubles. */
 static void read_row(bench *bn, cl_mem buf, uint64_t off, size_t n, clattn_dtype dt, double *dst)
 {
@@ -347,13 +405,58 @@ static rowpick *pick_rows(long long B, long long H, long long S, double cost, si
     return r;
 }
 
-/* Keys visible to row i under bottom-right causal masking (all of them otherwise). */
-static long long visible(const shape *s, long long i)
+/* Keys of batch b: its --kv-len entry clamped to 0..Skv, as the library clamps it. */
+static long long batch_keys(const bench *bn, const shape *s, long long b)
 {
-    if (!s->causal)
+    if (!s->kv_lens)
         return s->skv;
-    const long long v = i + 1 + s->skv - s->sq;
-    return v < 0 ? 0 : v > s->skv ? s->skv : v;
+    const long long n = bn->opt.kv_len[b % bn->opt.n_kv_len];
+    return n < 0 ? 0 : n > s->skv ? s->skv : n;
+}
+
+/* Keys 0 .. end - 1 are those row i of batch b sees under key lengths and bottom-right causal
+ * masking; the additive mask may hide some of them. */
+static long long row_end(const bench *bn, const shape *s, long long b, long long i)
+{
+    const long long n = batch_keys(bn, s, b);
+    if (!s->causal)
+        return n;
+    const long long v = i + 1 + n - s->sq;
+    return v < 0 ? 0 : v > n ? n : v;
+}
+
+/* 1 when the library files s under its "masked" problem class (an additive mask or key lengths). */
+static int masked(const shape *s)
+{
+    return s->mask != MASK_NONE || s->kv_lens;
+}
+
+static clattn_dtype mask_dtype(const shape *s)
+{
+    return s->dt == CLATTN_F16 ? CLATTN_F16 : CLATTN_F32;
+}
+
+/* Element (i, j) of the additive mask as the device holds it: 0 without one. */
+static double mask_at(const shape *s, long long i, long long j)
+{
+    if (s->mask == MASK_BIAS)
+        return gen_stored(ID_M, (uint64_t)(i * s->skv + j), mask_dtype(s));
+    if (s->mask == MASK_WINDOW) {
+        const long long diag = i + s->skv - s->sq;
+        return j <= diag && j > diag - s->window ? 0.0 : -INFINITY;
+    }
+    return 0.0;
+}
+
+/* Keys row i of batch b attends to: those before row_end that the mask leaves visible. */
+static long long row_visible(const bench *bn, const shape *s, long long b, long long i)
+{
+    const long long end = row_end(bn, s, b, i);
+    if (s->mask != MASK_WINDOW)
+        return end;
+    const long long diag = i + s->skv - s->sq, lo = diag - s->window + 1 > 0 ? diag - s->window + 1 : 0,
+                    hi = diag < end - 1 ? diag : end - 1;
+    return hi >= lo ? hi - lo + 1 : 0;
 }
 
 /* |got - want| measured on O(1) values: absolute up to magnitude 1, relative above it. Matching
@@ -372,9 +475,10 @@ static double tolerance(clattn_dtype dt)
 }
 
 /*
- * Checks scores (scores != 0: out is [B][Hq][Sq][Skv], scale·QKᵀ with hidden keys -inf) or attention
- * (out is [B][Hq][Sq][Dv]) against float64 on the sampled rows. Q, K and V are regenerated from
- * their streams in s's layout, K and V with s->hkv heads. @return the largest element error.
+ * Checks scores (scores != 0: out is [B][Hq][Sq][Skv], scale·QKᵀ + mask with hidden keys -inf) or
+ * attention (out is [B][Hq][Sq][Dv]; a row with no visible key is 0) against float64 on the sampled
+ * rows. Q, K, V and the mask are regenerated from their streams in s's layout, K and V with s->hkv
+ * heads. @return the largest element error.
  */
 static double check_attention(bench *bn, const shape *s, cl_mem out, int scores)
 {
@@ -406,24 +510,30 @@ static double check_attention(bench *bn, const shape *s, cl_mem out, int scores)
         const uint64_t row = (uint64_t)((b * Hq + h) * Sq + i);
         for (long long d = 0; d < D; d++)
             q[d] = gen_stored(ID_Q, row * (uint64_t)D + (uint64_t)d, s->dt);
-        const long long vis = visible(s, i);
+        const long long end = row_end(bn, s, b, i);
         double m = -INFINITY;
-        for (long long j = 0; j < vis; j++) {
+        for (long long j = 0; j < end; j++) {
+            const double mask = mask_at(s, i, j);
+            sc[j] = -INFINITY;
+            if (mask == -INFINITY)
+                continue;
             double acc = 0.0;
             for (long long d = 0; d < D; d++)
                 acc += q[d] * kh[j * D + d];
-            sc[j] = acc * scale;
+            sc[j] = acc * scale + mask;
             if (sc[j] > m)
                 m = sc[j];
         }
         if (scores) {
             for (long long j = 0; j < Skv; j++)
-                want[j] = j < vis ? sc[j] : -INFINITY;
+                want[j] = j < end ? sc[j] : -INFINITY;
         } else {
             for (long long e = 0; e < Dv; e++)
                 want[e] = 0.0;
             double l = 0.0;
-            for (long long j = 0; j < vis; j++) {
+            for (long long j = 0; j < end; j++) {
+                if (sc[j] == -INFINITY)
+                    continue;
                 const double p = exp(sc[j] - m);
                 l += p;
                 for (long long e = 0; e < Dv; e++)
@@ -449,8 +559,9 @@ static double check_attention(bench *bn, const shape *s, cl_mem out, int scores)
     return worst;
 }
 
-/* Softmax rows: error relative to the row's largest probability (probabilities are ~1/cols, so an
- * absolute tolerance meant for O(1) values would check nothing). */
+/* Softmax rows of in + mask: error relative to the row's largest probability (probabilities are
+ * ~1/cols, so an absolute tolerance meant for O(1) values would check nothing); a row with no
+ * visible column is 0. */
 static double check_softmax(bench *bn, const shape *s, cl_mem out)
 {
     const long long cols = s->skv;
@@ -460,17 +571,17 @@ static double check_softmax(bench *bn, const shape *s, cl_mem out)
     double worst = 0.0;
     for (size_t r = 0; r < n; r++) {
         const uint64_t row = (uint64_t)((rows[r].b * s->hq + rows[r].h) * s->sq + rows[r].i);
-        const long long vis = visible(s, rows[r].i);
+        const long long end = row_end(bn, s, rows[r].b, rows[r].i);
         double m = -INFINITY, l = 0.0, top = 0.0;
-        for (long long j = 0; j < vis; j++) {
-            want[j] = gen_stored(ID_S, row * (uint64_t)cols + (uint64_t)j, s->dt);
+        for (long long j = 0; j < end; j++) {
+            want[j] = gen_stored(ID_S, row * (uint64_t)cols + (uint64_t)j, s->dt) + mask_at(s, rows[r].i, j);
             if (want[j] > m)
                 m = want[j];
         }
-        for (long long j = 0; j < vis; j++)
-            l += want[j] = exp(want[j] - m);
+        for (long long j = 0; j < end; j++)
+            l += want[j] = want[j] == -INFINITY ? 0.0 : exp(want[j] - m);
         for (long long j = 0; j < cols; j++) {
-            want[j] = j < vis ? want[j] / l : 0.0;
+            want[j] = j < end && l > 0.0 ? want[j] / l : 0.0;
             if (want[j] > top)
                 top = want[j];
         }
@@ -560,11 +671,12 @@ static void print_header(bench *bn)
         return;
     bn->header_done = 1;
     if (bn->opt.csv) {
-        puts("op,device,dtype,B,Hq,Hkv,Sq,Skv,D,causal,ms_median,ms_min,gflops,gbps,ratio_name,ratio");
+        puts("op,device,dtype,B,Hq,Hkv,Sq,Skv,D,causal,ms_median,ms_min,gflops,gbps,ratio_name,ratio,"
+             "mask");
         return;
     }
-    printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %10s %10s %9s %8s%s\n", "op", "dtype", "B", "Hq",
-           "Hkv", "Sq", "Skv", "D", "causal", "median ms", "min ms", "GFLOP/s", "GB/s",
+    printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %-15s %10s %10s %9s %8s%s\n", "op", "dtype", "B", "Hq",
+           "Hkv", "Sq", "Skv", "D", "causal", "mask", "median ms", "min ms", "GFLOP/s", "GB/s",
            bn->opt.check ? "  check (max err / tol)" : "");
 }
 
@@ -576,10 +688,25 @@ static void fmt_num(char *buf, size_t size, double v, const char *fmt)
         snprintf(buf, size, fmt, v);
 }
 
+/* The masks of s as the mask column shows them: none, bias or window:W, then +kvlen when key
+ * lengths are given. */
+static void mask_desc(const shape *s, char *buf, size_t size)
+{
+    if (s->mask == MASK_WINDOW)
+        snprintf(buf, size, "window:%lld%s", s->window, s->kv_lens ? "+kvlen" : "");
+    else if (s->mask == MASK_BIAS || !s->kv_lens)
+        snprintf(buf, size, "%s%s", s->mask == MASK_BIAS ? "bias" : "none", s->kv_lens ? "+kvlen" : "");
+    else
+        snprintf(buf, size, "kvlen");
+}
+
 static void emit(bench *bn, const result *r)
 {
     print_header(bn);
     const shape *s = &r->s;
+    char mask[48] = "";
+    if (r->has_shape)
+        mask_desc(s, mask, sizeof mask);
     if (bn->opt.csv) {
         csv_field_text(r->op);
         putchar(',');
@@ -598,12 +725,12 @@ static void emit(bench *bn, const result *r)
         csv_num(r->gbps, "%.6g");
         printf(",%s", r->ratio_name && !isnan(r->ratio) ? r->ratio_name : "");
         csv_num(r->ratio_name ? r->ratio : NAN, "%.4g");
-        putchar('\n');
+        printf(",%s\n", mask);
         fflush(stdout);
         if (r->checked)
-            fprintf(stderr, "check %s%s %s: max err %.3g, tolerance %.3g: %s\n", r->op,
-                    s->causal ? " causal" : "", r->dtype, r->err, r->tol,
-                    r->err <= r->tol ? "ok" : "FAILED");
+            fprintf(stderr, "check %s%s%s%s %s: max err %.3g, tolerance %.3g: %s\n", r->op,
+                    s->causal ? " causal" : "", masked(s) ? " mask " : "", masked(s) ? mask : "",
+                    r->dtype, r->err, r->tol, r->err <= r->tol ? "ok" : "FAILED");
     } else {
         char n[8][32];
         if (r->has_shape) {
@@ -622,6 +749,7 @@ static void emit(bench *bn, const result *r)
         } else {
             for (int i = 0; i < 7; i++)
                 snprintf(n[i], 32, "-");
+            snprintf(mask, sizeof mask, "-");
         }
         char ms[2][32], gf[32], gb[32], chk[64] = "";
         fmt_num(ms[0], 32, r->ms_med, "%.3f");
@@ -631,8 +759,8 @@ static void emit(bench *bn, const result *r)
         if (r->checked)
             snprintf(chk, sizeof chk, "  %.2e / %.0e %s", r->err, r->tol,
                      r->err <= r->tol ? "ok" : "FAILED");
-        printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %10s %10s %9s %8s%s\n", r->op, r->dtype, n[0],
-               n[1], n[2], n[3], n[4], n[5], n[6], ms[0], ms[1], gf, gb, chk);
+        printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %-15s %10s %10s %9s %8s%s\n", r->op, r->dtype,
+               n[0], n[1], n[2], n[3], n[4], n[5], n[6], mask, ms[0], ms[1], gf, gb, chk);
     }
     fflush(stdout);
     if (r->checked && !(r->err <= r->tol))
@@ -643,9 +771,9 @@ static void emit(bench *bn, const result *r)
  * d128 kv8192: WGX=32 WGY=4 ... [vendor: vendor defaults (NVIDIA GPUs)]"), once per distinct
  * line: a sweep reads here which values it measured. */
 static void note_params(bench *bn, clattn_operation op, clattn_dtype dt, long long d, long long sq,
-                        long long skv, int causal)
+                        long long skv, int causal, int masked)
 {
-    const clattn_problem_class pc = {op, dt, d, sq, skv, causal, 0};
+    const clattn_problem_class pc = {op, dt, d, sq, skv, causal, masked};
     clattn_kernel_params kp;
     if (clattn_get_params(bn->ctx, &pc, &kp) != CLATTN_SUCCESS)
         return;
@@ -654,11 +782,11 @@ static void note_params(bench *bn, clattn_operation op, clattn_dtype dt, long lo
     if (op == CLATTN_OPERATION_MERGE)
         n = snprintf(line, sizeof line, "  %-7s:", clattn_operation_name(op));
     else if (op == CLATTN_OPERATION_SOFTMAX)
-        n = snprintf(line, sizeof line, "  %-7s %s rows %lld cols %lld%s:", clattn_operation_name(op),
-                     dtype_name(dt), sq, skv, causal ? " causal" : "");
+        n = snprintf(line, sizeof line, "  %-7s %s rows %lld cols %lld%s%s:", clattn_operation_name(op),
+                     dtype_name(dt), sq, skv, causal ? " causal" : "", masked ? " masked" : "");
     else
-        n = snprintf(line, sizeof line, "  %-7s %s d%lld sq%lld kv%lld%s:", clattn_operation_name(op),
-                     dtype_name(dt), d, sq, skv, causal ? " causal" : "");
+        n = snprintf(line, sizeof line, "  %-7s %s d%lld sq%lld kv%lld%s%s:", clattn_operation_name(op),
+                     dtype_name(dt), d, sq, skv, causal ? " causal" : "", masked ? " masked" : "");
     for (int i = 0; i < kp.count && n > 0 && (size_t)n < sizeof line; i++)
         n += snprintf(line + n, sizeof line - (size_t)n, " %s=%d", clattn_param_name(op, i), kp.values[i]);
     if (n > 0 && (size_t)n < sizeof line)
@@ -675,16 +803,17 @@ static void note_params(bench *bn, clattn_operation op, clattn_dtype dt, long lo
 static void note_attn_params(bench *bn, int kind, const shape *s)
 {
     if (kind == OP_SCORES || kind == OP_UNFUSED) {
-        note_params(bn, CLATTN_OPERATION_SCORES, s->dt, s->d, s->sq, s->skv, s->causal);
+        note_params(bn, CLATTN_OPERATION_SCORES, s->dt, s->d, s->sq, s->skv, s->causal, masked(s));
         if (kind == OP_SCORES)
             return;
-        note_params(bn, CLATTN_OPERATION_SOFTMAX, CLATTN_F32, 0, s->sq, s->skv, 0);
-        note_params(bn, CLATTN_OPERATION_PV, s->dt, s->d, s->sq, s->skv, s->causal);
+        /* the unfused path's softmax sees the masks in its input already */
+        note_params(bn, CLATTN_OPERATION_SOFTMAX, CLATTN_F32, 0, s->sq, s->skv, 0, 0);
+        note_params(bn, CLATTN_OPERATION_PV, s->dt, s->d, s->sq, s->skv, s->causal, masked(s));
         return;
     }
     note_params(bn, s->sq <= 16 ? CLATTN_OPERATION_DECODE : CLATTN_OPERATION_FUSED, s->dt, s->d, s->sq,
-                s->skv, s->causal);
-    note_params(bn, CLATTN_OPERATION_MERGE, CLATTN_F32, 0, 0, 0, 0); /* when the keys are split */
+                s->skv, s->causal, masked(s));
+    note_params(bn, CLATTN_OPERATION_MERGE, CLATTN_F32, 0, 0, 0, 0, 0); /* when the keys are split */
 }
 
 /* A CLATTN_PARAMS_<OP> list the library cannot use would leave a sweep measuring other values
@@ -906,7 +1035,7 @@ static void run_peak(bench *bn)
 typedef struct attn_job {
     int kind; /* OP_SCORES, or an attention op */
     clattn_attention_desc desc;
-    clattn_tensor q, k, v, o;
+    clattn_tensor q, k, v, o, mask;
 } attn_job;
 
 static int enqueue_attn(bench *bn, void *job)
@@ -925,15 +1054,26 @@ static int enqueue_attn(bench *bn, void *job)
     return 0;
 }
 
-/* Query-key pairs that contribute, counted exactly under bottom-right causal masking. */
-static double visible_pairs(const shape *s)
+/* Query-key pairs that contribute, summed over the batch (per head): exact under causal masking,
+ * key lengths and the window mask. */
+static double visible_pairs(const bench *bn, const shape *s)
 {
-    if (!s->causal)
-        return (double)s->sq * (double)s->skv;
+    if (!s->causal && !s->kv_lens && s->mask != MASK_WINDOW)
+        return (double)s->b * (double)s->sq * (double)s->skv;
     double n = 0.0;
-    for (long long i = 0; i < s->sq; i++)
-        n += (double)visible(s, i);
+    for (long long b = 0; b < s->b; b++)
+        for (long long i = 0; i < s->sq; i++)
+            n += (double)row_visible(bn, s, b, i);
     return n;
+}
+
+/* Bytes of K and V the batch's key lengths let an operation read. */
+static double kv_bytes(const bench *bn, const shape *s)
+{
+    double keys = 0.0;
+    for (long long b = 0; b < s->b; b++)
+        keys += (double)batch_keys(bn, s, b);
+    return keys * (double)s->hkv * (double)(s->d + s->dv) * (double)esize(s->dt);
 }
 
 /* Runs scores, unfused, fused or decode on shape s into *out_r (ms_med NAN when skipped). The
@@ -946,13 +1086,13 @@ static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
                    nv = (uint64_t)(s->b * s->hkv * s->skv * s->dv),
                    no = (uint64_t)(s->b * s->hq * s->sq * (kind == OP_SCORES ? s->skv : s->dv));
     const char *name = op_names[kind];
-    cl_mem m[4] = {NULL, NULL, NULL, NULL};
+    cl_mem m[6] = {NULL, NULL, NULL, NULL, NULL, NULL}; /* q, k, v, out, mask, key lengths */
     *out_r = new_result(name, s);
     out_r->ms_med = NAN;
     if (!(m[0] = make_buffer(bn, name, nq * es)) || !(m[1] = make_buffer(bn, name, nk * es)) ||
         (kind != OP_SCORES && !(m[2] = make_buffer(bn, name, nv * es))) ||
-        !(m[3] = make_buffer(bn, name, no * es))) {
-        release(m, 4);
+        !(m[3] = make_buffer(bn, name, no * es)) || make_masks(bn, name, s, &m[4], &m[5])) {
+        release(m, 6);
         return;
     }
     upload(bn, m[0], ID_Q, nq, s->dt);
@@ -972,6 +1112,11 @@ static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
     j.desc.head_dim_v = s->dv;
     j.desc.scale = 0.0f; /* 1/sqrt(head_dim) */
     j.desc.causal = s->causal;
+    j.desc.kv_lengths = m[5];
+    if (m[4]) {
+        j.mask = clattn_tensor_bhsd(m[4], mask_dtype(s), 1, 1, s->sq, s->skv);
+        j.desc.mask = &j.mask;
+    }
     j.desc.algorithm = kind == OP_UNFUSED ? CLATTN_ALGORITHM_UNFUSED
                        : kind == OP_FUSED ? CLATTN_ALGORITHM_FUSED
                                           : CLATTN_ALGORITHM_AUTO;
@@ -988,10 +1133,10 @@ static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
             r->gflops = 2.0 * s->b * s->hq * (double)s->sq * (double)s->skv * s->d / (r->ms_med * 1e6);
             r->gbps = (double)(no * es) / (r->ms_med * 1e6);
         } else {
-            r->gflops = 2.0 * s->b * s->hq * visible_pairs(s) * (double)(s->d + s->dv) /
-                        (r->ms_med * 1e6);
+            r->gflops = 2.0 * s->hq * visible_pairs(bn, s) * (double)(s->d + s->dv) / (r->ms_med * 1e6);
             if (kind == OP_DECODE)
-                r->gbps = (double)((nq + nk + nv) * es + (uint64_t)(s->b * s->hq * s->sq * s->dv) * es) /
+                r->gbps = ((double)((nq + no) * es) + kv_bytes(bn, s) +
+                           (m[4] ? (double)(s->sq * s->skv) * (double)esize(mask_dtype(s)) : 0.0)) /
                           (r->ms_med * 1e6);
         }
         if (bn->opt.check) {
@@ -1002,12 +1147,12 @@ static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
     } else {
         r->ms_med = NAN;
     }
-    release(m, 4);
+    release(m, 6);
 }
 
 typedef struct softmax_job {
     clattn_softmax_desc desc;
-    clattn_tensor in, out;
+    clattn_tensor in, out, mask;
 } softmax_job;
 
 static int enqueue_softmax(bench *bn, void *job)
@@ -1027,9 +1172,10 @@ static void run_softmax(bench *bn, const shape *s)
 {
     const uint64_t n = (uint64_t)(s->b * s->hq * s->sq * s->skv);
     const size_t es = esize(s->dt);
-    cl_mem m[2] = {NULL, NULL};
-    if (!(m[0] = make_buffer(bn, "softmax", n * es)) || !(m[1] = make_buffer(bn, "softmax", n * es))) {
-        release(m, 2);
+    cl_mem m[4] = {NULL, NULL, NULL, NULL}; /* in, out, mask, key lengths */
+    if (!(m[0] = make_buffer(bn, "softmax", n * es)) || !(m[1] = make_buffer(bn, "softmax", n * es)) ||
+        make_masks(bn, "softmax", s, &m[2], &m[3])) {
+        release(m, 4);
         return;
     }
     upload(bn, m[0], ID_S, n, s->dt);
@@ -1040,12 +1186,19 @@ static void run_softmax(bench *bn, const shape *s)
     j.desc.rows = s->sq;
     j.desc.cols = s->skv;
     j.desc.causal = s->causal;
+    j.desc.kv_lengths = m[3];
+    if (m[2]) {
+        j.mask = clattn_tensor_bhsd(m[2], mask_dtype(s), 1, 1, s->sq, s->skv);
+        j.desc.mask = &j.mask;
+    }
     j.in = clattn_tensor_bhsd(m[0], s->dt, s->b, s->hq, s->sq, s->skv);
     j.out = clattn_tensor_bhsd(m[1], s->dt, s->b, s->hq, s->sq, s->skv);
     result r = new_result("softmax", s);
     if (measure(bn, enqueue_softmax, &j, &r.ms_med, &r.ms_min) == 0) {
-        note_params(bn, CLATTN_OPERATION_SOFTMAX, s->dt, 0, s->sq, s->skv, s->causal);
-        r.gbps = 2.0 * (double)(n * es) / (r.ms_med * 1e6);
+        note_params(bn, CLATTN_OPERATION_SOFTMAX, s->dt, 0, s->sq, s->skv, s->causal, masked(s));
+        r.gbps = (2.0 * (double)(n * es) +
+                  (m[2] ? (double)(s->sq * s->skv) * (double)esize(mask_dtype(s)) : 0.0)) /
+                 (r.ms_med * 1e6);
         r.ratio_name = "softmax_gbps/copy_gbps";
         r.ratio = r.gbps / bn->copy_gbps;
         add_ratio(bn, "softmax vs copy", "softmax GB/s / copy GB/s", r.ratio);
@@ -1056,7 +1209,7 @@ static void run_softmax(bench *bn, const shape *s)
         }
         emit(bn, &r);
     }
-    release(m, 2);
+    release(m, 4);
 }
 
 #ifdef CLATTN_HAVE_CLBLAST
@@ -1098,6 +1251,8 @@ static void run_clblast(bench *bn, const shape *sc)
     s.dv = s.d;
     s.dt = CLATTN_F32;
     s.causal = 0;
+    s.mask = MASK_NONE;
+    s.kv_lens = 0;
     const uint64_t batch = (uint64_t)(s.b * s.hq), na = batch * (uint64_t)(s.sq * s.d),
                    nb = batch * (uint64_t)(s.skv * s.d), nc = batch * (uint64_t)(s.sq * s.skv);
     cl_mem m[3] = {NULL, NULL, NULL};
@@ -1135,15 +1290,15 @@ static void run_clblast(bench *bn, const shape *sc)
 
 static shape default_shape(const bench *bn, int op)
 {
-    shape s = {1, 8, 8, 1024, 1024, 64, 64, CLATTN_F32, 0};
+    shape s = {1, 8, 8, 1024, 1024, 64, 64, CLATTN_F32, 0, MASK_NONE, 0, 0};
     if (bn->gpu)
-        s = (shape){4, 16, 16, 4096, 4096, 64, 64, CLATTN_F32, 0};
+        s = (shape){4, 16, 16, 4096, 4096, 64, 64, CLATTN_F32, 0, MASK_NONE, 0, 0};
     if (op == OP_SOFTMAX) {
-        s = bn->gpu ? (shape){1, 64, 64, 4096, 4096, 0, 0, CLATTN_F32, 0}
-                    : (shape){1, 8, 8, 1024, 1024, 0, 0, CLATTN_F32, 0};
+        s = bn->gpu ? (shape){1, 64, 64, 4096, 4096, 0, 0, CLATTN_F32, 0, MASK_NONE, 0, 0}
+                    : (shape){1, 8, 8, 1024, 1024, 0, 0, CLATTN_F32, 0, MASK_NONE, 0, 0};
     } else if (op == OP_DECODE) {
-        s = bn->gpu ? (shape){16, 32, 32, 1, 8192, 128, 128, CLATTN_F32, 0}
-                    : (shape){1, 8, 8, 1, 65536, 64, 64, CLATTN_F32, 0};
+        s = bn->gpu ? (shape){16, 32, 32, 1, 8192, 128, 128, CLATTN_F32, 0, MASK_NONE, 0, 0}
+                    : (shape){1, 8, 8, 1, 65536, 64, 64, CLATTN_F32, 0, MASK_NONE, 0, 0};
     }
     return s;
 }
@@ -1173,6 +1328,9 @@ static shape op_shape(const bench *bn, int op)
     if (o->dtype >= 0)
         s.dt = (clattn_dtype)o->dtype;
     s.causal = o->causal;
+    s.mask = o->mask;
+    s.window = o->window;
+    s.kv_lens = o->n_kv_len > 0;
     return s;
 }
 
@@ -1195,6 +1353,12 @@ static void usage(FILE *f)
           "  --dtype T       f32, f16 or bf16 storage for clattn's ops (CLBlast stays f32)\n"
           "  --causal        bottom-right causal masking for every op (default: off, and fused\n"
           "                  runs once more with causal to give the causal/non-causal ratio)\n"
+          "  --mask KIND     an additive mask [1][1][Sq][Skv] (f16 with --dtype f16, else f32) for\n"
+          "                  scores, softmax, unfused, fused and decode: none (default); bias:\n"
+          "                  values in [-1, 1), hiding nothing; window:W: each row sees the W keys\n"
+          "                  ending at its diagonal key (bottom-right, as causal), -inf elsewhere\n"
+          "  --kv-len LIST   per-batch key lengths (kv_lengths), a comma list of counts cycled\n"
+          "                  over the batch; the library clamps each to 0..Skv\n"
           "  --iters N       timed runs per op (default 10); the median and minimum are shown\n"
           "  --warmup N      untimed runs first, covering kernel builds (default 2)\n"
           "  --csv           one header line, then one line per measurement\n"
@@ -1209,12 +1373,14 @@ static void usage(FILE *f)
           "Skv8192 d128, copy 256 MiB. CLBlast runs SgemmStridedBatched on the scores shape.\n"
           "\n"
           "Timing is wall clock around enqueue + clFinish, so every kernel of an op counts.\n"
-          "GFLOP/s: attention 2*B*Hq*pairs*(D+Dv) with pairs = visible (query, key) pairs;\n"
-          "scores 2*B*Hq*Sq*Skv*D; peak: the device's fp32 multiply-add rate (independent fma\n"
+          "GFLOP/s: attention 2*Hq*pairs*(D+Dv), pairs = the (query, key) pairs of the batch\n"
+          "that contribute (causal, key lengths and window counted exactly); scores\n"
+          "2*B*Hq*Sq*Skv*D; peak: the device's fp32 multiply-add rate (independent fma\n"
           "chains of float, float4, float8 and float16; the fastest width is shown, in the\n"
           "dtype column, its GFLOP/s from the fastest run), which bounds attention's GFLOP/s.\n"
-          "GB/s (1e9 bytes): copy read+write, softmax in+out, decode Q+K+V+O, scores output\n"
-          "written. Check errors are absolute up to magnitude 1 and relative above it;\n"
+          "GB/s (1e9 bytes): copy read+write, softmax in+out (+mask), decode Q+O (+mask) and\n"
+          "the K and V rows within the key lengths, scores output written. Check errors are\n"
+          "absolute up to magnitude 1 and relative above it;\n"
           "softmax's are relative to the row's largest probability.\n"
           "\n"
           "Exit status: 0 ok, 1 usage or failure, 2 no OpenCL device, 3 check above tolerance.\n",
@@ -1264,6 +1430,48 @@ static unsigned parse_ops(const char *list)
     return ops;
 }
 
+/* --mask none | bias | window:W */
+static void parse_mask(const char *v, options *o)
+{
+    if (strcmp(v, "none") == 0) {
+        o->mask = MASK_NONE;
+    } else if (strcmp(v, "bias") == 0) {
+        o->mask = MASK_BIAS;
+    } else if (strncmp(v, "window:", 7) == 0) {
+        o->mask = MASK_WINDOW;
+        o->window = parse_count("--mask window:", v + 7, 1);
+    } else {
+        fprintf(stderr, "clattn-bench: --mask must be none, bias or window:W (got '%s')\n", v);
+        exit(EXIT_USAGE);
+    }
+}
+
+/* --kv-len N[,N...]: 1 to MAX_KV_LENS counts in 0 .. 2^31 - 1 (an int32 each). */
+static void parse_kv_len(const char *v, options *o)
+{
+    o->n_kv_len = 0;
+    for (const char *p = v;; p++) {
+        char item[32];
+        const size_t len = strcspn(p, ",");
+        if (o->n_kv_len == MAX_KV_LENS || len == 0 || len >= sizeof item) {
+            fprintf(stderr, "clattn-bench: --kv-len needs 1 to %d comma-separated counts (got '%s')\n",
+                    MAX_KV_LENS, v);
+            exit(EXIT_USAGE);
+        }
+        memcpy(item, p, len);
+        item[len] = '\0';
+        const long long n = parse_count("--kv-len", item, 0);
+        if (n > INT32_MAX) {
+            fprintf(stderr, "clattn-bench: --kv-len: %lld does not fit an int32\n", n);
+            exit(EXIT_USAGE);
+        }
+        o->kv_len[o->n_kv_len++] = n;
+        p += len;
+        if (!*p)
+            break;
+    }
+}
+
 static void parse_args(int argc, char **argv, options *o)
 {
     memset(o, 0, sizeof *o);
@@ -1277,7 +1485,8 @@ static void parse_args(int argc, char **argv, options *o)
         int what;
     } valued[] = {{"--device", 0}, {"--op", 1},      {"--batch", 2},  {"--heads", 3},
                   {"--heads-kv", 4}, {"--seq-q", 5}, {"--seq-kv", 6}, {"--dim", 7},
-                  {"--dim-v", 8},  {"--dtype", 9},   {"--iters", 10}, {"--warmup", 11}};
+                  {"--dim-v", 8},  {"--dtype", 9},   {"--iters", 10}, {"--warmup", 11},
+                  {"--mask", 12},  {"--kv-len", 13}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -1333,6 +1542,8 @@ static void parse_args(int argc, char **argv, options *o)
             break;
         case 10: o->iters = (int)parse_count("--iters", v, 1); break;
         case 11: o->warmup = (int)parse_count("--warmup", v, 0); break;
+        case 12: parse_mask(v, o); break;
+        case 13: parse_kv_len(v, o); break;
         default:
             fprintf(stderr, "clattn-bench: unknown option '%s'\n", a);
             usage(stderr);
