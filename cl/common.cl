@@ -212,14 +212,17 @@ __attribute__((always_inline)) inline void qk16_tile(const qrow *q, __global con
 #define T_A float
 #define LD_A(p, i) ((p)[i])
 #define LD4_A(p, i) vload4(0, (p) + (i))
+#define LD16_A(p, i) vload16(0, (p) + (i))
 #elif DT_A == 1
 #define T_A half
 #define LD_A(p, i) vload_half((i), (p))
 #define LD4_A(p, i) vload_half4(0, (p) + (i))
+#define LD16_A(p, i) vload_half16(0, (p) + (i))
 #else
 #define T_A ushort
 #define LD_A(p, i) bf16_to_f32((p)[i])
 #define LD4_A(p, i) as_float4(convert_uint4(vload4(0, (p) + (i))) << 16)
+#define LD16_A(p, i) as_float16(convert_uint16(vload16(0, (p) + (i))) << 16)
 #endif
 #endif
 
@@ -239,17 +242,14 @@ __attribute__((always_inline)) inline void qk16_tile(const qrow *q, __global con
 #endif
 #endif
 
-#if defined(DT_MASK)
-#if DT_MASK == 0
-#define T_MASK float
-#define LD_MASK(p, i) ((p)[i])
-#else
+#if defined(DT_MASK) && DT_MASK != 0
 #define T_MASK half
 #define LD_MASK(p, i) vload_half((i), (p))
-#endif
+#define LD16_MASK(p, i) vload_half16(0, (p) + (i)) /* elements i .. i+15 */
 #else
 #define T_MASK float
 #define LD_MASK(p, i) ((p)[i])
+#define LD16_MASK(p, i) vload16(0, (p) + (i))
 #endif
 
 /* Keys visible to batch b: kv_lengths[b] clamped to [0, seq_kv], or seq_kv without the array. */

@@ -118,18 +118,6 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
  * passes and the same rules as above; grid x = ceil(rows / ROWS), y = batch·heads. */
 #ifdef ROWS
 
-#if DT_A == 0
-#define LD16_A(p, i) vload16(0, (p) + (i))
-#elif DT_A == 1
-#define LD16_A(p, i) vload_half16(0, (p) + (i))
-#else
-#define LD16_A(p, i) as_float16(convert_uint16(vload16(0, (p) + (i))) << 16)
-#endif
-#if DT_MASK == 0
-#define LD16_MASK(p, i) vload16(0, (p) + (i))
-#else
-#define LD16_MASK(p, i) vload_half16(0, (p) + (i))
-#endif
 #if DT_OUT == 0
 #define LD16_OUT(p, i) vload16(0, (p) + (i))
 #elif DT_OUT == 1

@@ -65,7 +65,11 @@ typedef enum special_kind {
     SP_UNDERFLOW_NAN,      /* odd keys ~3000 below the rest (weight 0, yet visible) with NaN in
                             * their V: the rows that see one are NaN */
     SP_UNDERFLOW_NAN_TAIL, /* every key but the first 4, NaN from key 16 on */
-    SP_MASKED_ROW   /* one mask row all -inf: that row exactly 0, lse -inf */
+    SP_MASKED_ROW,  /* one mask row all -inf: that row exactly 0, lse -inf */
+    SP_POISON_HIDDEN, /* NaN/Inf in K and V at every key hidden from all rows of its batch, by the
+                       * mask (a window's past: whole blocks the CPU kernels skip) or kv_lengths */
+    SP_NAN_V_ODD_HIDDEN /* NaN in V at key Skv/2 | 15, hidden by the mask from its odd rows only: the
+                         * even rows NaN, the odd ones finite (their key groups must be checked) */
 } special_kind;
 
 enum { ALG_FUSED = 1, ALG_UNFUSED = 2, ALG_AUTO = 4 };
@@ -88,6 +92,8 @@ typedef struct att_case {
     float ramp;      /* mask entry of key j += ramp·j (contiguous mask): rows whose largest logit
                       * keeps rising along the keys (> 0), or sits in the first keys (< 0) */
     int bias;        /* a mask without -inf entries (a bias, as ALiBi's): it hides no key */
+    int window;      /* > 0: mask row i hides every key outside the `window` keys ending at its
+                      * diagonal key i + Skv - Sq (a sliding window; mask rows = Sq) */
 } att_case;
 
 /* clang-format off */
@@ -208,6 +214,31 @@ static const att_case cases[] = {
     {"bias_mask_lanes_gqa8_sq4_f16", 2, 16, 2, 4, 600, 64, 0, F16, .mask = MASK_FULL, .mask_dt = F16, .bias = 1},
     {"bias_mask_causal_kvlen_nan", 2, 2, 1, 70, 600, 64, 0, F32, .causal = 1, .mask = MASK_FULL, .mask_dt = F32,
      .has_kv = 1, .kv = {600, 400}, .special = SP_NAN_MASK, .bias = 1},
+    {"bias_mask_nan_v_odd_rows_hide", 1, 2, 2, 40, 300, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32,
+     .bias = 1, .special = SP_NAN_V_ODD_HIDDEN},
+    {"bias_mask_lanes_gqa8_sq4_nan_v_odd_rows_hide_f16", 1, 16, 2, 4, 300, 64, 0, F16, .mask = MASK_FULL,
+     .mask_dt = F16, .bias = 1, .special = SP_NAN_V_ODD_HIDDEN},
+    /* sliding-window masks: the CPU kernels skip a block that the mask hides from all its rows
+     * (dot products included), so K and V are poisoned wherever no row of the batch looks.
+     * Prefill over the copies (the window's 100 keys end 400 past the row), few rows in place
+     * (bf16, a window of 50: a 16-key scan tail), fused_lanes (32 rows a kv head), decode with
+     * an f16 mask, and causal with key lengths that leave batch 1's rows no key at all. */
+    {"window_300x700_w100", 1, 2, 2, 300, 700, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32, .bias = 1,
+     .window = 100, .special = SP_POISON_HIDDEN},
+    {"window_few_rows_sq32_w50_bf16", 2, 2, 2, 32, 500, 64, 0, BF16, .mask = MASK_FULL, .mask_dt = F32,
+     .window = 50, .has_kv = 1, .kv = {500, 470}, .special = SP_POISON_HIDDEN},
+    {"window_lanes_gqa8_sq4_w40", 2, 16, 2, 4, 600, 64, 0, F32, .mask = MASK_HEADS, .mask_dt = F32, .bias = 1,
+     .window = 40, .special = SP_POISON_HIDDEN},
+    {"window_decode_sq1_w33_f16mask_kvlen", 2, 4, 4, 1, 1000, 128, 0, F32, .mask = MASK_HEADS,
+     .mask_dt = F16, .window = 33, .has_kv = 1, .kv = {1000, 500}, .special = SP_POISON_HIDDEN},
+    /* a window of 1 key (the diagonal) cut by key lengths: in the row block whose first row's
+     * key is its batch's last, that key alone is visible, at the end of the 16-key scan's tail */
+    {"window1_kvlen_edges", 4, 1, 1, 64, 200, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32, .bias = 1,
+     .window = 1, .has_kv = 1, .kv = {152, 153, 154, 155}, .special = SP_POISON_HIDDEN},
+    {"window1_kvlen_edges_copies", 4, 1, 1, 300, 440, 64, 0, F32, .mask = MASK_SHARED, .mask_dt = F32,
+     .bias = 1, .window = 1, .has_kv = 1, .kv = {327, 328, 329, 330}, .special = SP_POISON_HIDDEN},
+    {"window_causal_kvlen_shared_f16mask", 2, 2, 1, 200, 600, 64, 0, F32, .causal = 1, .mask = MASK_SHARED,
+     .mask_dt = F16, .window = 77, .has_kv = 1, .kv = {600, 350}, .special = SP_POISON_HIDDEN},
 
     /* kv_lengths alone and together with causal and a mask */
     {"kvlen", 3, 2, 2, 19, 64, 64, 0, F32, .has_kv = 1, .kv = {64, 17, 40}},
@@ -428,6 +459,15 @@ static void build(problem *p)
         if (c->ramp != 0.0f)
             for (size_t i = 0; i < n; ++i)
                 tu_put(c->mask_dt, tm, p->xmask, i, p->xmask[i] + c->ramp * (double)(i % (size_t)c->Skv));
+        if (c->window > 0) {
+            assert_int_equal(ms[2], c->Sq);
+            for (size_t i = 0; i < n; ++i) {
+                const long long row = (long long)(i / (size_t)c->Skv % (size_t)c->Sq),
+                                j = (long long)(i % (size_t)c->Skv), diag = row + c->Skv - c->Sq;
+                if (j > diag || j <= diag - c->window)
+                    tu_put(c->mask_dt, tm, p->xmask, i, -INFINITY);
+            }
+        }
     }
 
     /* Special inputs. */
@@ -525,6 +565,43 @@ static void build(problem *p)
         /* Last row of the last head of batch 0: it sees every key of the batch. */
         const size_t r = row_of(c, 0, c->Hq - 1, c->Sq - 1);
         tu_put(dt, tq, p->xq, r * D + D / 2, NAN);
+        break;
+    }
+    case SP_NAN_V_ODD_HIDDEN: {
+        assert_non_null(tm);
+        const size_t j0 = (Skv / 2) | 15; /* the last key of a 16-key group */
+        for (size_t i = 0; i < p->mask.n / Skv; ++i)
+            if (i % (size_t)ms[2] % 2 == 1)
+                tu_put(c->mask_dt, tm, p->xmask, i * Skv + j0, -INFINITY);
+        for (size_t kr = j0; kr < p->v.n / Dv; kr += Skv) /* key j0 of every batch and kv head */
+            for (size_t d = 0; d < Dv; ++d)
+                tu_put(dt, tv, p->xv, kr * Dv + d, NAN);
+        break;
+    }
+    case SP_POISON_HIDDEN: {
+        assert_non_null(tm);
+        const size_t rows = (size_t)ms[1] * (size_t)ms[2]; /* mask rows of one mask batch */
+        size_t poisoned = 0;
+        for (int b = 0; b < c->B; ++b) {
+            const int L = kv_len_of(p, b);
+            const size_t mb = ms[0] == 1 ? 0 : (size_t)b;
+            for (size_t j = 0; j < Skv; ++j) {
+                int hidden = 1;
+                for (size_t r = 0; r < rows && hidden && (int)j < L; ++r)
+                    hidden = p->xmask[(mb * rows + r) * Skv + j] == -INFINITY;
+                if (!hidden)
+                    continue;
+                poisoned++;
+                for (int g = 0; g < c->Hkv; ++g) {
+                    const size_t kr = ((size_t)b * (size_t)c->Hkv + (size_t)g) * Skv + j;
+                    for (size_t d = 0; d < D; ++d)
+                        tu_put(dt, tk, p->xk, kr * D + d, d % 3 == 0 ? NAN : (d % 3 == 1 ? INFINITY : -INFINITY));
+                    for (size_t d = 0; d < Dv; ++d)
+                        tu_put(dt, tv, p->xv, kr * Dv + d, d % 3 == 1 ? NAN : (d % 3 == 2 ? INFINITY : -INFINITY));
+                }
+            }
+        }
+        assert_true(poisoned > 0); /* the case hides whole stretches of keys */
         break;
     }
     case SP_MASKED_ROW: {
@@ -771,11 +848,11 @@ static void test_case(void **state)
         assert_true(isnan(p.ref_lse[row_of(c, 0, c->Hq - 1, c->Sq - 1)]));
     if (c->special == SP_MASKED_ROW)
         assert_true(p.ref_lse[row_of(c, 0, 0, c->Sq / 2)] == -INFINITY);
-    if (c->special == SP_POISON_DIAG) {
+    if (c->special == SP_POISON_DIAG || c->special == SP_NAN_V_ODD_HIDDEN) {
         size_t nan_rows = 0;
         for (size_t r = 0; r < p.nrow; ++r)
-            nan_rows += isnan(p.ref_lse[r]);
-        assert_true(nan_rows > 0 && nan_rows < p.nrow / 2);
+            nan_rows += isnan(p.ref_out[r * (size_t)p.Dv]);
+        assert_true(nan_rows > 0 && nan_rows < (c->special == SP_POISON_DIAG ? p.nrow / 2 : p.nrow));
     }
 
     const unsigned algos = c->algos != 0 ? c->algos : (ALG_FUSED | ALG_UNFUSED);

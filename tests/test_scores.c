@@ -48,7 +48,9 @@ typedef struct sc_case {
     tu_layout layout;     /* q, k and the mask */
     tu_layout out_layout; /* scores */
     float scale;            /* 0: 1/sqrt(D) */
-    int poison;             /* NaN/Inf in K at keys past the kv length: their scores stay -inf */
+    int poison;             /* NaN/Inf in K at keys past the kv length: their scores stay -inf;
+                             * 2: also at every fifth key (j % 5 == 2), which the mask hides from
+                             * every row (a -inf mask hides the key even when its score is NaN) */
     const int *params;      /* clattn_set_params(SCORES) for this call; NULL: the defaults */
 } sc_case;
 
@@ -102,6 +104,10 @@ static const sc_case cases[] = {
     {"mask_shared", 2, 3, 1, 33, 47, 64, F32, F32, .mask = MASK_SHARED, .mask_dt = F32},
     {"mask_batch_rows_f16", 2, 3, 3, 33, 47, 64, F32, F32, .mask = MASK_BATCH_ROWS, .mask_dt = F16},
     {"mask_heads_stride0", 2, 3, 3, 33, 47, 64, F32, F32, .mask = MASK_HEADS_STRIDE0, .mask_dt = F32},
+    /* -inf mask columns over NaN/Inf keys, in whole 16-key groups and in tails (100 keys) */
+    {"mask_poison_columns", 2, 2, 2, 33, 100, 64, F32, F32, .mask = MASK_HEADS, .mask_dt = F32, .poison = 2},
+    {"mask_poison_columns_f16_kvlen", 2, 2, 1, 40, 100, 64, F16, F32, .mask = MASK_FULL, .mask_dt = F16,
+     .has_kv = 1, .kv = {100, 61}, .poison = 2},
 
     /* kv lengths, alone and combined */
     {"kvlen", 3, 2, 2, 19, 129, 64, F32, F32, .has_kv = 1, .kv = {129, 40, 0}},
@@ -199,10 +205,10 @@ static void test_case(void **state)
         kvl[b] = c->kv[b];
     if (c->poison)
         for (int b = 0; b < c->B; ++b) {
-            const int L = kvl[b] < 0 ? 0 : (kvl[b] > c->Skv ? c->Skv : kvl[b]);
+            const int L = !c->has_kv ? c->Skv : kvl[b] < 0 ? 0 : (kvl[b] > c->Skv ? c->Skv : kvl[b]);
             for (int g = 0; g < c->Hkv; ++g)
-                for (int j = L; j < c->Skv; ++j)
-                    for (int d = 0; d < c->D; ++d)
+                for (int j = c->poison == 2 ? 0 : L; j < c->Skv; ++j)
+                    for (int d = 0; d < c->D && (j >= L || j % 5 == 2); ++d)
                         tu_put(c->dt, tk, xk, (((size_t)b * (size_t)c->Hkv + (size_t)g) * (size_t)c->Skv + (size_t)j) *
                                                    (size_t)c->D + (size_t)d,
                             d % 2 ? NAN : INFINITY);
@@ -222,7 +228,7 @@ static void test_case(void **state)
         xm = tu_xdoubles(mask.n);
         tu_fill(&rng, c->mask_dt, tm, xm, mask.n, -2.0, 2.0);
         for (size_t i = 0; i < mask.n; ++i)
-            if (tu_uniform(&rng, 0.0, 1.0) < 0.1)
+            if (tu_uniform(&rng, 0.0, 1.0) < 0.1 || (c->poison == 2 && i % (size_t)c->Skv % 5 == 2))
                 tu_put(c->mask_dt, tm, xm, i, -INFINITY);
         tu_scatter(&mask, tm);
         if (c->mask == MASK_HEADS_STRIDE0) {
