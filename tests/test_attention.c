@@ -393,6 +393,21 @@ static int kv_len_of(const problem *p, int b)
     return l < 0 ? 0 : (l > p->c->Skv ? p->c->Skv : l);
 }
 
+/* NaN and ±Inf across key j of batch b in every kv head's K and V (tk, tv: the staged storage
+ * images; p->xk, p->xv: their values). */
+static void poison_key(problem *p, void *tk, void *tv, int b, size_t j)
+{
+    const att_case *c = p->c;
+    const size_t D = (size_t)c->D, Dv = (size_t)p->Dv;
+    for (int g = 0; g < c->Hkv; ++g) {
+        const size_t kr = ((size_t)b * (size_t)c->Hkv + (size_t)g) * (size_t)c->Skv + j;
+        for (size_t d = 0; d < D; ++d)
+            tu_put(c->dt, tk, p->xk, kr * D + d, d % 3 == 0 ? NAN : (d % 3 == 1 ? INFINITY : -INFINITY));
+        for (size_t d = 0; d < Dv; ++d)
+            tu_put(c->dt, tv, p->xv, kr * Dv + d, d % 3 == 1 ? NAN : (d % 3 == 2 ? INFINITY : -INFINITY));
+    }
+}
+
 static size_t row_of(const att_case *c, int b, int h, int i)
 {
     return ((size_t)b * (size_t)c->Hq + (size_t)h) * (size_t)c->Sq + (size_t)i;
@@ -500,16 +515,9 @@ static void build(problem *p)
                     tu_put(c->mask_dt, tm, p->xmask, i, -INFINITY);
         for (int b = 0; b < c->B; ++b) {
             const int L = kv_len_of(p, b);
-            for (int g = 0; g < c->Hkv; ++g)
-                for (size_t j = 0; j < Skv; ++j) {
-                    if (!((int)j >= L || (tm != NULL && j % 5 == 2)))
-                        continue;
-                    const size_t kr = (((size_t)b * (size_t)c->Hkv + (size_t)g) * Skv + j);
-                    for (size_t d = 0; d < D; ++d)
-                        tu_put(dt, tk, p->xk, kr * D + d, d % 3 == 0 ? NAN : (d % 3 == 1 ? INFINITY : -INFINITY));
-                    for (size_t d = 0; d < Dv; ++d)
-                        tu_put(dt, tv, p->xv, kr * Dv + d, d % 3 == 1 ? NAN : (d % 3 == 2 ? INFINITY : -INFINITY));
-                }
+            for (size_t j = 0; j < Skv; ++j)
+                if ((int)j >= L || (tm != NULL && j % 5 == 2))
+                    poison_key(p, tk, tv, b, j);
         }
         break;
     }
@@ -589,15 +597,9 @@ static void build(problem *p)
                 int hidden = 1;
                 for (size_t r = 0; r < rows && hidden && (int)j < L; ++r)
                     hidden = p->xmask[(mb * rows + r) * Skv + j] == -INFINITY;
-                if (!hidden)
-                    continue;
-                poisoned++;
-                for (int g = 0; g < c->Hkv; ++g) {
-                    const size_t kr = ((size_t)b * (size_t)c->Hkv + (size_t)g) * Skv + j;
-                    for (size_t d = 0; d < D; ++d)
-                        tu_put(dt, tk, p->xk, kr * D + d, d % 3 == 0 ? NAN : (d % 3 == 1 ? INFINITY : -INFINITY));
-                    for (size_t d = 0; d < Dv; ++d)
-                        tu_put(dt, tv, p->xv, kr * Dv + d, d % 3 == 1 ? NAN : (d % 3 == 2 ? INFINITY : -INFINITY));
+                if (hidden) {
+                    poison_key(p, tk, tv, b, j);
+                    poisoned++;
                 }
             }
         }

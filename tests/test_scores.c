@@ -207,8 +207,8 @@ static void test_case(void **state)
         for (int b = 0; b < c->B; ++b) {
             const int L = !c->has_kv ? c->Skv : kvl[b] < 0 ? 0 : (kvl[b] > c->Skv ? c->Skv : kvl[b]);
             for (int g = 0; g < c->Hkv; ++g)
-                for (int j = c->poison == 2 ? 0 : L; j < c->Skv; ++j)
-                    for (int d = 0; d < c->D && (j >= L || j % 5 == 2); ++d)
+                for (int j = 0; j < c->Skv; ++j)
+                    for (int d = 0; d < c->D && (j >= L || (c->poison == 2 && j % 5 == 2)); ++d)
                         tu_put(c->dt, tk, xk, (((size_t)b * (size_t)c->Hkv + (size_t)g) * (size_t)c->Skv + (size_t)j) *
                                                    (size_t)c->D + (size_t)d,
                             d % 2 ? NAN : INFINITY);

@@ -308,23 +308,54 @@ static void release(cl_mem *m, int n)
             clReleaseMemObject(m[i]);
 }
 
-/* Fills a contiguous buffer with `count` elements of stream `id`. */
-static void upload(bench *bn, cl_mem buf, unsigned id, uint64_t count, clattn_dtype dt)
+/* Element i of a contiguous tensor being uploaded; ctx is the uploader's. */
+typedef float (*value_fn)(const void *ctx, uint64_t i);
+
+/* Fills a contiguous buffer with `count` elements value(ctx, i), in chunks of UPLOAD_CHUNK. */
+static void upload_values(bench *bn, cl_mem buf, uint64_t count, clattn_dtype dt, value_fn value,
+                          const void *ctx)
 {
     const size_t es = esize(dt);
     void *h = stage(bn, UPLOAD_CHUNK * es);
     for (uint64_t at = 0; at < count; at += UPLOAD_CHUNK) {
         const size_t n = (size_t)(count - at < UPLOAD_CHUNK ? count - at : UPLOAD_CHUNK);
         for (size_t i = 0; i < n; i++)
-            store(h, i, dt, gen(id, at + i));
+            store(h, i, dt, value(ctx, at + i));
         check_cl(clEnqueueWriteBuffer(bn->queue, buf, CL_TRUE, (size_t)at * es, n * es, h, 0, NULL,
                                       NULL),
                  "clEnqueueWriteBuffer");
     }
 }
 
+static float stream_value(const void *id, uint64_t i)
+{
+    return gen(*(const unsigned *)id, i);
+}
+
+/* Fills a contiguous buffer with `count` elements of stream `id`. */
+static void upload(bench *bn, cl_mem buf, unsigned id, uint64_t count, clattn_dtype dt)
+{
+    upload_values(bn, buf, count, dt, stream_value, &id);
+}
+
 static clattn_dtype mask_dtype(const shape *s);
 static double mask_at(const shape *s, long long i, long long j);
+
+/* Element e of shape s's [1][1][Sq][Skv] mask. */
+static float mask_value(const void *shp, uint64_t e)
+{
+    const shape *s = shp;
+    return (float)mask_at(s, (long long)(e / (uint64_t)s->skv), (long long)(e % (uint64_t)s->skv));
+}
+
+/* The view desc.mask takes of mask buffer m ([1][1][Sq][Skv], in *t), or NULL without one. */
+static const clattn_tensor *mask_view(cl_mem m, const shape *s, clattn_tensor *t)
+{
+    if (!m)
+        return NULL;
+    *t = clattn_tensor_bhsd(m, mask_dtype(s), 1, 1, s->sq, s->skv);
+    return t;
+}
 
 /* The --mask tensor ([1][1][Sq][Skv]) and the --kv-len buffer (int32[B]) of shape s, filled; NULL
  * where not asked for. @return 0, or OP_SKIPPED (a buffer beyond the device's limit, reason
@@ -333,22 +364,10 @@ static int make_masks(bench *bn, const char *op, const shape *s, cl_mem *mask, c
 {
     *mask = *lens = NULL;
     if (s->mask != MASK_NONE) {
-        const clattn_dtype mdt = mask_dtype(s);
-        const size_t es = esize(mdt);
         const uint64_t count = (uint64_t)(s->sq * s->skv);
-        if (!(*mask = make_buffer(bn, op, count * es)))
+        if (!(*mask = make_buffer(bn, op, count * esize(mask_dtype(s)))))
             return OP_SKIPPED;
-        void *h = stage(bn, UPLOAD_CHUNK * es);
-        for (uint64_t at = 0; at < count; at += UPLOAD_CHUNK) {
-            const size_t n = (size_t)(count - at < UPLOAD_CHUNK ? count - at : UPLOAD_CHUNK);
-            for (size_t k = 0; k < n; k++) {
-                const uint64_t e = at + k;
-                store(h, k, mdt, (float)mask_at(s, (long long)(e / (uint64_t)s->skv), (long long)(e % (uint64_t)s->skv)));
-            }
-            check_cl(clEnqueueWriteBuffer(bn->queue, *mask, CL_TRUE, (size_t)at * es, n * es, h, 0, NULL,
-                                          NULL),
-                     "clEnqueueWriteBuffer");
-        }
+        upload_values(bn, *mask, count, mask_dtype(s), mask_value, s);
     }
     if (s->kv_lens) {
         if (!(*lens = make_buffer(bn, op, (size_t)s->b * sizeof(cl_int)))) {
@@ -692,12 +711,15 @@ static void fmt_num(char *buf, size_t size, double v, const char *fmt)
  * lengths are given. */
 static void mask_desc(const shape *s, char *buf, size_t size)
 {
+    int n = 0;
     if (s->mask == MASK_WINDOW)
-        snprintf(buf, size, "window:%lld%s", s->window, s->kv_lens ? "+kvlen" : "");
-    else if (s->mask == MASK_BIAS || !s->kv_lens)
-        snprintf(buf, size, "%s%s", s->mask == MASK_BIAS ? "bias" : "none", s->kv_lens ? "+kvlen" : "");
-    else
-        snprintf(buf, size, "kvlen");
+        n = snprintf(buf, size, "window:%lld", s->window);
+    else if (s->mask == MASK_BIAS)
+        n = snprintf(buf, size, "bias");
+    if (s->kv_lens)
+        snprintf(buf + n, size - (size_t)n, "%skvlen", n ? "+" : "");
+    else if (!n)
+        snprintf(buf, size, "none");
 }
 
 static void emit(bench *bn, const result *r)
@@ -1113,10 +1135,7 @@ static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
     j.desc.scale = 0.0f; /* 1/sqrt(head_dim) */
     j.desc.causal = s->causal;
     j.desc.kv_lengths = m[5];
-    if (m[4]) {
-        j.mask = clattn_tensor_bhsd(m[4], mask_dtype(s), 1, 1, s->sq, s->skv);
-        j.desc.mask = &j.mask;
-    }
+    j.desc.mask = mask_view(m[4], s, &j.mask);
     j.desc.algorithm = kind == OP_UNFUSED ? CLATTN_ALGORITHM_UNFUSED
                        : kind == OP_FUSED ? CLATTN_ALGORITHM_FUSED
                                           : CLATTN_ALGORITHM_AUTO;
@@ -1187,10 +1206,7 @@ static void run_softmax(bench *bn, const shape *s)
     j.desc.cols = s->skv;
     j.desc.causal = s->causal;
     j.desc.kv_lengths = m[3];
-    if (m[2]) {
-        j.mask = clattn_tensor_bhsd(m[2], mask_dtype(s), 1, 1, s->sq, s->skv);
-        j.desc.mask = &j.mask;
-    }
+    j.desc.mask = mask_view(m[2], s, &j.mask);
     j.in = clattn_tensor_bhsd(m[0], s->dt, s->b, s->hq, s->sq, s->skv);
     j.out = clattn_tensor_bhsd(m[1], s->dt, s->b, s->hq, s->sq, s->skv);
     result r = new_result("softmax", s);
