@@ -45,7 +45,7 @@ static int fit(const clattn_context *ctx, fused_cfg *c, int dv, size_t cap)
         c->nv = (dv + c->vw * c->wgx - 1) / (c->vw * c->wgx);
         const int wg_ok = (size_t)c->wgx * c->wgy <= cap &&
                           (size_t)c->wgx <= ctx->dev.max_item[0] && (size_t)c->wgy <= ctx->dev.max_item[1];
-        if (wg_ok && fused_local_bytes(c) <= ctx->dev.local_mem)
+        if (wg_ok && clattn__local_fits(ctx, fused_local_bytes(c)))
             return 1;
         const int bn = c->wgx * c->vw * c->ns;
         if (!wg_ok && c->wgy > 1 && (size_t)c->wgx <= ctx->dev.max_item[0])
@@ -399,7 +399,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
  * work-items and `bytes` of local memory fits the device and `cap` (see fit). */
 static int rows_fit(const clattn_context *ctx, size_t items, size_t bytes, size_t cap)
 {
-    return items <= cap && items <= ctx->dev.max_item[0] && bytes <= ctx->dev.local_mem;
+    return items <= cap && items <= ctx->dev.max_item[0] && clattn__local_fits(ctx, bytes);
 }
 
 /* The next smaller work-group of the decode kernels: fewer key groups, then fewer rows; 0 when

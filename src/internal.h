@@ -181,6 +181,15 @@ clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const ch
  * is then cleared), or 0 when st stands. Only parameters the library chose (tuning files, vendor
  * or generic defaults) are refitted; an override or CLATTN_PARAMS_<OP> runs as given or fails. */
 size_t clattn__retry_cap(clattn_context *ctx, clattn_status st, clattn_params_source source, size_t cap);
+/* Local memory the compiler may add to a kernel's declared arrays: NVIDIA's OpenCL compiler
+ * (driver 580, H200) gives decode_rows, whose arrays take 49152 bytes, 49168 bytes of local memory
+ * (CL_KERNEL_LOCAL_MEM_SIZE), over the device's 48 KiB. The fits leave this much free. */
+#define CLATTN_LOCAL_RESERVE 256
+/* 1 when a kernel declaring `bytes` of local arrays fits the device's local memory. */
+static inline int clattn__local_fits(const clattn_context *ctx, size_t bytes)
+{
+    return ctx->dev.local_mem >= CLATTN_LOCAL_RESERVE && bytes <= ctx->dev.local_mem - CLATTN_LOCAL_RESERVE;
+}
 /* Source text for a file (embedded, or from CLATTN_KERNEL_DIR during development). Caller frees. */
 char *clattn__load_source(const char *file, size_t *len);
 void clattn__release_programs(clattn_context *ctx);

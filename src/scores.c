@@ -27,7 +27,7 @@ static void sane_gemm(const clattn_context *ctx, clattn_params *pp, size_t cap)
     /* Local memory: As[TK][TM] + Bs[TK][TN] floats. */
     for (;;) {
         size_t bytes = 4u * ((size_t)(v[4] + 4) * v[1] * v[2] + (size_t)v[4] * v[0] * v[5] * v[3]);
-        if (bytes <= ctx->dev.local_mem || v[4] <= 4)
+        if (clattn__local_fits(ctx, bytes) || v[4] <= 4)
             break;
         v[4] = (v[4] / 2 + 3) / 4 * 4;
     }
@@ -172,7 +172,7 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
         if (mode == 0 && v[6] > 0) {
             const size_t tk = (size_t)(K + 3) / 4 * 4;
             const size_t bytes = 4u * ((tk + 4) * (size_t)v[1] * v[2] + tk * (size_t)v[0] * v[5] * v[3]);
-            if (bytes <= ctx->dev.local_mem) {
+            if (clattn__local_fits(ctx, bytes)) {
                 kfull = 1;
                 v[4] = (int)tk;
             }
