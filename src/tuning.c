@@ -146,7 +146,7 @@ static void generic_defaults(clattn_op op, clattn_params *p)
         {16, 16, 4, 1, 16, 4, 0, 0, 0}, /* pv */
         {256, 0},                       /* softmax */
         {8, 8, 4, 1, 4, 0},             /* fused */
-        {32, 4, 0, 1, 8, 0, 2},         /* decode: decode_rows, 4 key groups, 8 loads in flight */
+        {32, 4, 0, 0, 8, 0, 4},         /* decode: decode_lanes, 4 key groups, 8 keys a step */
         {64},                           /* merge */
     };
     memcpy(p->v, v[op], sizeof v[op]);
@@ -183,15 +183,17 @@ static int vendor_defaults(const clattn_devinfo *d, clattn_op op, clattn_params 
     if ((d->type & CL_DEVICE_TYPE_GPU) && d->vendor_id == 0x10de) {
         /* Measured on an H100 (OpenCL 3.0 CUDA, driver 580): fused 4,16,4,1,4 (64 rows x 16
          * keys, 64 work-items) 21.4 TFLOP/s at B4 H16 S4096 d64 f32 against 15.2 for the generic
-         * 8,8,4,1,4 and 20.3 for 8,16,4,1,4; decode_rows with 4 key groups 1.71 TB/s of K+V at
-         * B16 H32 kv8192 d128 (2 groups 1.66, 8 groups 1.66). The other operations keep the
-         * generic values. */
+         * 8,8,4,1,4 and 20.3 for 8,16,4,1,4. Decode (the generic decode_lanes with PTX shuffles,
+         * 4 key groups of 32 lanes, 8 keys a step), on an H200 (driver 580), GB/s of Q+K+V+O,
+         * median of 30, against decode_rows (32,4,0,1,8,0,2, the default before) in the same
+         * session: B16 H32 kv8192 d128 f32 4296 against 1717 (our device copy 3602-3693; 2 key
+         * groups 4321, 8 groups 4368, without PTX 4078); f16 3315 against 906; 32/8 heads 2525
+         * against 1508; 32/8 heads seq_q 4 511 against 494 (8 groups 579). The other operations
+         * keep the generic values. */
         generic_defaults(op, p);
         if (op == CLATTN_OP_FUSED) {
             static const int f[6] = {4, 16, 4, 1, 4, 0};
             memcpy(p->v, f, sizeof f);
-        } else if (op == CLATTN_OP_DECODE) {
-            p->v[1] = 4;
         }
         *what = "vendor defaults (NVIDIA GPUs)";
         return 1;

@@ -6,8 +6,9 @@
 #
 #   tools/gpu-check.sh [STEPS [DEVICE [CTEST_REGEX]]]
 #
-# STEPS: a comma list of tests, bench, lanes, sweep (default tests,bench: about 6 minutes; lanes
-# and sweep about 6 more each); the build comes first in every call and is incremental. DEVICE:
+# STEPS: a comma list of tests, bench, lanes, sweep (default tests,bench: the tests took over 200 s
+# at -j12 on an H200 machine, whose image has PoCL too, which test_device opens; bench about 40 s;
+# lanes and sweep about 6 minutes each); the build comes first in every call and is incremental. DEVICE:
 # a clattn_create spec (default nvidia). CTEST_REGEX picks the tests (default: all but the
 # consumer check, test_decode_direct16 and test_attention_ns3, CPU kernels'). The OpenCL runtime must be registered
 # with the ICD loader (on the lent machines: `source .gpu/env.sh` first, after
@@ -65,16 +66,18 @@ sweep() { # name, then clattn-bench's arguments; one CLATTN_PARAMS_DECODE list p
   [ -f "$csv" ] && awk -F, '{ printf "%-18s %-5s %4s %4s %4s %10s %10s\n", $1, $4, $6, $7, $8, $12, $15 }' "$csv"
 }
 # decode_lanes (DIRECT 4): key groups (WGY) x keys a step (VW), lanes a row (NS; 0: one per
-# 16-byte chunk), splits; the first line is the current NVIDIA default (decode_rows) for reference,
-# the DIRECT 5 lines the same kernel without inline PTX (partial scores through local memory), in
-# case NVIDIA's compiler refuses the shuffles or they are slower. Every line is checked against the
-# float64 reference (a failure is printed and skipped).
+# 16-byte chunk), splits; the first line is decode_rows (the NVIDIA default before decode_lanes)
+# for reference, the DIRECT 5 lines the same kernel without inline PTX (partial scores through
+# local memory), the DIRECT 0 lines the tiled kernel, which beat decode_lanes on an H200 with 16
+# query rows per kv head (32/8 heads, seq_q 4). Every line is checked against the float64
+# reference (a failure is printed and skipped).
 lanes_lists() {
   echo "32,4,0,1,8,0,2"
   for wgy in 1 2 4 8; do for vw in 4 8 16; do echo "32,$wgy,0,0,$vw,0,4"; done; done
   for ns in 8 16; do echo "32,4,0,$ns,8,0,4"; done
   for splits in 8 32 128; do echo "32,4,0,0,8,$splits,4"; done
   for wgy in 2 4 8; do echo "32,$wgy,0,0,8,0,5"; done
+  echo "4,4,4,1,4,0,0"; echo "8,4,4,1,4,0,0"; echo "8,8,4,1,4,0,0"; echo "4,16,4,1,4,0,0"
 }
 if [[ $steps == *,lanes,* ]]; then
 log "decode_lanes sweep"
