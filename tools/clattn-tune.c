@@ -3,9 +3,11 @@
  * For every (shape, operation) task: the defaults (what the library uses without a user file)
  * are timed first; then candidates from the operation's parameter space (all of it when small,
  * else a random walk around the best so far) are each run once, dropped if the run fails (build
- * failure, work-group or local-memory limits, private-memory spill on GPUs) or if sampled output
- * rows differ from a float64 reference, and otherwise timed (wall clock around every kernel the
- * operation enqueues: warm-up, median of N). The winner, or the defaults when nothing beats them,
+ * failure, work-group or local-memory limits) or if sampled output rows differ from a float64
+ * reference, and otherwise timed (wall clock around every kernel the operation enqueues: warm-up,
+ * median of N). A kernel that needs private memory (spills, on GPUs) is timed like any other: NVIDIA's
+ * OpenCL reports private memory for every tiled GEMM candidate tried on an H200 (144 to 528
+ * bytes), so dropping them, as the tuner did, left nothing to tune there. The winner, or the defaults when nothing beats them,
  * goes into the device's user tuning file, written atomically.
  *
  * merge is tuned as applications run it: clattn_merge of MERGE_PARTS f32 partials (O, LSE) of the
@@ -44,7 +46,7 @@ typedef struct task {
 
 static clattn_context *ctx;
 static cl_command_queue queue;
-static int iters = 5, tty;
+static int iters = 5, tty, verbose;
 
 static double now_s(void)
 {
@@ -362,21 +364,21 @@ static double time_op(const shape *s, clattn_operation op, const data *dd)
     return t[n / 2];
 }
 
-/* GPUs: a kernel of the last build that needs private memory spills registers. */
-static int spills(int programs_before)
+/* The most private memory a work-item of a kernel built since programs_before needs (on GPUs,
+ * registers spilled to memory), for --verbose. */
+static cl_ulong private_bytes(int programs_before)
 {
-    if (ctx->dev.type & CL_DEVICE_TYPE_CPU)
-        return 0;
+    cl_ulong most = 0;
     for (int i = programs_before; i < ctx->nprograms; i++)
         for (int j = 0; j < ctx->programs[i].nkernels; j++) {
             cl_ulong priv = 0;
             if (ctx->programs[i].kernels[j] && /* NULL: a kernel the device refused */
                 clGetKernelWorkGroupInfo(ctx->programs[i].kernels[j], ctx->device,
                                          CL_KERNEL_PRIVATE_MEM_SIZE, sizeof priv, &priv, NULL) == CL_SUCCESS &&
-                priv > 0)
-                return 1;
+                priv > most)
+                most = priv;
         }
-    return 0;
+    return most;
 }
 
 /* ---- the search ---- */
@@ -536,6 +538,20 @@ static void progress(double done, double total, int ti, int nt, const char *what
     fflush(stderr);
 }
 
+/* --verbose: one line per candidate on stderr, its values and what became of it. */
+static void say_candidate(clattn_operation op, const int *v, int np, const char *fmt, ...)
+{
+    fprintf(stderr, "%-8s", clattn_operation_name(op));
+    for (int i = 0; i < np; i++)
+        fprintf(stderr, "%s%d", i ? "," : " ", v[i]);
+    fprintf(stderr, "  ");
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+}
+
 static void tune(task *t, double budget, double t_start, double total_budget, int ti, int nt)
 {
     const shape *s = &t->s;
@@ -599,20 +615,31 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
         progress(now_s() - t_start, total_budget, ti, nt, clattn_operation_name(op));
         clattn_set_params(ctx, op, v, np);
         const int before = ctx->nprograms;
-        /* One run first: a failure (build, launch limits) or a spill prunes the candidate. */
-        if (run_once(s, op, &dd) != CLATTN_SUCCESS || spills(before)) {
+        /* One run first: a failure (build, launch limits) prunes the candidate. */
+        if (run_once(s, op, &dd) != CLATTN_SUCCESS) {
             t->pruned++;
+            if (verbose)
+                say_candidate(op, v, np, "pruned: %s", clattn_last_error(ctx));
             continue;
         }
-        if (check_rows(s, op, &dd) > tol) {
+        const cl_ulong priv = private_bytes(before);
+        const double err = check_rows(s, op, &dd);
+        if (err > tol) {
             t->rejected++;
+            if (verbose)
+                say_candidate(op, v, np, "wrong: error %.3g", err);
             continue;
         }
         const double ms = time_op(s, op, &dd);
         if (ms < 0) {
             t->pruned++;
+            if (verbose)
+                say_candidate(op, v, np, "pruned: %s", clattn_last_error(ctx));
             continue;
         }
+        if (verbose)
+            say_candidate(op, v, np, "%.4f ms, %llu bytes of private memory a work-item", ms,
+                          (unsigned long long)priv);
         if (ms < t->best_ms) {
             /* Re-time before believing a win: these machines are noisy. */
             const double again = time_op(s, op, &dd);
@@ -673,6 +700,8 @@ static void usage(FILE *f)
             "  --dir DIR        tuning directory (sets CLATTN_TUNING_DIR)\n"
             "  --dry-run        search and report, write nothing\n"
             "  --json           print a JSON report on stdout\n"
+            "  --verbose        one line per candidate on stderr: its values and its time, or why\n"
+            "                   it was dropped\n"
             "  --seed N         random search seed\n"
             "  --help           this text\n",
             MERGE_PARTS);
@@ -693,6 +722,8 @@ int main(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--json")) {
             json = 1;
+        } else if (!strcmp(a, "--verbose")) {
+            verbose = 1;
         } else if (!strcmp(a, "--dry-run")) {
             dry = 1;
         } else if (val && !strcmp(a, "--device")) {
