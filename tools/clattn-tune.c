@@ -5,10 +5,10 @@
  * else a random walk around the best so far) are each run once, dropped if the run fails (build
  * failure, work-group or local-memory limits) or if sampled output rows differ from a float64
  * reference, and otherwise timed (wall clock around every kernel the operation enqueues: warm-up,
- * median of N). A kernel that needs private memory (spills, on GPUs) is timed like any other: NVIDIA's
- * OpenCL reports private memory for every tiled GEMM candidate tried on an H200 (144 to 528
- * bytes), so dropping them, as the tuner did, left nothing to tune there. The winner, or the defaults when nothing beats them,
- * goes into the device's user tuning file, written atomically.
+ * median of N). A kernel that needs private memory (spills, on GPUs) is timed like any other:
+ * NVIDIA's OpenCL reports private memory for every tiled GEMM candidate tried on an H200 (144 to
+ * 528 bytes), so dropping them, as the tuner did, left nothing to tune there. The winner, or the
+ * defaults when nothing beats them, goes into the device's user tuning file, written atomically.
  *
  * merge is tuned as applications run it: clattn_merge of MERGE_PARTS f32 partials (O, LSE) of the
  * shape's [B][H][Sq][D] rows, prepared once, checked against ref_merge. The library looks merge's
