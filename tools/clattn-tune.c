@@ -622,7 +622,7 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
                 say_candidate(op, v, np, "pruned: %s", clattn_last_error(ctx));
             continue;
         }
-        const cl_ulong priv = private_bytes(before);
+        const cl_ulong priv = verbose ? private_bytes(before) : 0;
         const double err = check_rows(s, op, &dd);
         if (err > tol) {
             t->rejected++;
