@@ -619,6 +619,33 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
                   wait, done);
 }
 
+/* decode_lanes, the GPU defaults' decode kernel (DECODE DIRECT 4), takes at most 16 packed rows in
+ * a block and keeps every row's scores and O in its lanes' registers; the tiled kernel shares each
+ * K and V tile among its rows through local memory, and from 16 rows per kv head it is the faster
+ * one. Measured on an H100 (NVIDIA driver 580, B16 H32/8 Skv8192 d128 f32, --check, median ms of
+ * 20; decode_lanes with 4 and 8 key groups against the tiled kernel 8,4,4,1,4 and 8,8,4,1,4, row
+ * tiles of 16 and 32): 8 rows (seq_q 2) 0.885 / 0.911 against 1.433 / 1.571; 16 rows (seq_q 4)
+ * 2.234 / 1.848 against 1.448 / 1.579; 32 rows (seq_q 8) 4.099 / 3.432 against 2.694 / 1.654. On
+ * an H200, 16 rows: 0.51 / 0.58 TB/s against 0.75 (row tile 16). With this rule, against
+ * decode_lanes with 8 key groups in the same H100 session: 16 rows 1.458 against 1.876, 32 rows
+ * 1.647 against 3.432, 64 rows (seq_q 16) 2.961 against 6.538; f16 16 rows 1.411 against 1.841,
+ * 32 rows 1.555 against 3.392; 32 heads d64 seq_q 16 (16 rows) 2.108 against 3.595; 8 rows stay
+ * on decode_lanes (0.895). The row tile covers the rows, up to 64 (the prefill default's). Wider
+ * heads were not measured: they keep decode_lanes. */
+#define TILED_DECODE_ROWS 16
+
+int clattn__decode_tiled_default(const clattn_context *ctx, int64_t rows, int64_t head_dim,
+                                 int64_t head_dim_v, clattn_params_source source, clattn_params *pp)
+{
+    if (!(ctx->dev.type & CL_DEVICE_TYPE_GPU) || source > CLATTN_SOURCE_VENDOR ||
+        (pp->v[6] != 4 && pp->v[6] != 5) || rows < TILED_DECODE_ROWS || head_dim > 128 ||
+        head_dim_v > 128)
+        return 0;
+    const int v[7] = {8, rows >= 64 ? 16 : (int)((rows + 3) / 4), 4, 1, 4, pp->v[5], 0};
+    memcpy(pp->v, v, sizeof v);
+    return 1;
+}
+
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done)
 {
@@ -630,6 +657,8 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
                             clattn__mask_kind(p->causal, p->has_mask || p->kv_lengths)};
     clattn_params pp;
     const clattn_params_source source = clattn__default_params(ctx, &bucket, &pp);
+    if (decode)
+        clattn__decode_tiled_default(ctx, R, p->head_dim, p->head_dim_v, source, &pp);
     if (decode && pp.v[6] >= 2 && pp.v[6] <= 5) {
         /* A kernel compiled with more registers than its work-group allows is refitted to what it
          * allows (clattn__retry_cap); with no group left that fits, the tiled kernel runs. */

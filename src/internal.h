@@ -387,6 +387,11 @@ void clattn__fit_fused_tile(const clattn_context *ctx, int64_t head_dim_v, int *
  * its RM and NS parameters are then unused. */
 int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
                             int64_t dk_plus_dv, clattn_dtype dtype);
+/* GPU decode with the vendor or generic defaults (decode_lanes) and 16 or more packed rows per kv
+ * head (head_dim and head_dim_v up to 128): the tiled kernel instead, WGX 8, RM 4, the row tile
+ * covering the rows up to 64, the defaults' SPLITS (src/fused.c). Returns whether *pp changed. */
+int clattn__decode_tiled_default(const clattn_context *ctx, int64_t rows, int64_t head_dim,
+                                 int64_t head_dim_v, clattn_params_source source, clattn_params *pp);
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done);
 clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,

@@ -34,7 +34,9 @@
  *                together, VW keys a step whose K and V rows are loaded before use, partial
  *                scores summed by PTX shuffles on NVIDIA GPUs, WGX unused; DIRECT 5:
  *                decode_lanes without PTX, the partial scores summed through local memory
- *                everywhere (on other devices the same as DIRECT 4))
+ *                everywhere (on other devices the same as DIRECT 4); on a GPU, decode_lanes
+ *                from the vendor or generic defaults gives way to the tiled kernel (DIRECT 0)
+ *                from 16 packed rows per kv head: fused.c, clattn__decode_tiled_default)
  *   MERGE      : WG  (merge.cl)
  * Lookup order: clattn_set_params override, CLATTN_PARAMS_<OP>, the user tuning file of the
  * device, built-in tables (tuning/ in the source tree, embedded), vendor defaults, generic defaults. */
@@ -181,15 +183,20 @@ static int vendor_defaults(const clattn_devinfo *d, clattn_op op, clattn_params 
         return 1;
     }
     if ((d->type & CL_DEVICE_TYPE_GPU) && d->vendor_id == 0x10de) {
-        /* Measured on an H100 (OpenCL 3.0 CUDA, driver 580): fused 4,16,4,1,4 (64 rows x 16
-         * keys, 64 work-items) 21.4 TFLOP/s at B4 H16 S4096 d64 f32 against 15.2 for the generic
-         * 8,8,4,1,4 and 20.3 for 8,16,4,1,4. Decode (the generic decode_lanes with PTX shuffles,
-         * 4 key groups of 32 lanes, 8 keys a step), on an H200 (driver 580), GB/s of Q+K+V+O,
-         * median of 30, against decode_rows (32,4,0,1,8,0,2, the default before) in the same
-         * session: B16 H32 kv8192 d128 f32 4296 against 1717 (our device copy 3602-3693; 2 key
-         * groups 4321, 8 groups 4368, without PTX 4078); f16 3315 against 906; 32/8 heads 2525
-         * against 1508; 32/8 heads seq_q 4 511 against 494 (8 groups 579). The other operations
-         * keep the generic values. */
+        /* Measured on an H100 (OpenCL 3.0 CUDA, driver 580): fused 4,16,4,1,4 (64 rows x 16 keys,
+         * 64 work-items) 21.4 TFLOP/s at B4 H16 S4096 d64 f32 against 15.2 for the generic
+         * 8,8,4,1,4 and 20.3 for 8,16,4,1,4; with 16 other tilings in one run (2026-11-27, --check)
+         * none faster beyond noise: 21.29 against 21.37 for 4,16,8,1,4 (128 rows) and 21.33 for
+         * 8,16,8,1,4, 19.7 for 8,16,4,1,4, 4,16,4,2,4 and 16,16,4,1,4, 12.8-19.3 for the rest; d128
+         * (H8) 13.29 against 13.25-13.28 (8,16,4,1,4; 4,16,4,2,4) and 10.6-11.7. Decode (the
+         * generic decode_lanes with PTX shuffles, 4 key groups of 32 lanes, 8 keys a step), on an
+         * H200 (driver 580), GB/s of Q+K+V+O, median of 30, against decode_rows (32,4,0,1,8,0,2,
+         * the default before) in the same session: B16 H32 kv8192 d128 f32 4296 against 1717 (our
+         * device copy 3602-3693; 2 key groups 4321, 8 groups 4368, without PTX 4078); f16 3315
+         * against 906; 32/8 heads 2525 against 1508; 32/8 heads seq_q 4 511 against 494 (8 groups
+         * 579). From 16 packed rows per kv head the tiled kernel runs instead (src/fused.c:
+         * clattn__decode_tiled_default, with H100 measurements). The other operations keep the
+         * generic values. */
         generic_defaults(op, p);
         if (op == CLATTN_OP_FUSED) {
             static const int f[6] = {4, 16, 4, 1, 4, 0};

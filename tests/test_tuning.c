@@ -1176,6 +1176,60 @@ static void test_fit_fused_tile(void **state)
     free(ctx);
 }
 
+/* GPU decode with the defaults: decode_lanes up to 15 packed rows per kv head, the tiled kernel
+ * (WGX 8, RM 4, a row tile covering the rows up to 64) from 16 (src/fused.c); values from a tuning
+ * file, a built-in table, the environment or an override, CPU devices and heads wider than 128
+ * keep theirs. */
+static void test_decode_tiled_default(void **state)
+{
+    (void)state;
+    clattn_context *ctx = calloc(1, sizeof *ctx);
+    assert_non_null(ctx);
+    ctx->dev.type = CL_DEVICE_TYPE_GPU;
+    const clattn_params lanes = {{32, 4, 0, 0, 8, 0, 4}}, lanes5 = {{32, 4, 0, 0, 8, 7, 5}};
+    /* {rows, head_dim, head_dim_v, changed, WGY} */
+    static const int rows[][5] = {{1, 128, 128, 0, 0},     {8, 64, 64, 0, 0},    {15, 128, 128, 0, 0},
+                                  {16, 128, 128, 1, 4},    {17, 64, 64, 1, 5},   {32, 128, 128, 1, 8},
+                                  {63, 128, 128, 1, 16},   {64, 32, 32, 1, 16},  {4096, 128, 128, 1, 16},
+                                  {16, 129, 128, 0, 0},    {16, 128, 256, 0, 0}, {16, 256, 64, 0, 0}};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const int *r = rows[i];
+        for (int src = CLATTN_SOURCE_GENERIC; src <= CLATTN_SOURCE_OVERRIDE; src++)
+            for (int k = 0; k < 2; k++) {
+                clattn_params pp = k ? lanes5 : lanes;
+                const clattn_params before = pp;
+                const int changed = clattn__decode_tiled_default(ctx, r[0], r[1], r[2], (clattn_params_source)src, &pp);
+                const int want = r[3] && src <= CLATTN_SOURCE_VENDOR;
+                if (changed != want)
+                    fail_msg("rows %d d %d/%d source %d DIRECT %d: changed %d, expected %d", r[0], r[1], r[2], src,
+                             before.v[6], changed, want);
+                if (!want) {
+                    assert_memory_equal(pp.v, before.v, sizeof pp.v);
+                    continue;
+                }
+                const int expect[7] = {8, r[4], 4, 1, 4, before.v[5], 0};
+                if (memcmp(pp.v, expect, sizeof expect) != 0)
+                    fail_msg("rows %d: %d,%d,%d,%d,%d,%d,%d", r[0], pp.v[0], pp.v[1], pp.v[2], pp.v[3], pp.v[4],
+                             pp.v[5], pp.v[6]);
+                /* The row tile (WGY x RM) covers the rows up to 64 and holds no 4-row block empty. */
+                const int bm = pp.v[1] * pp.v[2];
+                assert_true(bm >= (r[0] < 64 ? r[0] : 64) && bm - (r[0] < 64 ? r[0] : 64) < 4);
+            }
+    }
+    /* Other decode kernels, and CPU devices, keep their values whatever the rows. */
+    const clattn_params others[] = {{{32, 4, 0, 1, 8, 0, 2}}, {{32, 4, 0, 1, 8, 0, 3}}, {{1, 1, 0, 4, 16, 0, 1}},
+                                    {{32, 1, 0, 1, 4, 0, 0}}};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        clattn_params pp = others[i];
+        assert_int_equal(clattn__decode_tiled_default(ctx, 64, 128, 128, CLATTN_SOURCE_GENERIC, &pp), 0);
+        assert_memory_equal(pp.v, others[i].v, sizeof pp.v);
+    }
+    ctx->dev.type = CL_DEVICE_TYPE_CPU;
+    clattn_params pp = lanes;
+    assert_int_equal(clattn__decode_tiled_default(ctx, 64, 128, 128, CLATTN_SOURCE_VENDOR, &pp), 0);
+    free(ctx);
+}
+
 int main(void)
 {
     tu_add_test("format/round_trip", NULL, test_round_trip, NULL);
@@ -1196,6 +1250,7 @@ int main(void)
     tu_add_test("api/set_params_errors", NULL, test_set_params_errors, NULL);
     tu_add_test("api/override_computes", NULL, test_override_computes, NULL);
     tu_add_test("fit/fused_tile", NULL, test_fit_fused_tile, NULL);
+    tu_add_test("fit/decode_tiled_default", NULL, test_decode_tiled_default, NULL);
     tu_add_test("tuner/end_to_end", NULL, test_tuner, NULL);
     tu_add_test("store/two_writers", NULL, test_two_writers, NULL);
     const int rc = tu_run_tests("tuning");

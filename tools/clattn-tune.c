@@ -570,6 +570,18 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     if (clattn_get_params(ctx, &pc, &kp) != CLATTN_SUCCESS)
         die("clattn_get_params: %s", clattn_last_error(ctx));
     memcpy(t->defaults, kp.values, sizeof t->defaults);
+    /* On GPUs, decode with 16 or more rows per kv head runs the tiled kernel in place of the
+     * defaults' decode_lanes (clattn_get_params' class has no head counts): those are the
+     * defaults for this shape, and the values its entry keeps when nothing beats them (an entry
+     * is used as written, so decode_lanes' values would run decode_lanes). */
+    if (op == CLATTN_OPERATION_DECODE) {
+        clattn_params eff;
+        _Static_assert(sizeof eff.v == sizeof kp.values, "kernel parameter counts differ");
+        memset(&eff, 0, sizeof eff);
+        memcpy(eff.v, kp.values, sizeof kp.values);
+        if (clattn__decode_tiled_default(ctx, t->s.h / t->s.hkv * t->s.sq, t->s.d, t->s.d, kp.source, &eff))
+            memcpy(t->defaults, eff.v, sizeof t->defaults);
+    }
     /* Timed as the library runs them, chosen rather than set: a kernel the device allows fewer
      * work-items than the defaults ask for is then fitted to what it allows, as in any call
      * (candidates below are set, and such a one is pruned instead). */
