@@ -131,6 +131,7 @@ fused(ATTN_KERNEL_ARGS(T_IN))
     __local float Ps[BM][BN + 4] __attribute__((aligned(16)));
     __local float red[BM][WGX + 1];  /* row maxima of each work-item's keys */
     __local float rsum[BM][WGX + 1]; /* row sums of each work-item's p */
+    __local int seen_kt;             /* with a mask: the last tile in which some row sees a key */
 
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int lid = ty * WGX + tx;
@@ -165,6 +166,12 @@ fused(ATTN_KERNEL_ARGS(T_IN))
             o[i][c] = (floatV)(0.0f);
     }
 
+    if (has_mask) {
+        if (lid == 0)
+            seen_kt = k_lo - 1; /* no tile's */
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
     for (int kt = k_lo; kt < k_hi; kt += BN) {
         /* A tile is guarded when some row hides some key in it: hidden entries get -inf, their
          * probabilities -0, and P·V skips those so NaN/Inf in hidden K/V rows cannot leak. */
@@ -181,7 +188,34 @@ fused(ATTN_KERNEL_ARGS(T_IN))
             Ks(d + 2, n) = x.s2;
             Ks(d + 3, n) = x.s3;
         }
+        /* With a mask, the work-items look for a (row, key) of the tile that the mask leaves
+         * visible, neighbours at neighbouring keys, each stopping at its first; a tile the mask
+         * hides from every row (outside a sliding window, padding) adds nothing to any row (every p
+         * is 0, the maxima and sums stay), so it is skipped after the barrier: scores, V and P·V.
+         * The test is seen_kt == kt, so that no work-item has to clear the flag: a tile that is
+         * seen was marked before the barrier and keeps its mark until every work-item has passed
+         * the barrier after the row maxima, after its own test; a work-item testing a tile that is
+         * not seen may find the next tile's mark, which is not this tile's either (the others
+         * skipped on without a barrier). The choice is the work-group's. Measured on PoCL (this
+         * kernel forced, 2-core Intel Xeon, f32, medians, ms): B1 H8 S1024 d64 window 256 59
+         * against 168, bias mask even (160-174 against 166-167); decode B1 H32/8 Sq16 Skv8192 d128
+         * window 1024 32-35 against 130-132. Not yet on a GPU. */
+        if (has_mask) {
+            for (int e = lid; e < BM * BN; e += NWI) {
+                const int row = r0 + e / BN, key = kt + e % BN;
+                if (row >= R || key >= k_hi)
+                    continue;
+                const int pos = row % seq_q, hq = hk * group + row / seq_q;
+                const ulong mr = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
+                if (key < causal_end(causal, pos, seq_q, L) && LD_MASK(mask, mr + key) != NEG_INF) {
+                    seen_kt = kt;
+                    break;
+                }
+            }
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
+        if (has_mask && seen_kt != kt)
+            continue;
 
         floatV s[RM][NS];
         for (int i = 0; i < RM; i++)

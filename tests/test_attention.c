@@ -218,7 +218,7 @@ static const att_case cases[] = {
      .bias = 1, .special = SP_NAN_V_ODD_HIDDEN},
     {"bias_mask_lanes_gqa8_sq4_nan_v_odd_rows_hide_f16", 1, 16, 2, 4, 300, 64, 0, F16, .mask = MASK_FULL,
      .mask_dt = F16, .bias = 1, .special = SP_NAN_V_ODD_HIDDEN},
-    /* sliding-window masks: the CPU kernels skip a block that the mask hides from all its rows
+    /* sliding-window masks: the fused kernels skip a block that the mask hides from all its rows
      * (dot products included), so K and V are poisoned wherever no row of the batch looks.
      * Prefill over the copies (the window's 100 keys end 400 past the row), few rows in place
      * (bf16, a window of 50: a 16-key scan tail), fused_lanes (32 rows a kv head), decode with

@@ -7,7 +7,7 @@
 #   tools/gpu-check.sh [STEPS [DEVICE [CTEST_REGEX]]]
 #
 # STEPS: a comma list of tests, bench, lanes, sweep (default tests,bench: the tests took over 200 s
-# at -j12 on an H200 machine, whose image has PoCL too, which test_device opens; bench about 40 s;
+# at -j12 on an H200 machine, whose image has PoCL too, which test_device opens; bench about 60 s;
 # lanes and sweep about 6 minutes each); the build comes first in every call and is incremental. DEVICE:
 # a clattn_create spec (default nvidia). CTEST_REGEX picks the tests (default: all but the
 # consumer check, test_decode_direct16 and test_attention_ns3, CPU kernels'). The OpenCL runtime must be registered
@@ -43,6 +43,10 @@ if [[ $steps == *,bench,* ]]; then
 log "benchmark: copy, FMA peak, scores, softmax, unfused, fused (+ causal), decode, CLBlast"
 timeout 240 "$bin/clattn-bench" --op all --check >"$out/bench.txt" 2>&1
 cat "$out/bench.txt"
+log "benchmark: fused with masks (a sliding window: tiles the mask hides are skipped; a bias)"
+for m in window:512 bias; do
+  timeout 60 "$bin/clattn-bench" --op fused --check --mask "$m" 2>&1 | grep -E "^fused|fail|rror"
+done
 fi
 
 [[ $steps == *,lanes,* || $steps == *,sweep,* ]] || { log "done"; exit 0; }
