@@ -131,7 +131,7 @@ fused(ATTN_KERNEL_ARGS(T_IN))
     __local float Ps[BM][BN + 4] __attribute__((aligned(16)));
     __local float red[BM][WGX + 1];  /* row maxima of each work-item's keys */
     __local float rsum[BM][WGX + 1]; /* row sums of each work-item's p */
-    __local int seen_kt;             /* with a mask: the last tile in which some row sees a key */
+    __local int seen_kt[2]; /* with a mask: the last even and odd tile in which a row sees a key */
 
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int lid = ty * WGX + tx;
@@ -167,8 +167,8 @@ fused(ATTN_KERNEL_ARGS(T_IN))
     }
 
     if (has_mask) {
-        if (lid == 0)
-            seen_kt = k_lo - 1; /* no tile's */
+        if (lid < 2)
+            seen_kt[lid] = k_lo - 1; /* no tile's */
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
@@ -192,14 +192,14 @@ fused(ATTN_KERNEL_ARGS(T_IN))
          * visible, neighbours at neighbouring keys, each stopping at its first; a tile the mask
          * hides from every row (outside a sliding window, padding) adds nothing to any row (every p
          * is 0, the maxima and sums stay), so it is skipped after the barrier: scores, V and P·V.
-         * The test is seen_kt == kt, so that no work-item has to clear the flag: a tile that is
-         * seen was marked before the barrier and keeps its mark until every work-item has passed
-         * the barrier after the row maxima, after its own test; a work-item testing a tile that is
-         * not seen may find the next tile's mark, which is not this tile's either (the others
-         * skipped on without a barrier). The choice is the work-group's. Measured on PoCL (this
-         * kernel forced, 2-core Intel Xeon, f32, medians, ms): B1 H8 S1024 d64 window 256 59
-         * against 168, bias mask even (160-174 against 166-167); decode B1 H32/8 Sq16 Skv8192 d128
-         * window 1024 32-35 against 130-132. Not yet on a GPU. */
+         * A seen tile writes its first key to the flag of its parity, so no flag needs clearing
+         * and none is written while it is read: tile t's flag is read after the barrier below,
+         * and the next write to it (tile t + 2's) comes after the same barrier of tile t + 1,
+         * which every work-item reaches after its read. The choice is the work-group's. Measured
+         * on PoCL (this kernel forced, 2-core Intel Xeon, f32, medians, ms): B1 H8 S1024 d64
+         * window 256 59 against 168, bias mask even (160-174 against 166-167); decode B1 H32/8
+         * Sq16 Skv8192 d128 window 1024 32-35 against 130-132. Not yet on a GPU. */
+        const int par = ((kt - k_lo) / BN) & 1;
         if (has_mask) {
             for (int e = lid; e < BM * BN; e += NWI) {
                 const int row = r0 + e / BN, key = kt + e % BN;
@@ -208,13 +208,13 @@ fused(ATTN_KERNEL_ARGS(T_IN))
                 const int pos = row % seq_q, hq = hk * group + row / seq_q;
                 const ulong mr = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
                 if (key < causal_end(causal, pos, seq_q, L) && LD_MASK(mask, mr + key) != NEG_INF) {
-                    seen_kt = kt;
+                    seen_kt[par] = kt;
                     break;
                 }
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (has_mask && seen_kt != kt)
+        if (has_mask && seen_kt[par] != kt)
             continue;
 
         floatV s[RM][NS];

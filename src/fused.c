@@ -11,14 +11,15 @@ typedef struct fused_cfg {
 
 /* Local memory of the tiled kernel: Qs, one buffer for Kᵀ then V, Ps, red and rsum (rows of Qs
  * and Ps padded by four words, which keeps them 16-byte aligned for vload4, rows of red and rsum
- * by one, against bank conflicts). Qs, KVs and Ps are 16-byte aligned: red and rsum count as
- * whole 16-byte units, an upper bound whatever order the compiler lays the arrays out in. */
+ * by one, against bank conflicts), and the two mask flags (seen_kt). Qs, KVs and Ps are 16-byte
+ * aligned: red, rsum and the flags count as whole 16-byte units, an upper bound whatever order
+ * the compiler lays the arrays out in. */
 static size_t fused_local_bytes(const fused_cfg *c)
 {
     const size_t bm = (size_t)c->wgy * c->rm, bn = (size_t)c->wgx * c->vw * c->ns,
                  dvp = (size_t)c->wgx * c->vw * c->nv, kv = (size_t)c->dp > dvp ? (size_t)c->dp : dvp;
     const size_t red = (bm * (c->wgx + 1) + 3) / 4 * 4;
-    return 4 * ((c->dp + 4) * bm + kv * bn + (bn + 4) * bm + 2 * red);
+    return 4 * ((c->dp + 4) * bm + kv * bn + (bn + 4) * bm + 2 * red + 4);
 }
 
 /* Floats of one split's partial result (O and LSE). */

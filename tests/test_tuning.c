@@ -1081,6 +1081,60 @@ static void test_tuner(void **state)
 #endif
 }
 
+/* Decode tuning where the defaults win (--candidates 0: they alone are timed) writes no entry and
+ * drops the earlier entry of its bucket, since the defaults depend on the query rows per kv head,
+ * which a bucket does not hold (on GPUs: decode_lanes or the tiled kernel, src/fused.c); the
+ * store's other entries, the decode one of another bucket included, stay. */
+static void test_tuner_decode_no_entry(void **state)
+{
+    (void)state;
+#ifndef CLATTN_TUNE_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    clattn_context *ctx = tu_context();
+    char path[4200], text[1200];
+    path_of(ctx, path, sizeof path);
+    /* The tuned shape's bucket (seq_q 4: "<=16", log2 seq_kv 8), another decode bucket and a
+     * scores entry. */
+    snprintf(text, sizeof text,
+             "clattn-tuning 1\ndevice %s\ndriver %s\ndecode f32 64 none <=16 8 = 1,1,2,4,16,0,1\n"
+             "decode f32 64 none 1 8 = 1,1,2,4,16,0,1\nscores f32 16 none <=128 6 = 1,1,6,4,16,16,1,1,1\n",
+             ctx->dev.key, ctx->dev.driver);
+    write_file(path, text, strlen(text));
+    clattn_release(ctx);
+    const clattn_problem_class dq4 = {CLATTN_OPERATION_DECODE, CLATTN_F32, 64, 4, 256, 0, 0},
+                               dq1 = {CLATTN_OPERATION_DECODE, CLATTN_F32, 64, 1, 256, 0, 0},
+                               sc = {CLATTN_OPERATION_SCORES, CLATTN_F32, 16, 64, 64, 0, 0};
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd,
+             "%s --dir %s --candidates 0 --iters 1 --shape 1,4,1,4,256,64 --ops decode --json "
+             ">%s/report.json 2>%s/tune.log",
+             CLATTN_TUNE_PATH, dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    char buf[8192];
+    read_report(buf, sizeof buf);
+    const char *dt = strstr(buf, "\"op\": \"decode\"");
+    assert_non_null(dt);
+    assert_non_null(strstr(dt, "\"tried\": 0,"));
+    assert_non_null(strstr(dt, "\"entry\": false"));
+    read_text("tune.log", buf, sizeof buf);
+    if (!strstr(buf, "no entry") || !strstr(buf, "dropping the earlier decode entry"))
+        fail_msg("clattn-tune did not say it writes no decode entry and drops the old one:\n%s", buf);
+    ctx = tu_context();
+    assert_null(strstr(clattn_tuning_report(ctx), "ignored"));
+    clattn_kernel_params kp;
+    assert_int_equal(clattn_get_params(ctx, &dq4, &kp), CLATTN_SUCCESS);
+    assert_int_not_equal(kp.source, CLATTN_SOURCE_USER_FILE); /* dropped: the defaults again */
+    assert_int_equal(clattn_get_params(ctx, &dq1, &kp), CLATTN_SUCCESS);
+    assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE);
+    assert_int_equal(kp.values[2], 2);
+    assert_int_equal(clattn_get_params(ctx, &sc, &kp), CLATTN_SUCCESS);
+    assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE);
+    clattn_release(ctx);
+#endif
+}
+
 /* Two tuners writing one store at once: the file ends valid and complete (one of the two). */
 static void test_two_writers(void **state)
 {
@@ -1230,6 +1284,52 @@ static void test_decode_tiled_default(void **state)
     free(ctx);
 }
 
+/* Whether ctx built a program of `file` whose build options contain `opt` (NULL: any). */
+static int built(const clattn_context *ctx, const char *file, const char *opt)
+{
+    for (int i = 0; i < ctx->nprograms; i++)
+        if (!strcmp(ctx->programs[i].file, file) && (!opt || strstr(ctx->programs[i].options, opt)))
+            return 1;
+    return 0;
+}
+
+/* The choice above as calls make it: on a context that takes the device for a GPU
+ * (CLATTN_TEST_GPU_LIMITS, tests/testutil.c), decode with 16 packed rows per kv head (seq_q 16, one
+ * query head per kv head) builds the tiled kernel with the rule's tile and no decode_lanes, 8 rows
+ * decode_lanes and no tiled kernel, and 16 rows with decode_lanes' values in CLATTN_PARAMS_DECODE
+ * decode_lanes; each result matches the float64 reference. */
+static void test_decode_kernel_choice(void **state)
+{
+    (void)state;
+    make_dir(); /* no user tuning file */
+    unsetenv("CLATTN_PARAMS_DECODE");
+    setenv("CLATTN_TEST_GPU_LIMITS", "1", 1);
+    static const struct {
+        int seq_q;
+        const char *env, *want, *want_opt, *not_want;
+    } cases[] = {{16, NULL, "fused.cl", "-DWGX=8 -DWGY=4 -DRM=4 -DNS=1 -DVW=4 ", "decode_lanes.cl"},
+                 {8, NULL, "decode_lanes.cl", NULL, "fused.cl"},
+                 {16, "32,4,0,0,8,0,4", "decode_lanes.cl", NULL, "fused.cl"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        if (cases[c].env)
+            setenv("CLATTN_PARAMS_DECODE", cases[c].env, 1);
+        clattn_context *ctx = tu_context();
+        assert_true(ctx->dev.type & CL_DEVICE_TYPE_GPU);
+        const small_attn a = small_attn_make(cases[c].seq_q, 16, 0, CLATTN_ALGORITHM_FUSED, 21);
+        small_attn_run(ctx, &a, 1, "decode on a GPU-limits context");
+        if (!built(ctx, cases[c].want, cases[c].want_opt) || built(ctx, cases[c].not_want, NULL)) {
+            for (int i = 0; i < ctx->nprograms; i++)
+                print_message("built %s: %s\n", ctx->programs[i].file, ctx->programs[i].options);
+            fail_msg("seq_q %d%s%s: expected %s %s and no %s", cases[c].seq_q, cases[c].env ? ", env " : "",
+                     cases[c].env ? cases[c].env : "", cases[c].want, cases[c].want_opt ? cases[c].want_opt : "",
+                     cases[c].not_want);
+        }
+        clattn_release(ctx);
+        unsetenv("CLATTN_PARAMS_DECODE");
+    }
+    unsetenv("CLATTN_TEST_GPU_LIMITS");
+}
+
 int main(void)
 {
     tu_add_test("format/round_trip", NULL, test_round_trip, NULL);
@@ -1251,7 +1351,9 @@ int main(void)
     tu_add_test("api/override_computes", NULL, test_override_computes, NULL);
     tu_add_test("fit/fused_tile", NULL, test_fit_fused_tile, NULL);
     tu_add_test("fit/decode_tiled_default", NULL, test_decode_tiled_default, NULL);
+    tu_add_test("lookup/decode_kernel_choice", NULL, test_decode_kernel_choice, NULL);
     tu_add_test("tuner/end_to_end", NULL, test_tuner, NULL);
+    tu_add_test("tuner/decode_no_entry", NULL, test_tuner_decode_no_entry, NULL);
     tu_add_test("store/two_writers", NULL, test_two_writers, NULL);
     const int rc = tu_run_tests("tuning");
     char cmd[600];

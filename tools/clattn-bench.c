@@ -23,6 +23,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "clattn.h"
+#include "internal.h" /* clattn__decode_tiled_default: the decode parameters a call runs */
 
 #ifdef CLATTN_HAVE_CLBLAST
 #include <clblast_c.h>
@@ -793,12 +794,25 @@ static void emit(bench *bn, const result *r)
  * d128 kv8192: WGX=32 WGY=4 ... [vendor: vendor defaults (NVIDIA GPUs)]"), once per distinct
  * line: a sweep reads here which values it measured. */
 static void note_params(bench *bn, clattn_operation op, clattn_dtype dt, long long d, long long sq,
-                        long long skv, int causal, int masked)
+                        long long skv, int causal, int masked, const shape *s)
 {
     const clattn_problem_class pc = {op, dt, d, sq, skv, causal, masked};
     clattn_kernel_params kp;
     if (clattn_get_params(bn->ctx, &pc, &kp) != CLATTN_SUCCESS)
         return;
+    /* On GPUs decode's defaults depend on the query rows per kv head, which a problem class does
+     * not hold: the values the call runs (src/fused.c). */
+    if (op == CLATTN_OPERATION_DECODE && s) {
+        clattn_params pp;
+        _Static_assert(sizeof pp.v == sizeof kp.values, "kernel parameter counts differ");
+        memcpy(pp.v, kp.values, sizeof pp.v);
+        if (clattn__decode_tiled_default(bn->ctx, s->hq / s->hkv * s->sq, s->d, s->dv, kp.source, &pp)) {
+            memcpy(kp.values, pp.v, sizeof kp.values);
+            const size_t len = strlen(kp.origin);
+            snprintf(kp.origin + len, sizeof kp.origin - len, "; the tiled kernel for %lld query rows per kv head",
+                     s->hq / s->hkv * s->sq);
+        }
+    }
     char line[1024];
     int n;
     if (op == CLATTN_OPERATION_MERGE)
@@ -825,17 +839,17 @@ static void note_params(bench *bn, clattn_operation op, clattn_dtype dt, long lo
 static void note_attn_params(bench *bn, int kind, const shape *s)
 {
     if (kind == OP_SCORES || kind == OP_UNFUSED) {
-        note_params(bn, CLATTN_OPERATION_SCORES, s->dt, s->d, s->sq, s->skv, s->causal, masked(s));
+        note_params(bn, CLATTN_OPERATION_SCORES, s->dt, s->d, s->sq, s->skv, s->causal, masked(s), NULL);
         if (kind == OP_SCORES)
             return;
         /* the unfused path's softmax sees the masks in its input already */
-        note_params(bn, CLATTN_OPERATION_SOFTMAX, CLATTN_F32, 0, s->sq, s->skv, 0, 0);
-        note_params(bn, CLATTN_OPERATION_PV, s->dt, s->d, s->sq, s->skv, s->causal, masked(s));
+        note_params(bn, CLATTN_OPERATION_SOFTMAX, CLATTN_F32, 0, s->sq, s->skv, 0, 0, NULL);
+        note_params(bn, CLATTN_OPERATION_PV, s->dt, s->d, s->sq, s->skv, s->causal, masked(s), NULL);
         return;
     }
     note_params(bn, s->sq <= 16 ? CLATTN_OPERATION_DECODE : CLATTN_OPERATION_FUSED, s->dt, s->d, s->sq,
-                s->skv, s->causal, masked(s));
-    note_params(bn, CLATTN_OPERATION_MERGE, CLATTN_F32, 0, 0, 0, 0, 0); /* when the keys are split */
+                s->skv, s->causal, masked(s), s);
+    note_params(bn, CLATTN_OPERATION_MERGE, CLATTN_F32, 0, 0, 0, 0, 0, NULL); /* when the keys are split */
 }
 
 /* A CLATTN_PARAMS_<OP> list the library cannot use would leave a sweep measuring other values
@@ -1211,7 +1225,7 @@ static void run_softmax(bench *bn, const shape *s)
     j.out = clattn_tensor_bhsd(m[1], s->dt, s->b, s->hq, s->sq, s->skv);
     result r = new_result("softmax", s);
     if (measure(bn, enqueue_softmax, &j, &r.ms_med, &r.ms_min) == 0) {
-        note_params(bn, CLATTN_OPERATION_SOFTMAX, s->dt, 0, s->sq, s->skv, s->causal, masked(s));
+        note_params(bn, CLATTN_OPERATION_SOFTMAX, s->dt, 0, s->sq, s->skv, s->causal, masked(s), NULL);
         r.gbps = (2.0 * (double)(n * es) +
                   (m[2] ? (double)(s->sq * s->skv) * (double)esize(mask_dtype(s)) : 0.0)) /
                  (r.ms_med * 1e6);

@@ -8,7 +8,10 @@
  * median of N). A kernel that needs private memory (spills, on GPUs) is timed like any other:
  * NVIDIA's OpenCL reports private memory for every tiled GEMM candidate tried on an H200 (144 to
  * 528 bytes), so dropping them, as the tuner did, left nothing to tune there. The winner, or the
- * defaults when nothing beats them, goes into the device's user tuning file, written atomically.
+ * defaults when nothing beats them, goes into the device's user tuning file, written atomically;
+ * but for decode, whose defaults on GPUs depend on the query rows per kv head (src/fused.c:
+ * clattn__decode_tiled_default), which a bucket does not hold, no entry is written where the
+ * defaults win, and an earlier entry of that bucket is dropped: the library keeps choosing per call.
  *
  * merge is tuned as applications run it: clattn_merge of MERGE_PARTS f32 partials (O, LSE) of the
  * shape's [B][H][Sq][D] rows, prepared once, checked against ref_merge. The library looks merge's
@@ -42,11 +45,15 @@ typedef struct task {
     int tried, pruned, rejected;
     double default_ms, best_ms;
     int best[CLATTN_MAX_KERNEL_PARAMS], defaults[CLATTN_MAX_KERNEL_PARAMS];
+    int best_is_default; /* nothing beat the defaults */
 } task;
+
+/* A decode task whose defaults won gets no store entry (see the top of this file). */
+static int no_entry(const task *t) { return t->op == CLATTN_OPERATION_DECODE && t->best_is_default; }
 
 static clattn_context *ctx;
 static cl_command_queue queue;
-static int iters = 5, tty, verbose;
+static int iters = 5, tty, verbose, max_candidates = -1; /* -1: no limit */
 
 static double now_s(void)
 {
@@ -606,7 +613,8 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     as_built(op, defaults, seen[nseen++]);
     const double t0 = now_s();
     for (size_t iter = 0;; iter++) {
-        if (now_s() - t0 > budget || nseen == 512 || (exhaustive && iter >= space))
+        if (now_s() - t0 > budget || nseen == 512 || (exhaustive && iter >= space) ||
+            (max_candidates >= 0 && t->tried >= max_candidates))
             break;
         int v[CLATTN_MAX_KERNEL_PARAMS] = {0};
         if (exhaustive)
@@ -668,7 +676,8 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     ctx->user_tuning = saved;
     if (d2 > 0 && d2 < t->default_ms)
         t->default_ms = d2;
-    if (t->best_ms >= t->default_ms) {
+    t->best_is_default = t->best_ms >= t->default_ms;
+    if (t->best_is_default) {
         memcpy(t->best, t->defaults, sizeof t->best);
         t->best_ms = t->default_ms;
     }
@@ -709,6 +718,8 @@ static void usage(FILE *f)
             "                   all shapes: it is tuned once, on the first shape that has it\n"
             "  --budget SEC     total search time (default 300), shared between tasks\n"
             "  --iters N        timed runs per candidate (default 5), median\n"
+            "  --candidates N   at most N candidates a task besides the defaults (default: what the\n"
+            "                   budget allows; 0 times the defaults alone)\n"
             "  --dir DIR        tuning directory (sets CLATTN_TUNING_DIR)\n"
             "  --dry-run        search and report, write nothing\n"
             "  --json           print a JSON report on stdout\n"
@@ -750,6 +761,12 @@ int main(int argc, char **argv)
             iters = atoi(argv[++i]);
             if (iters < 1 || iters > 64)
                 die("--iters must be 1..64");
+        } else if (val && !strcmp(a, "--candidates")) {
+            char *end = NULL;
+            const long n = strtol(argv[++i], &end, 10);
+            if (end == argv[i] || *end || n < 0 || n > 100000)
+                die("--candidates must be 0..100000");
+            max_candidates = (int)n;
         } else if (val && !strcmp(a, "--seed")) {
             rng_state = strtoull(argv[++i], NULL, 10);
         } else if (val && !strcmp(a, "--dir")) {
@@ -835,6 +852,8 @@ int main(int argc, char **argv)
         clattn_tuning_entry e = entry_of(t);
         char line[200];
         clattn__tuning_entry_text(&e, line, sizeof line);
+        if (no_entry(t))
+            snprintf(line, sizeof line, "no entry: the defaults won, and they depend on the query rows per kv head");
         fprintf(stderr, "%-8s %-40s default %8.3f ms  tuned %8.3f ms  x%.2f  (%d tried, %d pruned, %d wrong)\n  %s\n",
                 clattn_operation_name(t->op), task_text(t, sh, sizeof sh), t->default_ms, t->best_ms,
                 t->default_ms / t->best_ms, t->tried, t->pruned, t->rejected, line);
@@ -852,15 +871,26 @@ int main(int argc, char **argv)
                     "(re-run clattn-tune for their operations)\n", ctx->user_tuning->n, path,
                     ctx->user_tuning->driver[0] ? ctx->user_tuning->driver : "(no tag)", ctx->dev.driver);
         } else if (ctx->user_tuning && !ctx->user_tuning->device_is_pattern) {
-            for (int i = 0; i < ctx->user_tuning->n; i++)
-                if (clattn__tuning_put(&tab, &ctx->user_tuning->e[i]) != 0)
+            for (int i = 0; i < ctx->user_tuning->n; i++) {
+                const clattn_tuning_entry *old = &ctx->user_tuning->e[i];
+                int dropped = 0; /* the bucket of a decode task whose defaults won */
+                for (int k = 0; k < nt && !dropped; k++) {
+                    const clattn_tuning_entry e = entry_of(&tasks[k]);
+                    dropped = no_entry(&tasks[k]) && old->op == e.op && old->dtype == e.dtype &&
+                              old->head_dim == e.head_dim && old->mask_kind == e.mask_kind &&
+                              old->sq_class == e.sq_class && old->log2_skv == e.log2_skv;
+                }
+                if (dropped)
+                    fprintf(stderr, "dropping the earlier decode entry of the bucket whose defaults won\n");
+                else if (clattn__tuning_put(&tab, old) != 0)
                     die("out of host memory");
+            }
         }
         snprintf(tab.device, sizeof tab.device, "%s", ctx->dev.key);
         snprintf(tab.driver, sizeof tab.driver, "%s", ctx->dev.driver);
         for (int i = 0; i < nt; i++) {
             clattn_tuning_entry e = entry_of(&tasks[i]);
-            if (clattn__tuning_put(&tab, &e) != 0)
+            if (!no_entry(&tasks[i]) && clattn__tuning_put(&tab, &e) != 0)
                 die("out of host memory");
         }
         char err[512];
@@ -883,7 +913,7 @@ int main(int argc, char **argv)
                    t->rejected);
             if (t->op == CLATTN_OPERATION_MERGE)
                 printf("\"parts\": %d, ", MERGE_PARTS);
-            printf("\"params\": [");
+            printf("\"entry\": %s, \"params\": [", no_entry(t) ? "false" : "true");
             for (int j = 0; j < clattn_param_count(t->op); j++)
                 printf("%s%d", j ? ", " : "", t->best[j]);
             printf("]}");
