@@ -579,8 +579,7 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     memcpy(t->defaults, kp.values, sizeof t->defaults);
     /* On GPUs, decode with 16 or more rows per kv head runs the tiled kernel in place of the
      * defaults' decode_lanes (clattn_get_params' class has no head counts): those are the
-     * defaults for this shape, and the values its entry keeps when nothing beats them (an entry
-     * is used as written, so decode_lanes' values would run decode_lanes). */
+     * defaults for this shape, as reported and as the search skips them. */
     if (op == CLATTN_OPERATION_DECODE) {
         clattn_params eff;
         _Static_assert(sizeof eff.v == sizeof kp.values, "kernel parameter counts differ");
