@@ -636,14 +636,13 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
 #define TILED_DECODE_ROWS 16
 
 int clattn__decode_tiled_default(const clattn_context *ctx, int64_t rows, int64_t head_dim,
-                                 int64_t head_dim_v, clattn_params_source source, clattn_params *pp)
+                                 int64_t head_dim_v, clattn_params_source source, int *v)
 {
-    if (!(ctx->dev.type & CL_DEVICE_TYPE_GPU) || source > CLATTN_SOURCE_VENDOR ||
-        (pp->v[6] != 4 && pp->v[6] != 5) || rows < TILED_DECODE_ROWS || head_dim > 128 ||
-        head_dim_v > 128)
+    if (!(ctx->dev.type & CL_DEVICE_TYPE_GPU) || source > CLATTN_SOURCE_VENDOR || (v[6] != 4 && v[6] != 5) ||
+        rows < TILED_DECODE_ROWS || head_dim > 128 || head_dim_v > 128)
         return 0;
-    const int v[7] = {8, rows >= 64 ? 16 : (int)((rows + 3) / 4), 4, 1, 4, pp->v[5], 0};
-    memcpy(pp->v, v, sizeof v);
+    const int tiled[7] = {8, rows >= 64 ? 16 : (int)((rows + 3) / 4), 4, 1, 4, v[5], 0};
+    memcpy(v, tiled, sizeof tiled);
     return 1;
 }
 
@@ -659,7 +658,7 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     clattn_params pp;
     const clattn_params_source source = clattn__default_params(ctx, &bucket, &pp);
     if (decode)
-        clattn__decode_tiled_default(ctx, R, p->head_dim, p->head_dim_v, source, &pp);
+        clattn__decode_tiled_default(ctx, R, p->head_dim, p->head_dim_v, source, pp.v);
     if (decode && pp.v[6] >= 2 && pp.v[6] <= 5) {
         /* A kernel compiled with more registers than its work-group allows is refitted to what it
          * allows (clattn__retry_cap); with no group left that fits, the tiled kernel runs. */

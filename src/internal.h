@@ -335,6 +335,8 @@ typedef struct clattn_tuning_table {
 int clattn__tuning_parse(const char *text, size_t len, clattn_tuning_table *t, char *err,
                          size_t errsz);
 int clattn__tuning_put(clattn_tuning_table *t, const clattn_tuning_entry *e); /* add or replace */
+/* 1 when two entries are for the same bucket (op, dtype, head_dim, mask, seq_q class, log2 seq_kv). */
+int clattn__tuning_same_bucket(const clattn_tuning_entry *a, const clattn_tuning_entry *b);
 void clattn__tuning_entry_text(const clattn_tuning_entry *e, char *buf, size_t size);
 char *clattn__tuning_format(const clattn_tuning_table *t); /* malloc'ed */
 int clattn__tuning_write(const char *path, const clattn_tuning_table *t, char *err, size_t errsz);
@@ -389,9 +391,10 @@ int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq
                             int64_t dk_plus_dv, clattn_dtype dtype);
 /* GPU decode with the vendor or generic defaults (decode_lanes) and 16 or more packed rows per kv
  * head (head_dim and head_dim_v up to 128): the tiled kernel instead, WGX 8, RM 4, the row tile
- * covering the rows up to 64, the defaults' SPLITS (src/fused.c). Returns whether *pp changed. */
+ * covering the rows up to 64, the defaults' SPLITS (src/fused.c). v: DECODE's values (at least
+ * 7), changed in place; returns whether they changed. */
 int clattn__decode_tiled_default(const clattn_context *ctx, int64_t rows, int64_t head_dim,
-                                 int64_t head_dim_v, clattn_params_source source, clattn_params *pp);
+                                 int64_t head_dim_v, clattn_params_source source, int *v);
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done);
 clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,

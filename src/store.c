@@ -47,12 +47,16 @@ static int add_entry(clattn_tuning_table *t, const clattn_tuning_entry *e)
     return 0;
 }
 
+int clattn__tuning_same_bucket(const clattn_tuning_entry *a, const clattn_tuning_entry *b)
+{
+    return a->op == b->op && a->dtype == b->dtype && a->head_dim == b->head_dim && a->mask_kind == b->mask_kind &&
+           a->sq_class == b->sq_class && a->log2_skv == b->log2_skv;
+}
+
 int clattn__tuning_put(clattn_tuning_table *t, const clattn_tuning_entry *e)
 {
     for (int i = 0; i < t->n; i++) {
-        const clattn_tuning_entry *x = &t->e[i];
-        if (x->op == e->op && x->dtype == e->dtype && x->head_dim == e->head_dim &&
-            x->mask_kind == e->mask_kind && x->sq_class == e->sq_class && x->log2_skv == e->log2_skv) {
+        if (clattn__tuning_same_bucket(&t->e[i], e)) {
             t->e[i] = *e;
             return 0;
         }

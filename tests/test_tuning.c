@@ -1252,7 +1252,7 @@ static void test_decode_tiled_default(void **state)
             for (int k = 0; k < 2; k++) {
                 clattn_params pp = k ? lanes5 : lanes;
                 const clattn_params before = pp;
-                const int changed = clattn__decode_tiled_default(ctx, r[0], r[1], r[2], (clattn_params_source)src, &pp);
+                const int changed = clattn__decode_tiled_default(ctx, r[0], r[1], r[2], (clattn_params_source)src, pp.v);
                 const int want = r[3] && src <= CLATTN_SOURCE_VENDOR;
                 if (changed != want)
                     fail_msg("rows %d d %d/%d source %d DIRECT %d: changed %d, expected %d", r[0], r[1], r[2], src,
@@ -1275,12 +1275,12 @@ static void test_decode_tiled_default(void **state)
                                     {{32, 1, 0, 1, 4, 0, 0}}};
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
         clattn_params pp = others[i];
-        assert_int_equal(clattn__decode_tiled_default(ctx, 64, 128, 128, CLATTN_SOURCE_GENERIC, &pp), 0);
+        assert_int_equal(clattn__decode_tiled_default(ctx, 64, 128, 128, CLATTN_SOURCE_GENERIC, pp.v), 0);
         assert_memory_equal(pp.v, others[i].v, sizeof pp.v);
     }
     ctx->dev.type = CL_DEVICE_TYPE_CPU;
     clattn_params pp = lanes;
-    assert_int_equal(clattn__decode_tiled_default(ctx, 64, 128, 128, CLATTN_SOURCE_VENDOR, &pp), 0);
+    assert_int_equal(clattn__decode_tiled_default(ctx, 64, 128, 128, CLATTN_SOURCE_VENDOR, pp.v), 0);
     free(ctx);
 }
 

@@ -802,16 +802,11 @@ static void note_params(bench *bn, clattn_operation op, clattn_dtype dt, long lo
         return;
     /* On GPUs decode's defaults depend on the query rows per kv head, which a problem class does
      * not hold: the values the call runs (src/fused.c). */
-    if (op == CLATTN_OPERATION_DECODE && s) {
-        clattn_params pp;
-        _Static_assert(sizeof pp.v == sizeof kp.values, "kernel parameter counts differ");
-        memcpy(pp.v, kp.values, sizeof pp.v);
-        if (clattn__decode_tiled_default(bn->ctx, s->hq / s->hkv * s->sq, s->d, s->dv, kp.source, &pp)) {
-            memcpy(kp.values, pp.v, sizeof kp.values);
-            const size_t len = strlen(kp.origin);
-            snprintf(kp.origin + len, sizeof kp.origin - len, "; the tiled kernel for %lld query rows per kv head",
-                     s->hq / s->hkv * s->sq);
-        }
+    if (op == CLATTN_OPERATION_DECODE && s &&
+        clattn__decode_tiled_default(bn->ctx, s->hq / s->hkv * s->sq, s->d, s->dv, kp.source, kp.values)) {
+        const size_t len = strlen(kp.origin);
+        snprintf(kp.origin + len, sizeof kp.origin - len, "; the tiled kernel for %lld query rows per kv head",
+                 s->hq / s->hkv * s->sq);
     }
     char line[1024];
     int n;

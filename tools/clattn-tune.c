@@ -580,14 +580,8 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     /* On GPUs, decode with 16 or more rows per kv head runs the tiled kernel in place of the
      * defaults' decode_lanes (clattn_get_params' class has no head counts): those are the
      * defaults for this shape, as reported and as the search skips them. */
-    if (op == CLATTN_OPERATION_DECODE) {
-        clattn_params eff;
-        _Static_assert(sizeof eff.v == sizeof kp.values, "kernel parameter counts differ");
-        memset(&eff, 0, sizeof eff);
-        memcpy(eff.v, kp.values, sizeof kp.values);
-        if (clattn__decode_tiled_default(ctx, t->s.h / t->s.hkv * t->s.sq, t->s.d, t->s.d, kp.source, &eff))
-            memcpy(t->defaults, eff.v, sizeof t->defaults);
-    }
+    if (op == CLATTN_OPERATION_DECODE)
+        clattn__decode_tiled_default(ctx, t->s.h / t->s.hkv * t->s.sq, t->s.d, t->s.d, kp.source, t->defaults);
     /* Timed as the library runs them, chosen rather than set: a kernel the device allows fewer
      * work-items than the defaults ask for is then fitted to what it allows, as in any call
      * (candidates below are set, and such a one is pruned instead). */
@@ -875,9 +869,7 @@ int main(int argc, char **argv)
                 int dropped = 0; /* the bucket of a decode task whose defaults won */
                 for (int k = 0; k < nt && !dropped; k++) {
                     const clattn_tuning_entry e = entry_of(&tasks[k]);
-                    dropped = no_entry(&tasks[k]) && old->op == e.op && old->dtype == e.dtype &&
-                              old->head_dim == e.head_dim && old->mask_kind == e.mask_kind &&
-                              old->sq_class == e.sq_class && old->log2_skv == e.log2_skv;
+                    dropped = no_entry(&tasks[k]) && clattn__tuning_same_bucket(old, &e);
                 }
                 if (dropped)
                     fprintf(stderr, "dropping the earlier decode entry of the bucket whose defaults won\n");
