@@ -268,6 +268,19 @@ inline int causal_end(int causal, int i, int seq_q, int L)
     return causal ? min(L, i + 1 + (L - seq_q)) : L;
 }
 
+/* 1 when key is visible to one of the nr rows whose ends (causal range, key length; 0 for a row
+ * past the block) are rend[] and whose mask rows start at mask[mrow[]]: the key lies before the
+ * row's end and its mask entry is not -inf. The GPU decode kernels read the K and V rows of such
+ * keys only, so that a sliding window's hidden past costs a mask entry per row, not its K and V
+ * rows. */
+inline int key_seen(__global const T_MASK *mask, const ulong *mrow, const int *rend, int nr, int key)
+{
+    for (int i = 0; i < nr; i++)
+        if (key < rend[i] && LD_MASK(mask, mrow[i] + key) != NEG_INF)
+            return 1;
+    return 0;
+}
+
 #if defined(DT_IN)
 /* Shared by the attention kernels (fused.cl, decode.cl). */
 /* Loads 4 consecutive elements starting at index i < n of a row, zero beyond n. */

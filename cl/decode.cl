@@ -20,9 +20,10 @@
  * Each group keeps its own running state over its keys; the KG states are combined at the end
  * through local memory (a tree of KG/2, KG/4, ... 1), and split partials (flash-decoding) by
  * merge.cl as for the tiled kernel. Same arguments, grid meaning, numerics and rules (masks,
- * key lengths, causal range, NaN, empty rows, convex O) as the tiled kernel `fused`.
+ * key lengths, causal range, NaN, empty rows, convex O) as the tiled kernel `fused`. With a mask,
+ * the K and V rows of keys that no row of the block sees are not read (key_seen, common.cl).
  *
- * Everything a step shares through local memory (Pt, Sc, Pr) belongs to one key group, so the
+ * Everything a step shares through local memory (Pt, Sc, Pr, Sv) belongs to one key group, so the
  * step's three synchronisations need only cover the group. With GSYNC 1 (DECODE DIRECT 3 on
  * NVIDIA GPUs) they are PTX barriers of the group alone: bar.warp.sync when groups lie within a
  * warp (32 % W == 0, whole warps in the work-group), else the named barrier g + 1 of the group's
@@ -76,16 +77,18 @@
 #define NPASS ((W + RP - 1) / RP)                /* passes over the group's W keys */
 #define CPL ((DP / 4 + KL - 1) / KL)             /* 16-byte chunks of a row per lane */
 #define PB (LC / CPL > 0 ? LC / CPL : 1)         /* passes whose loads are issued together */
-/* Scores and probabilities of one step: [KG][RM][W] each. The final combination of the groups
- * reuses the same words: [KG/2][RM][4W + 2] (o, then m and l, per row). */
+/* Scores and probabilities of one step: [KG][RM][W] each, then whether a row of the block sees
+ * each key of the step, [KG][W] (the V rows of the others are not read). The final
+ * combination of the groups reuses the same words: [KG/2][RM][4W + 2] (o, then m and l, per
+ * row). */
 /* KL > 1: the partial dot products of a step, [KG][RM][W][KL + 1] (padded against bank
- * conflicts), after Sc and Pr. */
+ * conflicts), after Sc, Pr and Sv. */
 #if KL > 1
 #define PT_FLOATS (KG * RM * W * (KL + 1))
 #else
 #define PT_FLOATS 0
 #endif
-#define SP_FLOATS (2 * KG * RM * W + PT_FLOATS)
+#define SP_FLOATS (2 * KG * RM * W + KG * W + PT_FLOATS)
 #define FIN_FLOATS ((KG / 2) * RM * (4 * W + 2))
 #define SCR_FLOATS (SP_FLOATS > FIN_FLOATS ? SP_FLOATS : FIN_FLOATS)
 
@@ -96,7 +99,8 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
     __local float scr[SCR_FLOATS];
 #define Sc(g, i, n) scr[((g) * RM + (i)) * W + (n)]
 #define Pr(g, i, n) scr[KG * RM * W + ((g) * RM + (i)) * W + (n)]
-#define Pt(g, i, n, u) scr[2 * KG * RM * W + (((g) * RM + (i)) * W + (n)) * (KL + 1) + (u)]
+#define Sv(g, n) scr[2 * KG * RM * W + (g) * W + (n)]
+#define Pt(g, i, n, u) scr[2 * KG * RM * W + KG * W + (((g) * RM + (i)) * W + (n)) * (KL + 1) + (u)]
 
     const int t = get_local_id(0), g = t / W, j = t % W;
     const int R = group * seq_q;
@@ -144,7 +148,8 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
 #pragma unroll
                     for (int pb = 0; pb < PB; pb++) {
                         const int n = (p0 + pb) * RP + kr, kk = kg0 + n;
-                        const int ok = p0 + pb < NPASS && n < W && kk < k_hi;
+                        const int ok = p0 + pb < NPASS && n < W && kk < k_hi &&
+                                       (!has_mask || key_seen(mask, mrow, rend, RM, kk));
                         __global const T_IN *kr_p = Kb + (ulong)(ok ? kk : 0) * k_ss;
 #pragma unroll
                         for (int u = 0; u < CPL; u++) {
@@ -187,7 +192,9 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
                     s[i] += Pt(g, i, j, u);
         }
 #else
-        if (key < k_hi) {
+        /* With a mask, a key no row of the block sees (key_seen) reads no K row: its scores
+         * come out -inf from the mask below all the same. */
+        if (key < k_hi && (!has_mask || key_seen(mask, mrow, rend, RM, key))) {
             /* LC loads of the key's row are issued before their products, so that each
              * work-item has several requests in flight (the loop bounds are constants). */
             __global const T_IN *kr = Kb + (ulong)key * k_ss;
@@ -232,6 +239,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
 
         /* Every lane of the group: the new maximum; its own key's p. */
         float mref[RM], keep[RM];
+        int seen = 0; /* a row's score of this lane's key is not -inf */
         for (int i = 0; i < RM; i++) {
             float mt = NEG_INF;
             for (int n = 0; n < W; n++)
@@ -243,7 +251,12 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
             m[i] = mnew;
             const float x = Sc(g, i, j);
             Pr(g, i, j) = x == NEG_INF ? HIDDEN_P : exp2((x - mref[i]) * LOG2E);
+            seen |= x != NEG_INF;
         }
+        /* Whether P·V reads the key's V row: not where every row's p is hidden (a key the mask
+         * hides from the block, or past every row's end). Written with Pr: read after the next
+         * synchronisation, rewritten after the one past it. */
+        Sv(g, j) = seen ? 1.0f : 0.0f;
         GROUP_SYNC();
 
         /* l' = l·alpha + Σ p; o' = o·(l·alpha/l') + Σ (p/l')·v, skipping hidden keys (p -0: NaN/Inf
@@ -260,8 +273,8 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
             l[i] = lnew;
             o[i] *= keep[i];
         }
-        /* LC V rows at a time, their loads issued before their use (rows past nk are not
-         * read). */
+        /* LC V rows at a time, their loads issued before their use (rows past nk, and rows of
+         * keys no row sees, are not read). */
         for (int n0 = 0; n0 < W; n0 += LC) {
             if (n0 >= nk)
                 break;
@@ -270,9 +283,9 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
             for (int e = 0; e < LC; e++) {
                 __global const T_IN *vr = Vb + (ulong)(kg0 + n0 + e) * v_ss;
 #if VFULL /* no lane past head_dim_v, which is a multiple of 4 */
-                v[e] = n0 + e < nk ? LD4_IN(vr, c) : (float4)(0.0f);
+                v[e] = n0 + e < nk && Sv(g, n0 + e) != 0.0f ? LD4_IN(vr, c) : (float4)(0.0f);
 #else
-                v[e] = n0 + e < nk ? row_load4(vr, c, DV) : (float4)(0.0f);
+                v[e] = n0 + e < nk && Sv(g, n0 + e) != 0.0f ? row_load4(vr, c, DV) : (float4)(0.0f);
 #endif
             }
 #pragma unroll
@@ -333,5 +346,6 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
     }
 #undef Sc
 #undef Pr
+#undef Sv
 #undef Pt
 }

@@ -24,7 +24,8 @@
  * combined at the end through local memory (a tree of KG/2, KG/4, ... 1), and split partials
  * (flash-decoding) by merge.cl. Same arguments, grid meaning, numerics and rules (masks, key
  * lengths, causal range, NaN, empty rows, O kept a convex combination of V rows) as decode_rows
- * and the tiled kernel `fused`. */
+ * and the tiled kernel `fused`. With a mask, the K and V rows of keys that no row of the block
+ * sees are not read (key_seen, common.cl). */
 
 #ifndef KG
 #define KG 4 /* key groups per work-group (a power of 2) */
@@ -136,10 +137,20 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
      * at or past k_hi are neither loaded nor visible. */
     for (int b0 = w.k_lo; b0 < k_hi; b0 += KG * KU) {
         const int kb = b0 + g * KU; /* the group's first key of this step */
+        /* With a mask, bit u: key kb + u is visible to a row of the block (key_seen); the K and
+         * V rows of the other keys are not read (their scores come out -inf from the mask
+         * below). The group's lanes read the same mask entries, so they agree on every bit. */
+        uint vis = ~0u;
+        if (has_mask) {
+            vis = 0u;
+#pragma unroll
+            for (int u = 0; u < KU; u++)
+                vis |= (uint)key_seen(mask, mrow, rend, RM, kb + u) << u;
+        }
         float4 kv[KU][CKN], vv[KU][CVN];
 #pragma unroll
         for (int u = 0; u < KU; u++) {
-            const int ok = kb + u < k_hi;
+            const int ok = kb + u < k_hi && (vis >> u & 1u);
             __global const T_IN *kr = Kb + (ulong)(ok ? kb + u : 0) * k_ss;
             __global const T_IN *vr = Vb + (ulong)(ok ? kb + u : 0) * v_ss;
 #pragma unroll

@@ -470,7 +470,9 @@ static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, cons
     /* Loads in flight per lane (VW): 4, 8 or 16. */
     const int lc = pp->v[4] == 4 || pp->v[4] == 16 ? pp->v[4] : 8;
     for (;;) {
-        const size_t sp = (size_t)2 * kg * rm * w + (kl > 1 ? (size_t)kg * rm * w * (kl + 1) : 0);
+        /* Sc and Pr, Sv, Pt (decode.cl: SP_FLOATS) */
+        const size_t sp =
+            (size_t)2 * kg * rm * w + (size_t)kg * w + (kl > 1 ? (size_t)kg * rm * w * (kl + 1) : 0);
         const size_t fin = (size_t)(kg / 2) * rm * (4 * w + 2);
         const size_t bytes = (size_t)16 * rm * (dp / 4) + 4 * (sp > fin ? sp : fin);
         if (rows_fit(ctx, (size_t)kg * w, bytes, cap))

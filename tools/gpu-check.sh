@@ -47,6 +47,10 @@ log "benchmark: fused with masks (a sliding window: tiles the mask hides are ski
 for m in window:512 bias; do
   timeout 60 "$bin/clattn-bench" --op fused --check --mask "$m" 2>&1 | grep -E "^fused|fail|rror"
 done
+log "benchmark: decode with masks (decode_lanes reads no K/V row of a key the mask hides; none, window, bias)"
+for m in none window:1024 bias; do
+  timeout 60 "$bin/clattn-bench" --op decode --heads-kv 8 --check --mask "$m" 2>&1 | grep -E "^decode|fail|rror"
+done
 fi
 
 [[ $steps == *,lanes,* || $steps == *,sweep,* ]] || { log "done"; exit 0; }
