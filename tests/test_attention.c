@@ -231,6 +231,11 @@ static const att_case cases[] = {
      .window = 40, .special = SP_POISON_HIDDEN},
     {"window_decode_sq1_w33_f16mask_kvlen", 2, 4, 4, 1, 1000, 128, 0, F32, .mask = MASK_HEADS,
      .mask_dt = F16, .window = 33, .has_kv = 1, .kv = {1000, 500}, .special = SP_POISON_HIDDEN},
+    /* decode over a long cache: the window's 3000 keys at its end leave whole key splits hidden,
+     * and the GPU decode kernels read K and V only for keys one of their 16 rows sees (the
+     * window's edges move one key a position) */
+    {"window_decode_gqa4_sq4_kv40000_w3000", 1, 8, 2, 4, 40000, 128, 0, F32, .mask = MASK_HEADS,
+     .mask_dt = F32, .bias = 1, .window = 3000, .special = SP_POISON_HIDDEN},
     /* a window of 1 key (the diagonal) cut by key lengths: in the row block whose first row's
      * key is its batch's last, that key alone is visible, at the end of the 16-key scan's tail */
     {"window1_kvlen_edges", 4, 1, 1, 64, 200, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32, .bias = 1,
