@@ -587,9 +587,10 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
     if (!fit(ctx, c, (int)p->head_dim_v, cap))
         return clattn__fail(ctx, CLATTN_UNSUPPORTED,
                             "fused attention with head_dim %lld / head_dim_v %lld does not fit the "
-                            "device's %llu bytes of local memory",
+                            "device's %llu bytes of local memory (%llu for a kernel's arrays)",
                             (long long)p->head_dim, (long long)p->head_dim_v,
-                            (unsigned long long)ctx->dev.local_mem);
+                            (unsigned long long)ctx->dev.local_mem,
+                            (unsigned long long)clattn__local_budget(ctx));
     const int bm = c->wgy * c->rm, bn = c->wgx * c->vw * c->ns;
     const int row_tiles = ceil_div(R, bm);
     const long long tiles = (long long)row_tiles * p->batch * p->heads_kv;

@@ -84,9 +84,15 @@ struct clattn_context {
 
     cl_mem workspace;
     size_t workspace_size;
-    /* Set by clattn__get_kernel: when it refused a kernel only because its required work-group
-     * is larger than the compiled kernel allows (registers), that kernel's limit; else 0. */
-    size_t refused_wg;
+    /* Set by clattn__get_kernel when it refuses a kernel the device cannot launch as built: what
+     * the compiler reported, and whether this context had refused the same kernel (file, options,
+     * name) before, as when a refit asks for it again; read and cleared by clattn__retry_cap. */
+    clattn_kernel_refusal refused;
+    int refused_again;
+    /* Bytes of local arrays the fits give a kernel (clattn__local_fits); 0: the device's local
+     * memory less CLATTN_LOCAL_RESERVE. Lowered by clattn__retry_cap when a compiled kernel needed
+     * more local memory than the device has although its arrays fitted. */
+    cl_ulong local_budget;
     /* Set while a multi-kernel operation rehearses its launches: kernels are built, the workspace
      * allocated and arguments set, but clattn__enqueue enqueues nothing (see run_unfused). */
     int rehearse;
@@ -172,23 +178,33 @@ extern const clattn_kernel_source clattn_kernel_sources[];
 extern const int clattn_kernel_source_count;
 /* Builds (or finds) the program of cl/<file> + cl/common.cl with `options` and returns one kernel,
  * owned by the context. UNSUPPORTED when the compiled kernel cannot be launched with its
- * reqd_work_group_size or needs more local memory than the device has; when the work-group alone
- * is the reason, ctx->refused_wg is the largest one the kernel allows. */
+ * reqd_work_group_size or needs more local memory than the device has (ctx->refused says which). */
 clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const char *options,
                                  const char *kernel_name, cl_kernel *out);
 /* After an operation's clattn__get_kernel returned st for a configuration whose work-groups were
- * fitted to `cap` work-items: the smaller cap to fit the configuration to and try again (the error
- * is then cleared), or 0 when st stands. Only parameters the library chose (tuning files, vendor
- * or generic defaults) are refitted; an override or CLATTN_PARAMS_<OP> runs as given or fails. */
+ * fitted to `cap` work-items: the cap to fit the configuration to and try again (the error is then
+ * cleared), or 0 when st stands. A kernel that allows fewer work-items than it was built for gives
+ * that many. A kernel that needs more local memory than the device has although its arrays fitted
+ * (the compiler added some) lowers the context's local budget by the excess and gives `cap` again;
+ * the same kernel refused again (the refit did not change it) gives half its work-group. Only
+ * parameters the library chose (tuning files, vendor or generic defaults) are refitted; an override
+ * or CLATTN_PARAMS_<OP> runs as given or fails. */
 size_t clattn__retry_cap(clattn_context *ctx, clattn_status st, clattn_params_source source, size_t cap);
 /* Local memory the compiler may add to a kernel's declared arrays: NVIDIA's OpenCL compiler
  * (driver 580, H200) gives decode_rows, whose arrays take 49152 bytes, 49168 bytes of local memory
  * (CL_KERNEL_LOCAL_MEM_SIZE), over the device's 48 KiB. The fits leave this much free. */
 #define CLATTN_LOCAL_RESERVE 256
+/* Bytes of local arrays a kernel may declare (see local_budget in clattn_context). */
+static inline cl_ulong clattn__local_budget(const clattn_context *ctx)
+{
+    if (ctx->local_budget)
+        return ctx->local_budget;
+    return ctx->dev.local_mem >= CLATTN_LOCAL_RESERVE ? ctx->dev.local_mem - CLATTN_LOCAL_RESERVE : 0;
+}
 /* 1 when a kernel declaring `bytes` of local arrays fits the device's local memory. */
 static inline int clattn__local_fits(const clattn_context *ctx, size_t bytes)
 {
-    return ctx->dev.local_mem >= CLATTN_LOCAL_RESERVE && bytes <= ctx->dev.local_mem - CLATTN_LOCAL_RESERVE;
+    return ctx->dev.local_mem >= CLATTN_LOCAL_RESERVE && bytes <= clattn__local_budget(ctx);
 }
 /* Source text for a file (embedded, or from CLATTN_KERNEL_DIR during development). Caller frees. */
 char *clattn__load_source(const char *file, size_t *len);

@@ -188,15 +188,16 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
 /* The failure for a kernel the device cannot launch as built: its local memory exceeds the
  * device's, or its reqd_work_group_size exceeds what the compiled kernel allows (registers). */
 static clattn_status refuse(clattn_context *ctx, const char *kernel_name, const char *options,
-                            const clattn_kernel_refusal *r)
+                            const clattn_kernel_refusal *r, int again)
 {
+    ctx->refused = *r;
+    ctx->refused_again = again;
     if (r->kmem > ctx->dev.local_mem)
         return clattn__fail(ctx, CLATTN_UNSUPPORTED,
                             "kernel %s built with \"%s\" needs %llu bytes of local memory; the device "
                             "has %llu",
                             kernel_name, options, (unsigned long long)r->kmem,
                             (unsigned long long)ctx->dev.local_mem);
-    ctx->refused_wg = r->kwg;
     return clattn__fail(ctx, CLATTN_UNSUPPORTED,
                         "kernel %s built with \"%s\" needs work-groups of %zu work-items; as compiled "
                         "for this device it allows %zu (CL_KERNEL_WORK_GROUP_SIZE)",
@@ -207,10 +208,38 @@ size_t clattn__retry_cap(clattn_context *ctx, clattn_status st, clattn_params_so
 {
     /* The refusal is answered here either way: an operation that launches another (the fused
      * kernels' merge) must not retry its own kernel for the other's refusal. */
-    const size_t next = ctx->refused_wg;
-    ctx->refused_wg = 0;
-    if (st != CLATTN_UNSUPPORTED || next == 0 || next >= cap || source == CLATTN_SOURCE_OVERRIDE ||
+    const clattn_kernel_refusal r = ctx->refused;
+    const int again = ctx->refused_again;
+    memset(&ctx->refused, 0, sizeof ctx->refused);
+    ctx->refused_again = 0;
+    if (st != CLATTN_UNSUPPORTED || (r.kwg == 0 && r.kmem == 0) || source == CLATTN_SOURCE_OVERRIDE ||
         source == CLATTN_SOURCE_ENVIRONMENT)
+        return 0;
+    size_t next;
+    if (r.kmem > ctx->dev.local_mem) {
+        /* The compiler added local memory to arrays that fitted: Mesa's rusticl (22.3) reports
+         * twice their size, NVIDIA's driver 16 bytes more for decode_rows. The first time, the
+         * fits may declare less from now on, in proportion to the excess and by at least 1/32
+         * (few rounds), at the same work-group size. The same kernel refused again (its arrays do
+         * not follow the fits, or no smaller tile exists), or a budget that cannot shrink: a
+         * smaller work-group, whose arrays are smaller. */
+        const cl_ulong budget = clattn__local_budget(ctx);
+        const cl_ulong usable = ctx->dev.local_mem > CLATTN_LOCAL_RESERVE ? ctx->dev.local_mem - CLATTN_LOCAL_RESERVE : 0;
+        cl_ulong lower = (cl_ulong)((double)budget * (double)usable / (double)r.kmem);
+        if (lower > budget - budget / 32)
+            lower = budget - budget / 32;
+        if (!again && lower > 0 && lower < budget) {
+            ctx->local_budget = lower;
+            next = cap;
+        } else {
+            next = (r.req_wg > 0 && r.req_wg < cap ? r.req_wg : cap) / 2;
+        }
+    } else {
+        next = r.kwg; /* the work-group the compiled kernel allows */
+        if (next >= cap)
+            return 0;
+    }
+    if (next == 0)
         return 0;
     clattn__clear_error(ctx);
     return next;
@@ -220,7 +249,8 @@ clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const ch
                                  const char *kernel_name, cl_kernel *out)
 {
     *out = NULL;
-    ctx->refused_wg = 0;
+    memset(&ctx->refused, 0, sizeof ctx->refused);
+    ctx->refused_again = 0;
     clattn_program_entry *e = NULL;
     for (int i = 0; i < ctx->nprograms; i++)
         if (strcmp(ctx->programs[i].file, file) == 0 && strcmp(ctx->programs[i].options, options) == 0) {
@@ -258,7 +288,7 @@ clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const ch
     for (int i = 0; i < e->nkernels; i++)
         if (strcmp(e->kernel_names[i], kernel_name) == 0) {
             if (!e->kernels[i])
-                return refuse(ctx, kernel_name, options, &e->refused[i]);
+                return refuse(ctx, kernel_name, options, &e->refused[i], 1);
             *out = e->kernels[i];
             return CLATTN_SUCCESS;
         }
@@ -300,7 +330,7 @@ clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const ch
     e->refused[e->nkernels] = r;
     e->kernels[e->nkernels++] = k;
     if (refused)
-        return refuse(ctx, kernel_name, options, &r);
+        return refuse(ctx, kernel_name, options, &r, 0);
     *out = k;
     return CLATTN_SUCCESS;
 }

@@ -616,6 +616,8 @@ static atomic_size_t wg_limit;
 static pthread_mutex_t launch_lock = PTHREAD_MUTEX_INITIALIZER;
 static size_t largest_group;
 static char largest_kernel[64];
+static cl_ulong largest_local;
+static char largest_local_name[64];
 static char launched_names[32][64];
 static int n_launched_names;
 
@@ -639,6 +641,31 @@ size_t clshim_largest_group(void)
 
 const char *clshim_largest_group_kernel(void) { return largest_kernel; }
 
+/* ---- compilers that add local memory ---- */
+
+static _Atomic cl_ulong local_device, local_mul, local_add;
+
+void clshim_inflate_kernel_local(cl_ulong device_bytes, cl_ulong mul, cl_ulong add)
+{
+    atomic_store(&local_device, device_bytes);
+    atomic_store(&local_add, add);
+    atomic_store(&local_mul, mul);
+    pthread_mutex_lock(&launch_lock);
+    largest_local = 0;
+    largest_local_name[0] = '\0';
+    pthread_mutex_unlock(&launch_lock);
+}
+
+cl_ulong clshim_largest_local(void)
+{
+    pthread_mutex_lock(&launch_lock);
+    const cl_ulong n = largest_local;
+    pthread_mutex_unlock(&launch_lock);
+    return n;
+}
+
+const char *clshim_largest_local_kernel(void) { return largest_local_name; }
+
 int clshim_launched(const char *kernel_name)
 {
     int found = 0;
@@ -650,7 +677,7 @@ int clshim_launched(const char *kernel_name)
 }
 
 /* Notes a successful launch of kernel with `items` work-items a group (0: no reqd size). */
-static void note_launch(cl_kernel kernel, size_t items)
+static void note_launch(cl_kernel kernel, size_t items, cl_ulong local)
 {
     char name[64] = "";
     if (clGetKernelInfo(kernel, CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL) != CL_SUCCESS)
@@ -660,6 +687,10 @@ static void note_launch(cl_kernel kernel, size_t items)
     if (items > largest_group) {
         largest_group = items;
         memcpy(largest_kernel, name, sizeof name);
+    }
+    if (local > largest_local) {
+        largest_local = local;
+        memcpy(largest_local_name, name, sizeof name);
     }
     int seen = 0;
     for (int i = 0; i < n_launched_names && !seen; i++)
@@ -693,6 +724,10 @@ cl_int clGetKernelWorkGroupInfo(cl_kernel kernel, cl_device_id device, cl_kernel
     if (err == CL_SUCCESS && param_name == CL_KERNEL_WORK_GROUP_SIZE && param_value && limit > 0 &&
         reqd_items(kernel, device) > 0 && *(size_t *)param_value > limit)
         *(size_t *)param_value = limit;
+    const cl_ulong mul = atomic_load(&local_mul);
+    if (err == CL_SUCCESS && param_name == CL_KERNEL_LOCAL_MEM_SIZE && param_value && mul > 0 &&
+        *(cl_ulong *)param_value > 0)
+        *(cl_ulong *)param_value = mul * *(cl_ulong *)param_value + atomic_load(&local_add);
     return err;
 }
 
@@ -735,11 +770,18 @@ cl_int clEnqueueNDRangeKernel(cl_command_queue command_queue, cl_kernel kernel, 
     const size_t limit = atomic_load(&wg_limit);
     if (limit > 0 && items > limit)
         return CL_INVALID_WORK_GROUP_SIZE;
+    cl_ulong local = 0;
+    if (device && real_kernel_wg_info(kernel, device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof local, &local, NULL) !=
+                      CL_SUCCESS)
+        local = 0;
+    const cl_ulong mul = atomic_load(&local_mul);
+    if (mul > 0 && local > 0 && mul * local + atomic_load(&local_add) > atomic_load(&local_device))
+        return CL_OUT_OF_RESOURCES;
     const cl_int err = real_ndrange(command_queue, kernel, work_dim, global_work_offset, global_work_size,
                                     local_work_size, num_events_in_wait_list, event_wait_list, event);
     if (err == CL_SUCCESS) {
         atomic_store(&last_ndrange, event ? *event : NULL);
-        note_launch(kernel, items);
+        note_launch(kernel, items, local);
     }
     return enqueued(err, event);
 }

@@ -96,6 +96,19 @@ const char *clshim_largest_group_kernel(void);
 /* 1 when a kernel of that name was launched since the last clshim_limit_kernel_wg. */
 int clshim_launched(const char *kernel_name);
 
+/* Compilers that add local memory to a kernel's arrays (Mesa's rusticl 22.3 reports twice their
+ * size, NVIDIA's driver a few bytes more): from now on clGetKernelWorkGroupInfo
+ * (CL_KERNEL_LOCAL_MEM_SIZE) reports mul·n + add for a kernel whose arrays take n > 0 bytes, and
+ * clEnqueueNDRangeKernel of a kernel whose report exceeds device_bytes fails with
+ * CL_OUT_OF_RESOURCES without reaching the driver, as a driver would. mul 0 lifts it. Also resets
+ * clshim_largest_local. */
+void clshim_inflate_kernel_local(cl_ulong device_bytes, cl_ulong mul, cl_ulong add);
+/* The largest local memory (the driver's own account, before inflation) of a kernel that
+ * clEnqueueNDRangeKernel launched since the last clshim_inflate_kernel_local, and that kernel's
+ * name ("" when none launched with local memory). */
+cl_ulong clshim_largest_local(void);
+const char *clshim_largest_local_kernel(void);
+
 /* From now on clGetMemObjectInfo(m, CL_MEM_SIZE) reports `size` bytes (the buffer stays as it
  * is): for shapes that need more memory than the machine has, in calls that must refuse them
  * before touching the buffer. NULL ends it. */

@@ -672,12 +672,133 @@ static void test_kernel_wg_strict(void **state)
     }
 }
 
+/* ---- compilers that add local memory to a kernel's arrays ---- */
+
+/* A compiler may give a kernel more local memory than its arrays take (Mesa's rusticl 22.3
+ * reports twice their size, NVIDIA's driver a few bytes more), and a kernel over the device's
+ * local memory cannot be launched. Where the library chose the parameters, every operation must
+ * then fit its arrays to less (or, for arrays the fits do not size, run smaller work-groups) and
+ * compute the same result. The row runs first as it is, which gives its largest local arrays L;
+ * then on contexts whose device has L + CLATTN_LOCAL_RESERVE + 64 bytes (the fits leave the reserve
+ * free, so the same kernels come first) with clshim reporting each kernel's local memory twice,
+ * then plus 384 bytes. Each call must match the float64 reference and launch only
+ * kernels whose reported size fits, with less than L (the first choice was refused); a second
+ * call gives the same outputs; released, the context leaves no OpenCL object behind. With the
+ * row's parameters set by the application or in CLATTN_PARAMS_<OP> instead, a kernel reported
+ * over the device's local memory is refused: UNSUPPORTED naming it and both sizes, nothing
+ * launched, the outputs untouched, no event. */
+static void test_kernel_local(void **state)
+{
+    const row *r = *state;
+    assert_true(clshim_active());
+    inst I;
+    inst_init(&I, r, tu_ctx_get());
+    double *want[MAX_OUT] = {0};
+    reference(&I, want);
+    float *got[MAX_OUT] = {0}, *again[MAX_OUT] = {0};
+
+    clshim_counts before;
+    clshim_get(&before);
+    I.ctx = wg_context();
+    clshim_inflate_kernel_local(0, 0, 0);
+    (void)call_checked(&I, 0, want, got, "as compiled", NULL, NULL);
+    const cl_ulong L = clshim_largest_local();
+    char first[64];
+    snprintf(first, sizeof first, "%s", clshim_largest_local_kernel());
+    clattn_release(I.ctx);
+    print_message("%s: local arrays of up to %llu bytes (%s)\n", r->name, (unsigned long long)L, first);
+    if (L == 0)
+        fail_msg("%s: no kernel with local memory ran: the tuning file did not give work-group kernels", r->name);
+    /* 64 bytes more: the fits' account of the arrays may round up what the compiler reports. */
+    const cl_ulong device = L + CLATTN_LOCAL_RESERVE + 64;
+
+    static const struct {
+        cl_ulong mul, add;
+        const char *what;
+    } inflations[2] = {{2, 0, "twice the arrays"}, {1, CLATTN_LOCAL_RESERVE + 128, "the arrays + 384 bytes"}};
+    for (int m = 0; m < 2; m++) {
+        char when[128];
+        snprintf(when, sizeof when, "a compiler reporting %s, %llu bytes of local memory", inflations[m].what,
+                 (unsigned long long)device);
+        if (inflations[m].mul * L + inflations[m].add <= device) {
+            print_message("%s, %s: the first choice still fits\n", r->name, when);
+            continue;
+        }
+        for (int call = 0; call < 2; call++) {
+            I.ctx = call == 0 ? wg_context() : I.ctx;
+            I.ctx->dev.local_mem = device;
+            clshim_inflate_kernel_local(device, inflations[m].mul, inflations[m].add);
+            (void)call_checked(&I, 0, want, call == 0 ? got : again, when, NULL, NULL);
+            const cl_ulong largest = clshim_largest_local();
+            clshim_inflate_kernel_local(0, 0, 0);
+            if (largest == 0 || largest >= L || inflations[m].mul * largest + inflations[m].add > device)
+                fail_msg("%s, %s, call %d: launched local arrays of up to %llu bytes (%s)", r->name, when, call + 1,
+                         (unsigned long long)largest, clshim_largest_local_kernel());
+        }
+        for (int o = 0; o < I.outs; o++)
+            if (memcmp(got[o], again[o], I.n_out[o] * sizeof(float)) != 0)
+                fail_msg("%s, %s: the second call's output %d differs from the first's", r->name, when, o);
+        clattn_release(I.ctx);
+        char why[256];
+        clshim_counts after;
+        clshim_get(&after);
+        if (!clshim_same_live(&before, &after, why, sizeof why))
+            fail_msg("%s, %s: OpenCL objects leaked: %s", r->name, when, why);
+    }
+
+    const strict_params sp = strict_params_of(r);
+    assert_non_null(sp.env);
+    for (int how = 0; how < 2; how++) {
+        I.ctx = wg_context();
+        I.ctx->dev.local_mem = device;
+        const char *how_s = how == 0 ? "clattn_set_params" : sp.env;
+        if (how == 0) {
+            assert_int_equal(clattn_set_params(I.ctx, sp.op, sp.v, sp.n), CLATTN_SUCCESS);
+        } else {
+            char list[64];
+            int len = 0;
+            for (int i = 0; i < sp.n; i++)
+                len += snprintf(list + len, sizeof list - (size_t)len, "%s%d", i ? "," : "", sp.v[i]);
+            setenv(sp.env, list, 1);
+        }
+        reset_outputs(&I);
+        /* Every kernel with local arrays is reported over the device's local memory. */
+        clshim_inflate_kernel_local(device, 1, device);
+        clshim_limit_kernel_wg(0);
+        cl_event done = (cl_event)(uintptr_t)0x5; /* must come back NULL */
+        const clattn_status st = inst_call(&I, 0, NULL, &done);
+        const size_t launched = clshim_largest_group();
+        clshim_inflate_kernel_local(0, 0, 0);
+        unsetenv(sp.env);
+        const char *msg = clattn_last_error(I.ctx);
+        if (st != CLATTN_UNSUPPORTED)
+            fail_msg("%s, %s: returned %s, expected CLATTN_UNSUPPORTED (\"%s\")", r->name, how_s,
+                     clattn_status_name(st), msg);
+        char kernel[64], has[64];
+        snprintf(kernel, sizeof kernel, "kernel %s built ", sp.kernel);
+        snprintf(has, sizeof has, "bytes of local memory; the device has %llu", (unsigned long long)device);
+        if (strncmp(msg, kernel, strlen(kernel)) != 0 || !strstr(msg, has) || !strstr(msg, " needs "))
+            fail_msg("%s, %s: the message \"%s\" does not name the kernel (%s) and the local memory", r->name,
+                     how_s, msg, sp.kernel);
+        assert_null(done);
+        assert_int_equal(launched, 0);
+        float *out[MAX_OUT] = {0};
+        read_outputs(&I, out);
+        for (int o = 0; o < I.outs; o++)
+            for (size_t i = 0; i < I.n_out[o]; i++)
+                if (memcmp(&out[o][i], &FILL, sizeof FILL) != 0)
+                    fail_msg("%s, %s: output %d element %zu was modified", r->name, how_s, o, i);
+        clattn_release(I.ctx);
+    }
+}
+
 int main(void)
 {
     static char names[N_OF(rows)][80];
     static char wg_names[N_OF(rows)][80];
     static char strict_names[N_OF(rows)][80];
-    struct CMUnitTest tests[4 * N_OF(rows)];
+    static char local_names[N_OF(rows)][80];
+    struct CMUnitTest tests[5 * N_OF(rows)];
     size_t n = 0;
     for (size_t i = 0; i < N_OF(rows); i++)
         tests[n++] = (struct CMUnitTest){rows[i].name, test_chunks, NULL, tu_teardown, (void *)&rows[i]};
@@ -700,6 +821,13 @@ int main(void)
         tests[n++] = (struct CMUnitTest){strict_names[i], test_kernel_wg_strict, NULL, tu_teardown,
                                          (void *)&rows[i]};
     }
+    /* merge has no local arrays */
+    for (size_t i = 0; own_params && i < N_OF(rows); i++)
+        if (rows[i].op != OP_MERGE) {
+            snprintf(local_names[i], sizeof local_names[i], "%s, a compiler adding local memory", rows[i].name);
+            tests[n++] = (struct CMUnitTest){local_names[i], test_kernel_local, NULL, tu_teardown,
+                                             (void *)&rows[i]};
+        }
     tu_apply_test_filter();
     const int failed = _cmocka_run_group_tests("limits", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
