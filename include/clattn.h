@@ -161,7 +161,9 @@ typedef struct clattn_context clattn_context;
  * Creates a context on a device chosen by `device`: NULL or "" reads the CLATTN_DEVICE environment
  * variable; then "gpu", "cpu", "accelerator" (any case), "P:D" (platform and device index), or a
  * case-insensitive substring of the platform or device name. With no spec the first GPU is chosen,
- * else the first device of any type.
+ * else the first device of any type. Devices clattn cannot compute correctly on are passed over:
+ * Mesa's llvmpipe (rusticl's software device), which stops a kernel's loops after 65535 iterations
+ * in all without an error; when only such devices match, CLATTN_UNSUPPORTED says why.
  * @return CLATTN_SUCCESS and *ctx, or a failure status with *ctx set to NULL
  *         (clattn_last_error(NULL) then gives the message).
  */
@@ -169,7 +171,8 @@ CLATTN_API clattn_status clattn_create(const char *device, clattn_context **ctx)
 
 /**
  * Creates a context that enqueues on the caller's in-order queue (retained, released by
- * clattn_release). Out-of-order queues are refused with CLATTN_UNSUPPORTED.
+ * clattn_release). Out-of-order queues, and queues on a device clattn_create passes over, are
+ * refused with CLATTN_UNSUPPORTED.
  */
 CLATTN_API clattn_status clattn_create_from_queue(cl_command_queue queue, clattn_context **ctx);
 
@@ -191,7 +194,8 @@ CLATTN_API const char *clattn_last_build_log(const clattn_context *ctx);
 /**
  * Resolves a device spec exactly as clattn_create does, without creating anything.
  * `why` (may be NULL) receives one line explaining the choice, e.g. "first GPU (no spec given)".
- * @return CLATTN_SUCCESS with *platform and *device set, NO_DEVICE or INVALID_ARGUMENT otherwise.
+ * @return CLATTN_SUCCESS with *platform and *device set, NO_DEVICE, UNSUPPORTED (only devices
+ *         clattn passes over match) or INVALID_ARGUMENT otherwise.
  */
 CLATTN_API clattn_status clattn_select_device(const char *spec, cl_platform_id *platform,
                                               cl_device_id *device, char *why, size_t why_size);

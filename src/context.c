@@ -13,6 +13,12 @@ static clattn_status finish_create(clattn_context *c, clattn_context **out)
         clattn_release(c);
         return CLATTN_OPENCL_ERROR;
     }
+    const char *refusal = clattn__device_refusal(c->dev.name);
+    if (refusal) { /* a queue on it (clattn_create passes over such devices) */
+        clattn__fail(NULL, CLATTN_UNSUPPORTED, "device \"%.200s\": %s", c->dev.name, refusal);
+        clattn_release(c);
+        return CLATTN_UNSUPPORTED;
+    }
     clattn__cache_init(c);
     clattn__tuning_init(c); /* never fails: problems are described by clattn_tuning_report */
     *out = c;

@@ -133,6 +133,19 @@ static int equal_ci(const char *a, const char *b)
     return *a == '\0' && *b == '\0';
 }
 
+const char *clattn__device_refusal(const char *name)
+{
+    /* Mesa's gallivm (llvmpipe, and lavapipe under zink) counts the iterations of all of a
+     * kernel's loops together and leaves every loop once 65535 have run, without an error
+     * (LP_MAX_TGSI_LOOP_ITERATIONS; seen on rusticl 22.3: fused attention over 900 keys of head
+     * dim 256, the P·V GEMM over 36000 keys). Attention loops over the keys. */
+    if (contains_ci(name, "llvmpipe"))
+        return "Mesa's llvmpipe stops a kernel's loops after 65535 iterations in all, without an "
+               "error, so attention over long sequences would come out wrong; use PoCL "
+               "(pocl-opencl-icd) for a CPU device";
+    return NULL;
+}
+
 static void say(char *why, size_t size, const char *fmt, const char *a, const char *b,
                 unsigned p, unsigned d)
 {
@@ -197,6 +210,8 @@ clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, c
     cl_platform_id first_p = NULL;
     cl_device_id first_d = NULL;
     unsigned first_pi = 0, first_di = 0;
+    /* The first device that matched but that clattn does not run on (clattn__device_refusal). */
+    char refused[600] = "";
     for (cl_uint pi = 0; pi < nplat; pi++) {
         cl_device_id devs[MAX_DEVICES];
         cl_uint ndev = 0;
@@ -212,10 +227,11 @@ clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, c
             get_str(devs[di], CL_DEVICE_NAME, dname, sizeof dname);
             clGetDeviceInfo(devs[di], CL_DEVICE_TYPE, sizeof type, &type, NULL);
             int match = 0;
+            const char *refusal = clattn__device_refusal(dname);
             switch (kind) {
             case ANY:
                 match = (type & CL_DEVICE_TYPE_GPU) != 0;
-                if (!first_d) {
+                if (!first_d && !refusal) {
                     first_p = plats[pi];
                     first_d = devs[di];
                     first_pi = pi;
@@ -231,6 +247,12 @@ clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, c
             case NAME:
                 match = contains_ci(dname, spec) || contains_ci(pname, spec);
                 break;
+            }
+            if (refusal && (match || kind == ANY)) { /* passed over: another device may match */
+                if (!refused[0])
+                    snprintf(refused, sizeof refused, "%s on %s (%u:%u): %s", dname, pname, (unsigned)pi,
+                             (unsigned)di, refusal);
+                continue;
             }
             if (match) {
                 *platform = plats[pi];
@@ -255,6 +277,9 @@ clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, c
             dname, pname, first_pi, first_di);
         return CLATTN_SUCCESS;
     }
+    if (refused[0])
+        return clattn__fail(NULL, CLATTN_UNSUPPORTED, "%s device clattn can run on: %s",
+                            spec ? "the device spec matches no" : "no", refused);
     if (kind == ANY)
         return clattn__fail(NULL, CLATTN_NO_DEVICE, "no OpenCL device found on %u platform(s)",
                             (unsigned)nplat);

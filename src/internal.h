@@ -206,6 +206,10 @@ static inline int clattn__local_fits(const clattn_context *ctx, size_t bytes)
 {
     return ctx->dev.local_mem >= CLATTN_LOCAL_RESERVE && bytes <= clattn__local_budget(ctx);
 }
+/* NULL when clattn can run on the device named `name`; otherwise why not (Mesa's llvmpipe,
+ * whose kernels leave their loops early). Devices it refuses are passed over when a context is
+ * created. */
+const char *clattn__device_refusal(const char *name);
 /* Source text for a file (embedded, or from CLATTN_KERNEL_DIR during development). Caller frees. */
 char *clattn__load_source(const char *file, size_t *len);
 void clattn__release_programs(clattn_context *ctx);

@@ -29,7 +29,7 @@
     X(clEnqueueCopyBufferRect) X(clEnqueueMapBuffer) X(clEnqueueUnmapMemObject)                   \
     X(clEnqueueMigrateMemObjects) X(clEnqueueMarkerWithWaitList)                                  \
     X(clEnqueueBarrierWithWaitList) X(clEnqueueMarker) X(clGetKernelWorkGroupInfo)                \
-    X(clGetMemObjectInfo)
+    X(clGetMemObjectInfo) X(clGetDeviceInfo)
 
 enum {
 #define CLSHIM_ENUM_(name) R_##name,
@@ -729,6 +729,35 @@ cl_int clGetKernelWorkGroupInfo(cl_kernel kernel, cl_device_id device, cl_kernel
         *(cl_ulong *)param_value > 0)
         *(cl_ulong *)param_value = mul * *(cl_ulong *)param_value + atomic_load(&local_add);
     return err;
+}
+
+/* ---- a device reported under another name ---- */
+
+static _Atomic(const char *) fake_name;
+
+void clshim_fake_device_name(const char *name) { atomic_store(&fake_name, name); }
+
+cl_int clGetDeviceInfo(cl_device_id device, cl_device_info param_name, size_t param_value_size, void *param_value,
+                       size_t *param_value_size_ret)
+{
+    __typeof__(&clGetDeviceInfo) fn = (__typeof__(&clGetDeviceInfo))real(R_clGetDeviceInfo);
+    if (fn == NULL)
+        return CL_INVALID_OPERATION;
+    const char *name = atomic_load(&fake_name);
+    if (name == NULL || param_name != CL_DEVICE_NAME)
+        return fn(device, param_name, param_value_size, param_value, param_value_size_ret);
+    size_t real_size = 0; /* the driver still checks the device */
+    const cl_int err = fn(device, CL_DEVICE_NAME, 0, NULL, &real_size);
+    if (err != CL_SUCCESS)
+        return err;
+    const size_t n = strlen(name) + 1;
+    if (param_value && param_value_size < n)
+        return CL_INVALID_VALUE;
+    if (param_value)
+        memcpy(param_value, name, n);
+    if (param_value_size_ret)
+        *param_value_size_ret = n;
+    return CL_SUCCESS;
 }
 
 /* ---- a buffer reported larger than it is ---- */

@@ -109,6 +109,10 @@ void clshim_inflate_kernel_local(cl_ulong device_bytes, cl_ulong mul, cl_ulong a
 cl_ulong clshim_largest_local(void);
 const char *clshim_largest_local_kernel(void);
 
+/* From now on clGetDeviceInfo(CL_DEVICE_NAME) reports `name` for every device (the string must
+ * outlive the faking); NULL ends it. */
+void clshim_fake_device_name(const char *name);
+
 /* From now on clGetMemObjectInfo(m, CL_MEM_SIZE) reports `size` bytes (the buffer stays as it
  * is): for shapes that need more memory than the machine has, in calls that must refuse them
  * before touching the buffer. NULL ends it. */

@@ -9,6 +9,14 @@
  *   create/context_and_queue_refused  clCreateContext or clCreateCommandQueue failing with a
  *                          memory error or another: clattn_create's status for it, a message
  *                          naming the call and the error, *ctx NULL, no object leaked.
+ *   create/llvmpipe_refused  a device named like Mesa's llvmpipe, which stops a kernel's loops
+ *                          after 65535 iterations in all without an error (wrong results, not a
+ *                          failure): clattn_create with no spec, "cpu", "P:D" or the name, and
+ *                          clattn_create_from_queue on a queue of it, give CLATTN_UNSUPPORTED with
+ *                          a message that names the device and the reason, *ctx NULL, no object
+ *                          leaked; clattn_select_device the same; the real name again works.
+ *                          Where a real llvmpipe device is present (rusticl with
+ *                          RUSTICL_ENABLE=llvmpipe), clattn_create(NULL) must not pick it.
  *   oom/<row>              device memory exhaustion. A probe call counts the row's calls of
  *                          clCreateBuffer, clEnqueueNDRangeKernel and clEnqueueFillBuffer; then for
  *                          each function, each call index and each of CL_MEM_OBJECT_ALLOCATION_FAILURE
@@ -486,6 +494,90 @@ static void test_create_failures(void **state)
             ctx = tu_context(); /* the next one works */
             clattn_release(ctx);
         }
+}
+
+/* Devices the library passes over: see the header comment (create/llvmpipe_refused). */
+static void test_llvmpipe_refused(void **state)
+{
+    (void)state;
+    assert_true(clshim_active());
+    clattn_context *base = tu_context(); /* skips without a device */
+    const cl_device_id dev = clattn_device(base);
+    char real_name[256] = "";
+    assert_int_equal(clGetDeviceInfo(dev, CL_DEVICE_NAME, sizeof real_name, real_name, NULL), CL_SUCCESS);
+    /* rusticl's name for it, and zink's over lavapipe (the same loop limit) */
+    static const char *const names[2] = {"llvmpipe (LLVM 15.0.6, 256 bits)",
+                                         "zink Vulkan 1.3(llvmpipe (LLVM 19.1.7, 256 bits) (LLVMPIPE))"};
+    for (int n = 0; n < 2; n++) {
+        cl_platform_id plats[16];
+        cl_uint nplat = 0;
+        assert_int_equal(clGetPlatformIDs(16, plats, &nplat), CL_SUCCESS);
+        char index_spec[32] = "";
+        for (cl_uint p = 0; p < nplat && p < 16 && !index_spec[0]; p++) {
+            cl_device_id devs[16];
+            cl_uint nd = 0;
+            if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 16, devs, &nd) != CL_SUCCESS)
+                continue;
+            for (cl_uint d = 0; d < nd && d < 16; d++)
+                if (devs[d] == dev)
+                    snprintf(index_spec, sizeof index_spec, "%u:%u", (unsigned)p, (unsigned)d);
+        }
+        assert_true(index_spec[0] != '\0');
+        const char *specs[4] = {NULL, "cpu", index_spec, "llvmpipe"};
+        clshim_fake_device_name(names[n]);
+        for (int k = 0; k < 5; k++) {
+            char when[160];
+            snprintf(when, sizeof when, "device named \"%s\", %s%s%s", names[n],
+                     k == 4 ? "clattn_create_from_queue" : "clattn_create(", k == 4 ? "" : specs[k] ? specs[k] : "NULL",
+                     k == 4 ? "" : ")");
+            clshim_counts before;
+            clshim_get(&before);
+            clattn_context *ctx = (clattn_context *)&before; /* must come back NULL */
+            /* Where the machine has other devices (a GPU, or a spec that matches another device),
+             * they may be chosen instead: every device here carries the fake name, so none is. */
+            const clattn_status st = k == 4 ? clattn_create_from_queue(clattn_queue(base), &ctx)
+                                            : clattn_create(specs[k], &ctx);
+            const char *msg = clattn_last_error(NULL);
+            if (st != CLATTN_UNSUPPORTED)
+                fail_msg("%s: returned %s, expected CLATTN_UNSUPPORTED (\"%s\")", when, clattn_status_name(st), msg);
+            if (ctx != NULL)
+                fail_msg("%s: *ctx is %p after the failure, expected NULL", when, (void *)ctx);
+            if (!strstr(msg, names[n]) || !strstr(msg, "65535"))
+                fail_msg("%s: the message \"%s\" does not name the device and the reason", when, msg);
+            if (k < 4) {
+                cl_platform_id pl = (cl_platform_id)&before;
+                cl_device_id dv = (cl_device_id)&before;
+                if (clattn_select_device(specs[k], &pl, &dv, NULL, 0) != CLATTN_UNSUPPORTED)
+                    fail_msg("%s: clattn_select_device does not refuse it", when);
+            }
+            assert_no_leak(&before, when);
+        }
+        clshim_fake_device_name(NULL);
+        clattn_context *ctx = NULL;
+        if (clattn_create(index_spec, &ctx) != CLATTN_SUCCESS)
+            fail_msg("\"%s\" under its own name: %s", real_name, clattn_last_error(NULL));
+        clattn_release(ctx);
+    }
+
+    /* A real llvmpipe device next to others: passed over by the default choice. */
+    cl_platform_id pl;
+    cl_device_id dv;
+    char why[512];
+    const clattn_status sel = clattn_select_device("llvmpipe", &pl, &dv, why, sizeof why);
+    if (sel == CLATTN_NO_DEVICE) {
+        print_message("no real llvmpipe device here (rusticl with RUSTICL_ENABLE=llvmpipe has one)\n");
+    } else {
+        if (sel != CLATTN_UNSUPPORTED)
+            fail_msg("the real llvmpipe device: clattn_select_device returned %s", clattn_status_name(sel));
+        if (clattn_select_device(NULL, &pl, &dv, why, sizeof why) == CLATTN_SUCCESS) {
+            char name[256] = "";
+            clGetDeviceInfo(dv, CL_DEVICE_NAME, sizeof name, name, NULL);
+            print_message("with a real llvmpipe device present, clattn_create(NULL) picks %s\n", name);
+            if (strstr(name, "llvmpipe"))
+                fail_msg("clattn_create(NULL) picks the llvmpipe device: %s", why);
+        }
+    }
+    clattn_release(base);
 }
 
 /* =============================== injected exhaustion =============================== */
@@ -973,6 +1065,7 @@ int main(void)
     tu_set_fixtures(NULL, tu_teardown);
     tu_add_test("shim/sees_the_library", NULL, test_shim_sees_library, NULL);
     tu_add_test("create/context_and_queue_refused", NULL, test_create_failures, NULL);
+    tu_add_test("create/llvmpipe_refused", NULL, test_llvmpipe_refused, NULL);
     TU_ADD_TABLE("oom", test_oom, rows);
     for (size_t i = 0; i < N_OF(rows); ++i)
         if (rows[i].op != OP_HOST) /* clattn_attention_host takes no wait list */

@@ -563,6 +563,7 @@ static void h_widths(const char *label, info_num pref, info_num native)
 typedef struct tuning_view {
     int ok;
     char report[1100];
+    char error[1100]; /* why clattn_create failed on the device ("" when it did not) */
     clattn_kernel_params params[CLATTN_OPERATION_COUNT];
 } tuning_view;
 
@@ -572,8 +573,10 @@ static void query_tuning(cl_uint p, cl_uint d, tuning_view *tv)
     char spec[32];
     snprintf(spec, sizeof spec, "%u:%u", (unsigned)p, (unsigned)d);
     clattn_context *ctx = NULL;
-    if (clattn_create(spec, &ctx) != CLATTN_SUCCESS)
+    if (clattn_create(spec, &ctx) != CLATTN_SUCCESS) {
+        snprintf(tv->error, sizeof tv->error, "%s", clattn_last_error(NULL));
         return;
+    }
     snprintf(tv->report, sizeof tv->report, "%s", clattn_tuning_report(ctx));
     tv->ok = 1;
     for (int op = 0; op < CLATTN_OPERATION_COUNT; op++) {
@@ -605,6 +608,8 @@ static void print_tuning_human(cl_uint p, cl_uint d)
     query_tuning(p, d, &tv);
     if (!tv.ok) {
         h_text("tuning", "n/a (no context on this device)");
+        if (tv.error[0])
+            h_text("clattn_create", tv.error);
         return;
     }
     h_text("tuning store", tv.report);
@@ -965,6 +970,8 @@ static void print_device_json(json_writer *w, const dev_info *di, cl_uint p, cl_
     jw_bool(w, "default", di->is_default ? TRI_YES : TRI_NO);
     tuning_view tv;
     query_tuning(p, d, &tv);
+    if (tv.error[0])
+        jw_str(w, "create_error", tv.error);
     if (tv.ok) {
         jw_open(w, "tuning", '{');
         jw_str(w, "report", tv.report);
