@@ -519,6 +519,22 @@ static size_t call_checked(const inst *I, size_t limit, double *const want[MAX_O
     return largest;
 }
 
+/* After a context's two calls of the row: the second call's outputs (again) equal the first's
+ * (got); the context released leaves as many live OpenCL objects as `before`. */
+static void release_checked(const inst *I, float *const got[MAX_OUT], float *const again[MAX_OUT],
+                            const clshim_counts *before, const char *when)
+{
+    for (int o = 0; o < I->outs; o++)
+        if (memcmp(got[o], again[o], I->n_out[o] * sizeof(float)) != 0)
+            fail_msg("%s, %s: the second call's output %d differs from the first's", I->r->name, when, o);
+    clattn_release(I->ctx);
+    char why[256];
+    clshim_counts after;
+    clshim_get(&after);
+    if (!clshim_same_live(before, &after, why, sizeof why))
+        fail_msg("%s, %s: OpenCL objects leaked: %s", I->r->name, when, why);
+}
+
 /* A kernel whose registers leave room for fewer work-items than its reqd_work_group_size (the
  * compiler says so in CL_KERNEL_WORK_GROUP_SIZE; clshim makes it say so here) cannot be launched.
  * Where the library chose the parameters, every operation must then refit its work-groups to what
@@ -562,15 +578,7 @@ static void test_kernel_wg(void **state)
         if (largest == 0 || largest > limits[l])
             fail_msg("%s, %s: launched work-groups of up to %zu", r->name, when, largest);
         (void)call_checked(&I, limits[l], want, again, when, must, NULL);
-        for (int o = 0; o < I.outs; o++)
-            if (memcmp(got[o], again[o], I.n_out[o] * sizeof(float)) != 0)
-                fail_msg("%s, %s: the second call's output %d differs from the first's", r->name, when, o);
-        clattn_release(I.ctx);
-        char why[256];
-        clshim_counts after;
-        clshim_get(&after);
-        if (!clshim_same_live(&before, &after, why, sizeof why))
-            fail_msg("%s, %s: OpenCL objects leaked: %s", r->name, when, why);
+        release_checked(&I, got, again, &before, when);
     }
 }
 
@@ -617,6 +625,46 @@ static strict_params strict_params_of(const row *r)
     return (strict_params){CLATTN_OPERATION_COUNT, NULL, 0, {0}, NULL, 0}; /* not reached */
 }
 
+/* Sets the strict parameters on I->ctx: with clattn_set_params (how 0) or in CLATTN_PARAMS_<OP>
+ * (how 1; the caller unsets it after the call). Returns which, for messages. */
+static const char *set_strict(const inst *I, const strict_params *sp, int how)
+{
+    if (how == 0) {
+        assert_int_equal(clattn_set_params(I->ctx, sp->op, sp->v, sp->n), CLATTN_SUCCESS);
+        return "clattn_set_params";
+    }
+    char list[64];
+    int len = 0;
+    for (int i = 0; i < sp->n; i++)
+        len += snprintf(list + len, sizeof list - (size_t)len, "%s%d", i ? "," : "", sp->v[i]);
+    setenv(sp->env, list, 1);
+    return sp->env;
+}
+
+/* The message of a call that must have been refused with UNSUPPORTED. */
+static const char *refused_message(const inst *I, clattn_status st, const char *how_s)
+{
+    const char *msg = clattn_last_error(I->ctx);
+    if (st != CLATTN_UNSUPPORTED)
+        fail_msg("%s, %s: returned %s, expected CLATTN_UNSUPPORTED (\"%s\")", I->r->name, how_s,
+                 clattn_status_name(st), msg);
+    return msg;
+}
+
+/* A refused call handed back no event, launched nothing (`launched`: its largest work-group) and
+ * left every output as reset_outputs filled it. */
+static void assert_untouched(const inst *I, cl_event done, size_t launched, const char *how_s)
+{
+    assert_null(done);
+    assert_int_equal(launched, 0);
+    float *out[MAX_OUT] = {0};
+    read_outputs(I, out);
+    for (int o = 0; o < I->outs; o++)
+        for (size_t i = 0; i < I->n_out[o]; i++)
+            if (memcmp(&out[o][i], &FILL, sizeof FILL) != 0)
+                fail_msg("%s, %s: output %d element %zu was modified", I->r->name, how_s, o, i);
+}
+
 /* Parameters the application or the environment set are run as given or refused: each row's
  * operation, with the tuning file's parameters as an override and in CLATTN_PARAMS_<OP>, fails
  * with UNSUPPORTED naming the kernel, its work-group and its limit, launches nothing, leaves the
@@ -632,15 +680,7 @@ static void test_kernel_wg_strict(void **state)
     const size_t limit = sp.wg / 2 - 1;
     for (int how = 0; how < 2; how++) {
         I.ctx = wg_context();
-        if (how == 0) {
-            assert_int_equal(clattn_set_params(I.ctx, sp.op, sp.v, sp.n), CLATTN_SUCCESS);
-        } else {
-            char list[64];
-            int len = 0;
-            for (int i = 0; i < sp.n; i++)
-                len += snprintf(list + len, sizeof list - (size_t)len, "%s%d", i ? "," : "", sp.v[i]);
-            setenv(sp.env, list, 1);
-        }
+        const char *how_s = set_strict(&I, &sp, how);
         reset_outputs(&I);
         clshim_limit_kernel_wg(limit);
         cl_event done = (cl_event)(uintptr_t)0x5; /* must come back NULL */
@@ -648,11 +688,7 @@ static void test_kernel_wg_strict(void **state)
         const size_t largest = clshim_largest_group();
         clshim_limit_kernel_wg(0);
         unsetenv(sp.env);
-        const char *how_s = how == 0 ? "clattn_set_params" : sp.env;
-        const char *msg = clattn_last_error(I.ctx);
-        if (st != CLATTN_UNSUPPORTED)
-            fail_msg("%s, %s: returned %s, expected CLATTN_UNSUPPORTED (\"%s\")", r->name, how_s,
-                     clattn_status_name(st), msg);
+        const char *msg = refused_message(&I, st, how_s);
         char needs[64], allows[64], kernel[64];
         snprintf(needs, sizeof needs, "needs work-groups of %zu work-items", sp.wg);
         snprintf(allows, sizeof allows, "allows %zu (CL_KERNEL_WORK_GROUP_SIZE)", limit);
@@ -660,14 +696,7 @@ static void test_kernel_wg_strict(void **state)
         if (!strstr(msg, needs) || !strstr(msg, allows) || strncmp(msg, kernel, strlen(kernel)) != 0)
             fail_msg("%s, %s: the message \"%s\" does not name the kernel (%s), its work-group (%zu) "
                      "and its limit (%zu)", r->name, how_s, msg, sp.kernel, sp.wg, limit);
-        assert_null(done);
-        assert_int_equal(largest, 0);
-        float *got[MAX_OUT] = {0};
-        read_outputs(&I, got);
-        for (int o = 0; o < I.outs; o++)
-            for (size_t i = 0; i < I.n_out[o]; i++)
-                if (memcmp(&got[o][i], &FILL, sizeof FILL) != 0)
-                    fail_msg("%s, %s: output %d element %zu was modified", r->name, how_s, o, i);
+        assert_untouched(&I, done, largest, how_s);
         clattn_release(I.ctx);
     }
 }
@@ -735,15 +764,7 @@ static void test_kernel_local(void **state)
                 fail_msg("%s, %s, call %d: launched local arrays of up to %llu bytes (%s)", r->name, when, call + 1,
                          (unsigned long long)largest, clshim_largest_local_kernel());
         }
-        for (int o = 0; o < I.outs; o++)
-            if (memcmp(got[o], again[o], I.n_out[o] * sizeof(float)) != 0)
-                fail_msg("%s, %s: the second call's output %d differs from the first's", r->name, when, o);
-        clattn_release(I.ctx);
-        char why[256];
-        clshim_counts after;
-        clshim_get(&after);
-        if (!clshim_same_live(&before, &after, why, sizeof why))
-            fail_msg("%s, %s: OpenCL objects leaked: %s", r->name, when, why);
+        release_checked(&I, got, again, &before, when);
     }
 
     const strict_params sp = strict_params_of(r);
@@ -751,16 +772,7 @@ static void test_kernel_local(void **state)
     for (int how = 0; how < 2; how++) {
         I.ctx = wg_context();
         I.ctx->dev.local_mem = device;
-        const char *how_s = how == 0 ? "clattn_set_params" : sp.env;
-        if (how == 0) {
-            assert_int_equal(clattn_set_params(I.ctx, sp.op, sp.v, sp.n), CLATTN_SUCCESS);
-        } else {
-            char list[64];
-            int len = 0;
-            for (int i = 0; i < sp.n; i++)
-                len += snprintf(list + len, sizeof list - (size_t)len, "%s%d", i ? "," : "", sp.v[i]);
-            setenv(sp.env, list, 1);
-        }
+        const char *how_s = set_strict(&I, &sp, how);
         reset_outputs(&I);
         /* Every kernel with local arrays is reported over the device's local memory. */
         clshim_inflate_kernel_local(device, 1, device);
@@ -770,24 +782,14 @@ static void test_kernel_local(void **state)
         const size_t launched = clshim_largest_group();
         clshim_inflate_kernel_local(0, 0, 0);
         unsetenv(sp.env);
-        const char *msg = clattn_last_error(I.ctx);
-        if (st != CLATTN_UNSUPPORTED)
-            fail_msg("%s, %s: returned %s, expected CLATTN_UNSUPPORTED (\"%s\")", r->name, how_s,
-                     clattn_status_name(st), msg);
+        const char *msg = refused_message(&I, st, how_s);
         char kernel[64], has[64];
         snprintf(kernel, sizeof kernel, "kernel %s built ", sp.kernel);
         snprintf(has, sizeof has, "bytes of local memory; the device has %llu", (unsigned long long)device);
         if (strncmp(msg, kernel, strlen(kernel)) != 0 || !strstr(msg, has) || !strstr(msg, " needs "))
             fail_msg("%s, %s: the message \"%s\" does not name the kernel (%s) and the local memory", r->name,
                      how_s, msg, sp.kernel);
-        assert_null(done);
-        assert_int_equal(launched, 0);
-        float *out[MAX_OUT] = {0};
-        read_outputs(&I, out);
-        for (int o = 0; o < I.outs; o++)
-            for (size_t i = 0; i < I.n_out[o]; i++)
-                if (memcmp(&out[o][i], &FILL, sizeof FILL) != 0)
-                    fail_msg("%s, %s: output %d element %zu was modified", r->name, how_s, o, i);
+        assert_untouched(&I, done, launched, how_s);
         clattn_release(I.ctx);
     }
 }
