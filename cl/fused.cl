@@ -198,7 +198,8 @@ fused(ATTN_KERNEL_ARGS(T_IN))
          * which every work-item reaches after its read. The choice is the work-group's. Measured
          * on PoCL (this kernel forced, 2-core Intel Xeon, f32, medians, ms): B1 H8 S1024 d64
          * window 256 59 against 168, bias mask even (160-174 against 166-167); decode B1 H32/8
-         * Sq16 Skv8192 d128 window 1024 32-35 against 130-132. Not yet on a GPU. */
+         * Sq16 Skv8192 d128 window 1024 32-35 against 130-132. On an H200 it does not pay yet
+         * (window 512 slower than no mask; README, Performance). */
         const int par = ((kt - k_lo) / BN) & 1;
         if (has_mask) {
             for (int e = lid; e < BM * BN; e += NWI) {

@@ -568,10 +568,10 @@ static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, con
     char opts[256];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DKG=%d -DLANES=%d -DRM=%d "
-             "-DDP=%d -DDVP=%d -DKU=%d -DKFULL=%d -DVFULL=%d -DSHFL=%d",
+             "-DDP=%d -DDVP=%d -DKU=%d -DKFULL=%d -DVFULL=%d -DSHFL=%d -DMASKED=%d",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
              p->has_mask ? (int)p->mask.dtype : 0, kg, lanes, rm, dp, dvp, ku, p->head_dim % 4 == 0,
-             p->head_dim_v % 4 == 0, shfl);
+             p->head_dim_v % 4 == 0, shfl, p->has_mask != 0);
     return launch_rows(ctx, p, "decode_lanes.cl", "decode_lanes", opts, wg, row_tiles, splits, split_len,
                        num_wait, wait, done, used);
 }

@@ -48,6 +48,12 @@ lanes 40 -DSHFL=1 -DDT_IN=0 -DKG=4 -DLANES=32 -DRM=1 -DDP=128 -DDVP=128 -DKU=8 -
 lanes 48 -DSHFL=1 -DDT_IN=0 -DKG=4 -DLANES=8 -DRM=4 -DDP=64 -DDVP=64 -DKU=4 -DKFULL=1 -DVFULL=1
 lanes 24 -DSHFL=1 -DDT_IN=2 -DKG=2 -DLANES=16 -DRM=3 -DDP=60 -DDVP=36 -DKU=2 -DKFULL=0 -DVFULL=0
 lanes 80 -DSHFL=1 -DDT_IN=0 -DKG=1 -DLANES=32 -DRM=16 -DDP=256 -DDVP=256 -DKU=1 -DKFULL=1 -DVFULL=1
+# MASKED 1 (a mask passed): the group ORs its visibility bits (log2(LANES) more), and the warp
+# the groups' bits (5 - log2(LANES)): 5 more whatever LANES.
+lanes 45 -DMASKED=1 -DSHFL=1 -DDT_IN=0 -DKG=4 -DLANES=32 -DRM=1 -DDP=128 -DDVP=128 -DKU=8 -DKFULL=1 -DVFULL=1
+lanes 53 -DMASKED=1 -DSHFL=1 -DDT_IN=0 -DKG=4 -DLANES=8 -DRM=4 -DDP=64 -DDVP=64 -DKU=4 -DKFULL=1 -DVFULL=1
+lanes 29 -DMASKED=1 -DSHFL=1 -DDT_IN=2 -DKG=2 -DLANES=16 -DRM=3 -DDP=60 -DDVP=36 -DKU=2 -DKFULL=0 -DVFULL=0
+lanes 85 -DMASKED=1 -DSHFL=1 -DDT_IN=0 -DKG=1 -DLANES=32 -DRM=16 -DDP=256 -DDVP=256 -DKU=1 -DKFULL=1 -DVFULL=1
 # decode_rows, GSYNC 1: named barriers (W a multiple of 32) or warp barriers (W below 32), two
 # a step, three with KL > 1.
 rows() { check decode.cl "$@"; }
