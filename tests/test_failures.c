@@ -508,22 +508,23 @@ static void test_llvmpipe_refused(void **state)
     /* rusticl's name for it, and zink's over lavapipe (the same loop limit) */
     static const char *const names[2] = {"llvmpipe (LLVM 15.0.6, 256 bits)",
                                          "zink Vulkan 1.3(llvmpipe (LLVM 19.1.7, 256 bits) (LLVMPIPE))"};
+    /* The test device's "P:D" spec. */
+    cl_platform_id plats[16];
+    cl_uint nplat = 0;
+    assert_int_equal(clGetPlatformIDs(16, plats, &nplat), CL_SUCCESS);
+    char index_spec[32] = "";
+    for (cl_uint p = 0; p < nplat && p < 16 && !index_spec[0]; p++) {
+        cl_device_id devs[16];
+        cl_uint nd = 0;
+        if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 16, devs, &nd) != CL_SUCCESS)
+            continue;
+        for (cl_uint d = 0; d < nd && d < 16; d++)
+            if (devs[d] == dev)
+                snprintf(index_spec, sizeof index_spec, "%u:%u", (unsigned)p, (unsigned)d);
+    }
+    assert_true(index_spec[0] != '\0');
+    const char *specs[4] = {NULL, "cpu", index_spec, "llvmpipe"};
     for (int n = 0; n < 2; n++) {
-        cl_platform_id plats[16];
-        cl_uint nplat = 0;
-        assert_int_equal(clGetPlatformIDs(16, plats, &nplat), CL_SUCCESS);
-        char index_spec[32] = "";
-        for (cl_uint p = 0; p < nplat && p < 16 && !index_spec[0]; p++) {
-            cl_device_id devs[16];
-            cl_uint nd = 0;
-            if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 16, devs, &nd) != CL_SUCCESS)
-                continue;
-            for (cl_uint d = 0; d < nd && d < 16; d++)
-                if (devs[d] == dev)
-                    snprintf(index_spec, sizeof index_spec, "%u:%u", (unsigned)p, (unsigned)d);
-        }
-        assert_true(index_spec[0] != '\0');
-        const char *specs[4] = {NULL, "cpu", index_spec, "llvmpipe"};
         clshim_fake_device_name(names[n]);
         for (int k = 0; k < 5; k++) {
             char when[160];
