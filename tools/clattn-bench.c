@@ -1098,12 +1098,33 @@ static double visible_pairs(const bench *bn, const shape *s)
     return n;
 }
 
-/* Bytes of K and V the batch's key lengths let an operation read. */
+/* Bytes of K and V an operation has to read: each kv head's rows of the keys that some query row
+ * of its batch sees (key lengths, causal masking and the window counted exactly; a bias mask hides
+ * nothing). A window's hidden keys need no K or V read, so they must not count as bytes moved. */
 static double kv_bytes(const bench *bn, const shape *s)
 {
     double keys = 0.0;
-    for (long long b = 0; b < s->b; b++)
-        keys += (double)batch_keys(bn, s, b);
+    for (long long b = 0; b < s->b; b++) {
+        if (s->mask != MASK_WINDOW) {
+            /* Row ends grow with the row: the last row sees every key any row sees. */
+            keys += (double)(s->sq > 0 ? row_end(bn, s, b, s->sq - 1) : 0);
+            continue;
+        }
+        /* Each row sees one run of keys [lo, hi], and both ends grow with the row: count the keys
+         * past the highest one an earlier row saw. */
+        long long seen = -1; /* highest key counted so far */
+        for (long long i = 0; i < s->sq; i++) {
+            const long long n = row_visible(bn, s, b, i);
+            if (n == 0)
+                continue;
+            const long long end = row_end(bn, s, b, i), diag = i + s->skv - s->sq,
+                            hi = diag < end - 1 ? diag : end - 1, lo = hi - n + 1;
+            if (hi > seen) {
+                keys += (double)(hi - (lo > seen ? lo : seen + 1) + 1);
+                seen = hi;
+            }
+        }
+    }
     return keys * (double)s->hkv * (double)(s->d + s->dv) * (double)esize(s->dt);
 }
 
@@ -1404,9 +1425,9 @@ static void usage(FILE *f)
           "chains of float, float4, float8 and float16; the fastest width is shown, in the\n"
           "dtype column, its GFLOP/s from the fastest run), which bounds attention's GFLOP/s.\n"
           "GB/s (1e9 bytes): copy read+write, softmax in+out (+mask), decode Q+O (+mask) and\n"
-          "the K and V rows within the key lengths, scores output written. Check errors are\n"
-          "absolute up to magnitude 1 and relative above it;\n"
-          "softmax's are relative to the row's largest probability.\n"
+          "the K and V rows of the keys some query row sees (key lengths, causal and window\n"
+          "counted), scores output written. Check errors are absolute up to magnitude 1 and\n"
+          "relative above it; softmax's are relative to the row's largest probability.\n"
           "\n"
           "Exit status: 0 ok, 1 usage or failure, 2 no OpenCL device, 3 check above tolerance.\n",
           f);
