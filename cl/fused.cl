@@ -113,8 +113,69 @@ inline int mask_hides_block(int rows, const int *rend, const ulong *mrow, int kt
     return 1;
 }
 
+/* Mask block flags (MFLAGS): the library reads a mask that heads, batches or rows share once, in
+ * mask_flags below, into one byte per mask row and 16-key chunk (1: every key of the chunk is
+ * -inf), and fused_direct, fused_lanes and the tiled fused kernel decide from those bytes which
+ * blocks the mask hides. Without them each head scans the mask's hidden blocks again: the scan
+ * of a 16 MB mask was most of the time of a sliding window over 4096 keys (see mask_hides_block;
+ * src/fused.c, plan_mask_flags, says when the flags are used). Measured on PoCL (2-core Zen 4,
+ * AVX-512, B1 H8 d64 f32, a [1][1][Sq][Skv] window mask, medians of 5-20 calls, runs alternating
+ * with the kernels before, ms): Sq1024 Skv4096 window 64 5.8-6.5 against 8.7-9.4 (causal
+ * 4.9-5.5 against 7.4-8.4); S1024 window 128 4.3-4.5 against 4.6-5.5; decode Sq1 Skv65536 window
+ * 1024 0.11-0.17 against 0.21-0.22; a bias mask even within noise (S1024 12.8-13.6 against
+ * 12.6-13.2). The flags are an extra argument list after the common ones: byte base f_off and
+ * strides f_sb, f_sh, f_ss (0 where the mask broadcasts), chunk c of a row at its row offset +
+ * c. */
+#if MFLAGS
+#define MFLAG_ARGS , __global const uchar *mflags, ulong f_off, ulong f_sb, ulong f_sh, ulong f_ss
+#define MFLAG_ROW(b, hq, pos) (f_off + (ulong)(b) * f_sb + (ulong)(hq) * f_sh + (ulong)(pos) * f_ss)
+/* mask_hides_block from the flags: a chunk that straddles the block's or a row's edge counts as
+ * hidden only when all 16 of its keys are, so this may keep a block the mask hides, never skip
+ * one it does not. */
+#define HIDES_BLOCK(rows, rend, mrow, frow, kt, n)                                                 \
+    flags_hide_block(rows, rend, frow, kt, n, mflags)
+inline int flags_hide_block(int rows, const int *rend, const ulong *frow, int kt, int n,
+                            __global const uchar *flags)
+{
+    for (int i = 0; i < rows; i++) {
+        const int e = min(kt + n, rend[i]);
+        for (int c = kt / 16; c * 16 < e; c++)
+            if (!flags[frow[i] + (ulong)c])
+                return 0;
+    }
+    return 1;
+}
+#else
+#define MFLAG_ARGS
+#define MFLAG_ROW(b, hq, pos) 0
+#define HIDES_BLOCK(rows, rend, mrow, frow, kt, n) mask_hides_block(rows, rend, mrow, kt, n, mask)
+#endif
+
+/* One work-item per 16-key chunk (x), mask row (y) and mask slice (z = b·nh + h, b < nb, h <
+ * nh: the batches and heads the mask does not broadcast over): flag byte
+ * f_off + (z·rows + y)·nchunks + x is 1 when every key of the chunk below seq_kv is -inf. */
+__kernel void mask_flags(__global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh,
+                         ulong m_ss, int nh, int rows, int nchunks, int seq_kv,
+                         __global uchar *flags, ulong f_off)
+{
+    const int c = get_global_id(0), y = get_global_id(1), z = get_global_id(2);
+    if (c >= nchunks || y >= rows)
+        return;
+    const ulong mr = m_off + (ulong)(z / nh) * m_sb + (ulong)(z % nh) * m_sh + (ulong)y * m_ss;
+    const int k0 = 16 * c;
+    int hidden;
+    if (k0 + 16 <= seq_kv) {
+        hidden = all(LD16_MASK(mask, mr + k0) == (float16)(NEG_INF));
+    } else {
+        hidden = 1;
+        for (int key = k0; key < seq_kv; key++)
+            hidden &= LD_MASK(mask, mr + key) == NEG_INF;
+    }
+    flags[f_off + ((ulong)z * rows + y) * nchunks + c] = (uchar)hidden;
+}
+
 __kernel __attribute__((reqd_work_group_size(WGX, WGY, 1))) void
-fused(ATTN_KERNEL_ARGS(T_IN))
+fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
 {
     /* Q and P are read 4 columns at a time (vload4): their rows are padded by 4 words, which
      * keeps every row 16-byte aligned (DP and BN are multiples of 4) so that the loads can be
@@ -198,9 +259,29 @@ fused(ATTN_KERNEL_ARGS(T_IN))
          * which every work-item reaches after its read. The choice is the work-group's. Measured
          * on PoCL (this kernel forced, 2-core Intel Xeon, f32, medians, ms): B1 H8 S1024 d64
          * window 256 59 against 168, bias mask even (160-174 against 166-167); decode B1 H32/8
-         * Sq16 Skv8192 d128 window 1024 32-35 against 130-132. On an H200 it does not pay yet
-         * (window 512 slower than no mask; README, Performance). */
+         * Sq16 Skv8192 d128 window 1024 32-35 against 130-132. On an H200 it did not pay (window
+         * 512 slower than no mask; README, Performance). With a mask that heads or batches share
+         * (MFLAGS) the work-items test the mask's flags instead, a byte per row and 16 keys: on
+         * PoCL (2-core Zen 4) window 256 44 against 53 ms; not yet measured on a GPU. */
         const int par = ((kt - k_lo) / BN) & 1;
+#if MFLAGS
+        /* From the mask's flags (one byte a row and 16 keys): the chunks of the tile's keys that
+         * each row may see (before its causal end and k_hi), a work-item a chunk. */
+        {
+            const int c0 = kt / 16, nch = (min(kt + BN, k_hi) - 1) / 16 - c0 + 1;
+            for (int e = lid; e < BM * nch; e += NWI) {
+                const int row = r0 + e / nch, c = c0 + e % nch;
+                if (row >= R)
+                    continue;
+                const int pos = row % seq_q, hq = hk * group + row / seq_q;
+                const int end = min(min(kt + BN, k_hi), causal_end(causal, pos, seq_q, L));
+                if (max(16 * c, kt) < end && !mflags[MFLAG_ROW(b, hq, pos) + (ulong)c]) {
+                    seen_kt[par] = kt;
+                    break;
+                }
+            }
+        }
+#else
         if (has_mask) {
             for (int e = lid; e < BM * BN; e += NWI) {
                 const int row = r0 + e / BN, key = kt + e % BN;
@@ -214,6 +295,7 @@ fused(ATTN_KERNEL_ARGS(T_IN))
                 }
             }
         }
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
         if (has_mask && seen_kt[par] != kt)
             continue;
@@ -562,7 +644,7 @@ __kernel void pack_v(__global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
-fused_direct(ATTN_KERNEL_ARGS(T_KV))
+fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 {
     const int R = group * seq_q;
     const int r0 = GROUP_ID(1) * RM;
@@ -586,7 +668,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
 #endif
     float m[RM], l[RM];
     int rend[RM];
-    ulong mrow[RM];
+    ulong mrow[RM], frow[RM];
     float16 o[RM][DV16];
     ROWS_LOOP
     for (int i = 0; i < RM; i++) {
@@ -599,6 +681,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
         l[i] = 0.0f;
         rend[i] = r0 + i < R ? min(k_hi, causal_end(causal, pos, seq_q, L)) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
+        frow[i] = MFLAG_ROW(b, hq, pos);
 #pragma unroll
         for (int c = 0; c < DV16; c++)
             o[i][c] = (float16)(0.0f);
@@ -606,7 +689,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV))
 
     for (int kt = k_lo; kt < k_hi; kt += NB) {
         const int nkeys = min(NB, k_hi - kt), nch = (nkeys + DBN - 1) / DBN;
-        if (has_mask && mask_hides_block(RM, rend, mrow, kt, nkeys, mask))
+        if (has_mask && HIDES_BLOCK(RM, rend, mrow, frow, kt, nkeys))
             continue;
         /* Scores of the block's chunks, then in place its p, row by row: written as whole vectors,
          * read back as scalars to broadcast in P·V (a plain float array would be written 4 floats
@@ -1007,7 +1090,7 @@ __attribute__((always_inline)) inline void lanes_pv(lanes16 *ot, int c0, int nco
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
-fused_lanes(ATTN_KERNEL_ARGS(T_KV))
+fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 {
     const int R = group * seq_q;
     const int r0 = GROUP_ID(1) * RM;
@@ -1021,7 +1104,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV))
     /* Quantity x of row 16·lv + i is lane i of x[lv]; Qᵀ column d is qt[d·LANES + lv]. */
     lanes16 qt[DP * LANES], ot[16 * DV16 * LANES], m[LANES], l[LANES];
     int rend[RM];
-    ulong mrow[RM];
+    ulong mrow[RM], frow[RM];
     for (int i = 0; i < RM; i++) {
         const int row = min(r0 + i, R - 1); /* rows past R compute on a copy, never stored */
         const int pos = row % seq_q, hq = hk * group + row / seq_q;
@@ -1030,6 +1113,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV))
             qt[d * LANES + i / 16].f[i % 16] = d < D ? LD_IN(qrow, d) : 0.0f;
         rend[i] = r0 + i < R ? min(k_hi, causal_end(causal, pos, seq_q, L)) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
+        frow[i] = MFLAG_ROW(b, hq, pos);
     }
     int16 rendv[LANES];
 #pragma unroll
@@ -1043,7 +1127,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV))
 
     for (int kt = k_lo; kt < k_hi; kt += LNB) {
         const int nkeys = min(LNB, k_hi - kt);
-        if (has_mask && mask_hides_block(RM, rend, mrow, kt, nkeys, mask))
+        if (has_mask && HIDES_BLOCK(RM, rend, mrow, frow, kt, nkeys))
             continue;
         lanes16 sbk[LNB * LANES]; /* scores, then p, of key n at sbk[n·LANES + lv] */
         for (int n0 = 0; n0 < nkeys; n0 += LKT) {

@@ -140,13 +140,23 @@ static void partial_views(const clattn_problem *p, cl_mem ws, uint64_t base, int
     *l_split = rows;
 }
 
+/* The mask's block flags (MFLAGS, fused.cl) in the workspace: slices nb·nh of `rows` rows of
+ * `chunks` bytes (one per 16 keys), from byte `off`; strides in bytes, 0 where the mask
+ * broadcasts. on 0: the kernels scan the mask itself. */
+typedef struct mask_flags {
+    int on, nh, rows, chunks;
+    uint64_t slices, bytes;
+    cl_ulong off, sb, sh, ss;
+} mask_flags;
+
 /* Launches kernel (fused or fused_direct, which take the same arguments) over global/local with
  * K and V as the views k and v, writing the outputs, or with splits > 1 the partials at element
- * offset part_off of ws, which are then merged. */
+ * offset part_off of ws, which are then merged. With mf on, the kernel also gets the mask's
+ * flags (MFLAG_ARGS, fused.cl). */
 static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_kernel kernel, const char *name,
                             const clattn_view *k, const clattn_view *v, cl_mem ws, uint64_t part_off,
                             int splits, int split_len, const size_t global[3], const size_t local[3],
-                            cl_uint num_wait, const cl_event *wait, cl_event *done)
+                            const mask_flags *mf, cl_uint num_wait, const cl_event *wait, cl_event *done)
 {
     clattn_view out = p->out, lse = p->lse;
     int has_lse = p->lse.buffer != NULL;
@@ -180,6 +190,13 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
     clattn__arg(&a, sizeof(int), &splits);
     clattn__arg(&a, sizeof(int), &split_len);
     clattn__arg(&a, sizeof(float), &p->scale);
+    if (mf && mf->on) {
+        clattn__arg(&a, sizeof(cl_mem), &ws);
+        clattn__arg(&a, sizeof(cl_ulong), &mf->off);
+        clattn__arg(&a, sizeof(cl_ulong), &mf->sb);
+        clattn__arg(&a, sizeof(cl_ulong), &mf->sh);
+        clattn__arg(&a, sizeof(cl_ulong), &mf->ss);
+    }
     if (splits == 1)
         return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, name);
     char what[64];
@@ -278,6 +295,62 @@ int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq
     return dtype == CLATTN_F32 && dk_plus_dv <= KV_IN_PLACE_DIMS && seq_kv * dk_plus_dv >= KV_IN_PLACE;
 }
 
+/* The most bytes of mask flags: past it (a mask of 4·2^30 elements, or rows a stride of 0 on
+ * the sequence does not share) the kernels scan the mask themselves. */
+#define MASK_FLAGS_MAX ((uint64_t)1 << 28)
+
+/* Whether the kernels that skip the blocks a mask hides (fused_direct, fused_lanes and the tiled
+ * fused) read the mask's block flags (mask_flags, fused.cl), and where: when they would scan each
+ * mask element for more than one row block, that is when batches or heads share the mask
+ * (strides 0) or its rows (stride 0 on the sequence). The flags pass then reads the mask once,
+ * and every later test of a block costs a byte a row and 16 keys instead of 16 mask entries. A
+ * mask of finite values (nothing hidden) pays that one read and gains nothing. Flags start at
+ * byte `at` of the workspace. */
+static void plan_mask_flags(const clattn_problem *p, uint64_t at, mask_flags *f)
+{
+    memset(f, 0, sizeof *f);
+    if (!p->has_mask)
+        return;
+    const uint64_t nb = p->mask.stride[0] ? (uint64_t)p->batch : 1,
+                   nh = p->mask.stride[1] ? (uint64_t)p->heads_q : 1,
+                   rows = p->mask.stride[2] ? (uint64_t)p->seq_q : 1,
+                   chunks = ((uint64_t)p->seq_kv + 15) / 16;
+    const int shared = nb < (uint64_t)p->batch || nh < (uint64_t)p->heads_q || rows < (uint64_t)p->seq_q;
+    const uint64_t bytes = clattn__mul_sat(clattn__mul_sat(nb * nh, rows), chunks);
+    if (!shared || bytes > MASK_FLAGS_MAX)
+        return;
+    f->on = 1;
+    f->nh = (int)nh;
+    f->rows = (int)rows;
+    f->chunks = (int)chunks;
+    f->slices = nb * nh;
+    f->bytes = bytes;
+    f->off = at;
+    f->ss = rows > 1 ? chunks : 0;
+    f->sh = nh > 1 ? rows * chunks : 0;
+    f->sb = nb > 1 ? nh * rows * chunks : 0;
+}
+
+/* Enqueues mask_flags (fused.cl), which fills the flags f describes in ws. */
+static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p, cl_kernel kflags,
+                                    cl_mem ws, const mask_flags *f, cl_uint num_wait, const cl_event *wait)
+{
+    const int n = (int)p->seq_kv;
+    clattn_args a = {kflags, 0, CL_SUCCESS};
+    clattn__arg_view(&a, &p->mask);
+    clattn__arg(&a, sizeof(int), &f->nh);
+    clattn__arg(&a, sizeof(int), &f->rows);
+    clattn__arg(&a, sizeof(int), &f->chunks);
+    clattn__arg(&a, sizeof(int), &n);
+    clattn__arg(&a, sizeof(cl_mem), &ws);
+    clattn__arg(&a, sizeof(cl_ulong), &f->off);
+    /* A work-group size, so that grids past the device's y and z limits (rows) run in chunks. */
+    const size_t global[3] = {(size_t)(f->chunks + 15) / 16 * 16, (size_t)f->rows, (size_t)f->slices};
+    const size_t local[3] = {16, 1, 1};
+    return clattn__enqueue(ctx, &a, 3, global, ctx->dev.max_wg >= 16 ? local : NULL, num_wait, wait, NULL,
+                           "mask_flags");
+}
+
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
  * f32 copies of K and V from the workspace, both in panels (fused.cl): Kᵀ by transpose_k16
  * with panels of bn keys, V zero-padded by pack_v with panels of 16 columns; decode, and prefill
@@ -332,9 +405,18 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     }
     const int splits = choose_splits(ctx, p, (long long)row_blocks * (long long)zs, bn, 1, want, &split_len);
     const uint64_t part = splits > 1 ? (uint64_t)splits * part_floats(p) : 0;
-    const uint64_t total = clattn__add_sat(clattn__add_sat(kt_floats, vp_floats), part);
+    uint64_t total = clattn__add_sat(clattn__add_sat(kt_floats, vp_floats), part);
     if (total > ctx->dev.max_alloc / 4 || total > (uint64_t)SIZE_MAX / 4)
         return CLATTN_SUCCESS;
+    mask_flags mf;
+    plan_mask_flags(p, total * 4, &mf);
+    if (mf.on) {
+        const uint64_t with = clattn__add_sat(total, (mf.bytes + 3) / 4);
+        if (with > ctx->dev.max_alloc / 4 || with > (uint64_t)SIZE_MAX / 4)
+            mf.on = 0; /* the kernels scan the mask themselves */
+        else
+            total = with;
+    }
     const int dp = in_place ? (int)((p->head_dim + 15) / 16 * 16) : (int)((p->head_dim + 3) / 4 * 4);
     const int kv_full = p->head_dim % 16 == 0 && p->head_dim_v % 16 == 0;
 
@@ -346,16 +428,17 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     if (lanes)
         snprintf(lanes_opt, sizeof lanes_opt, " -DLANES=%d -DLPF=%d", lanes,
                  (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0);
-    char opts[256];
+    char opts[320];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=1 -DWGY=1 "
-             "-DRM=%d -DNS=%d -DVW=16 -DNV=1 -DDP=%d -DDV16=%d -DEXP2_POLY=1 -DIN_PLACE=%d -DKV_FULL=%d%s%s",
+             "-DRM=%d -DNS=%d -DVW=16 -DNV=1 -DDP=%d -DDV16=%d -DEXP2_POLY=1 -DIN_PLACE=%d -DKV_FULL=%d%s%s%s",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
              p->has_mask ? (int)p->mask.dtype : 0, rm, ns, dp, dv16, in_place, kv_full,
-             dp16, lanes_opt);
-    cl_kernel kpack = NULL, kdirect;
+             dp16, lanes_opt, mf.on ? " -DMFLAGS=1" : "");
+    cl_kernel kpack = NULL, kflags = NULL, kdirect;
     clattn_status st;
     if ((!in_place && (st = clattn__get_kernel(ctx, "fused.cl", opts, "pack_v", &kpack))) ||
+        (mf.on && (st = clattn__get_kernel(ctx, "fused.cl", opts, "mask_flags", &kflags))) ||
         (st = clattn__get_kernel(ctx, "fused.cl", opts, lanes ? "fused_lanes" : "fused_direct", &kdirect)))
         return st;
     cl_mem ws = NULL;
@@ -364,9 +447,15 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     *used = 1;
     const size_t local[3] = {1, 1, 1};
     const size_t global[3] = {1, (size_t)row_blocks, (size_t)zs * (size_t)splits};
+    if (mf.on) { /* the queue is in order: what follows waits for the flags */
+        if ((st = run_mask_flags(ctx, p, kflags, ws, &mf, num_wait, wait)))
+            return st;
+        num_wait = 0;
+        wait = NULL;
+    }
     if (in_place)
         return launch(ctx, p, kdirect, "fused_direct", &p->k, &p->v, ws, 0, splits, split_len, global,
-                      local, num_wait, wait, done);
+                      local, &mf, num_wait, wait, done);
     if ((st = clattn__run_transpose_k(ctx, p, ws, 0, pitch, bn, num_wait, wait)))
         return st;
     /* The Kᵀ copy as a view: [z][key / bn][d][key % bn] in head blocks of head_dim·pitch floats,
@@ -393,7 +482,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
      * (fused.cl finds the panels from the head stride). */
     const clattn_view vpk = {ws, CLATTN_F32, vp_off, {hk_n * vp_sz, vp_sz, vp_pitch}};
     return launch(ctx, p, kdirect, "fused_direct", &kt, &vpk, ws, kt_floats + vp_floats, splits,
-                  split_len, global, local, 0, NULL, done);
+                  split_len, global, local, &mf, 0, NULL, done);
 }
 
 /* Whether a work-group of the decode kernels (decode_rows, decode_lanes) with `items`
@@ -434,8 +523,8 @@ static clattn_status launch_rows(clattn_context *ctx, const clattn_problem *p, c
     *used = 1;
     const size_t local[3] = {(size_t)wg, 1, 1};
     const size_t global[3] = {(size_t)wg, (size_t)row_tiles, (size_t)(p->batch * p->heads_kv) * (size_t)splits};
-    return launch(ctx, p, k, name, &p->k, &p->v, ws, 0, splits, split_len, global, local, num_wait, wait,
-                  done);
+    return launch(ctx, p, k, name, &p->k, &p->v, ws, 0, splits, split_len, global, local, NULL, num_wait,
+                  wait, done);
 }
 
 /* decode_rows (DECODE DIRECT 2 and 3, decode.cl; GPUs): KG key groups (WGY, a power of 2,
@@ -598,28 +687,39 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
     int split_len;
     const int splits = choose_splits(ctx, p, tiles, bn, c->wgx * c->wgy,
                                      pp->v[5] > 0 && decode ? pp->v[5] : 1, &split_len);
-    cl_mem ws = NULL;
-    if (splits > 1) {
-        clattn_status st = clattn__workspace(ctx, (uint64_t)splits * part_floats(p) * 4, &ws);
-        if (st)
-            return st;
-    }
+    /* Workspace: the partials, then the mask's flags (bytes). */
+    const uint64_t part_bytes = splits > 1 ? (uint64_t)splits * part_floats(p) * 4 : 0;
+    mask_flags mf;
+    plan_mask_flags(p, part_bytes, &mf);
+    if (mf.on && clattn__add_sat(part_bytes, mf.bytes) > ctx->dev.max_alloc)
+        mf.on = 0; /* the kernel scans the mask itself */
 
-    char opts[256];
+    char opts[320];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=%d -DWGY=%d -DRM=%d -DNS=%d "
-             "-DVW=%d -DNV=%d -DDP=%d -DEXP2_POLY=%d",
+             "-DVW=%d -DNV=%d -DDP=%d -DEXP2_POLY=%d%s",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
              p->has_mask ? (int)p->mask.dtype : 0, c->wgx, c->wgy, c->rm, c->ns, c->vw, c->nv, c->dp,
-             (ctx->dev.type & CL_DEVICE_TYPE_CPU) ? 1 : 0);
-    cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "fused.cl", opts, "fused", &k);
-    if (st)
+             (ctx->dev.type & CL_DEVICE_TYPE_CPU) ? 1 : 0, mf.on ? " -DMFLAGS=1" : "");
+    cl_kernel k, kflags = NULL;
+    clattn_status st;
+    if ((mf.on && (st = clattn__get_kernel(ctx, "fused.cl", opts, "mask_flags", &kflags))) ||
+        (st = clattn__get_kernel(ctx, "fused.cl", opts, "fused", &k)))
         return st;
+    cl_mem ws = NULL;
+    const uint64_t ws_bytes = part_bytes + (mf.on ? mf.bytes : 0);
+    if (ws_bytes > 0 && (st = clattn__workspace(ctx, ws_bytes, &ws)))
+        return st;
+    if (mf.on) { /* the queue is in order: the kernel waits for the flags */
+        if ((st = run_mask_flags(ctx, p, kflags, ws, &mf, num_wait, wait)))
+            return st;
+        num_wait = 0;
+        wait = NULL;
+    }
     const size_t local[3] = {(size_t)c->wgx, (size_t)c->wgy, 1};
     const size_t global[3] = {(size_t)c->wgx, (size_t)row_tiles * c->wgy,
                               (size_t)(p->batch * p->heads_kv) * (size_t)splits};
-    return launch(ctx, p, k, "fused", &p->k, &p->v, ws, 0, splits, split_len, global, local, num_wait,
+    return launch(ctx, p, k, "fused", &p->k, &p->v, ws, 0, splits, split_len, global, local, &mf, num_wait,
                   wait, done);
 }
 

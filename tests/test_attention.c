@@ -50,7 +50,8 @@ typedef enum mask_kind {
     MASK_HEADS,         /* {B, 1, Sq, Skv}: broadcast over heads by a shape of 1 */
     MASK_SHARED,        /* {1, 1, Sq, Skv}: one mask for every batch and head */
     MASK_BATCH_ROWS,    /* {1, Hq, 1, Skv}: broadcast over batch and query rows */
-    MASK_HEADS_STRIDE0  /* {B, Hq, Sq, Skv} with head stride 0: broadcast by stride */
+    MASK_HEADS_STRIDE0, /* {B, Hq, Sq, Skv} with head stride 0: broadcast by stride */
+    MASK_BATCH          /* {1, Hq, Sq, Skv}: broadcast over the batch */
 } mask_kind;
 
 typedef enum special_kind {
@@ -94,6 +95,8 @@ typedef struct att_case {
     int bias;        /* a mask without -inf entries (a bias, as ALiBi's): it hides no key */
     int window;      /* > 0: mask row i hides every key outside the `window` keys ending at its
                       * diagonal key i + Skv - Sq (a sliding window; mask rows = Sq) */
+    int wshift;      /* the window's diagonal moves by wshift keys from one slice of the mask
+                      * (batch, head) to the next, so that reading another slice's window is wrong */
 } att_case;
 
 /* clang-format off */
@@ -242,6 +245,21 @@ static const att_case cases[] = {
      .window = 1, .has_kv = 1, .kv = {152, 153, 154, 155}, .special = SP_POISON_HIDDEN},
     {"window1_kvlen_edges_copies", 4, 1, 1, 300, 440, 64, 0, F32, .mask = MASK_SHARED, .mask_dt = F32,
      .bias = 1, .window = 1, .has_kv = 1, .kv = {327, 328, 329, 330}, .special = SP_POISON_HIDDEN},
+    /* windows that move from one mask slice to the next, in masks shared by heads or batches:
+     * the CPU kernels then test blocks on flags the library derives from the mask (mask_flags,
+     * fused.cl), one slice per batch or head, and reading the wrong slice's or row's flags would
+     * skip keys the row sees. Prefill over 80 packed rows of two heads each, fused_lanes
+     * (16 rows, f16), decode with a head stride of 0 and key lengths. */
+    {"window_shift_heads_gqa2_sq40", 2, 4, 2, 40, 900, 64, 0, F32, .mask = MASK_BATCH, .mask_dt = F32,
+     .bias = 1, .window = 64, .wshift = -200, .special = SP_POISON_HIDDEN},
+    {"window_shift_batch_lanes_gqa4_sq4_f16", 3, 8, 2, 4, 2000, 64, 0, F16, .mask = MASK_HEADS,
+     .mask_dt = F16, .bias = 1, .window = 100, .wshift = -500, .special = SP_POISON_HIDDEN},
+    {"window_shift_decode_stride0_kvlen", 2, 4, 4, 1, 3000, 128, 0, F32, .mask = MASK_HEADS_STRIDE0,
+     .mask_dt = F32, .bias = 1, .window = 200, .wshift = -1000, .has_kv = 1, .kv = {3000, 2500},
+     .special = SP_POISON_HIDDEN},
+    /* the 3 keys a row sees lie in the last, short 16-key chunk (keys 992..1000) */
+    {"window3_tail_chunk_decode_shared", 2, 2, 2, 1, 1001, 64, 0, F32, .mask = MASK_SHARED, .mask_dt = F32,
+     .bias = 1, .window = 3, .special = SP_POISON_HIDDEN},
     {"window_causal_kvlen_shared_f16mask", 2, 2, 1, 200, 600, 64, 0, F32, .causal = 1, .mask = MASK_SHARED,
      .mask_dt = F16, .window = 77, .has_kv = 1, .kv = {600, 350}, .special = SP_POISON_HIDDEN},
 
@@ -465,6 +483,9 @@ static void build(problem *p)
         case MASK_BATCH_ROWS:
             ms[0] = ms[2] = 1;
             break;
+        case MASK_BATCH:
+            ms[0] = 1;
+            break;
         default:
             break;
         }
@@ -483,7 +504,9 @@ static void build(problem *p)
             assert_int_equal(ms[2], c->Sq);
             for (size_t i = 0; i < n; ++i) {
                 const long long row = (long long)(i / (size_t)c->Skv % (size_t)c->Sq),
-                                j = (long long)(i % (size_t)c->Skv), diag = row + c->Skv - c->Sq;
+                                slice = (long long)(i / ((size_t)c->Skv * (size_t)c->Sq)),
+                                j = (long long)(i % (size_t)c->Skv),
+                                diag = row + c->Skv - c->Sq + c->wshift * slice;
                 if (j > diag || j <= diag - c->window)
                     tu_put(c->mask_dt, tm, p->xmask, i, -INFINITY);
             }
