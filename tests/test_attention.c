@@ -246,9 +246,9 @@ static const att_case cases[] = {
     {"window1_kvlen_edges_copies", 4, 1, 1, 300, 440, 64, 0, F32, .mask = MASK_SHARED, .mask_dt = F32,
      .bias = 1, .window = 1, .has_kv = 1, .kv = {327, 328, 329, 330}, .special = SP_POISON_HIDDEN},
     /* windows that move from one mask slice to the next, in masks shared by heads or batches:
-     * the CPU kernels then test blocks on flags the library derives from the mask (mask_flags,
-     * fused.cl), one slice per batch or head, and reading the wrong slice's or row's flags would
-     * skip keys the row sees. Prefill over 80 packed rows of two heads each, fused_lanes
+     * the fused kernels (the CPUs' and the tiled one) then test blocks on flags the library
+     * derives from the mask (mask_flags, fused.cl), one slice per batch or head, and reading the
+     * wrong slice's or row's flags would skip keys the row sees. Prefill over 80 packed rows of two heads each, fused_lanes
      * (16 rows, f16), decode with a head stride of 0 and key lengths. */
     {"window_shift_heads_gqa2_sq40", 2, 4, 2, 40, 900, 64, 0, F32, .mask = MASK_BATCH, .mask_dt = F32,
      .bias = 1, .window = 64, .wshift = -200, .special = SP_POISON_HIDDEN},
