@@ -331,10 +331,14 @@ static void plan_mask_flags(const clattn_problem *p, uint64_t at, mask_flags *f)
     f->sb = nb > 1 ? nh * rows * chunks : 0;
 }
 
-/* Enqueues mask_flags (fused.cl), which fills the flags f describes in ws. */
+/* With f on, enqueues mask_flags (fused.cl), which fills the flags f describes in ws, after the
+ * caller's wait list, and empties that list: the queue is in order, so what the caller enqueues
+ * next waits for the flags. Does nothing with f off. */
 static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p, cl_kernel kflags,
-                                    cl_mem ws, const mask_flags *f, cl_uint num_wait, const cl_event *wait)
+                                    cl_mem ws, const mask_flags *f, cl_uint *num_wait, const cl_event **wait)
 {
+    if (!f->on)
+        return CLATTN_SUCCESS;
     const int n = (int)p->seq_kv;
     clattn_args a = {kflags, 0, CL_SUCCESS};
     clattn__arg_view(&a, &p->mask);
@@ -347,8 +351,11 @@ static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p
     /* A work-group size, so that grids past the device's y and z limits (rows) run in chunks. */
     const size_t global[3] = {(size_t)(f->chunks + 15) / 16 * 16, (size_t)f->rows, (size_t)f->slices};
     const size_t local[3] = {16, 1, 1};
-    return clattn__enqueue(ctx, &a, 3, global, ctx->dev.max_wg >= 16 ? local : NULL, num_wait, wait, NULL,
-                           "mask_flags");
+    const clattn_status st = clattn__enqueue(ctx, &a, 3, global, ctx->dev.max_wg >= 16 ? local : NULL,
+                                             *num_wait, *wait, NULL, "mask_flags");
+    *num_wait = 0;
+    *wait = NULL;
+    return st;
 }
 
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
@@ -447,12 +454,8 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     *used = 1;
     const size_t local[3] = {1, 1, 1};
     const size_t global[3] = {1, (size_t)row_blocks, (size_t)zs * (size_t)splits};
-    if (mf.on) { /* the queue is in order: what follows waits for the flags */
-        if ((st = run_mask_flags(ctx, p, kflags, ws, &mf, num_wait, wait)))
-            return st;
-        num_wait = 0;
-        wait = NULL;
-    }
+    if ((st = run_mask_flags(ctx, p, kflags, ws, &mf, &num_wait, &wait)))
+        return st;
     if (in_place)
         return launch(ctx, p, kdirect, "fused_direct", &p->k, &p->v, ws, 0, splits, split_len, global,
                       local, &mf, num_wait, wait, done);
@@ -710,12 +713,8 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
     const uint64_t ws_bytes = part_bytes + (mf.on ? mf.bytes : 0);
     if (ws_bytes > 0 && (st = clattn__workspace(ctx, ws_bytes, &ws)))
         return st;
-    if (mf.on) { /* the queue is in order: the kernel waits for the flags */
-        if ((st = run_mask_flags(ctx, p, kflags, ws, &mf, num_wait, wait)))
-            return st;
-        num_wait = 0;
-        wait = NULL;
-    }
+    if ((st = run_mask_flags(ctx, p, kflags, ws, &mf, &num_wait, &wait)))
+        return st;
     const size_t local[3] = {(size_t)c->wgx, (size_t)c->wgy, 1};
     const size_t global[3] = {(size_t)c->wgx, (size_t)row_tiles * c->wgy,
                               (size_t)(p->batch * p->heads_kv) * (size_t)splits};

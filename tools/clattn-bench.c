@@ -468,14 +468,27 @@ static double mask_at(const shape *s, long long i, long long j)
     return 0.0;
 }
 
-/* Keys row i of batch b attends to: those before row_end that the mask leaves visible. */
+/* The keys row i of batch b attends to, *lo .. *hi (none when *hi < *lo): those before row_end
+ * that the mask leaves visible, one run of keys whose ends grow with the row. */
+static void row_span(const bench *bn, const shape *s, long long b, long long i, long long *lo,
+                     long long *hi)
+{
+    *lo = 0;
+    *hi = row_end(bn, s, b, i) - 1;
+    if (s->mask == MASK_WINDOW) {
+        const long long diag = i + s->skv - s->sq;
+        if (diag - s->window + 1 > *lo)
+            *lo = diag - s->window + 1;
+        if (diag < *hi)
+            *hi = diag;
+    }
+}
+
+/* Number of keys row i of batch b attends to (row_span). */
 static long long row_visible(const bench *bn, const shape *s, long long b, long long i)
 {
-    const long long end = row_end(bn, s, b, i);
-    if (s->mask != MASK_WINDOW)
-        return end;
-    const long long diag = i + s->skv - s->sq, lo = diag - s->window + 1 > 0 ? diag - s->window + 1 : 0,
-                    hi = diag < end - 1 ? diag : end - 1;
+    long long lo, hi;
+    row_span(bn, s, b, i, &lo, &hi);
     return hi >= lo ? hi - lo + 1 : 0;
 }
 
@@ -1105,21 +1118,13 @@ static double kv_bytes(const bench *bn, const shape *s)
 {
     double keys = 0.0;
     for (long long b = 0; b < s->b; b++) {
-        if (s->mask != MASK_WINDOW) {
-            /* Row ends grow with the row: the last row sees every key any row sees. */
-            keys += (double)(s->sq > 0 ? row_end(bn, s, b, s->sq - 1) : 0);
-            continue;
-        }
-        /* Each row sees one run of keys [lo, hi], and both ends grow with the row: count the keys
-         * past the highest one an earlier row saw. */
+        /* Both ends of a row's run grow with the row: count the keys past the highest one an
+         * earlier row saw. */
         long long seen = -1; /* highest key counted so far */
         for (long long i = 0; i < s->sq; i++) {
-            const long long n = row_visible(bn, s, b, i);
-            if (n == 0)
-                continue;
-            const long long end = row_end(bn, s, b, i), diag = i + s->skv - s->sq,
-                            hi = diag < end - 1 ? diag : end - 1, lo = hi - n + 1;
-            if (hi > seen) {
+            long long lo, hi;
+            row_span(bn, s, b, i, &lo, &hi);
+            if (hi >= lo && hi > seen) {
                 keys += (double)(hi - (lo > seen ? lo : seen + 1) + 1);
                 seen = hi;
             }
