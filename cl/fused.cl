@@ -123,12 +123,46 @@ inline int mask_hides_block(int rows, const int *rend, const ulong *mrow, int kt
  * with the kernels before, ms): Sq1024 Skv4096 window 64 5.8-6.5 against 8.7-9.4 (causal
  * 4.9-5.5 against 7.4-8.4); S1024 window 128 4.3-4.5 against 4.6-5.5; decode Sq1 Skv65536 window
  * 1024 0.11-0.17 against 0.21-0.22; a bias mask even within noise (S1024 12.8-13.6 against
- * 12.6-13.2). The flags are an extra argument list after the common ones: byte base f_off and
- * strides f_sb, f_sh, f_ss (0 where the mask broadcasts), chunk c of a row at its row offset +
- * c. */
+ * 12.6-13.2).
+ * A second pass (mask_spans) finds each row's span, its first and last chunk with a key it sees,
+ * and each kernel narrows its key range to its rows' spans (NARROW_KEYS) before its loop: blocks
+ * outside them cost nothing, not even their flags, and the first block starts at the first
+ * visible chunk (rounded down to the copies' panel), not at a 256-key block edge, so a narrow
+ * window's row block computes about half the keys it did. Measured as above, medians of 10, 3
+ * runs alternating with the flags alone, ms: Sq1024 Skv4096 window 64 4.9-5.2 against 8.1-10.9
+ * (causal 4.9-5.1 against 6.3-9.3); S1024 window 128 4.2-7.4 (minima 3.5-3.9) against 5.3-5.5,
+ * causal window 256 4.9-7.8 (minima 4.6-5.2) against 5.4-7.5 (4.9-5.5); decode window 1024
+ * 0.17-0.19 against 0.18-0.21; fused_lanes (H32/8 Sq16 Skv8192 d128) window 1024 2.4-4.0 against
+ * 4.4-6.0; a bias mask even (minima of 20 in 6 runs 12.6-14.3 against 12.4-13.9).
+ * The flags are an extra argument list after the common ones: byte base f_off and strides f_sb,
+ * f_sh, f_ss (0 where the mask broadcasts), chunk c of a row at its row offset + c; then the
+ * spans, two ints a flag row from int s_off of the same buffer, and f_nch, the chunks a row. */
 #if MFLAGS
-#define MFLAG_ARGS , __global const uchar *mflags, ulong f_off, ulong f_sb, ulong f_sh, ulong f_ss
+#define MFLAG_ARGS                                                                                 \
+    , __global const uchar *mflags, ulong f_off, ulong f_sb, ulong f_sh, ulong f_ss, ulong s_off, \
+        int f_nch
 #define MFLAG_ROW(b, hq, pos) (f_off + (ulong)(b) * f_sb + (ulong)(hq) * f_sh + (ulong)(pos) * f_ss)
+/* The keys of a row block that some row of it may see, from the rows' spans (mask_spans below):
+ * k_lo moves up by whole steps of `step` keys (a multiple of 16; fused_direct's panels of the Kᵀ
+ * copy start at multiples of its chunk), to the step holding the first 16-key chunk some row
+ * sees, and the first block starts there; k_hi comes down to the end of the last such chunk. No
+ * such chunk: k_hi <= k_lo. A row's flags lie less than 2^28 bytes from f_off (MASK_FLAGS_MAX,
+ * src/fused.c), so its index is a 32-bit division (a 64-bit one is a long routine on GPUs). */
+#define NARROW_KEYS(first_row, end_row, step)                                                       \
+    do {                                                                                           \
+        int c_lo = f_nch, c_hi = 0;                                                                \
+        __global const int *sp_ = (__global const int *)mflags + s_off;                            \
+        for (int row_ = (first_row); row_ < (end_row); row_++) {                                   \
+            const ulong f_ = MFLAG_ROW(b, hk * group + row_ / seq_q, row_ % seq_q);                \
+            const ulong at_ = 2 * (ulong)((uint)(f_ - f_off) / (uint)f_nch);                       \
+            c_lo = min(c_lo, sp_[at_]);                                                            \
+            c_hi = max(c_hi, sp_[at_ + 1]);                                                        \
+        }                                                                                          \
+        k_hi = min(k_hi, 16 * c_hi);                                                               \
+        if (16 * c_lo > k_lo)                                                                      \
+            k_lo += (16 * c_lo - k_lo) / (step) * (step);                                          \
+        k_all = min(k_all, k_hi);                                                                  \
+    } while (0)
 /* mask_hides_block from the flags: a chunk that straddles the block's or a row's edge counts as
  * hidden only when all 16 of its keys are, so this may keep a block the mask hides, never skip
  * one it does not. */
@@ -148,6 +182,7 @@ inline int flags_hide_block(int rows, const int *rend, const ulong *frow, int kt
 #else
 #define MFLAG_ARGS
 #define MFLAG_ROW(b, hq, pos) 0
+#define NARROW_KEYS(first_row, end_row, step) ((void)0)
 #define HIDES_BLOCK(rows, rend, mrow, frow, kt, n) mask_hides_block(rows, rend, mrow, kt, n, mask)
 #endif
 
@@ -172,6 +207,38 @@ __kernel void mask_flags(__global const T_MASK *mask, ulong m_off, ulong m_sb, u
             hidden &= LD_MASK(mask, mr + key) == NEG_INF;
     }
     flags[f_off + ((ulong)z * rows + y) * nchunks + c] = (uchar)hidden;
+}
+
+/* One work-group per row of flags (row y = get_global_id(1) of them all, slice by slice): the
+ * row's span, its first 16-key chunk that is not all -inf and one past its last, at spans[s_off +
+ * 2y] and [s_off + 2y + 1]; nchunks and 0 when every chunk is hidden. The kernels narrow their key
+ * range to their rows' spans (NARROW_KEYS), so the blocks before a sliding window or after a
+ * row's last visible key cost nothing, not even a test of their flags. The work-items take
+ * neighbouring bytes; at most 64 of them. */
+__kernel void mask_spans(__global const uchar *flags, ulong f_off, int nchunks, __global int *spans,
+                         ulong s_off)
+{
+    __local int lo_s[64], hi_s[64];
+    const int lid = get_local_id(0), n = get_local_size(0);
+    const ulong y = get_global_id(1);
+    __global const uchar *f = flags + f_off + y * (ulong)nchunks;
+    int lo = nchunks, hi = 0;
+    for (int c = lid; c < nchunks; c += n)
+        if (!f[c]) {
+            lo = min(lo, c);
+            hi = c + 1;
+        }
+    lo_s[lid] = lo;
+    hi_s[lid] = hi;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid == 0) {
+        for (int i = 1; i < n; i++) {
+            lo = min(lo, lo_s[i]);
+            hi = max(hi, hi_s[i]);
+        }
+        spans[s_off + 2 * y] = lo;
+        spans[s_off + 2 * y + 1] = hi;
+    }
 }
 
 __kernel __attribute__((reqd_work_group_size(WGX, WGY, 1))) void
@@ -200,8 +267,10 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
     const int r0 = GROUP_ID(1) * BM;
     const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
                                        causal, kvlen, r0, min(R, r0 + BM) - 1);
-    const int split = w.split, b = w.b, hk = w.hk, L = w.L, k_lo = w.k_lo, k_hi = w.k_hi,
-              k_all = w.k_all;
+    const int split = w.split, b = w.b, hk = w.hk, L = w.L;
+    int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
+    /* Every work-item reads every row's span: the range stays the work-group's. */
+    NARROW_KEYS(r0, min(R, r0 + BM), 16);
 
     __global const T_IN *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
     __global const T_IN *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
@@ -262,7 +331,9 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
          * Sq16 Skv8192 d128 window 1024 32-35 against 130-132. On an H200 it did not pay (window
          * 512 slower than no mask; README, Performance). With a mask that heads or batches share
          * (MFLAGS) the work-items test the mask's flags instead, a byte per row and 16 keys: on
-         * PoCL (2-core Zen 4) window 256 44 against 53 ms; not yet measured on a GPU. */
+         * PoCL (2-core Zen 4) window 256 44 against 53 ms; not yet measured on a GPU. There the
+         * tiles before and after the rows' spans are not visited at all (NARROW_KEYS above), so
+         * none of their K tiles is loaded. */
         const int par = ((kt - k_lo) / BN) & 1;
 #if MFLAGS
         /* From the mask's flags (one byte a row and 16 keys): the chunks of the tile's keys that
@@ -650,8 +721,9 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
     const int r0 = GROUP_ID(1) * RM;
     const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
                                        causal, kvlen, r0, min(R, r0 + RM) - 1);
-    const int split = w.split, z = w.z, b = w.b, hk = w.hk, L = w.L, k_lo = w.k_lo,
-              k_hi = w.k_hi, k_all = w.k_all;
+    const int split = w.split, z = w.z, b = w.b, hk = w.hk, L = w.L;
+    int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
+    NARROW_KEYS(r0, min(R, r0 + RM), DBN);
 
     /* The head's keys and values: K[key][d] and V[key][c] in place, or the panels of the
      * copies, Kt[key / BN][d][key % BN] (k_ss = BN) and Vp[c / 16][key][c % 16] (v_ss = 16). */
@@ -1096,8 +1168,9 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
     const int r0 = GROUP_ID(1) * RM;
     const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
                                        causal, kvlen, r0, min(R, r0 + RM) - 1);
-    const int split = w.split, b = w.b, hk = w.hk, L = w.L, k_lo = w.k_lo, k_hi = w.k_hi,
-              k_all = w.k_all;
+    const int split = w.split, b = w.b, hk = w.hk, L = w.L;
+    int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
+    NARROW_KEYS(r0, min(R, r0 + RM), 16);
     __global const T_KV *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
     __global const T_KV *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
 

@@ -142,11 +142,14 @@ static void partial_views(const clattn_problem *p, cl_mem ws, uint64_t base, int
 
 /* The mask's block flags (MFLAGS, fused.cl) in the workspace: slices nb·nh of `rows` rows of
  * `chunks` bytes (one per 16 keys), from byte `off`; strides in bytes, 0 where the mask
- * broadcasts. on 0: the kernels scan the mask itself. */
+ * broadcasts. Then, from int s_off of the workspace, each row's span (two ints: its first chunk
+ * with a visible key and one past its last). `bytes` covers both. on 0: the kernels scan the mask
+ * itself. kflags and kspans: the kernels that fill them (get_mask_kernels). */
 typedef struct mask_flags {
     int on, nh, rows, chunks;
     uint64_t slices, bytes;
-    cl_ulong off, sb, sh, ss;
+    cl_ulong off, sb, sh, ss, s_off;
+    cl_kernel kflags, kspans;
 } mask_flags;
 
 /* Launches kernel (fused or fused_direct, which take the same arguments) over global/local with
@@ -196,6 +199,8 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
         clattn__arg(&a, sizeof(cl_ulong), &mf->sb);
         clattn__arg(&a, sizeof(cl_ulong), &mf->sh);
         clattn__arg(&a, sizeof(cl_ulong), &mf->ss);
+        clattn__arg(&a, sizeof(cl_ulong), &mf->s_off);
+        clattn__arg(&a, sizeof(int), &mf->chunks);
     }
     if (splits == 1)
         return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, name);
@@ -295,8 +300,9 @@ int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq
     return dtype == CLATTN_F32 && dk_plus_dv <= KV_IN_PLACE_DIMS && seq_kv * dk_plus_dv >= KV_IN_PLACE;
 }
 
-/* The most bytes of mask flags: past it (a mask of 4·2^30 elements, or rows a stride of 0 on
- * the sequence does not share) the kernels scan the mask themselves. */
+/* The most bytes of mask flags and spans: past it (a mask of 4·2^30 elements, or rows a stride
+ * of 0 on the sequence does not share) the kernels scan the mask themselves. The kernels count a
+ * row's flag offset in 32 bits (NARROW_KEYS, fused.cl). */
 #define MASK_FLAGS_MAX ((uint64_t)1 << 28)
 
 /* Whether the kernels that skip the blocks a mask hides (fused_direct, fused_lanes and the tiled
@@ -316,31 +322,45 @@ static void plan_mask_flags(const clattn_problem *p, uint64_t at, mask_flags *f)
                    rows = p->mask.stride[2] ? (uint64_t)p->seq_q : 1,
                    chunks = ((uint64_t)p->seq_kv + 15) / 16;
     const int shared = nb < (uint64_t)p->batch || nh < (uint64_t)p->heads_q || rows < (uint64_t)p->seq_q;
-    const uint64_t bytes = clattn__mul_sat(clattn__mul_sat(nb * nh, rows), chunks);
-    if (!shared || bytes > MASK_FLAGS_MAX)
+    const uint64_t nrows = clattn__mul_sat(nb * nh, rows),
+                   bytes = clattn__mul_sat(nrows, chunks);
+    /* The flags, padded to 4 bytes, then 8 bytes of span a row (at is a multiple of 4). */
+    const uint64_t span_at = clattn__add_sat(bytes, 3) / 4 * 4,
+                   all = clattn__add_sat(span_at, clattn__mul_sat(8, nrows));
+    if (!shared || all > MASK_FLAGS_MAX)
         return;
     f->on = 1;
     f->nh = (int)nh;
     f->rows = (int)rows;
     f->chunks = (int)chunks;
     f->slices = nb * nh;
-    f->bytes = bytes;
+    f->bytes = all;
     f->off = at;
+    f->s_off = (at + span_at) / 4;
     f->ss = rows > 1 ? chunks : 0;
     f->sh = nh > 1 ? rows * chunks : 0;
     f->sb = nb > 1 ? nh * rows * chunks : 0;
 }
 
-/* With f on, enqueues mask_flags (fused.cl), which fills the flags f describes in ws, after the
- * caller's wait list, and empties that list: the queue is in order, so what the caller enqueues
- * next waits for the flags. Does nothing with f off. */
-static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p, cl_kernel kflags,
-                                    cl_mem ws, const mask_flags *f, cl_uint *num_wait, const cl_event **wait)
+/* With f on, gets (builds) the kernels that fill the flags, from the program of `opts`. */
+static clattn_status get_mask_kernels(clattn_context *ctx, const char *opts, mask_flags *f)
+{
+    clattn_status st = CLATTN_SUCCESS;
+    if (f->on && !(st = clattn__get_kernel(ctx, "fused.cl", opts, "mask_flags", &f->kflags)))
+        st = clattn__get_kernel(ctx, "fused.cl", opts, "mask_spans", &f->kspans);
+    return st;
+}
+
+/* With f on, enqueues mask_flags and then mask_spans (fused.cl), which fill the flags and the
+ * spans f describes in ws, after the caller's wait list, and empties that list: the queue is in
+ * order, so what the caller enqueues next waits for them. Does nothing with f off. */
+static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p, cl_mem ws,
+                                    const mask_flags *f, cl_uint *num_wait, const cl_event **wait)
 {
     if (!f->on)
         return CLATTN_SUCCESS;
     const int n = (int)p->seq_kv;
-    clattn_args a = {kflags, 0, CL_SUCCESS};
+    clattn_args a = {f->kflags, 0, CL_SUCCESS};
     clattn__arg_view(&a, &p->mask);
     clattn__arg(&a, sizeof(int), &f->nh);
     clattn__arg(&a, sizeof(int), &f->rows);
@@ -351,11 +371,22 @@ static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p
     /* A work-group size, so that grids past the device's y and z limits (rows) run in chunks. */
     const size_t global[3] = {(size_t)(f->chunks + 15) / 16 * 16, (size_t)f->rows, (size_t)f->slices};
     const size_t local[3] = {16, 1, 1};
-    const clattn_status st = clattn__enqueue(ctx, &a, 3, global, ctx->dev.max_wg >= 16 ? local : NULL,
-                                             *num_wait, *wait, NULL, "mask_flags");
+    clattn_status st = clattn__enqueue(ctx, &a, 3, global, ctx->dev.max_wg >= 16 ? local : NULL,
+                                       *num_wait, *wait, NULL, "mask_flags");
     *num_wait = 0;
     *wait = NULL;
-    return st;
+    if (st)
+        return st;
+    /* A work-group of up to 64 work-items per row of flags (mask_spans keeps 64 in local memory). */
+    const size_t wg = ctx->dev.max_wg >= 64 && ctx->dev.max_item[0] >= 64 ? 64 : 1;
+    const size_t sglobal[2] = {wg, (size_t)f->slices * (size_t)f->rows}, slocal[2] = {wg, 1};
+    clattn_args s = {f->kspans, 0, CL_SUCCESS};
+    clattn__arg(&s, sizeof(cl_mem), &ws);
+    clattn__arg(&s, sizeof(cl_ulong), &f->off);
+    clattn__arg(&s, sizeof(int), &f->chunks);
+    clattn__arg(&s, sizeof(cl_mem), &ws);
+    clattn__arg(&s, sizeof(cl_ulong), &f->s_off);
+    return clattn__enqueue(ctx, &s, 2, sglobal, slocal, 0, NULL, NULL, "mask_spans");
 }
 
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
@@ -442,10 +473,10 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
              p->has_mask ? (int)p->mask.dtype : 0, rm, ns, dp, dv16, in_place, kv_full,
              dp16, lanes_opt, mf.on ? " -DMFLAGS=1" : "");
-    cl_kernel kpack = NULL, kflags = NULL, kdirect;
+    cl_kernel kpack = NULL, kdirect;
     clattn_status st;
     if ((!in_place && (st = clattn__get_kernel(ctx, "fused.cl", opts, "pack_v", &kpack))) ||
-        (mf.on && (st = clattn__get_kernel(ctx, "fused.cl", opts, "mask_flags", &kflags))) ||
+        (st = get_mask_kernels(ctx, opts, &mf)) ||
         (st = clattn__get_kernel(ctx, "fused.cl", opts, lanes ? "fused_lanes" : "fused_direct", &kdirect)))
         return st;
     cl_mem ws = NULL;
@@ -454,7 +485,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     *used = 1;
     const size_t local[3] = {1, 1, 1};
     const size_t global[3] = {1, (size_t)row_blocks, (size_t)zs * (size_t)splits};
-    if ((st = run_mask_flags(ctx, p, kflags, ws, &mf, &num_wait, &wait)))
+    if ((st = run_mask_flags(ctx, p, ws, &mf, &num_wait, &wait)))
         return st;
     if (in_place)
         return launch(ctx, p, kdirect, "fused_direct", &p->k, &p->v, ws, 0, splits, split_len, global,
@@ -704,16 +735,16 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
              p->has_mask ? (int)p->mask.dtype : 0, c->wgx, c->wgy, c->rm, c->ns, c->vw, c->nv, c->dp,
              (ctx->dev.type & CL_DEVICE_TYPE_CPU) ? 1 : 0, mf.on ? " -DMFLAGS=1" : "");
-    cl_kernel k, kflags = NULL;
+    cl_kernel k;
     clattn_status st;
-    if ((mf.on && (st = clattn__get_kernel(ctx, "fused.cl", opts, "mask_flags", &kflags))) ||
+    if ((st = get_mask_kernels(ctx, opts, &mf)) ||
         (st = clattn__get_kernel(ctx, "fused.cl", opts, "fused", &k)))
         return st;
     cl_mem ws = NULL;
     const uint64_t ws_bytes = part_bytes + (mf.on ? mf.bytes : 0);
     if (ws_bytes > 0 && (st = clattn__workspace(ctx, ws_bytes, &ws)))
         return st;
-    if ((st = run_mask_flags(ctx, p, kflags, ws, &mf, &num_wait, &wait)))
+    if ((st = run_mask_flags(ctx, p, ws, &mf, &num_wait, &wait)))
         return st;
     const size_t local[3] = {(size_t)c->wgx, (size_t)c->wgy, 1};
     const size_t global[3] = {(size_t)c->wgx, (size_t)row_tiles * c->wgy,

@@ -97,6 +97,8 @@ typedef struct att_case {
                       * diagonal key i + Skv - Sq (a sliding window; mask rows = Sq) */
     int wshift;      /* the window's diagonal moves by wshift keys from one slice of the mask
                       * (batch, head) to the next, so that reading another slice's window is wrong */
+    int sink;        /* with a window: keys 0 .. sink-1 stay visible too (attention sinks), a
+                      * hidden gap between them and the window */
 } att_case;
 
 /* clang-format off */
@@ -262,6 +264,14 @@ static const att_case cases[] = {
      .bias = 1, .window = 3, .special = SP_POISON_HIDDEN},
     {"window_causal_kvlen_shared_f16mask", 2, 2, 1, 200, 600, 64, 0, F32, .causal = 1, .mask = MASK_SHARED,
      .mask_dt = F16, .window = 77, .has_kv = 1, .kv = {600, 350}, .special = SP_POISON_HIDDEN},
+    /* attention sinks: the first keys stay visible with the window, so a row's visible keys have a
+     * hidden gap, and its span (first to last visible chunk, which the fused kernels narrow their
+     * keys to) covers the gap; the windows move by slice, so some rows' windows end before the
+     * last key. Prefill over the copies (80 packed rows of two heads each), fused_lanes. */
+    {"window_sinks_shift_heads_gqa2_sq40", 2, 4, 2, 40, 900, 64, 0, F32, .mask = MASK_BATCH, .mask_dt = F32,
+     .bias = 1, .window = 64, .wshift = -200, .sink = 5, .special = SP_POISON_HIDDEN},
+    {"window_sinks_shift_lanes_gqa4_sq4_f16", 3, 8, 2, 4, 2000, 64, 0, F16, .mask = MASK_HEADS,
+     .mask_dt = F16, .bias = 1, .window = 100, .wshift = -500, .sink = 20, .special = SP_POISON_HIDDEN},
 
     /* kv_lengths alone and together with causal and a mask */
     {"kvlen", 3, 2, 2, 19, 64, 64, 0, F32, .has_kv = 1, .kv = {64, 17, 40}},
@@ -507,7 +517,7 @@ static void build(problem *p)
                                 slice = (long long)(i / ((size_t)c->Skv * (size_t)c->Sq)),
                                 j = (long long)(i % (size_t)c->Skv),
                                 diag = row + c->Skv - c->Sq + c->wshift * slice;
-                if (j > diag || j <= diag - c->window)
+                if (j >= c->sink && (j > diag || j <= diag - c->window))
                     tu_put(c->mask_dt, tm, p->xmask, i, -INFINITY);
             }
         }
