@@ -6,7 +6,9 @@
  * Grid: x = WGX, y = ceil(R / BM)·WGY, z = batch · heads_kv · splits.
  *
  * Keys. Work-group split s covers keys [s·split_len, (s+1)·split_len) ∩ [0, L) and stops at the
- * last key its bottom row may see (causal), so tiles past the diagonal are never loaded. With
+ * last key its bottom row may see (causal), so tiles past the diagonal are never loaded. With a
+ * shared mask's flags (MFLAGS) the range narrows further to the keys its rows' mask rows leave
+ * visible (NARROW_KEYS). With
  * splits > 1 each split writes a partial (O normalised by its own sum, LSE) into f32 scratch
  * and merge.cl combines them (flash-decoding).
  *
@@ -799,7 +801,8 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
                 for (int j = 0; j < NS; j++)
                     s[i][j] = (float16)(0.0f);
             /* The chunk's panel of the Kᵀ copy: kc is a multiple of DBN = BN, since k_lo is
-             * (split_len a multiple of bn, choose_splits in src/fused.c) and NB is. */
+             * (split_len a multiple of bn, choose_splits in src/fused.c; NARROW_KEYS moves it by
+             * whole DBN steps) and NB is. */
             __global const float *kp = Kb + (ulong)kc * D;
             for (int d = 0; d < D; d++, kp += k_ss) {
                 float16 kv[NS];

@@ -324,8 +324,8 @@ static void plan_mask_flags(const clattn_problem *p, uint64_t at, mask_flags *f)
     const int shared = nb < (uint64_t)p->batch || nh < (uint64_t)p->heads_q || rows < (uint64_t)p->seq_q;
     const uint64_t nrows = clattn__mul_sat(nb * nh, rows),
                    bytes = clattn__mul_sat(nrows, chunks);
-    /* The flags, padded to 4 bytes, then 8 bytes of span a row (at is a multiple of 4). */
-    const uint64_t span_at = clattn__add_sat(bytes, 3) / 4 * 4,
+    /* The flags, padded to a multiple of 4 bytes of the workspace, then 8 bytes of span a row. */
+    const uint64_t span_at = clattn__add_sat(at, clattn__add_sat(bytes, 3)) / 4 * 4 - at,
                    all = clattn__add_sat(span_at, clattn__mul_sat(8, nrows));
     if (!shared || all > MASK_FLAGS_MAX)
         return;
@@ -377,8 +377,14 @@ static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p
     *wait = NULL;
     if (st)
         return st;
-    /* A work-group of up to 64 work-items per row of flags (mask_spans keeps 64 in local memory). */
-    const size_t wg = ctx->dev.max_wg >= 64 && ctx->dev.max_item[0] >= 64 ? 64 : 1;
+    /* A work-group per row of flags: 64 work-items (mask_spans keeps 64 in local memory), or the
+     * largest power of 2 below that the device and the compiled kernel allow. */
+    size_t kwg = 0, wg = 64;
+    if (clGetKernelWorkGroupInfo(f->kspans, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg,
+                                 NULL) != CL_SUCCESS)
+        kwg = 0;
+    while (wg > 1 && (wg > ctx->dev.max_wg || wg > ctx->dev.max_item[0] || (kwg > 0 && wg > kwg)))
+        wg /= 2;
     const size_t sglobal[2] = {wg, (size_t)f->slices * (size_t)f->rows}, slocal[2] = {wg, 1};
     clattn_args s = {f->kspans, 0, CL_SUCCESS};
     clattn__arg(&s, sizeof(cl_mem), &ws);

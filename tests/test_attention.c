@@ -94,7 +94,8 @@ typedef struct att_case {
                       * keeps rising along the keys (> 0), or sits in the first keys (< 0) */
     int bias;        /* a mask without -inf entries (a bias, as ALiBi's): it hides no key */
     int window;      /* > 0: mask row i hides every key outside the `window` keys ending at its
-                      * diagonal key i + Skv - Sq (a sliding window; mask rows = Sq) */
+                      * diagonal key i + Skv - Sq (a sliding window; one mask row shared by the
+                      * query rows takes row Sq - 1's) */
     int wshift;      /* the window's diagonal moves by wshift keys from one slice of the mask
                       * (batch, head) to the next, so that reading another slice's window is wrong */
     int sink;        /* with a window: keys 0 .. sink-1 stay visible too (attention sinks), a
@@ -267,11 +268,18 @@ static const att_case cases[] = {
     /* attention sinks: the first keys stay visible with the window, so a row's visible keys have a
      * hidden gap, and its span (first to last visible chunk, which the fused kernels narrow their
      * keys to) covers the gap; the windows move by slice, so some rows' windows end before the
-     * last key. Prefill over the copies (80 packed rows of two heads each), fused_lanes. */
+     * last key. Prefill over the copies (80 packed rows a kv head, from two query heads),
+     * fused_lanes. */
     {"window_sinks_shift_heads_gqa2_sq40", 2, 4, 2, 40, 900, 64, 0, F32, .mask = MASK_BATCH, .mask_dt = F32,
      .bias = 1, .window = 64, .wshift = -200, .sink = 5, .special = SP_POISON_HIDDEN},
     {"window_sinks_shift_lanes_gqa4_sq4_f16", 3, 8, 2, 4, 2000, 64, 0, F16, .mask = MASK_HEADS,
      .mask_dt = F16, .bias = 1, .window = 100, .wshift = -500, .sink = 20, .special = SP_POISON_HIDDEN},
+    /* one window row shared by the query rows (a stride of 0 on the sequence), moving by head */
+    {"window_bcast_rows_shift_heads_gqa2", 2, 4, 2, 40, 900, 64, 0, F32, .mask = MASK_BATCH_ROWS,
+     .mask_dt = F32, .bias = 1, .window = 64, .wshift = -200, .special = SP_POISON_HIDDEN},
+    /* a shared mask that hides every key from every row: each row block's span is empty */
+    {"masked_row_shared_decode_gqa2", 2, 4, 2, 1, 300, 64, 0, F32, .mask = MASK_SHARED,
+     .mask_dt = F32, .special = SP_MASKED_ROW},
 
     /* kv_lengths alone and together with causal and a mask */
     {"kvlen", 3, 2, 2, 19, 64, 64, 0, F32, .has_kv = 1, .kv = {64, 17, 40}},
@@ -388,6 +396,15 @@ static const att_case cases[] = {
      * over the copies. The copies_ cases also run with 48-key panels (test_attention_ns3,
      * tests/CMakeLists.txt). */
     {"copies_long_72x40000_f16", 1, 1, 1, 72, 40000, 64, 0, F16, .algos = ALG_FUSED},
+    /* windows over the copies, so also in 48-key panels (test_attention_ns3): the first block
+     * starts on a panel edge below the window (NARROW_KEYS, fused.cl); causal with key lengths
+     * that leave some heads' windows past their batch's keys; a 3000-key window at the end of
+     * 40000 keys, in the cache-sized key chunks above (key splits) */
+    {"copies_window_shift_causal_kvlen_gqa2", 2, 4, 2, 40, 1500, 64, 0, F32, .causal = 1, .mask = MASK_BATCH,
+     .mask_dt = F32, .bias = 1, .window = 100, .wshift = -300, .has_kv = 1, .kv = {1500, 1100},
+     .special = SP_POISON_HIDDEN},
+    {"copies_window_long_2x72x40000_f16", 1, 2, 1, 72, 40000, 64, 0, F16, .mask = MASK_HEADS, .mask_dt = F16,
+     .bias = 1, .window = 3000, .special = SP_POISON_HIDDEN, .algos = ALG_FUSED},
     {"long_72x40000", 1, 1, 1, 72, 40000, 64, 0, F32, .algos = ALG_FUSED},
     {"long_72x12000_bf16", 1, 1, 1, 72, 12000, 64, 0, BF16, .algos = ALG_FUSED},
     {"long_gqa_4x50x24576_causal_dv32", 1, 4, 1, 50, 24576, 64, 32, F32, .causal = 1, .algos = ALG_FUSED},
@@ -511,10 +528,11 @@ static void build(problem *p)
             for (size_t i = 0; i < n; ++i)
                 tu_put(c->mask_dt, tm, p->xmask, i, p->xmask[i] + c->ramp * (double)(i % (size_t)c->Skv));
         if (c->window > 0) {
-            assert_int_equal(ms[2], c->Sq);
+            /* A mask row shared by the query rows (a shape of 1) takes the last row's window. */
+            const size_t mrows = (size_t)ms[2];
             for (size_t i = 0; i < n; ++i) {
-                const long long row = (long long)(i / (size_t)c->Skv % (size_t)c->Sq),
-                                slice = (long long)(i / ((size_t)c->Skv * (size_t)c->Sq)),
+                const long long row = mrows == 1 ? c->Sq - 1 : (long long)(i / (size_t)c->Skv % mrows),
+                                slice = (long long)(i / ((size_t)c->Skv * mrows)),
                                 j = (long long)(i % (size_t)c->Skv),
                                 diag = row + c->Skv - c->Sq + c->wshift * slice;
                 if (j >= c->sink && (j > diag || j <= diag - c->window))
