@@ -136,6 +136,11 @@ inline int mask_hides_block(int rows, const int *rend, const ulong *mrow, int kt
  * causal window 256 4.9-7.8 (minima 4.6-5.2) against 5.4-7.5 (4.9-5.5); decode window 1024
  * 0.17-0.19 against 0.18-0.21; fused_lanes (H32/8 Sq16 Skv8192 d128) window 1024 2.4-4.0 against
  * 4.4-6.0; a bias mask even (minima of 20 in 6 runs 12.6-14.3 against 12.4-13.9).
+ * fused_direct's K and V copies then write only the panels some row of their kv head sees (the
+ * union of its rows' spans, mask_union below): with a window over a longer key cache (seq_q <
+ * seq_kv) most keys are seen by no row. Measured as above, 3-4 runs alternating, minima ms:
+ * Sq1024 Skv4096 window 64 3.3-3.5 against 4.2-5.0 (causal 3.1-3.5 against 4.2-4.4); f16 Sq512
+ * Skv16384 window 1024 9.3-11.9 against 13.3-19.0; S1024 window 128 and a bias mask even.
  * The flags are an extra argument list after the common ones: byte base f_off and strides f_sb,
  * f_sh, f_ss (0 where the mask broadcasts), chunk c of a row at its row offset + c; then the
  * spans, two ints a flag row from int s_off of the same buffer, and f_nch, the chunks a row. */
@@ -240,6 +245,39 @@ __kernel void mask_spans(__global const uchar *flags, ulong f_off, int nchunks, 
         }
         spans[s_off + 2 * y] = lo;
         spans[s_off + 2 * y + 1] = hi;
+    }
+}
+
+/* One work-group per kv head z = b·heads_kv + hk (get_global_id(1)): the union of the spans of
+ * its query rows' flag rows (heads hk·group + j, positions 0..seq_q-1; flag row b·rb + hq·rh +
+ * pos·rs, strides in rows, 0 where the mask broadcasts), written as [first chunk, one past the
+ * last) at spans[u_off + 2z]; nchunks and 0 when every row hides every key. fused_direct's K and
+ * V copies (transpose_k in gemm.cl, pack_v) then write only the panels that meet it: with a
+ * window over a long key cache (seq_q < seq_kv) most keys are seen by no row. The work-items take
+ * rows in turn; at most 64 of them. */
+__kernel void mask_union(__global int *spans, ulong s_off, ulong u_off, ulong rb, ulong rh, ulong rs,
+                         int heads_kv, int group, int seq_q, int nchunks)
+{
+    __local int lo_s[64], hi_s[64];
+    const int lid = get_local_id(0), n = get_local_size(0);
+    const int z = get_global_id(1), b = z / heads_kv, hk = z % heads_kv;
+    const int nhq = rh ? group : 1, npos = rs ? seq_q : 1;
+    int lo = nchunks, hi = 0;
+    for (int i = lid; i < nhq * npos; i += n) {
+        const ulong row = (ulong)b * rb + (ulong)(hk * group + i / npos) * rh + (ulong)(i % npos) * rs;
+        lo = min(lo, spans[s_off + 2 * row]);
+        hi = max(hi, spans[s_off + 2 * row + 1]);
+    }
+    lo_s[lid] = lo;
+    hi_s[lid] = hi;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid == 0) {
+        for (int i = 1; i < n; i++) {
+            lo = min(lo, lo_s[i]);
+            hi = max(hi, hi_s[i]);
+        }
+        spans[u_off + 2 * (ulong)z] = lo;
+        spans[u_off + 2 * (ulong)z + 1] = hi;
     }
 }
 
@@ -701,13 +739,22 @@ inline float hsum16(float16 v)
 /* The V copy of fused_direct, in panels of 16 columns: Vp[z][c / 16][n][c % 16] = V[b][hk][n][c]
  * as f32 for c < DV, 0 for DV <= c < 16·DV16; z = b·heads_kv + hk, head blocks of vp_sz floats
  * (DV16 panels of vp_sz / DV16). A column tile of P·V then reads its keys' 16 columns as one
- * sequential stream instead of a 64-byte piece of every V row. One work-item per key. */
+ * sequential stream instead of a 64-byte piece of every V row. With kspan (a shared mask's, as
+ * transpose_k in gemm.cl) only the keys of the DBN-key chunks that meet kv head z's span are
+ * written, the chunks fused_direct reads; NULL: every key. One work-item per key. */
 __kernel void pack_v(__global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,
-                     __global float *Vp, ulong vp_off, ulong vp_sz, int N, int DV, int heads_kv)
+                     __global float *Vp, ulong vp_off, ulong vp_sz, int N, int DV, int heads_kv,
+                     __global const int *kspan, ulong ks_off)
 {
     const int n = get_global_id(0), z = get_global_id(1);
     if (n >= N)
         return;
+    if (kspan) {
+        const int start = n / DBN * DBN;
+        const ulong at = ks_off + 2 * (ulong)z;
+        if (start + DBN <= 16 * kspan[at] || start >= 16 * kspan[at + 1])
+            return;
+    }
     const int b = z / heads_kv, hk = z % heads_kv;
     __global const T_IN *src = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh + (ulong)n * v_ss;
     __global float *dst = Vp + vp_off + (ulong)z * vp_sz + (ulong)n * 16;

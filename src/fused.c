@@ -143,13 +143,15 @@ static void partial_views(const clattn_problem *p, cl_mem ws, uint64_t base, int
 /* The mask's block flags (MFLAGS, fused.cl) in the workspace: slices nb·nh of `rows` rows of
  * `chunks` bytes (one per 16 keys), from byte `off`; strides in bytes, 0 where the mask
  * broadcasts. Then, from int s_off of the workspace, each row's span (two ints: its first chunk
- * with a visible key and one past its last). `bytes` covers both. on 0: the kernels scan the mask
- * itself. kflags and kspans: the kernels that fill them (get_mask_kernels). */
+ * with a visible key and one past its last), and with `unions` (fused_direct's K/V copies), from
+ * int u_off, the union of the spans of each kv head's rows (mask_union). `bytes` covers them
+ * all. on 0: the kernels scan the mask itself. kflags, kspans and kunion: the kernels that fill
+ * them (get_mask_kernels). */
 typedef struct mask_flags {
-    int on, nh, rows, chunks;
+    int on, nh, rows, chunks, unions;
     uint64_t slices, bytes;
-    cl_ulong off, sb, sh, ss, s_off;
-    cl_kernel kflags, kspans;
+    cl_ulong off, sb, sh, ss, s_off, u_off;
+    cl_kernel kflags, kspans, kunion;
 } mask_flags;
 
 /* Launches kernel (fused or fused_direct, which take the same arguments) over global/local with
@@ -311,8 +313,8 @@ int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq
  * (strides 0) or its rows (stride 0 on the sequence). The flags pass then reads the mask once,
  * and every later test of a block costs a byte a row and 16 keys instead of 16 mask entries. A
  * mask of finite values (nothing hidden) pays that one read and gains nothing. Flags start at
- * byte `at` of the workspace. */
-static void plan_mask_flags(const clattn_problem *p, uint64_t at, mask_flags *f)
+ * byte `at` of the workspace; unions: also each kv head's union of spans, for the K/V copies. */
+static void plan_mask_flags(const clattn_problem *p, uint64_t at, int unions, mask_flags *f)
 {
     memset(f, 0, sizeof *f);
     if (!p->has_mask)
@@ -324,9 +326,11 @@ static void plan_mask_flags(const clattn_problem *p, uint64_t at, mask_flags *f)
     const int shared = nb < (uint64_t)p->batch || nh < (uint64_t)p->heads_q || rows < (uint64_t)p->seq_q;
     const uint64_t nrows = clattn__mul_sat(nb * nh, rows),
                    bytes = clattn__mul_sat(nrows, chunks);
-    /* The flags, padded to a multiple of 4 bytes of the workspace, then 8 bytes of span a row. */
-    const uint64_t span_at = clattn__add_sat(at, clattn__add_sat(bytes, 3)) / 4 * 4 - at,
-                   all = clattn__add_sat(span_at, clattn__mul_sat(8, nrows));
+    /* The flags, padded to a multiple of 4 bytes of the workspace, then 8 bytes of span a row,
+     * then 8 bytes of union a kv head. */
+    const uint64_t zs = unions ? (uint64_t)p->batch * (uint64_t)p->heads_kv : 0,
+                   span_at = clattn__add_sat(at, clattn__add_sat(bytes, 3)) / 4 * 4 - at,
+                   all = clattn__add_sat(span_at, clattn__mul_sat(8, clattn__add_sat(nrows, zs)));
     if (!shared || all > MASK_FLAGS_MAX)
         return;
     f->on = 1;
@@ -337,6 +341,8 @@ static void plan_mask_flags(const clattn_problem *p, uint64_t at, mask_flags *f)
     f->bytes = all;
     f->off = at;
     f->s_off = (at + span_at) / 4;
+    f->unions = unions;
+    f->u_off = f->s_off + 2 * nrows;
     f->ss = rows > 1 ? chunks : 0;
     f->sh = nh > 1 ? rows * chunks : 0;
     f->sb = nb > 1 ? nh * rows * chunks : 0;
@@ -346,14 +352,30 @@ static void plan_mask_flags(const clattn_problem *p, uint64_t at, mask_flags *f)
 static clattn_status get_mask_kernels(clattn_context *ctx, const char *opts, mask_flags *f)
 {
     clattn_status st = CLATTN_SUCCESS;
-    if (f->on && !(st = clattn__get_kernel(ctx, "fused.cl", opts, "mask_flags", &f->kflags)))
-        st = clattn__get_kernel(ctx, "fused.cl", opts, "mask_spans", &f->kspans);
+    if (f->on && !(st = clattn__get_kernel(ctx, "fused.cl", opts, "mask_flags", &f->kflags)) &&
+        !(st = clattn__get_kernel(ctx, "fused.cl", opts, "mask_spans", &f->kspans)) && f->unions)
+        st = clattn__get_kernel(ctx, "fused.cl", opts, "mask_union", &f->kunion);
     return st;
 }
 
-/* With f on, enqueues mask_flags and then mask_spans (fused.cl), which fill the flags and the
- * spans f describes in ws, after the caller's wait list, and empties that list: the queue is in
- * order, so what the caller enqueues next waits for them. Does nothing with f off. */
+/* The work-group of mask_spans and mask_union (fused.cl), which keep 64 work-items' values in
+ * local memory: 64, or the largest power of 2 below that the device and the compiled kernel
+ * allow. */
+static size_t reduce_wg(const clattn_context *ctx, cl_kernel k)
+{
+    size_t kwg = 0, wg = 64;
+    if (clGetKernelWorkGroupInfo(k, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) !=
+        CL_SUCCESS)
+        kwg = 0;
+    while (wg > 1 && (wg > ctx->dev.max_wg || wg > ctx->dev.max_item[0] || (kwg > 0 && wg > kwg)))
+        wg /= 2;
+    return wg;
+}
+
+/* With f on, enqueues mask_flags, mask_spans and with f->unions mask_union (fused.cl), which
+ * fill the flags, the spans and the unions f describes in ws, after the caller's wait list, and
+ * empties that list: the queue is in order, so what the caller enqueues next waits for them.
+ * Does nothing with f off. */
 static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p, cl_mem ws,
                                     const mask_flags *f, cl_uint *num_wait, const cl_event **wait)
 {
@@ -377,14 +399,8 @@ static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p
     *wait = NULL;
     if (st)
         return st;
-    /* A work-group per row of flags: 64 work-items (mask_spans keeps 64 in local memory), or the
-     * largest power of 2 below that the device and the compiled kernel allow. */
-    size_t kwg = 0, wg = 64;
-    if (clGetKernelWorkGroupInfo(f->kspans, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg,
-                                 NULL) != CL_SUCCESS)
-        kwg = 0;
-    while (wg > 1 && (wg > ctx->dev.max_wg || wg > ctx->dev.max_item[0] || (kwg > 0 && wg > kwg)))
-        wg /= 2;
+    /* A work-group per row of flags. */
+    size_t wg = reduce_wg(ctx, f->kspans);
     const size_t sglobal[2] = {wg, (size_t)f->slices * (size_t)f->rows}, slocal[2] = {wg, 1};
     clattn_args s = {f->kspans, 0, CL_SUCCESS};
     clattn__arg(&s, sizeof(cl_mem), &ws);
@@ -392,7 +408,26 @@ static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p
     clattn__arg(&s, sizeof(int), &f->chunks);
     clattn__arg(&s, sizeof(cl_mem), &ws);
     clattn__arg(&s, sizeof(cl_ulong), &f->s_off);
-    return clattn__enqueue(ctx, &s, 2, sglobal, slocal, 0, NULL, NULL, "mask_spans");
+    if ((st = clattn__enqueue(ctx, &s, 2, sglobal, slocal, 0, NULL, NULL, "mask_spans")) || !f->unions)
+        return st;
+    /* A work-group per kv head; the flag row strides in rows. */
+    wg = reduce_wg(ctx, f->kunion);
+    const cl_ulong rb = f->sb / (cl_ulong)f->chunks, rh = f->sh / (cl_ulong)f->chunks,
+                   rs = f->ss / (cl_ulong)f->chunks;
+    const int hkv = (int)p->heads_kv, group = (int)(p->heads_q / p->heads_kv), seq_q = (int)p->seq_q;
+    const size_t uglobal[2] = {wg, (size_t)(p->batch * p->heads_kv)}, ulocal[2] = {wg, 1};
+    clattn_args u = {f->kunion, 0, CL_SUCCESS};
+    clattn__arg(&u, sizeof(cl_mem), &ws);
+    clattn__arg(&u, sizeof(cl_ulong), &f->s_off);
+    clattn__arg(&u, sizeof(cl_ulong), &f->u_off);
+    clattn__arg(&u, sizeof(cl_ulong), &rb);
+    clattn__arg(&u, sizeof(cl_ulong), &rh);
+    clattn__arg(&u, sizeof(cl_ulong), &rs);
+    clattn__arg(&u, sizeof(int), &hkv);
+    clattn__arg(&u, sizeof(int), &group);
+    clattn__arg(&u, sizeof(int), &seq_q);
+    clattn__arg(&u, sizeof(int), &f->chunks);
+    return clattn__enqueue(ctx, &u, 2, uglobal, ulocal, 0, NULL, NULL, "mask_union");
 }
 
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
@@ -453,7 +488,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     if (total > ctx->dev.max_alloc / 4 || total > (uint64_t)SIZE_MAX / 4)
         return CLATTN_SUCCESS;
     mask_flags mf;
-    plan_mask_flags(p, total * 4, &mf);
+    plan_mask_flags(p, total * 4, !in_place, &mf);
     if (mf.on) {
         const uint64_t with = clattn__add_sat(total, (mf.bytes + 3) / 4);
         if (with > ctx->dev.max_alloc / 4 || with > (uint64_t)SIZE_MAX / 4)
@@ -496,7 +531,10 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     if (in_place)
         return launch(ctx, p, kdirect, "fused_direct", &p->k, &p->v, ws, 0, splits, split_len, global,
                       local, &mf, num_wait, wait, done);
-    if ((st = clattn__run_transpose_k(ctx, p, ws, 0, pitch, bn, num_wait, wait)))
+    /* With a shared mask the copies write only the panels some row of the kv head may see. */
+    const cl_mem kspan = mf.on ? ws : NULL;
+    const cl_ulong ks_off = mf.on ? mf.u_off : 0;
+    if ((st = clattn__run_transpose_k(ctx, p, ws, 0, pitch, bn, kspan, ks_off, num_wait, wait)))
         return st;
     /* The Kᵀ copy as a view: [z][key / bn][d][key % bn] in head blocks of head_dim·pitch floats,
      * z = b·heads_kv + hk (fused.cl reads a chunk's panel at its first key·head_dim). */
@@ -512,6 +550,8 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     clattn__arg(&a, sizeof(int), &n);
     clattn__arg(&a, sizeof(int), &dv);
     clattn__arg(&a, sizeof(int), &hkv);
+    clattn__arg(&a, sizeof(cl_mem), mf.on ? &kspan : NULL);
+    clattn__arg(&a, sizeof(cl_ulong), &ks_off);
     const size_t pglobal[2] = {(size_t)(((uint64_t)p->seq_kv + 15) / 16 * 16), (size_t)zs};
     const size_t plocal[2] = {16, 1};
     if ((st = clattn__enqueue(ctx, &a, 2, pglobal, ctx->dev.max_wg >= 16 ? plocal : NULL, 0, NULL,
@@ -730,7 +770,7 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
     /* Workspace: the partials, then the mask's flags (bytes). */
     const uint64_t part_bytes = splits > 1 ? (uint64_t)splits * part_floats(p) * 4 : 0;
     mask_flags mf;
-    plan_mask_flags(p, part_bytes, &mf);
+    plan_mask_flags(p, part_bytes, 0, &mf);
     if (mf.on && clattn__add_sat(part_bytes, mf.bytes) > ctx->dev.max_alloc)
         mf.on = 0; /* the kernel scans the mask itself */
 

@@ -376,10 +376,12 @@ int clattn__log2_ceil(int64_t x);
 uint64_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p, uint64_t room);
 /* Kᵀ of the problem's K as f32 into scratch (element offset off, one head_dim x pitch block per
  * batch·heads_kv): rows of pitch floats with panel 0 (KT scores), else panels of `panel` keys
- * (a multiple of 16), Kt[z][n / panel][d][n % panel] (fused_direct). */
+ * (a multiple of 16), Kt[z][n / panel][d][n % panel] (fused_direct). kspan non-NULL: only the
+ * panels that meet head z's keys [16·kspan[ks_off + 2z], 16·kspan[ks_off + 2z + 1]) (ints; a
+ * shared mask's union of spans, mask_union in fused.cl) are written. */
 clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem *p, cl_mem scratch,
-                                      uint64_t off, uint64_t pitch, int panel, cl_uint num_wait,
-                                      const cl_event *wait);
+                                      uint64_t off, uint64_t pitch, int panel, cl_mem kspan,
+                                      cl_ulong ks_off, cl_uint num_wait, const cl_event *wait);
 clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
                                  cl_mem scratch, uint64_t scratch_off, cl_uint num_wait,
                                  const cl_event *wait, cl_event *done);

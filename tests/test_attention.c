@@ -398,11 +398,16 @@ static const att_case cases[] = {
     {"copies_long_72x40000_f16", 1, 1, 1, 72, 40000, 64, 0, F16, .algos = ALG_FUSED},
     /* windows over the copies, so also in 48-key panels (test_attention_ns3): the first block
      * starts on a panel edge below the window (NARROW_KEYS, fused.cl); causal with key lengths
-     * that leave some heads' windows past their batch's keys; a 3000-key window at the end of
-     * 40000 keys, in the cache-sized key chunks above (key splits) */
+     * that leave some heads' windows past their batch's keys; a window that moves by batch in a
+     * mask shared by the heads; a 3000-key window at the end of 40000 keys, in the cache-sized
+     * key chunks above (key splits). The copies cover only the panels some row of a kv head sees
+     * (mask_union, fused.cl), and the fused call runs on copies left NaN by an earlier call
+     * (stale_workspace below), so a panel read but not copied shows. */
     {"copies_window_shift_causal_kvlen_gqa2", 2, 4, 2, 40, 1500, 64, 0, F32, .causal = 1, .mask = MASK_BATCH,
      .mask_dt = F32, .bias = 1, .window = 100, .wshift = -300, .has_kv = 1, .kv = {1500, 1100},
      .special = SP_POISON_HIDDEN},
+    {"copies_window_shift_batch_gqa2", 3, 4, 2, 40, 1200, 64, 0, F32, .mask = MASK_HEADS, .mask_dt = F32,
+     .bias = 1, .window = 64, .wshift = -300, .special = SP_POISON_HIDDEN},
     {"copies_window_long_2x72x40000_f16", 1, 2, 1, 72, 40000, 64, 0, F16, .mask = MASK_HEADS, .mask_dt = F16,
      .bias = 1, .window = 3000, .special = SP_POISON_HIDDEN, .algos = ALG_FUSED},
     {"long_72x40000", 1, 1, 1, 72, 40000, 64, 0, F32, .algos = ALG_FUSED},
@@ -816,6 +821,64 @@ static void assert_exact_zeros(const char *what, const problem *p, const result 
     }
 }
 
+/* The descriptor of p's case for algorithm alg, without lse and probabilities. */
+static void describe(const problem *p, clattn_algorithm alg, clattn_attention_desc *desc)
+{
+    const att_case *c = p->c;
+    memset(desc, 0, sizeof *desc);
+    desc->batch = c->B;
+    desc->heads_q = c->Hq;
+    desc->heads_kv = c->Hkv;
+    desc->seq_q = c->Sq;
+    desc->seq_kv = c->Skv;
+    desc->head_dim = c->D;
+    desc->head_dim_v = c->Dv;
+    desc->scale = c->scale;
+    desc->causal = c->causal;
+    desc->mask = c->mask != MASK_NONE ? &p->mask.t : NULL;
+    desc->kv_lengths = c->has_kv ? p->kv_buf : NULL;
+    desc->algorithm = alg;
+}
+
+/* SP_POISON_HIDDEN cases, before the fused call: the same problem once with every K and V
+ * element NaN and a mask of zeros (hiding nothing), so that the workspace's K and V copies
+ * (fused_direct's, which under a shared mask cover only the keys some row of a kv head sees:
+ * mask_union, fused.cl) hold NaN in every panel. A panel the real call reads without writing it
+ * first then shows as NaN in its output. */
+static void stale_workspace(const problem *p)
+{
+    const att_case *c = p->c;
+    tu_view k = p->k, v = p->v, m = p->mask, out, lse;
+    k.img = tu_xalloc(k.cap * k.esz);
+    v.img = tu_xalloc(v.cap * v.esz);
+    m.img = tu_xalloc(m.cap * m.esz);
+    for (size_t i = 0; i < k.cap; ++i)
+        tu_store(c->dt, k.img, i, NAN);
+    for (size_t i = 0; i < v.cap; ++i)
+        tu_store(c->dt, v.img, i, NAN);
+    for (size_t i = 0; i < m.cap; ++i)
+        tu_store(c->mask_dt, m.img, i, 0.0);
+    tu_upload(&k);
+    tu_upload(&v);
+    tu_upload(&m);
+    tu_view_init(&out, c->layout, c->dt, c->B, c->Hq, c->Sq, p->Dv, 777.0);
+    tu_view_init(&lse, c->layout, F32, c->B, c->Hq, c->Sq, 1, 777.0);
+    tu_upload(&out);
+    tu_upload(&lse);
+    problem decoy = *p;
+    decoy.mask = m;
+    clattn_attention_desc desc;
+    describe(&decoy, CLATTN_ALGORITHM_FUSED, &desc);
+    desc.lse = c->no_lse ? NULL : &lse.t;
+    const clattn_status st = clattn_attention(tu_ctx, &desc, &p->q.t, &k.t, &v.t, &out.t, 0, NULL, NULL);
+    if (st != CLATTN_SUCCESS) {
+        print_error("stale workspace pass: clattn_attention returned %s: %s\n", clattn_status_string(st),
+                    clattn_last_error(tu_ctx));
+        fail();
+    }
+    tu_finish(tu_ctx);
+}
+
 static void run(const problem *p, clattn_algorithm alg, result *r)
 {
     const att_case *c = p->c;
@@ -836,21 +899,9 @@ static void run(const problem *p, clattn_algorithm alg, result *r)
     }
 
     clattn_attention_desc desc;
-    memset(&desc, 0, sizeof desc);
-    desc.batch = c->B;
-    desc.heads_q = c->Hq;
-    desc.heads_kv = c->Hkv;
-    desc.seq_q = c->Sq;
-    desc.seq_kv = c->Skv;
-    desc.head_dim = c->D;
-    desc.head_dim_v = c->Dv;
-    desc.scale = c->scale;
-    desc.causal = c->causal;
-    desc.mask = c->mask != MASK_NONE ? &p->mask.t : NULL;
-    desc.kv_lengths = c->has_kv ? p->kv_buf : NULL;
+    describe(p, alg, &desc);
     desc.lse = c->no_lse ? NULL : &lse.t;
     desc.probabilities = with_probs ? &probs.t : NULL;
-    desc.algorithm = alg;
 
     cl_event done = NULL;
     const clattn_status st = clattn_attention(tu_ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &out.t, 0, NULL, &done);
@@ -915,6 +966,8 @@ static void test_case(void **state)
 
     const unsigned algos = c->algos != 0 ? c->algos : (ALG_FUSED | ALG_UNFUSED);
     result fused = {0}, unfused = {0}, autor = {0};
+    if ((algos & ALG_FUSED) && c->special == SP_POISON_HIDDEN)
+        stale_workspace(&p);
     if (algos & ALG_FUSED)
         run(&p, CLATTN_ALGORITHM_FUSED, &fused);
     if (algos & ALG_UNFUSED)
@@ -940,7 +993,7 @@ static void test_case(void **state)
 
 int main(void)
 {
-    enum { MAX_TESTS = 160 };
+    enum { MAX_TESTS = 192 };
     static struct CMUnitTest tests[MAX_TESTS];
     size_t n = 0;
     /* CLATTN_TEST_DECODE_ONLY=1 (the _rows runs, tests/CMakeLists.txt): only the cases that take
