@@ -137,10 +137,11 @@ inline int mask_hides_block(int rows, const int *rend, const ulong *mrow, int kt
  * 0.17-0.19 against 0.18-0.21; fused_lanes (H32/8 Sq16 Skv8192 d128) window 1024 2.4-4.0 against
  * 4.4-6.0; a bias mask even (minima of 20 in 6 runs 12.6-14.3 against 12.4-13.9).
  * fused_direct's K and V copies then write only the panels some row of their kv head sees (the
- * union of its rows' spans, mask_union below): with a window over a longer key cache (seq_q <
+ * hull of its rows' spans, mask_union below): with a window over a longer key cache (seq_q <
  * seq_kv) most keys are seen by no row. Measured as above, 3-4 runs alternating, minima ms:
  * Sq1024 Skv4096 window 64 3.3-3.5 against 4.2-5.0 (causal 3.1-3.5 against 4.2-4.4); f16 Sq512
- * Skv16384 window 1024 9.3-11.9 against 13.3-19.0; S1024 window 128 and a bias mask even.
+ * Skv16384 window 1024 9.3-11.9 against 13.3-19.0 in 9 rounds of 10 (one: 17.0 against
+ * 14.3-15.8); S1024 window 128 and a bias mask even.
  * The flags are an extra argument list after the common ones: byte base f_off and strides f_sb,
  * f_sh, f_ss (0 where the mask broadcasts), chunk c of a row at its row offset + c; then the
  * spans, two ints a flag row from int s_off of the same buffer, and f_nch, the chunks a row. */
@@ -248,7 +249,7 @@ __kernel void mask_spans(__global const uchar *flags, ulong f_off, int nchunks, 
     }
 }
 
-/* One work-group per kv head z = b·heads_kv + hk (get_global_id(1)): the union of the spans of
+/* One work-group per kv head z = b·heads_kv + hk (get_global_id(1)): the hull of the spans of
  * its query rows' flag rows (heads hk·group + j, positions 0..seq_q-1; flag row b·rb + hq·rh +
  * pos·rs, strides in rows, 0 where the mask broadcasts), written as [first chunk, one past the
  * last) at spans[u_off + 2z]; nchunks and 0 when every row hides every key. fused_direct's K and

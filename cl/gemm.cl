@@ -260,9 +260,9 @@ inline int panel_seen(__global const int *kspan, ulong ks_off, int z, int n)
  * (the copies of scores_direct and fused_direct, fused.cl) in panels of P keys instead, P a
  * multiple of 16: Kt[z][n / P][d][n % P], kt_ss unused. With kspan (fused_direct's copies under
  * a shared mask, src/fused.c) only the panels that meet keys [16·kspan[ks_off + 2z],
- * 16·kspan[ks_off + 2z + 1]) are written: the keys some query row of kv head z may see
- * (mask_union, fused.cl), the only panels fused_direct reads; NULL: every key. One work-item per key: neighbouring
- * work-items write neighbouring words. Grid x = N rounded up, y = batch·heads_kv. */
+ * 16·kspan[ks_off + 2z + 1]) are written: from the first to the last 16-key chunk some query row
+ * of kv head z may see (mask_union, fused.cl), the only panels fused_direct reads; NULL: every
+ * key. One work-item per key: neighbouring work-items write neighbouring words. Grid x = N rounded up, y = batch·heads_kv. */
 __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
                           __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D,
                           int heads_kv, __global const int *kspan, ulong ks_off)

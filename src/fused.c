@@ -144,7 +144,8 @@ static void partial_views(const clattn_problem *p, cl_mem ws, uint64_t base, int
  * `chunks` bytes (one per 16 keys), from byte `off`; strides in bytes, 0 where the mask
  * broadcasts. Then, from int s_off of the workspace, each row's span (two ints: its first chunk
  * with a visible key and one past its last), and with `unions` (fused_direct's K/V copies), from
- * int u_off, the union of the spans of each kv head's rows (mask_union). `bytes` covers them
+ * int u_off, the hull of the spans of each kv head's rows (mask_union: its first chunk to the end
+ * of its last). `bytes` covers them
  * all. on 0: the kernels scan the mask itself. kflags, kspans and kunion: the kernels that fill
  * them (get_mask_kernels). */
 typedef struct mask_flags {
@@ -302,7 +303,7 @@ int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq
     return dtype == CLATTN_F32 && dk_plus_dv <= KV_IN_PLACE_DIMS && seq_kv * dk_plus_dv >= KV_IN_PLACE;
 }
 
-/* The most bytes of mask flags and spans: past it (a mask of 4·2^30 elements, or rows a stride
+/* The most bytes of mask flags, spans and hulls: past it (a mask of 4·2^30 elements, or rows a stride
  * of 0 on the sequence does not share) the kernels scan the mask themselves. The kernels count a
  * row's flag offset in 32 bits (NARROW_KEYS, fused.cl). */
 #define MASK_FLAGS_MAX ((uint64_t)1 << 28)
@@ -313,7 +314,7 @@ int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq
  * (strides 0) or its rows (stride 0 on the sequence). The flags pass then reads the mask once,
  * and every later test of a block costs a byte a row and 16 keys instead of 16 mask entries. A
  * mask of finite values (nothing hidden) pays that one read and gains nothing. Flags start at
- * byte `at` of the workspace; unions: also each kv head's union of spans, for the K/V copies. */
+ * byte `at` of the workspace; unions: also each kv head's hull of spans, for the K/V copies. */
 static void plan_mask_flags(const clattn_problem *p, uint64_t at, int unions, mask_flags *f)
 {
     memset(f, 0, sizeof *f);
@@ -327,7 +328,7 @@ static void plan_mask_flags(const clattn_problem *p, uint64_t at, int unions, ma
     const uint64_t nrows = clattn__mul_sat(nb * nh, rows),
                    bytes = clattn__mul_sat(nrows, chunks);
     /* The flags, padded to a multiple of 4 bytes of the workspace, then 8 bytes of span a row,
-     * then 8 bytes of union a kv head. */
+     * then 8 bytes of hull a kv head (unions). */
     const uint64_t zs = unions ? (uint64_t)p->batch * (uint64_t)p->heads_kv : 0,
                    span_at = clattn__add_sat(at, clattn__add_sat(bytes, 3)) / 4 * 4 - at,
                    all = clattn__add_sat(span_at, clattn__mul_sat(8, clattn__add_sat(nrows, zs)));
@@ -435,7 +436,8 @@ static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p
  * with panels of bn keys, V zero-padded by pack_v with panels of 16 columns; decode, and prefill
  * with few rows per kv head or long f32 K and V, read K and V in place (IN_PLACE: each key is
  * read once per row block, where a copy would triple the traffic; `in_place` asks for it,
- * clattn__direct_in_place says when it pays). Sets *used = 0 (and enqueues nothing) when the
+ * clattn__direct_in_place says when it pays). Under a shared mask the copies cover only the
+ * panels some row of the kv head sees (mask_union, fused.cl). Sets *used = 0 (and enqueues nothing) when the
  * copies and partials do not fit the device's max allocation. */
 static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
                                 int in_place, cl_uint num_wait, const cl_event *wait, cl_event *done,

@@ -402,7 +402,8 @@ static const att_case cases[] = {
      * mask shared by the heads; a 3000-key window at the end of 40000 keys, in the cache-sized
      * key chunks above (key splits). The copies cover only the panels some row of a kv head sees
      * (mask_union, fused.cl), and the fused call runs on copies left NaN by an earlier call
-     * (stale_workspace below), so a panel read but not copied shows. */
+     * (stale_workspace below), so a panel read but not copied shows where it reaches the
+     * output. */
     {"copies_window_shift_causal_kvlen_gqa2", 2, 4, 2, 40, 1500, 64, 0, F32, .causal = 1, .mask = MASK_BATCH,
      .mask_dt = F32, .bias = 1, .window = 100, .wshift = -300, .has_kv = 1, .kv = {1500, 1100},
      .special = SP_POISON_HIDDEN},
@@ -844,7 +845,7 @@ static void describe(const problem *p, clattn_algorithm alg, clattn_attention_de
  * element NaN and a mask of zeros (hiding nothing), so that the workspace's K and V copies
  * (fused_direct's, which under a shared mask cover only the keys some row of a kv head sees:
  * mask_union, fused.cl) hold NaN in every panel. A panel the real call reads without writing it
- * first then shows as NaN in its output. */
+ * first then shows as NaN in its output wherever its values count (hidden keys' do not). */
 static void stale_workspace(const problem *p)
 {
     const att_case *c = p->c;
