@@ -262,7 +262,8 @@ inline int panel_seen(__global const int *kspan, ulong ks_off, int z, int n)
  * a shared mask, src/fused.c) only the panels that meet keys [16·kspan[ks_off + 2z],
  * 16·kspan[ks_off + 2z + 1]) are written: from the first to the last 16-key chunk some query row
  * of kv head z may see (mask_union, fused.cl), the only panels fused_direct reads; NULL: every
- * key. One work-item per key: neighbouring work-items write neighbouring words. Grid x = N rounded up, y = batch·heads_kv. */
+ * key. One work-item per key: neighbouring work-items write neighbouring words. Grid x = N
+ * rounded up, y = batch·heads_kv. */
 __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
                           __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D,
                           int heads_kv, __global const int *kspan, ulong ks_off)
@@ -286,12 +287,11 @@ __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong
 /* transpose_k for CPUs, same arguments and output (kspan too): one work-item per 16 keys (x)
  * and kv head (y). A 16x16 block (16 key rows, 16 of their elements) is loaded as float16 rows,
  * transposed in registers and stored as 16 float16 rows of Kᵀ: vector loads and stores instead
- * of the 16-lane gathers that the per-key kernel becomes. Keys past N repeat key N-1 (never read, or
- * read as hidden keys by fused_direct), so writes go up to 16·ceil(N/16) - 1, which every pitch
- * covers. Each of the four rounds takes
- * the even lanes of rows 2k and 2k+1 into row k and their odd lanes into row k + 8: with (row,
- * lane) as the 8 bits r3..r0 c3..c0 of the element's index, a round rotates them right by one,
- * so four rounds swap row and lane. */
+ * of the 16-lane gathers that the per-key kernel becomes. Keys past N repeat key N-1 (never
+ * read, or read as hidden keys by fused_direct), so writes go up to 16·ceil(N/16) - 1, which
+ * every pitch covers. Each of the four rounds takes the even lanes of rows 2k and 2k+1 into row
+ * k and their odd lanes into row k + 8: with (row, lane) as the 8 bits r3..r0 c3..c0 of the
+ * element's index, a round rotates them right by one, so four rounds swap row and lane. */
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
               __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D, int heads_kv,

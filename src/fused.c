@@ -145,9 +145,8 @@ static void partial_views(const clattn_problem *p, cl_mem ws, uint64_t base, int
  * broadcasts. Then, from int s_off of the workspace, each row's span (two ints: its first chunk
  * with a visible key and one past its last), and with `unions` (fused_direct's K/V copies), from
  * int u_off, the hull of the spans of each kv head's rows (mask_union: its first chunk to the end
- * of its last). `bytes` covers them
- * all. on 0: the kernels scan the mask itself. kflags, kspans and kunion: the kernels that fill
- * them (get_mask_kernels). */
+ * of its last). `bytes` covers them all. on 0: the kernels scan the mask itself. kflags, kspans
+ * and kunion: the kernels that fill them (get_mask_kernels). */
 typedef struct mask_flags {
     int on, nh, rows, chunks, unions;
     uint64_t slices, bytes;
@@ -303,9 +302,9 @@ int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq
     return dtype == CLATTN_F32 && dk_plus_dv <= KV_IN_PLACE_DIMS && seq_kv * dk_plus_dv >= KV_IN_PLACE;
 }
 
-/* The most bytes of mask flags, spans and hulls: past it (a mask of 4·2^30 elements, or rows a stride
- * of 0 on the sequence does not share) the kernels scan the mask themselves. The kernels count a
- * row's flag offset in 32 bits (NARROW_KEYS, fused.cl). */
+/* The most bytes of mask flags, spans and hulls: past it (a mask of 4·2^30 elements, or rows a
+ * stride of 0 on the sequence does not share) the kernels scan the mask themselves. The kernels
+ * count a row's flag offset in 32 bits (NARROW_KEYS, fused.cl). */
 #define MASK_FLAGS_MAX ((uint64_t)1 << 28)
 
 /* Whether the kernels that skip the blocks a mask hides (fused_direct, fused_lanes and the tiled
@@ -437,8 +436,8 @@ static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p
  * with few rows per kv head or long f32 K and V, read K and V in place (IN_PLACE: each key is
  * read once per row block, where a copy would triple the traffic; `in_place` asks for it,
  * clattn__direct_in_place says when it pays). Under a shared mask the copies cover only the
- * panels some row of the kv head sees (mask_union, fused.cl). Sets *used = 0 (and enqueues nothing) when the
- * copies and partials do not fit the device's max allocation. */
+ * panels some row of the kv head sees (mask_union, fused.cl). Sets *used = 0 (and enqueues
+ * nothing) when the copies and partials do not fit the device's max allocation. */
 static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
                                 int in_place, cl_uint num_wait, const cl_event *wait, cl_event *done,
                                 int *used)
