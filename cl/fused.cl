@@ -217,6 +217,25 @@ __kernel void mask_flags(__global const T_MASK *mask, ulong m_off, ulong m_sb, u
     flags[f_off + ((ulong)z * rows + y) * nchunks + c] = (uchar)hidden;
 }
 
+/* The work-group's hull of its work-items' [lo, hi) (lo the least, hi the greatest) at dst[0]
+ * and dst[1], written by work-item 0; lo_s and hi_s hold one int per work-item (mask_spans and
+ * mask_union, at most 64 work-items). Every work-item of the group calls it (a barrier). */
+inline void store_hull(int lo, int hi, __local int *lo_s, __local int *hi_s, __global int *dst)
+{
+    const int lid = get_local_id(0), n = get_local_size(0);
+    lo_s[lid] = lo;
+    hi_s[lid] = hi;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid == 0) {
+        for (int i = 1; i < n; i++) {
+            lo = min(lo, lo_s[i]);
+            hi = max(hi, hi_s[i]);
+        }
+        dst[0] = lo;
+        dst[1] = hi;
+    }
+}
+
 /* One work-group per row of flags (row y = get_global_id(1) of them all, slice by slice): the
  * row's span, its first 16-key chunk that is not all -inf and one past its last, at spans[s_off +
  * 2y] and [s_off + 2y + 1]; nchunks and 0 when every chunk is hidden. The kernels narrow their key
@@ -236,17 +255,7 @@ __kernel void mask_spans(__global const uchar *flags, ulong f_off, int nchunks, 
             lo = min(lo, c);
             hi = c + 1;
         }
-    lo_s[lid] = lo;
-    hi_s[lid] = hi;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (lid == 0) {
-        for (int i = 1; i < n; i++) {
-            lo = min(lo, lo_s[i]);
-            hi = max(hi, hi_s[i]);
-        }
-        spans[s_off + 2 * y] = lo;
-        spans[s_off + 2 * y + 1] = hi;
-    }
+    store_hull(lo, hi, lo_s, hi_s, spans + s_off + 2 * y);
 }
 
 /* One work-group per kv head z = b·heads_kv + hk (get_global_id(1)): the hull of the spans of
@@ -269,17 +278,7 @@ __kernel void mask_union(__global int *spans, ulong s_off, ulong u_off, ulong rb
         lo = min(lo, spans[s_off + 2 * row]);
         hi = max(hi, spans[s_off + 2 * row + 1]);
     }
-    lo_s[lid] = lo;
-    hi_s[lid] = hi;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (lid == 0) {
-        for (int i = 1; i < n; i++) {
-            lo = min(lo, lo_s[i]);
-            hi = max(hi, hi_s[i]);
-        }
-        spans[u_off + 2 * (ulong)z] = lo;
-        spans[u_off + 2 * (ulong)z + 1] = hi;
-    }
+    store_hull(lo, hi, lo_s, hi_s, spans + u_off + 2 * (ulong)z);
 }
 
 __kernel __attribute__((reqd_work_group_size(WGX, WGY, 1))) void
