@@ -741,21 +741,23 @@ inline float hsum16(float16 v)
  * (DV16 panels of vp_sz / DV16). A column tile of P·V then reads its keys' 16 columns as one
  * sequential stream instead of a 64-byte piece of every V row. With kspan (a shared mask's, as
  * transpose_k in gemm.cl) only the keys of the DBN-key chunks that meet kv head z's span are
- * written, the chunks fused_direct reads; NULL: every key. One work-item per key. */
+ * written, and with kvlen only those of the chunks that start below the batch's key length:
+ * the chunks fused_direct reads; NULL: every key. One work-item per key. */
 __kernel void pack_v(__global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,
                      __global float *Vp, ulong vp_off, ulong vp_sz, int N, int DV, int heads_kv,
-                     __global const int *kspan, ulong ks_off)
+                     __global const int *kspan, ulong ks_off, __global const int *kvlen)
 {
     const int n = get_global_id(0), z = get_global_id(1);
     if (n >= N)
         return;
+    const int b = z / heads_kv, hk = z % heads_kv, start = n / DBN * DBN;
+    if (kvlen && start >= keys_of_batch(kvlen, b, N))
+        return;
     if (kspan) {
-        const int start = n / DBN * DBN;
         const ulong at = ks_off + 2 * (ulong)z;
         if (start + DBN <= 16 * kspan[at] || start >= 16 * kspan[at + 1])
             return;
     }
-    const int b = z / heads_kv, hk = z % heads_kv;
     __global const T_IN *src = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh + (ulong)n * v_ss;
     __global float *dst = Vp + vp_off + (ulong)z * vp_sz + (ulong)n * 16;
     for (int c = 0; c < DV16; c++)

@@ -244,13 +244,17 @@ gemm(GEMM_KERNEL_ARGS(T_IN))
     }
 }
 
-/* Whether the panel of KT_PANEL keys (16 without panels) holding key n meets kv head z's span
- * in kspan (transpose_k below); always without one. */
-inline int panel_seen(__global const int *kspan, ulong ks_off, int z, int n)
+/* Whether the panel of KT_PANEL keys (16 without panels) holding key n of kv head z (batch
+ * z / heads_kv) is copied (transpose_k below): it starts below the batch's key length (kvlen,
+ * NULL: N) and meets the head's span in kspan (NULL: every key). */
+inline int panel_seen(__global const int *kspan, ulong ks_off, __global const int *kvlen, int heads_kv,
+                      int N, int z, int n)
 {
+    const int p = KT_PANEL ? KT_PANEL : 16, start = n / p * p;
+    if (kvlen && start >= keys_of_batch(kvlen, z / heads_kv, N))
+        return 0;
     if (!kspan)
         return 1;
-    const int p = KT_PANEL ? KT_PANEL : 16, start = n / p * p;
     const ulong at = ks_off + 2 * (ulong)z;
     return start + p > 16 * kspan[at] && start < 16 * kspan[at + 1];
 }
@@ -261,15 +265,16 @@ inline int panel_seen(__global const int *kspan, ulong ks_off, int z, int n)
  * multiple of 16: Kt[z][n / P][d][n % P], kt_ss unused. With kspan (fused_direct's copies under
  * a shared mask, src/fused.c) only the panels that meet keys [16·kspan[ks_off + 2z],
  * 16·kspan[ks_off + 2z + 1]) are written: from the first to the last 16-key chunk some query row
- * of kv head z may see (mask_union, fused.cl), the only panels fused_direct reads; NULL: every
- * key. One work-item per key: neighbouring work-items write neighbouring words. Grid x = N
- * rounded up, y = batch·heads_kv. */
+ * of kv head z may see (mask_union, fused.cl). With kvlen (fused_direct's copies with key
+ * lengths) only the panels that start below batch b's length. Those are the only panels
+ * fused_direct reads; NULL: every key. One work-item per key: neighbouring work-items write
+ * neighbouring words. Grid x = N rounded up, y = batch·heads_kv. */
 __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
                           __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D,
-                          int heads_kv, __global const int *kspan, ulong ks_off)
+                          int heads_kv, __global const int *kspan, ulong ks_off, __global const int *kvlen)
 {
     const int n = get_global_id(0), z = get_global_id(1);
-    if (n >= N || !panel_seen(kspan, ks_off, z, n))
+    if (n >= N || !panel_seen(kspan, ks_off, kvlen, heads_kv, N, z, n))
         return;
     const int b = z / heads_kv, hk = z % heads_kv;
     __global const T_IN *src = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh + (ulong)n * k_ss;
@@ -284,21 +289,21 @@ __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong
         dst[(ulong)d * kt_ss] = LD_IN(src, d);
 }
 
-/* transpose_k for CPUs, same arguments and output (kspan too): one work-item per 16 keys (x)
- * and kv head (y). A 16x16 block (16 key rows, 16 of their elements) is loaded as float16 rows,
- * transposed in registers and stored as 16 float16 rows of Kᵀ: vector loads and stores instead
- * of the 16-lane gathers that the per-key kernel becomes. Keys past N repeat key N-1 (never
- * read, or read as hidden keys by fused_direct), so writes go up to 16·ceil(N/16) - 1, which
- * every pitch covers. Each of the four rounds takes the even lanes of rows 2k and 2k+1 into row
- * k and their odd lanes into row k + 8: with (row, lane) as the 8 bits r3..r0 c3..c0 of the
- * element's index, a round rotates them right by one, so four rounds swap row and lane. */
+/* transpose_k for CPUs, same arguments and output (kspan and kvlen too): one work-item per 16 keys
+ * (x) and kv head (y). A 16x16 block (16 key rows, 16 of their elements) is loaded as float16 rows,
+ * transposed in registers and stored as 16 float16 rows of Kᵀ: vector loads and stores instead of
+ * the 16-lane gathers that the per-key kernel becomes. Keys past N repeat key N-1 (never read, or
+ * read as hidden keys by fused_direct), so writes go up to 16·ceil(N/16) - 1, which every pitch
+ * covers. Each of the four rounds takes the even lanes of rows 2k and 2k+1 into row k and their odd
+ * lanes into row k + 8: with (row, lane) as the 8 bits r3..r0 c3..c0 of the element's index, a
+ * round rotates them right by one, so four rounds swap row and lane. */
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
               __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D, int heads_kv,
-              __global const int *kspan, ulong ks_off)
+              __global const int *kspan, ulong ks_off, __global const int *kvlen)
 {
     const int n0 = get_group_id(0) * 16, z = GROUP_ID(1);
-    if (!panel_seen(kspan, ks_off, z, n0))
+    if (!panel_seen(kspan, ks_off, kvlen, heads_kv, N, z, n0))
         return;
     const int b = z / heads_kv, hk = z % heads_kv;
     __global const T_IN *src = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;

@@ -435,8 +435,9 @@ static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p
  * with panels of bn keys, V zero-padded by pack_v with panels of 16 columns; decode, and prefill
  * with few rows per kv head or long f32 K and V, read K and V in place (IN_PLACE: each key is
  * read once per row block, where a copy would triple the traffic; `in_place` asks for it,
- * clattn__direct_in_place says when it pays). Under a shared mask the copies cover only the
- * panels some row of the kv head sees (mask_union, fused.cl). Sets *used = 0 (and enqueues
+ * clattn__direct_in_place says when it pays). The copies cover only the panels below their
+ * batch's key length and, under a shared mask, those some row of the kv head sees (mask_union,
+ * fused.cl). Sets *used = 0 (and enqueues
  * nothing) when the copies and partials do not fit the device's max allocation. */
 static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
                                 int in_place, cl_uint num_wait, const cl_event *wait, cl_event *done,
@@ -532,10 +533,12 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     if (in_place)
         return launch(ctx, p, kdirect, "fused_direct", &p->k, &p->v, ws, 0, splits, split_len, global,
                       local, &mf, num_wait, wait, done);
-    /* With a shared mask the copies write only the panels some row of the kv head may see. */
+    /* The copies write only the panels below the batch's key length and, with a shared mask,
+     * those some row of the kv head may see. */
     const cl_mem kspan = mf.on ? ws : NULL;
     const cl_ulong ks_off = mf.on ? mf.u_off : 0;
-    if ((st = clattn__run_transpose_k(ctx, p, ws, 0, pitch, bn, kspan, ks_off, num_wait, wait)))
+    if ((st = clattn__run_transpose_k(ctx, p, ws, 0, pitch, bn, kspan, ks_off, p->kv_lengths, num_wait,
+                                      wait)))
         return st;
     /* The Kᵀ copy as a view: [z][key / bn][d][key % bn] in head blocks of head_dim·pitch floats,
      * z = b·heads_kv + hk (fused.cl reads a chunk's panel at its first key·head_dim). */
@@ -553,6 +556,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     clattn__arg(&a, sizeof(int), &hkv);
     clattn__arg(&a, sizeof(cl_mem), mf.on ? &kspan : NULL);
     clattn__arg(&a, sizeof(cl_ulong), &ks_off);
+    clattn__arg(&a, sizeof(cl_mem), p->kv_lengths ? &p->kv_lengths : NULL);
     const size_t pglobal[2] = {(size_t)(((uint64_t)p->seq_kv + 15) / 16 * 16), (size_t)zs};
     const size_t plocal[2] = {16, 1};
     if ((st = clattn__enqueue(ctx, &a, 2, pglobal, ctx->dev.max_wg >= 16 ? plocal : NULL, 0, NULL,

@@ -378,10 +378,12 @@ uint64_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p, ui
  * batch·heads_kv): rows of pitch floats with panel 0 (KT scores), else panels of `panel` keys
  * (a multiple of 16), Kt[z][n / panel][d][n % panel] (fused_direct). kspan non-NULL: only the
  * panels that meet head z's keys [16·kspan[ks_off + 2z], 16·kspan[ks_off + 2z + 1]) (ints; a
- * shared mask's hull of spans, mask_union in fused.cl) are written. */
+ * shared mask's hull of spans, mask_union in fused.cl) are written; kvlen non-NULL (the
+ * problem's kv_lengths): only the panels that start below their batch's key length. */
 clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem *p, cl_mem scratch,
                                       uint64_t off, uint64_t pitch, int panel, cl_mem kspan,
-                                      cl_ulong ks_off, cl_uint num_wait, const cl_event *wait);
+                                      cl_ulong ks_off, cl_mem kvlen, cl_uint num_wait,
+                                      const cl_event *wait);
 clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
                                  cl_mem scratch, uint64_t scratch_off, cl_uint num_wait,
                                  const cl_event *wait, cl_event *done);

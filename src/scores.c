@@ -223,11 +223,12 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
 
 /* Kt[z][d][n] = K[b][hk][n][d] as f32 (z = b·heads_kv + hk) into scratch at element offset off,
  * head blocks of head_dim·pitch: rows of pitch floats with panel 0, else panels of `panel` keys,
- * Kt[z][n / panel][d][n % panel]; with kspan only the panels that meet each head's span there
- * (internal.h). */
+ * Kt[z][n / panel][d][n % panel]; with kspan only the panels that meet each head's span there,
+ * with kvlen only those below the key lengths (internal.h). */
 clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem *p, cl_mem scratch,
                                       uint64_t off, uint64_t pitch, int panel, cl_mem kspan,
-                                      cl_ulong ks_off, cl_uint num_wait, const cl_event *wait)
+                                      cl_ulong ks_off, cl_mem kvlen, cl_uint num_wait,
+                                      const cl_event *wait)
 {
     char opts[128];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DKT_PANEL=%d",
@@ -252,6 +253,7 @@ clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem 
     clattn__arg(&a, sizeof(int), &hkv);
     clattn__arg(&a, sizeof(cl_mem), kspan ? &kspan : NULL);
     clattn__arg(&a, sizeof(cl_ulong), &ks_off);
+    clattn__arg(&a, sizeof(cl_mem), kvlen ? &kvlen : NULL);
     const size_t blocks = (size_t)(((uint64_t)p->seq_kv + 15) / 16),
                  zs = (size_t)(p->batch * p->heads_kv);
     const size_t local[2] = {cpu ? 1 : 16, 1};
@@ -277,7 +279,7 @@ clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, c
      * reads V. */
     const uint64_t pitch = kt_pitch(p, &pp), hsz = (uint64_t)p->head_dim * pitch;
     clattn_status st = clattn__run_transpose_k(ctx, p, scratch, scratch_off, pitch,
-                                               kt_panel(pp.v), NULL, 0, num_wait, wait);
+                                               kt_panel(pp.v), NULL, 0, NULL, num_wait, wait);
     if (st)
         return st;
     const clattn_view ktv = {scratch, CLATTN_F32, scratch_off,

@@ -411,6 +411,14 @@ static const att_case cases[] = {
      .bias = 1, .window = 64, .wshift = -300, .special = SP_POISON_HIDDEN},
     {"copies_window_long_2x72x40000_f16", 1, 2, 1, 72, 40000, 64, 0, F16, .mask = MASK_HEADS, .mask_dt = F16,
      .bias = 1, .window = 3000, .special = SP_POISON_HIDDEN, .algos = ALG_FUSED},
+    /* key lengths over the copies, which cover only the panels that start below the batch's
+     * length, on copies left NaN by an earlier call (stale_workspace): lengths on a panel edge
+     * and one key past it, for 64-key panels (64, 65, 129) and 48-key ones (48, 49, 97, 289);
+     * no key at all. */
+    {"copies_kvlen_panel_edges_gqa2", 4, 2, 1, 40, 300, 64, 0, F32, .has_kv = 1, .kv = {64, 65, 97, 289},
+     .special = SP_POISON_HIDDEN},
+    {"copies_kvlen_causal_f16_dv40_gqa2", 4, 4, 2, 40, 300, 64, 40, F16, .causal = 1, .has_kv = 1,
+     .kv = {0, 48, 49, 129}, .special = SP_POISON_HIDDEN},
     {"long_72x40000", 1, 1, 1, 72, 40000, 64, 0, F32, .algos = ALG_FUSED},
     {"long_72x12000_bf16", 1, 1, 1, 72, 12000, 64, 0, BF16, .algos = ALG_FUSED},
     {"long_gqa_4x50x24576_causal_dv32", 1, 4, 1, 50, 24576, 64, 32, F32, .causal = 1, .algos = ALG_FUSED},
@@ -649,14 +657,15 @@ static void build(problem *p)
         break;
     }
     case SP_POISON_HIDDEN: {
-        assert_non_null(tm);
-        const size_t rows = (size_t)ms[1] * (size_t)ms[2]; /* mask rows of one mask batch */
+        assert_true(tm != NULL || c->has_kv);
+        const size_t rows = tm ? (size_t)ms[1] * (size_t)ms[2] : 0; /* mask rows of one mask batch */
         size_t poisoned = 0;
         for (int b = 0; b < c->B; ++b) {
             const int L = kv_len_of(p, b);
             const size_t mb = ms[0] == 1 ? 0 : (size_t)b;
             for (size_t j = 0; j < Skv; ++j) {
-                int hidden = 1;
+                /* past the key length, or -inf in every mask row of the batch */
+                int hidden = (int)j >= L || rows > 0;
                 for (size_t r = 0; r < rows && hidden && (int)j < L; ++r)
                     hidden = p->xmask[(mb * rows + r) * Skv + j] == -INFINITY;
                 if (hidden) {
@@ -842,26 +851,29 @@ static void describe(const problem *p, clattn_algorithm alg, clattn_attention_de
 }
 
 /* SP_POISON_HIDDEN cases, before the fused call: the same problem once with every K and V
- * element NaN and a mask of zeros (hiding nothing), so that the workspace's K and V copies
- * (fused_direct's, which under a shared mask cover only the keys some row of a kv head sees:
- * mask_union, fused.cl) hold NaN in every panel. A panel the real call reads without writing it
- * first then shows as NaN in its output wherever its values count (hidden keys' do not). */
+ * element NaN, a mask of zeros (hiding nothing) and every key length Skv, so that the
+ * workspace's K and V copies (fused_direct's, which cover only the panels below the batch's
+ * key length and, under a shared mask, those some row of a kv head sees: mask_union, fused.cl)
+ * hold NaN in every panel. A panel the real call reads without writing it first then shows as
+ * NaN in its output wherever its values count (hidden keys' do not). */
 static void stale_workspace(const problem *p)
 {
     const att_case *c = p->c;
     tu_view k = p->k, v = p->v, m = p->mask, out, lse;
     k.img = tu_xalloc(k.cap * k.esz);
     v.img = tu_xalloc(v.cap * v.esz);
-    m.img = tu_xalloc(m.cap * m.esz);
     for (size_t i = 0; i < k.cap; ++i)
         tu_store(c->dt, k.img, i, NAN);
     for (size_t i = 0; i < v.cap; ++i)
         tu_store(c->dt, v.img, i, NAN);
-    for (size_t i = 0; i < m.cap; ++i)
-        tu_store(c->mask_dt, m.img, i, 0.0);
     tu_upload(&k);
     tu_upload(&v);
-    tu_upload(&m);
+    if (c->mask != MASK_NONE) {
+        m.img = tu_xalloc(m.cap * m.esz);
+        for (size_t i = 0; i < m.cap; ++i)
+            tu_store(c->mask_dt, m.img, i, 0.0);
+        tu_upload(&m);
+    }
     tu_view_init(&out, c->layout, c->dt, c->B, c->Hq, c->Sq, p->Dv, 777.0);
     tu_view_init(&lse, c->layout, F32, c->B, c->Hq, c->Sq, 1, 777.0);
     tu_upload(&out);
@@ -871,6 +883,13 @@ static void stale_workspace(const problem *p)
     clattn_attention_desc desc;
     describe(&decoy, CLATTN_ALGORITHM_FUSED, &desc);
     desc.lse = c->no_lse ? NULL : &lse.t;
+    if (c->has_kv) { /* still key lengths, so that the call takes the same path */
+        int full[N_OF(c->kv)];
+        assert_true(c->B <= (int)N_OF(full));
+        for (int b = 0; b < c->B; ++b)
+            full[b] = c->Skv;
+        desc.kv_lengths = tu_xbuffer(sizeof(int) * (size_t)c->B, full);
+    }
     const clattn_status st = clattn_attention(tu_ctx, &desc, &p->q.t, &k.t, &v.t, &out.t, 0, NULL, NULL);
     if (st != CLATTN_SUCCESS) {
         print_error("stale workspace pass: clattn_attention returned %s: %s\n", clattn_status_string(st),
