@@ -28,6 +28,7 @@
  * Rows without a visible key must give exactly 0 and lse -inf; hidden probabilities exactly 0.
  */
 #include "testutil.h"
+#include "clshim.h" /* clshim_launched: whether fused_direct's K/V copies ran */
 
 #include <math.h>
 #include <stdio.h>
@@ -413,8 +414,9 @@ static const att_case cases[] = {
      .bias = 1, .window = 3000, .special = SP_POISON_HIDDEN, .algos = ALG_FUSED},
     /* key lengths over the copies, which cover only the panels that start below the batch's
      * length, on copies left NaN by an earlier call (stale_workspace): lengths on a panel edge
-     * and one key past it, for 64-key panels (64, 65, 129) and 48-key ones (48, 49, 97, 289);
-     * no key at all. */
+     * and one key past it, for 64-key panels (AVX-512's: 64, 65, 129), 48-key ones
+     * (test_attention_ns3: 48, 49, 97, 289) and 16-key ones (AVX2's: all of them); no key at
+     * all. copies_skip then checks that the panels past the lengths were not written. */
     {"copies_kvlen_panel_edges_gqa2", 4, 2, 1, 40, 300, 64, 0, F32, .has_kv = 1, .kv = {64, 65, 97, 289},
      .special = SP_POISON_HIDDEN},
     {"copies_kvlen_causal_f16_dv40_gqa2", 4, 4, 2, 40, 300, 64, 40, F16, .causal = 1, .has_kv = 1,
@@ -962,6 +964,111 @@ static void run(const problem *p, clattn_algorithm alg, result *r)
     assert_exact_zeros(alg_name(alg), p, r);
 }
 
+/* The most keys in a panel of fused_direct's K/V copies: 16·NS keys, NS at most 4
+ * (clattn__fit_fused_tile, src/scores.c). */
+enum { COPY_PANEL_MAX = 64 };
+
+/* The most keys of kv head (b, hk) that fused_direct's K/V copies may write (run_direct,
+ * src/fused.c): the panels that start below the batch's key length and, under a mask that
+ * batches, heads or rows share (plan_mask_flags), meet the hull of the 16-key chunks the kv
+ * head's rows see (mask_union, cl/fused.cl). Those lie within the hull widened by a panel less
+ * one key below, and within the key length (or the hull's end, if lower) plus a panel less one
+ * key above. */
+static int copied_keys_max(const problem *p, int b, int hk)
+{
+    const att_case *c = p->c;
+    const int Skv = c->Skv, L = kv_len_of(p, b), group = c->Hq / c->Hkv, P = COPY_PANEL_MAX;
+    const int64_t *ms = p->mask.fshape; /* the mask's own shape, 1 where it broadcasts */
+    const int shared = (ms[0] == 1 && c->B > 1) || (ms[1] == 1 && c->Hq > 1) || (ms[2] == 1 && c->Sq > 1);
+    int lo = 0, hi = Skv;
+    if (c->mask != MASK_NONE && shared) {
+        lo = Skv;
+        hi = 0;
+        for (int hq = hk * group; hq < (hk + 1) * group; ++hq)
+            for (int i = 0; i < c->Sq; ++i) {
+                const size_t mb = ms[0] == 1 ? 0 : (size_t)b, mh = ms[1] == 1 ? 0 : (size_t)hq,
+                             mi = ms[2] == 1 ? 0 : (size_t)i;
+                const size_t row = (mb * (size_t)ms[1] + mh) * (size_t)ms[2] + mi;
+                for (int j = 0; j < Skv; ++j)
+                    if (p->xmask[row * (size_t)Skv + (size_t)j] != -INFINITY) {
+                        lo = j < lo ? j : lo;
+                        hi = j + 1 > hi ? j + 1 : hi;
+                    }
+            }
+        if (lo >= hi)
+            return 0;
+        lo = lo / 16 * 16;
+        hi = (hi + 15) / 16 * 16;
+    }
+    const int end = hi < L ? hi : L;
+    const int first = lo - P + 1 > 0 ? lo - P + 1 : 0, last = end + P - 1 < Skv ? end + P - 1 : Skv;
+    return last > first ? last - first : 0;
+}
+
+/* A quiet NaN with a payload that no copy of K or V makes (the poisoned keys hold the default
+ * NaN and ±Inf, whose copies keep those bits). */
+#define WS_SENTINEL 0x7fc1b2c3u
+
+/* copies_ cases that poison the keys no row sees (SP_POISON_HIDDEN): the fused call once more on
+ * a second context of the same queue, whose workspace the call sized and then filled with
+ * WS_SENTINEL. The output must match the reference (a panel of the K/V copies read but not
+ * written shows as NaN), and where fused_direct's copies ran (pack_v launched: CPUs) the
+ * sentinel must still fill at least the panels no row of a kv head can see (copied_keys_max):
+ * copies of every key would pass every other test, only slower. */
+static void copies_skip(const problem *p)
+{
+    const att_case *c = p->c;
+    clattn_context *ctx = tu_context_sharing(tu_ctx);
+    clattn_attention_desc desc;
+    describe(p, CLATTN_ALGORITHM_FUSED, &desc);
+    tu_view out;
+    tu_view_init(&out, c->layout, c->dt, c->B, c->Hq, c->Sq, p->Dv, 777.0);
+    tu_upload(&out);
+    size_t bytes = 0;
+    cl_mem ws = NULL;
+    for (int pass = 0; pass < 2; ++pass) {
+        if (pass == 1) {
+            ws = tu_workspace(ctx, &bytes);
+            if (ws == NULL) /* K and V read in place, and no mask flags */
+                break;
+            const cl_uint sentinel = WS_SENTINEL;
+            assert_int_equal(clEnqueueFillBuffer(clattn_queue(ctx), ws, &sentinel, sizeof sentinel, 0, bytes, 0,
+                                                 NULL, NULL),
+                             CL_SUCCESS);
+            clshim_limit_kernel_wg(0); /* forgets the kernels launched so far */
+        }
+        const clattn_status st = clattn_attention(ctx, &desc, &p->q.t, &p->k.t, &p->v.t, &out.t, 0, NULL, NULL);
+        if (st != CLATTN_SUCCESS) {
+            print_error("copies_skip pass %d: clattn_attention returned %s: %s\n", pass, clattn_status_string(st),
+                        clattn_last_error(ctx));
+            fail();
+        }
+        tu_finish(ctx);
+    }
+    double *got = tu_xdoubles(p->nout);
+    tu_download("fused out on a NaN workspace", &out, got);
+    const tols t = tolerances(p, c->dt);
+    tu_check_close("fused out on a NaN workspace vs reference", got, p->ref_out, p->nout, t.out_atol, t.out_rtol);
+    if (ws != NULL && clshim_launched("pack_v")) {
+        cl_uint *w = tu_xalloc(bytes);
+        tu_read(ctx, ws, bytes, w);
+        size_t left = 0, want = 0;
+        for (size_t i = 0; i < bytes / sizeof *w; ++i)
+            left += w[i] == WS_SENTINEL;
+        const size_t per_key = (size_t)c->D + 16 * (((size_t)p->Dv + 15) / 16); /* Kᵀ, padded V */
+        for (int b = 0; b < c->B; ++b)
+            for (int hk = 0; hk < c->Hkv; ++hk)
+                want += (size_t)(c->Skv - copied_keys_max(p, b, hk)) * per_key;
+        assert_true(want > 0); /* the case hides whole panels from some kv head */
+        if (left < want) {
+            print_error("the K/V copies wrote keys no row sees: %zu words of the workspace left unwritten, "
+                        "at least %zu expected\n", left, want);
+            tu_failures++;
+        }
+    }
+    clattn_release(ctx);
+}
+
 static void test_case(void **state)
 {
     const att_case *c = *state;
@@ -990,6 +1097,8 @@ static void test_case(void **state)
         stale_workspace(&p);
     if (algos & ALG_FUSED)
         run(&p, CLATTN_ALGORITHM_FUSED, &fused);
+    if ((algos & ALG_FUSED) && c->special == SP_POISON_HIDDEN && strncmp(c->name, "copies_", 7) == 0)
+        copies_skip(&p);
     if (algos & ALG_UNFUSED)
         run(&p, CLATTN_ALGORITHM_UNFUSED, &unfused);
     if (algos & ALG_AUTO)

@@ -215,44 +215,50 @@ void tu_assert_allclose_(const char *what, const double *got, const double *want
 
 /* ---- device helpers ---- */
 
+/* The device limits and register tiles the CLATTN_TEST_* variables ask a test context to see. */
+static void apply_test_device(clattn_context *ctx)
+{
+    if (tu_getenv_int("CLATTN_TEST_GPU_LIMITS", 0)) {
+        /* Pretend to be a GPU with NVIDIA's OpenCL limits (48 KiB of local memory, work-groups
+         * of 1024): the tiled kernels then run with the configurations fit() makes for them,
+         * and key splits follow the GPU occupancy rule. */
+        ctx->dev.type = CL_DEVICE_TYPE_GPU;
+        if (ctx->dev.local_mem > 49152)
+            ctx->dev.local_mem = 49152;
+        if (ctx->dev.max_wg > 1024)
+            ctx->dev.max_wg = 1024;
+        for (int i = 0; i < 3; i++)
+            if (ctx->dev.max_item[i] > (i < 2 ? 1024u : 64u))
+                ctx->dev.max_item[i] = i < 2 ? 1024u : 64u;
+        ctx->dev.max_groups_yz = 65535;
+    }
+    /* CLATTN_TEST_NREG16=swap: the CPU kernels' register tiles of the other vector width
+     * (device.c): AVX2's (8) where the device has AVX-512's (32) or more, AVX-512's where
+     * it has fewer, so that every machine checks both sets of tiles (the results must not
+     * change; the speed does). CLATTN_TEST_NREG16=4, 8 or 32: that width's tiles (4: SSE's
+     * 16 xmm registers). */
+    const char *nreg = getenv("CLATTN_TEST_NREG16");
+    if (nreg && strcmp(nreg, "swap") == 0)
+        ctx->dev.nreg16 = ctx->dev.nreg16 >= 32 ? 8 : 32;
+    else if (nreg && (!strcmp(nreg, "4") || !strcmp(nreg, "8") || !strcmp(nreg, "32")))
+        ctx->dev.nreg16 = atoi(nreg);
+    else if (nreg && *nreg) {
+        fprintf(stderr, "CLATTN_TEST_NREG16=%s: expected swap, 4, 8 or 32\n", nreg);
+        exit(2);
+    }
+    /* CLATTN_TEST_MAX_GROUPS_YZ=n: grid y and z take n work-groups, so that every launch
+     * larger than that runs in chunks (clattn__enqueue). */
+    const int groups = tu_getenv_int("CLATTN_TEST_MAX_GROUPS_YZ", 0);
+    if (groups > 0)
+        ctx->dev.max_groups_yz = (size_t)groups;
+}
+
 clattn_context *tu_context(void)
 {
     clattn_context *ctx = NULL;
     const clattn_status st = clattn_create(NULL, &ctx);
     if (st == CLATTN_SUCCESS) {
-        if (tu_getenv_int("CLATTN_TEST_GPU_LIMITS", 0)) {
-            /* Pretend to be a GPU with NVIDIA's OpenCL limits (48 KiB of local memory, work-groups
-             * of 1024): the tiled kernels then run with the configurations fit() makes for them,
-             * and key splits follow the GPU occupancy rule. */
-            ctx->dev.type = CL_DEVICE_TYPE_GPU;
-            if (ctx->dev.local_mem > 49152)
-                ctx->dev.local_mem = 49152;
-            if (ctx->dev.max_wg > 1024)
-                ctx->dev.max_wg = 1024;
-            for (int i = 0; i < 3; i++)
-                if (ctx->dev.max_item[i] > (i < 2 ? 1024u : 64u))
-                    ctx->dev.max_item[i] = i < 2 ? 1024u : 64u;
-            ctx->dev.max_groups_yz = 65535;
-        }
-        /* CLATTN_TEST_NREG16=swap: the CPU kernels' register tiles of the other vector width
-         * (device.c): AVX2's (8) where the device has AVX-512's (32) or more, AVX-512's where
-         * it has fewer, so that every machine checks both sets of tiles (the results must not
-         * change; the speed does). CLATTN_TEST_NREG16=4, 8 or 32: that width's tiles (4: SSE's
-         * 16 xmm registers). */
-        const char *nreg = getenv("CLATTN_TEST_NREG16");
-        if (nreg && strcmp(nreg, "swap") == 0)
-            ctx->dev.nreg16 = ctx->dev.nreg16 >= 32 ? 8 : 32;
-        else if (nreg && (!strcmp(nreg, "4") || !strcmp(nreg, "8") || !strcmp(nreg, "32")))
-            ctx->dev.nreg16 = atoi(nreg);
-        else if (nreg && *nreg) {
-            fprintf(stderr, "CLATTN_TEST_NREG16=%s: expected swap, 4, 8 or 32\n", nreg);
-            exit(2);
-        }
-        /* CLATTN_TEST_MAX_GROUPS_YZ=n: grid y and z take n work-groups, so that every launch
-         * larger than that runs in chunks (clattn__enqueue). */
-        const int groups = tu_getenv_int("CLATTN_TEST_MAX_GROUPS_YZ", 0);
-        if (groups > 0)
-            ctx->dev.max_groups_yz = (size_t)groups;
+        apply_test_device(ctx);
         return ctx;
     }
     const char *msg = clattn_last_error(NULL);
@@ -265,6 +271,19 @@ clattn_context *tu_context(void)
     print_message("skipping: no OpenCL device (%s: %s)\n", clattn_status_string(st), msg != NULL ? msg : "");
     skip();
     return NULL; /* not reached: skip() longjmps out of the test */
+}
+
+clattn_context *tu_context_sharing(clattn_context *ctx)
+{
+    clattn_context *other = NULL;
+    const clattn_status st = clattn_create_from_queue(clattn_queue(ctx), &other);
+    if (st != CLATTN_SUCCESS) {
+        print_error("clattn_create_from_queue returned %s: %s\n", clattn_status_string(st),
+                    clattn_last_error(NULL));
+        fail();
+    }
+    apply_test_device(other);
+    return other;
 }
 
 static void check_cl(cl_int err, const char *what)
@@ -345,6 +364,12 @@ void tu_read(clattn_context *ctx, cl_mem buf, size_t bytes, void *host)
 void tu_finish(clattn_context *ctx)
 {
     check_cl(clFinish(clattn_queue(ctx)), "clFinish");
+}
+
+cl_mem tu_workspace(const clattn_context *ctx, size_t *bytes)
+{
+    *bytes = ctx->workspace ? ctx->workspace_size : 0;
+    return ctx->workspace;
 }
 
 int tu_getenv_int(const char *name, int dflt)

@@ -71,6 +71,9 @@ void tu_assert_allclose_(const char *what, const double *got, const double *want
  * work-groups of at most 1024 (NVIDIA's OpenCL limits). CLATTN_TEST_MAX_GROUPS_YZ=n: grid y and
  * z take at most n work-groups (NVIDIA's 65535 scaled down), launches past it run in chunks. */
 clattn_context *tu_context(void);
+/* A second context on ctx's queue (clattn_create_from_queue: its own programs and workspace),
+ * seeing the device as tu_context's do. Fails the test if it cannot be made. */
+clattn_context *tu_context_sharing(clattn_context *ctx);
 /* Makes ctx take its device's max allocation for `bytes` (only ever lower): the scratch copies
  * and workspaces a call sizes against it then do not fit, on shapes small enough to run, and the
  * library must take its paths without them. */
@@ -82,6 +85,9 @@ cl_mem tu_buffer(clattn_context *ctx, size_t bytes, const void *host);
 void tu_read(clattn_context *ctx, cl_mem buf, size_t bytes, void *host);
 /* clFinish on the context's queue. Asserts success. */
 void tu_finish(clattn_context *ctx);
+/* ctx's workspace (src/internal.h: the one buffer its operations keep K/V copies, mask flags and
+ * partial results in; NULL before a call needed one) and its size in bytes. */
+cl_mem tu_workspace(const clattn_context *ctx, size_t *bytes);
 
 /* 1 when ctx's device rounds every float operation to float, as OpenCL requires; 0 when it
  * keeps wider intermediates (PoCL on 32-bit x86 computes on the x87 stack), where the same
