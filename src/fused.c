@@ -437,8 +437,8 @@ static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p
  * read once per row block, where a copy would triple the traffic; `in_place` asks for it,
  * clattn__direct_in_place says when it pays). The copies cover only the panels below their
  * batch's key length and, under a shared mask, those some row of the kv head sees (mask_union,
- * fused.cl). Sets *used = 0 (and enqueues
- * nothing) when the copies and partials do not fit the device's max allocation. */
+ * fused.cl). Sets *used = 0 (and enqueues nothing) when the copies and partials do not fit the
+ * device's max allocation. */
 static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
                                 int in_place, cl_uint num_wait, const cl_event *wait, cl_event *done,
                                 int *used)
