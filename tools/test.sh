@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Set up, build, and run the whole test suite; then again under AddressSanitizer and
 # UndefinedBehaviorSanitizer; then part of it under valgrind memcheck; then part of it built for
-# 32-bit x86 (tools/test32.sh); then every libFuzzer harness for a minute. Set
+# 32-bit x86 (tools/test32.sh); then every libFuzzer harness for a minute; then part of it on a
+# second OpenCL implementation, Intel's CPU runtime (tools/intel-cpu-check.sh). Set
 # CLATTN_REQUIRE_DEVICE=1 to make device tests fail rather than skip when no OpenCL device is
 # found (CI does). CLATTN_FUZZ_SECONDS sets the time per fuzz harness (default 60;
-# 0 skips fuzzing), CLATTN_VALGRIND=0 skips the memcheck step, CLATTN_TEST32=0 the 32-bit one.
+# 0 skips fuzzing), CLATTN_VALGRIND=0 skips the memcheck step, CLATTN_TEST32=0 the 32-bit one,
+# CLATTN_INTEL_CPU=0 the one on Intel's runtime.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh
@@ -103,4 +105,16 @@ if [ "$fuzz_seconds" != 0 ]; then
   done
   step_done
 fi
-echo "== all tests passed (normal, sanitized, valgrind, 32-bit, fuzzed)"
+if [ "${CLATTN_INTEL_CPU:-1}" != 0 ]; then
+  step "a second OpenCL implementation, Intel's CPU runtime: part of the suite (tools/intel-cpu-check.sh)"
+  # About 7 minutes with a cold kernel cache (test_attention 5 of them, Intel's compiler building
+  # each kernel variant), plus a 300 MB download. Left out when the run is already long, so that
+  # CI stays well inside its time; skipped with a message where the runtime cannot be had.
+  if [ $SECONDS -gt $((55 * 60)) ]; then
+    echo "   skipped: the run is past 55 minutes ($((SECONDS / 60)) min); run tools/intel-cpu-check.sh alone"
+  else
+    CLATTN_INTEL_BUILD=build-test ./tools/intel-cpu-check.sh tests 'test_attention$|test_decode$|test_bad_input$|test_scores$|test_softmax$'
+  fi
+  step_done
+fi
+echo "== all tests passed (normal, sanitized, valgrind, 32-bit, fuzzed, Intel's CPU runtime)"
