@@ -64,8 +64,7 @@ done
 # Only the OpenCL commands see the runtime's libraries (its libimf, libsvml, libtbb...): the
 # toolchain below does not.
 ocl() {
-  LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" OCL_ICD_VENDORS="$root/vendors" \
-    CLATTN_DEVICE="$dev" "$@"
+  LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" OCL_ICD_VENDORS="$root/vendors" "$@"
 }
 
 build=${CLATTN_INTEL_BUILD:-build-intel}
@@ -83,7 +82,6 @@ mkdir -p "$cache"
 # substring would also match Intel's GPU runtime, "Intel(R) OpenCL Graphics", and with PoCL on an
 # Intel CPU, "intel" matches PoCL's device too). The runtime may load and still offer no device
 # (a CPU it does not support): then nothing here would run on it.
-dev=""
 info=$(ocl "$build"/tools/clattn-info 2>&1 || true)
 p=$(sed -n 's/^Platform \([0-9]*\): Intel(R) OpenCL$/\1/p' <<<"$info" | head -n 1)
 [ -n "$p" ] && grep -q "^  Device $p:0 " <<<"$info" ||
@@ -93,10 +91,10 @@ sed -n "/^Platform $p: /,/device key/p" <<<"$info" | grep -E 'Platform|Device|ve
 
 if [[ $steps == *,tests,* ]]; then
   echo "== tests on Intel's CPU runtime, device $dev ($tests)"
-  (cd "$build" && ocl env CLATTN_REQUIRE_DEVICE=1 timeout "${CLATTN_INTEL_TIMEOUT:-1800}" \
+  (cd "$build" && ocl env CLATTN_DEVICE="$dev" CLATTN_REQUIRE_DEVICE=1 timeout "${CLATTN_INTEL_TIMEOUT:-1800}" \
     ctest --output-on-failure -j"$(nproc)" -R "$tests")
 fi
 if [[ $steps == *,bench,* ]]; then
   echo "== benchmark on Intel's CPU runtime, device $dev"
-  ocl env CLATTN_CACHE_DIR="$cache" "$build"/tools/clattn-bench --op all --check
+  ocl env CLATTN_DEVICE="$dev" CLATTN_CACHE_DIR="$cache" "$build"/tools/clattn-bench --op all --check
 fi
