@@ -78,7 +78,20 @@ inline void hide_keys(float *t, int n, int key0, int rend, int has_mask, __globa
             t[e] = NEG_INF;
         return;
     }
-    for (int e = 0; e < n; e++) {
+    /* Whole vectors below rend 16 keys at a time: PoCL made the loop below 8-wide masked code,
+     * a large part of a sliding window's time (every block of its row blocks is guarded). With
+     * fused_direct's P·V checked vector by vector (see there), measured on PoCL (2-core Intel
+     * Xeon, AVX-512, B1 H8 S1024 d64 f32 causal, a [1][1][Sq][Skv] f32 window:128 mask, minima
+     * of 60 calls, 3 runs alternating, ms): the P·V change alone 2.61-2.62, with this loop too
+     * 2.50-2.58, the kernels before both 2.78-3.04. */
+    const int ev = clamp(rend - key0, 0, n) / 16 * 16;
+    int e = 0;
+    for (; e < ev; e += 16) {
+        const float16 mv = LD16_MASK(mask, mrow + (ulong)(key0 + e));
+        vstore16(select(vload16(0, t + e) + mv, (float16)(NEG_INF), mv == (float16)(NEG_INF)), 0,
+                 t + e);
+    }
+    for (; e < n; e++) {
         const int key = key0 + e;
         if (key >= rend) {
             t[e] = NEG_INF;
@@ -765,6 +778,19 @@ __kernel void pack_v(__global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh
                  dst + (ulong)c * (vp_sz / DV16));
 }
 
+#if NB > 512
+#error "fused_direct keeps a bit per 16-key vector of a block in a uint: NB <= 512"
+#endif
+/* One past the run of 16-key vectors from key n (a multiple of 16) on that need no check: the
+ * first key of the next vector whose bit is set in vhid, or nkeys. */
+inline int run_end(uint vhid, int n, int nkeys)
+{
+    const uint rest = vhid >> (n / 16);
+    if (!rest)
+        return nkeys;
+    return min(nkeys, n + 16 * (31 - (int)clz(rest & (0u - rest)))); /* its lowest set bit */
+}
+
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 {
@@ -910,8 +936,9 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
             }
             acc[i] = (float16)(0.0f);
         }
-        int16 hid = (int16)(0); /* lanes where some row hides some key of the block */
+        uint vhid = 0; /* bit v: some row hides some key of the block's 16-key vector v */
         for (int v = 0; v < nv; v++) {
+            int16 some = (int16)(0);
             ROWS_LOOP
             for (int i = 0; i < RM; i++) {
                 const float16 x = sb[i].v[v];
@@ -919,11 +946,13 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
                 if (guarded) { /* hidden keys: -0, which the checked P·V below skips */
                     const int16 h = x == (float16)(NEG_INF);
                     p = select(p, (float16)(HIDDEN_P), h);
-                    hid |= h;
+                    some |= h;
                 }
                 acc[i] += p;
                 sb[i].v[v] = p;
             }
+            if (guarded)
+                vhid |= (uint)(any(some) != 0) << v;
         }
         ROWS_LOOP
         for (int i = 0; i < RM; i++) {
@@ -942,14 +971,24 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
                 sb[i].v[v] *= inv[i];
         }
 
-        /* P·V: keys every row sees without a check, the rest skipping each row's hidden keys
-         * (p -0) so that NaN/Inf in their V never reaches O. A block in which no row hides a key
-         * goes unchecked too: with an additive mask of finite values (biases) every block does.
-         * Measured on PoCL (2-core Intel Xeon, AVX-512, B1 H8 S1024 d64 f32, a finite f32 mask
-         * broadcast over the heads, minima of 10 calls, 3 runs alternating): 9.82-9.87 ms against
-         * 11.9-14.1 when every masked block was checked (no mask: 8.4-9.6). */
+        /* P·V: the keys of 16-key vectors in which no row hides a key go without a check, those
+         * of the other vectors skip each row's hidden keys (p -0) so that NaN/Inf in their V
+         * never reaches O. A block in which no row hides a key goes unchecked in one run: with an
+         * additive mask of finite values (biases) every block does. Measured on PoCL (2-core
+         * Intel Xeon, AVX-512, B1 H8 S1024 d64 f32, a finite f32 mask broadcast over the heads,
+         * minima of 10 calls, 3 runs alternating): 9.82-9.87 ms against 11.9-14.1 when every
+         * masked block was checked (no mask: 8.4-9.6). The check used to cover every key of a
+         * masked block in which some row hides a key, and without a mask every key from the
+         * first that some row hides: a sliding window's row blocks, which hide keys at both ends
+         * of their range only, were checked whole. Measured with hide_keys' vector loop, on PoCL
+         * (2-core Intel Xeon, AVX-512, B1 H8 d64 f32 causal, a [1][1][Sq][Skv] f32 window mask,
+         * medians of 20, 3 runs alternating with the kernels before, ms): S1024 window:128
+         * 2.69-3.17 against 3.59-5.21, window:64 2.35-3.81 (minima 1.98-2.13 against 2.16-2.29),
+         * window:512 even (minima 4.86-5.21 against 5.11-5.30); d128 window:256 6.20-6.80
+         * against 7.61-7.87; f16 window:256 3.88-3.96 (one run 5.27) against 4.59-4.68; Sq1024
+         * Skv4096 window:64 3.24-3.55 against 3.49-4.66; a bias mask 9.87-10.07 against
+         * 10.23-10.32; no mask and causal even. */
         __global const T_KV *vp0 = Vb + (ulong)kt * v_ss;
-        const int nfree = !guarded || !any(hid) ? nkeys : has_mask ? 0 : clamp(k_all - kt, 0, nkeys);
 #if PV_TILE
         /* O in register tiles of PR rows x PC vectors, each over all the block's keys: per key a
          * tile loads PC V vectors and PR probabilities for PR·PC multiply-adds, where a whole
@@ -965,42 +1004,45 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 #pragma unroll
                     for (int c = 0; c < PC; c++)
                         acc[i][c] = o[i0 + i][c0 + c];
-                __global const T_KV *vp = vp0;
                 int n = 0;
-                for (; n < nfree; n++, vp += v_ss) {
-                    float16 vv[PC];
-#pragma unroll
-                    for (int c = 0; c < PC; c++)
-                        vv[c] = LDV16(vp, c0 + c);
-#pragma unroll
-                    for (int i = 0; i < PR; i++) {
-                        const float16 p = (float16)(sb[i0 + i].f[n]);
+                while (n < nkeys) { /* n a multiple of 16: unchecked vectors, then one checked */
+                    const int nfree = run_end(vhid, n, nkeys), n1 = min(nfree + 16, nkeys);
+                    __global const T_KV *vp = vp0 + (ulong)n * v_ss;
+                    for (; n < nfree; n++, vp += v_ss) {
+                        float16 vv[PC];
 #pragma unroll
                         for (int c = 0; c < PC; c++)
-                            acc[i][c] = MAD(p, vv[c], acc[i][c]);
-                    }
-                }
-                for (; n < nkeys; n++, vp += v_ss) {
-                    float pn[PR];
-                    int seen = 0;
+                            vv[c] = LDV16(vp, c0 + c);
 #pragma unroll
-                    for (int i = 0; i < PR; i++) {
-                        pn[i] = sb[i0 + i].f[n];
-                        seen |= !IS_HIDDEN(pn[i]);
-                    }
-                    if (!seen)
-                        continue;
-                    float16 vv[PC];
-#pragma unroll
-                    for (int c = 0; c < PC; c++)
-                        vv[c] = LDV16(vp, c0 + c);
-#pragma unroll
-                    for (int i = 0; i < PR; i++)
-                        if (!IS_HIDDEN(pn[i])) {
+                        for (int i = 0; i < PR; i++) {
+                            const float16 p = (float16)(sb[i0 + i].f[n]);
 #pragma unroll
                             for (int c = 0; c < PC; c++)
-                                acc[i][c] = MAD((float16)(pn[i]), vv[c], acc[i][c]);
+                                acc[i][c] = MAD(p, vv[c], acc[i][c]);
                         }
+                    }
+                    for (; n < n1; n++, vp += v_ss) {
+                        float pn[PR];
+                        int seen = 0;
+#pragma unroll
+                        for (int i = 0; i < PR; i++) {
+                            pn[i] = sb[i0 + i].f[n];
+                            seen |= !IS_HIDDEN(pn[i]);
+                        }
+                        if (!seen)
+                            continue;
+                        float16 vv[PC];
+#pragma unroll
+                        for (int c = 0; c < PC; c++)
+                            vv[c] = LDV16(vp, c0 + c);
+#pragma unroll
+                        for (int i = 0; i < PR; i++)
+                            if (!IS_HIDDEN(pn[i])) {
+#pragma unroll
+                                for (int c = 0; c < PC; c++)
+                                    acc[i][c] = MAD((float16)(pn[i]), vv[c], acc[i][c]);
+                            }
+                    }
                 }
 #pragma unroll
                 for (int i = 0; i < PR; i++)
@@ -1010,40 +1052,43 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
             }
         }
 #else
-        __global const T_KV *vp = vp0;
         int n = 0;
-        for (; n < nfree; n++, vp += v_ss) {
-            float pn[RM];
-            ROWS_LOOP
-            for (int i = 0; i < RM; i++)
-                pn[i] = sb[i].f[n];
-#pragma unroll
-            for (int c = 0; c < DV16; c++) {
-                const float16 vv = LDV16(vp, c);
+        while (n < nkeys) { /* n a multiple of 16: unchecked vectors, then one checked */
+            const int nfree = run_end(vhid, n, nkeys), n1 = min(nfree + 16, nkeys);
+            __global const T_KV *vp = vp0 + (ulong)n * v_ss;
+            for (; n < nfree; n++, vp += v_ss) {
+                float pn[RM];
                 ROWS_LOOP
                 for (int i = 0; i < RM; i++)
-                    o[i][c] = MAD((float16)(pn[i]), vv, o[i][c]);
-            }
-        }
-        for (; n < nkeys; n++, vp += v_ss) {
-            float pn[RM];
-            int seen = 0;
-            ROWS_LOOP
-            for (int i = 0; i < RM; i++) {
-                pn[i] = sb[i].f[n];
-                seen |= !IS_HIDDEN(pn[i]);
-            }
-            if (!seen)
-                continue;
-            /* Each V vector is loaded once for all rows (a load per row made RM copies of the
-             * tail loads: slow to compile). */
+                    pn[i] = sb[i].f[n];
 #pragma unroll
-            for (int c = 0; c < DV16; c++) {
-                const float16 vv = LDV16(vp, c);
-                ROWS_LOOP
-                for (int i = 0; i < RM; i++)
-                    if (!IS_HIDDEN(pn[i]))
+                for (int c = 0; c < DV16; c++) {
+                    const float16 vv = LDV16(vp, c);
+                    ROWS_LOOP
+                    for (int i = 0; i < RM; i++)
                         o[i][c] = MAD((float16)(pn[i]), vv, o[i][c]);
+                }
+            }
+            for (; n < n1; n++, vp += v_ss) {
+                float pn[RM];
+                int seen = 0;
+                ROWS_LOOP
+                for (int i = 0; i < RM; i++) {
+                    pn[i] = sb[i].f[n];
+                    seen |= !IS_HIDDEN(pn[i]);
+                }
+                if (!seen)
+                    continue;
+                /* Each V vector is loaded once for all rows (a load per row made RM copies of the
+                 * tail loads: slow to compile). */
+#pragma unroll
+                for (int c = 0; c < DV16; c++) {
+                    const float16 vv = LDV16(vp, c);
+                    ROWS_LOOP
+                    for (int i = 0; i < RM; i++)
+                        if (!IS_HIDDEN(pn[i]))
+                            o[i][c] = MAD((float16)(pn[i]), vv, o[i][c]);
+                }
             }
         }
 #endif

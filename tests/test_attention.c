@@ -225,6 +225,15 @@ static const att_case cases[] = {
      .bias = 1, .special = SP_NAN_V_ODD_HIDDEN},
     {"bias_mask_lanes_gqa8_sq4_nan_v_odd_rows_hide_f16", 1, 16, 2, 4, 300, 64, 0, F16, .mask = MASK_FULL,
      .mask_dt = F16, .bias = 1, .special = SP_NAN_V_ODD_HIDDEN},
+    /* the same NaN in fused_direct, which checks the 16-key vectors where some row of its block
+     * hides a key: over the copies (P·V untiled with d64, in register tiles with d128), and in
+     * place (4 rows) */
+    {"bias_mask_nan_v_odd_rows_hide_copies", 1, 2, 2, 300, 300, 64, 0, F32, .mask = MASK_FULL,
+     .mask_dt = F32, .bias = 1, .special = SP_NAN_V_ODD_HIDDEN},
+    {"bias_mask_nan_v_odd_rows_hide_copies_hd128", 1, 2, 2, 200, 300, 128, 0, F32,
+     .mask = MASK_FULL, .mask_dt = F32, .bias = 1, .special = SP_NAN_V_ODD_HIDDEN},
+    {"bias_mask_nan_v_odd_rows_hide_sq4", 1, 2, 2, 4, 300, 64, 0, F32, .mask = MASK_FULL,
+     .mask_dt = F32, .bias = 1, .special = SP_NAN_V_ODD_HIDDEN},
     /* sliding-window masks: the fused kernels skip a block that the mask hides from all its rows
      * (dot products included), so K and V are poisoned wherever no row of the batch looks.
      * Prefill over the copies (the window's 100 keys end 400 past the row), few rows in place
