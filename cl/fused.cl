@@ -78,19 +78,21 @@ inline void hide_keys(float *t, int n, int key0, int rend, int has_mask, __globa
             t[e] = NEG_INF;
         return;
     }
-    /* Whole vectors below rend 16 keys at a time: PoCL made the loop below 8-wide masked code,
-     * a large part of a sliding window's time (every block of its row blocks is guarded). With
-     * fused_direct's P·V checked vector by vector (see there), measured on PoCL (2-core Intel
-     * Xeon, AVX-512, B1 H8 S1024 d64 f32 causal, a [1][1][Sq][Skv] f32 window:128 mask, minima
-     * of 60 calls, 3 runs alternating, ms): the P·V change alone 2.61-2.62, with this loop too
-     * 2.50-2.58, the kernels before both 2.78-3.04. */
-    const int ev = clamp(rend - key0, 0, n) / 16 * 16;
     int e = 0;
-    for (; e < ev; e += 16) {
+#ifdef IN_PLACE
+    /* The direct programs (CPUs; the tiled kernel's n is VW, less than 16 on its devices, and
+     * its programs leave this out): whole vectors below rend 16 keys at a time. PoCL made the
+     * loop below 8-wide masked code, a large part of a sliding window's time (every block of
+     * its row blocks is guarded). With fused_direct's P·V checked vector by vector (see there),
+     * measured on PoCL (2-core Intel Xeon, AVX-512, B1 H8 S1024 d64 f32 causal, a
+     * [1][1][Sq][Skv] f32 window:128 mask, minima of 60 calls, 3 runs alternating, ms): the P·V
+     * change alone 2.61-2.62, with this loop too 2.50-2.58, the kernels before both 2.78-3.04. */
+    for (const int ev = clamp(rend - key0, 0, n) / 16 * 16; e < ev; e += 16) {
         const float16 mv = LD16_MASK(mask, mrow + (ulong)(key0 + e));
         vstore16(select(vload16(0, t + e) + mv, (float16)(NEG_INF), mv == (float16)(NEG_INF)), 0,
                  t + e);
     }
+#endif
     for (; e < n; e++) {
         const int key = key0 + e;
         if (key >= rend) {
