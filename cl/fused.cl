@@ -80,8 +80,8 @@ inline void hide_keys(float *t, int n, int key0, int rend, int has_mask, __globa
     }
     int e = 0;
 #ifdef IN_PLACE
-    /* The direct programs (CPUs; the tiled kernel's n is VW, less than 16 on its devices, and
-     * its programs leave this out): whole vectors below rend 16 keys at a time. PoCL made the
+    /* The direct programs only (CPUs; the tiled kernel passes its VW keys in a private array,
+     * and its programs leave this out): whole vectors below rend 16 keys at a time. PoCL made the
      * loop below 8-wide masked code, a large part of a sliding window's time (every block of
      * its row blocks is guarded). With fused_direct's P·V checked vector by vector (see there),
      * measured on PoCL (2-core Intel Xeon, AVX-512, B1 H8 S1024 d64 f32 causal, a
