@@ -219,6 +219,11 @@ static const att_case cases[] = {
     {"bias_mask_decode_kvlen_hd128", 2, 4, 4, 1, 1000, 128, 0, F32, .mask = MASK_HEADS, .mask_dt = F32,
      .has_kv = 1, .kv = {1000, 300}, .bias = 1},
     {"bias_mask_lanes_gqa8_sq4_f16", 2, 16, 2, 4, 600, 64, 0, F16, .mask = MASK_FULL, .mask_dt = F16, .bias = 1},
+    /* fused_lanes adds a mask 16 keys at a time (rows turned into lanes); causal hides a row's
+     * last keys inside such a chunk when the key count is a multiple of 16 (512, and 400 by key
+     * length), where a finite mask value must not make them visible */
+    {"bias_mask_lanes_gqa4_sq8_causal_kvlen_kv512", 2, 4, 1, 8, 512, 64, 0, F32, .causal = 1,
+     .mask = MASK_FULL, .mask_dt = F32, .has_kv = 1, .kv = {512, 400}, .bias = 1},
     {"bias_mask_causal_kvlen_nan", 2, 2, 1, 70, 600, 64, 0, F32, .causal = 1, .mask = MASK_FULL, .mask_dt = F32,
      .has_kv = 1, .kv = {600, 400}, .special = SP_NAN_MASK, .bias = 1},
     {"bias_mask_nan_v_odd_rows_hide", 1, 2, 2, 40, 300, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32,
