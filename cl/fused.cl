@@ -61,6 +61,13 @@
 #define exp2V exp2
 #endif
 
+/* Scores s with the mask values mv added, -inf where `hidden` (keys past a row's end) or where the
+ * mask is -inf: a -inf mask hides the key even when its score is NaN. */
+inline float16 add_mask16(float16 s, float16 mv, int16 hidden)
+{
+    return select(s + mv, (float16)(NEG_INF), hidden | (mv == (float16)(NEG_INF)));
+}
+
 /* Scores t[0..n) of one row for the keys key0..key0+n-1: -inf at or past rend (causal, key
  * lengths, the split's end), the mask (row offset mrow) added otherwise. A -inf mask hides the
  * key even when its score is NaN. */
@@ -89,8 +96,7 @@ inline void hide_keys(float *t, int n, int key0, int rend, int has_mask, __globa
      * change alone 2.61-2.62, with this loop too 2.50-2.58, the kernels before both 2.78-3.04. */
     for (const int ev = clamp(rend - key0, 0, n) / 16 * 16; e < ev; e += 16) {
         const float16 mv = LD16_MASK(mask, mrow + (ulong)(key0 + e));
-        vstore16(select(vload16(0, t + e) + mv, (float16)(NEG_INF), mv == (float16)(NEG_INF)), 0,
-                 t + e);
+        vstore16(add_mask16(vload16(0, t + e), mv, (int16)(0)), 0, t + e);
     }
 #endif
     for (; e < n; e++) {
@@ -1441,24 +1447,24 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
                         transpose16x16(r);
 #pragma unroll
                         for (int e = 0; e < 16; e++) {
-                            const float16 s = sbk[(n + e) * LANES + lv].v;
-                            const int16 h =
-                                (r[e] == (float16)(NEG_INF)) | ((int16)(kt + n + e) >= rendv[lv]);
-                            sbk[(n + e) * LANES + lv].v = select(s + r[e], (float16)(NEG_INF), h);
+                            lanes16 *sb = sbk + (n + e) * LANES + lv;
+                            sb->v = add_mask16(sb->v, r[e], (int16)(kt + n + e) >= rendv[lv]);
                         }
                     }
                 }
 #endif
                 for (; n < nkeys; n++) {
                     const int key = kt + n;
-                    float16 s = sbk[n * LANES + lv].v;
+                    const float16 s = sbk[n * LANES + lv].v;
+                    const int16 past = (int16)(key) >= rendv[lv];
                     if (has_mask) {
                         lanes16 mv;
                         for (int i = 0; i < 16; i++)
                             mv.f[i] = LD_MASK(mask, mrow[16 * lv + i] + key);
-                        s = select(s + mv.v, (float16)(NEG_INF), mv.v == (float16)(NEG_INF));
+                        sbk[n * LANES + lv].v = add_mask16(s, mv.v, past);
+                    } else {
+                        sbk[n * LANES + lv].v = select(s, (float16)(NEG_INF), past);
                     }
-                    sbk[n * LANES + lv].v = select(s, (float16)(NEG_INF), (int16)(key) >= rendv[lv]);
                 }
             }
             float16 mx = (float16)(NEG_INF);
