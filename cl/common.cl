@@ -44,6 +44,38 @@ inline ushort f32_to_bf16(float x)
     return (ushort)(u >> 16);
 }
 
+/* f32_to_bf16 of 4, 8 or 16 values at once, as vector operations. CPU compilers kept the scalar
+ * form scalar, and a narrowing convert_ushort16 became 16 extractions and 16-bit stores on PoCL
+ * 3.1: bf16 softmax and scores spent most of their time there (see softmax.cl). The rounded
+ * values' 16-bit halves are picked out as the even (little-endian) or odd lanes instead. */
+#ifdef __ENDIAN_LITTLE__
+#define BF16_PICK(v) (v).even
+#else
+#define BF16_PICK(v) (v).odd
+#endif
+#define BF16_ROUNDED(u) select(((u) + 0x7fffu + (((u) >> 16) & 1u)) >> 16, ((u) >> 16) | 0x40u, \
+                               ((u) & 0x7fffffffu) > 0x7f800000u)
+inline ushort4 f32_to_bf16_4(float4 x) { return BF16_PICK(as_ushort8(BF16_ROUNDED(as_uint4(x)))); }
+inline ushort8 f32_to_bf16_8(float8 x) { return BF16_PICK(as_ushort16(BF16_ROUNDED(as_uint8(x)))); }
+inline ushort16 f32_to_bf16_16(float16 x)
+{
+    return (ushort16)(f32_to_bf16_8(x.lo), f32_to_bf16_8(x.hi));
+}
+
+/* Vectors of 4 or 16 bf16 values stored at p (2-byte aligned). PoCL 3.1 made vstore4 and vstore16
+ * of ushort one 16-bit store per element; through a vector type aligned to its element (a clang
+ * extension) the store is one instruction (vpmovdw to memory). CPU devices only (CPU_DEVICE, from
+ * the host): a GPU compiler that kept the vector's own alignment would fault there. */
+#if defined(CPU_DEVICE) && CPU_DEVICE && defined(__clang__)
+typedef ushort4 ushort4_a2 __attribute__((aligned(2)));
+typedef ushort16 ushort16_a2 __attribute__((aligned(2)));
+#define ST_BF16X4(p, x) (*(__global ushort4_a2 *)(p) = (x))
+#define ST_BF16X16(p, x) (*(__global ushort16_a2 *)(p) = (x))
+#else
+#define ST_BF16X4(p, x) vstore4((x), 0, (p))
+#define ST_BF16X16(p, x) vstore16((x), 0, (p))
+#endif
+
 /* One block of macros per tensor role: T_<role> is the pointer element type,
  * LD_<role>(p, i) loads element i as float, LD4_<role>(p, i) loads 4 consecutive elements,
  * ST_<role>(p, i, x) stores. */
@@ -359,9 +391,7 @@ inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv,
 #elif DT_OUT == 1
 #define ST4_OUT(p, i, x) vstore_half4_rte((x), 0, (p) + (i))
 #else
-#define ST4_OUT(p, i, x)                                                        \
-    vstore4((ushort4)(f32_to_bf16((x).s0), f32_to_bf16((x).s1), f32_to_bf16((x).s2), \
-                      f32_to_bf16((x).s3)), 0, (p) + (i))
+#define ST4_OUT(p, i, x) ST_BF16X4((p) + (i), f32_to_bf16_4(x))
 #endif
 /* Stores x at columns col..col+3 of a row of n elements, those past n left alone. */
 inline void store4_row(__global T_OUT *p, int col, float4 x, int n)

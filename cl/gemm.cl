@@ -360,6 +360,30 @@ transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong
             (acc)[i_][s_] = MAD((float16)(a_), (bv)[s_], (acc)[i_][s_]);                         \
     }
 
+#if DT_A != 0
+/* acc[i][s] += a16[i][kk] · (16 values of row brow at 16·s) over scores_direct's tile. */
+#define MAD_TILE16(acc, a16, kk, brow)                                                           \
+    {                                                                                            \
+        float16 bv_[NS];                                                                         \
+        _Pragma("unroll") for (int s_ = 0; s_ < NS; s_++) bv_[s_] = vload16(0, (brow) + 16 * s_); \
+        _Pragma("unroll") for (int i_ = 0; i_ < RM; i_++)                                        \
+            _Pragma("unroll") for (int s_ = 0; s_ < NS; s_++)                                    \
+                (acc)[i_][s_] = MAD((float16)((a16)[i_][kk]), bv_[s_], (acc)[i_][s_]);           \
+    }
+
+/* Elements col..col+15 of a row of A (n elements) as float16, 0 past n. Always inlined: see
+ * qk16_row in common.cl for what PoCL 3.1 made of vload_half16 in a called function. */
+__attribute__((always_inline)) inline float16 ld16_a(__global const T_A *p, int col, int n)
+{
+    if (col + 15 < n)
+        return LD16_A(p, col);
+    float t[16];
+    for (int e = 0; e < 16; e++)
+        t[e] = col + e < n ? LD_A(p, col + e) : 0.0f;
+    return vload16(0, t);
+}
+#endif
+
 /* The scores x (scaled) of keys n..n+15 into row m of C (Cb, rows c_ss apart): the mask row
  * added (Mb, rows m_ss apart), keys at or past cend -inf (causal, key lengths), nothing past N.
  * Sixteen keys all hidden (n >= cend) are -inf whatever the mask and x; sixteen all before cend
@@ -381,11 +405,10 @@ __attribute__((always_inline)) inline void store_scores16(__global T_OUT *Cb, ul
         }
 #if DT_OUT == 0
         vstore16(x, 0, Cb + (ulong)m * c_ss + n);
+#elif DT_OUT == 1
+        vstore_half16_rte(x, 0, Cb + (ulong)m * c_ss + n);
 #else
-        ST4_OUT(Cb, (ulong)m * c_ss + n, x.s0123);
-        ST4_OUT(Cb, (ulong)m * c_ss + n + 4, x.s4567);
-        ST4_OUT(Cb, (ulong)m * c_ss + n + 8, x.s89ab);
-        ST4_OUT(Cb, (ulong)m * c_ss + n + 12, x.scdef);
+        ST_BF16X16(Cb + (ulong)m * c_ss + n, f32_to_bf16_16(x));
 #endif
         return;
     }
@@ -440,6 +463,7 @@ scores_direct(GEMM_KERNEL_ARGS(float))
      * all -inf: its dot products are skipped, which halves the work of causal scores. */
     const int tile_end = causal_end(causal, min(M, m0 + RM) - 1, seq_q, L);
     const int depth = n0 < tile_end ? K : 0;
+#if DT_A == 0
     for (int k = 0; k < depth; k++) {
         float16 bv[NS];
 #pragma unroll
@@ -447,6 +471,28 @@ scores_direct(GEMM_KERNEL_ARGS(float))
             bv[s] = vload16(0, Bb + (ulong)k * b_ss + 16 * s);
         MAD_TILE(acc, arow, k, bv)
     }
+#else
+    /* f16 and bf16 Q: 16 values of each row converted as one vector into private memory, then
+     * broadcast from there. Converted one at a time at every k (vload_half: a dozen scalar bit
+     * operations on PoCL 3.1), f16 Q took longer than the multiply-adds. Measured on PoCL
+     * (2-core Intel Xeon, AVX-512, B1 H8 S1024 d64, minima of 20, 2 runs alternating, ms):
+     * clattn_scores f16 6.2-6.4 against 12.5-12.8 (with the vector bf16 stores, common.cl: bf16
+     * 6.5-6.6 against 12.0-12.3); unfused f16 13.0-13.4 against 19.0-19.1, bf16 even. */
+    for (int k0 = 0; k0 < depth; k0 += 16) {
+        float a16[RM][16];
+#pragma unroll
+        for (int i = 0; i < RM; i++)
+            vstore16(ld16_a(arow[i], k0, K), 0, a16[i]);
+        if (k0 + 16 <= depth) {
+#pragma unroll
+            for (int kk = 0; kk < 16; kk++)
+                MAD_TILE16(acc, a16, kk, Bb + (ulong)(k0 + kk) * b_ss)
+        } else {
+            for (int kk = 0; kk < depth - k0; kk++)
+                MAD_TILE16(acc, a16, kk, Bb + (ulong)(k0 + kk) * b_ss)
+        }
+    }
+#endif
 
     __global T_OUT *Cb = C + c_off + (ulong)b * c_sb + (ulong)h * c_sh;
     __global const T_MASK *Mb = mask + m_off + (ulong)b * m_sb + (ulong)h * m_sh;

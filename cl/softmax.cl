@@ -130,14 +130,7 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
 #elif DT_OUT == 1
 #define ST16_OUT(p, i, x) vstore_half16_rte((x), 0, (p) + (i))
 #else
-#define ST16_OUT(p, i, x)                                                       \
-    do {                                                                        \
-        const float16 x_ = (x);                                                 \
-        ST4_OUT(p, (i), x_.s0123);                                              \
-        ST4_OUT(p, (i) + 4, x_.s4567);                                          \
-        ST4_OUT(p, (i) + 8, x_.s89ab);                                          \
-        ST4_OUT(p, (i) + 12, x_.scdef);                                         \
-    } while (0)
+#define ST16_OUT(p, i, x) ST_BF16X16((p) + (i), f32_to_bf16_16(x))
 #endif
 
 /* Columns j..j+15, all visible (j + 15 < cend), natural units. */

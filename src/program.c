@@ -145,9 +145,10 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
      * clang warns that float16 arguments change the ABI without AVX-512. Kept when the log is
      * asked for. */
     const int show_log = clattn__env_flag("CLATTN_BUILD_LOG", 0);
-    snprintf(options, sizeof options, "%s -DHAS_FMA=%d -DNREG16=%d%s%s%.300s", op_options,
-             ctx->dev.has_fma, ctx->dev.nreg16, show_log ? "" : " -w", extra && *extra ? " " : "",
-             extra ? extra : "");
+    snprintf(options, sizeof options, "%s -DHAS_FMA=%d -DNREG16=%d -DCPU_DEVICE=%d%s%s%.300s",
+             op_options, ctx->dev.has_fma, ctx->dev.nreg16,
+             (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0, show_log ? "" : " -w",
+             extra && *extra ? " " : "", extra ? extra : "");
     char *src = assemble(file);
     if (!src)
         return clattn__fail(ctx, CLATTN_BUILD_FAILED, "kernel source \"%s\" is missing", file);

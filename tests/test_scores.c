@@ -13,6 +13,7 @@
  */
 #include "testutil.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -326,6 +327,105 @@ static void test_case(void **state)
         fail_msg("%d check(s) failed", tu_failures);
 }
 
+/* x rounded to nearest, ties to even, in a binary format of `prec` significant bits, smallest
+ * normal exponent emin (x = m·2^e, 1 <= m < 2) and largest finite value max: the IEEE rule,
+ * computed in double (which holds every f32 exactly) independently of the library's kernels. */
+static double round_rne(double x, int prec, int emin, double max)
+{
+    if (isnan(x) || isinf(x) || x == 0.0)
+        return x;
+    int e;
+    (void)frexp(x, &e); /* |x| in [2^(e-1), 2^e) */
+    const int ulp_exp = (e - 1 < emin ? emin : e - 1) - (prec - 1);
+    const double y = ldexp(nearbyint(ldexp(x, -ulp_exp)), ulp_exp); /* the default mode: even */
+    return fabs(y) > max ? copysign(INFINITY, x) : y;
+}
+
+/* f16 and bf16 scores are rounded to nearest even exactly, in the kernels' 16-key chunks and in
+ * their tails: f32 inputs, head_dim 1 and scale 1 make each score q·k exact in f32, and the keys
+ * hold ties, values just either side of ties, the overflow threshold (a tie at max + half an ulp
+ * goes to infinity: max's last bit is odd), f16 subnormals, infinities and NaN. Rows q = 1 and
+ * q = -1 give both signs. Run with the defaults (on CPUs scores_direct over the Kᵀ copy), K read
+ * in place (scores_in_place) and the GPUs' tiled kernel. */
+static void test_rounding(void **state)
+{
+    const clattn_dtype out_dt = *(const clattn_dtype *)state[0];
+    tu_ctx_get();
+    tu_failures = 0;
+    const double bmax = ldexp(2.0 - 0x1p-7, 127); /* largest finite bf16 */
+    const double special[] = {
+        1.0 + 0x1p-8, 1.0 + 3 * 0x1p-8, 1.0 + 0x1p-8 + 0x1p-20, 1.0 + 0x1p-8 - 0x1p-20,
+        1.0 + 0x1p-11, 1.0 + 3 * 0x1p-11, 1.0 + 0x1p-11 + 0x1p-20, 1.0 + 0x1p-11 - 0x1p-20,
+        65504.0 + 16.0, 65504.0 + 16.0 - 0x1p-8, 65504.0 + 32.0, 0x1p-25, 3 * 0x1p-25, 3 * 0x1p-26,
+        0x1p-25 + 0x1p-32, bmax + 0x1p119, bmax + 0x1p119 - 0x1p104, (double)FLT_MAX, 3.0, 0.0,
+        INFINITY, NAN, 0.1f, 1e-3f, 12345.678f, 0x1p-14 + 0x1p-25, 0x1p-14 - 0x1p-25, 2.5 * 0x1p-24};
+    enum { SQ = 2, SKV = 40 }; /* two chunks of 16 keys and a tail of 8 */
+    const size_t ns = sizeof special / sizeof special[0];
+    tu_view q, k, out;
+    tu_view_init(&q, LAYOUT_BHSD, F32, 1, 1, SQ, 1, NAN);
+    tu_view_init(&k, LAYOUT_BHSD, F32, 1, 1, SKV, 1, NAN);
+    float tq[SQ] = {1.0f, -1.0f}, tk[SKV];
+    double kd[SKV];
+    for (int j = 0; j < SKV; ++j) {
+        /* The specials in the first chunk, again from key 13 (across the chunk boundary and into
+         * the tail). */
+        kd[j] = j < (int)ns ? special[j] : special[(j - 13 + (int)ns) % (int)ns];
+        tk[j] = (float)kd[j];
+        assert_true(isnan(kd[j]) || (double)tk[j] == kd[j]); /* exact in f32 */
+    }
+    /* NaNs whose payload fills the mantissa: rounded as numbers, they would carry into the
+     * exponent and the sign (0x7fffffff + 0x7fff: -0 in bf16). */
+    const uint32_t nan_bits[2] = {0x7fffffffu, 0xffffffffu};
+    for (int i = 0; i < 2; ++i) {
+        memcpy(&tk[SKV - 1 - 9 * i], &nan_bits[i], sizeof(float));
+        kd[SKV - 1 - 9 * i] = NAN;
+    }
+    tu_scatter(&q, tq);
+    tu_scatter(&k, tk);
+    tu_upload(&q);
+    tu_upload(&k);
+    const int prec = out_dt == F16 ? 11 : 8, emin = out_dt == F16 ? -14 : -126;
+    const double max = out_dt == F16 ? 65504.0 : bmax;
+    double want[SQ * SKV];
+    for (int i = 0; i < SQ; ++i)
+        for (int j = 0; j < SKV; ++j)
+            want[i * SKV + j] = round_rne((double)tq[i] * kd[j], prec, emin, max);
+
+    const int *variants[] = {NULL, in_place_rm6, tiled_kf};
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; ++v) {
+        tu_view_init(&out, LAYOUT_PADDED, out_dt, 1, 1, SQ, SKV, 777.0);
+        tu_upload(&out);
+        clattn_attention_desc desc;
+        memset(&desc, 0, sizeof desc);
+        desc.batch = desc.heads_q = desc.heads_kv = 1;
+        desc.seq_q = SQ;
+        desc.seq_kv = SKV;
+        desc.head_dim = 1;
+        desc.scale = 1.0f;
+        if (variants[v] && clattn_set_params(tu_ctx, CLATTN_OPERATION_SCORES, variants[v], 9) != CLATTN_SUCCESS)
+            fail_msg("clattn_set_params: %s", clattn_last_error(tu_ctx));
+        const clattn_status st = clattn_scores(tu_ctx, &desc, &q.t, &k.t, &out.t, 0, NULL, NULL);
+        clattn_set_params(tu_ctx, CLATTN_OPERATION_SCORES, NULL, 0);
+        if (st != CLATTN_SUCCESS)
+            fail_msg("clattn_scores returned %s: %s", clattn_status_string(st), clattn_last_error(tu_ctx));
+        tu_finish(tu_ctx);
+        double got[SQ * SKV];
+        tu_download("scores", &out, got);
+        int bad = 0;
+        for (int i = 0; i < SQ * SKV; ++i)
+            if (!(got[i] == want[i] || (isnan(got[i]) && isnan(want[i])))) {
+                if (bad++ < 8)
+                    fprintf(stderr, "  variant %zu, row %d key %d: q·k %.17g rounded to %.17g, want %.17g\n",
+                            v, i / SKV, i % SKV, (double)tq[i / SKV] * kd[i % SKV], got[i], want[i]);
+                tu_failures++;
+            }
+    }
+    if (tu_failures != 0)
+        fail_msg("%d score(s) not rounded to nearest even", tu_failures);
+}
+
+static const clattn_dtype rounding_f16 = F16, rounding_bf16 = BF16;
+
 int main(void)
 {
     enum { MAX_TESTS = 128 };
@@ -343,6 +443,8 @@ int main(void)
             }
         tests[n++] = (struct CMUnitTest){cases[i].name, test_case, NULL, tu_teardown, (void *)&cases[i]};
     }
+    tests[n++] = (struct CMUnitTest){"rounding_f16", test_rounding, NULL, tu_teardown, (void *)&rounding_f16};
+    tests[n++] = (struct CMUnitTest){"rounding_bf16", test_rounding, NULL, tu_teardown, (void *)&rounding_bf16};
     tu_apply_test_filter();
     const int failed = _cmocka_run_group_tests("scores", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
