@@ -1246,58 +1246,71 @@ __attribute__((always_inline)) inline void lanes_vrow(__global const T_KV *vp, i
         vv[c] = (float16)(c < ncol ? LD_IN(vp, c0 + c) : 0.0f);
 }
 
+/* The same from a row of f32 values in private memory (lanes_pv_f32): broadcasts from there
+ * cost the multiply-adds nothing, as f32 ones from global memory. */
+__attribute__((always_inline)) inline void lanes_vrow_f32(const float *vp, int c0, int ncol,
+                                                          float16 *vv)
+{
+#pragma unroll
+    for (int c = 0; c < LCT; c++)
+        vv[c] = (float16)(c < ncol ? vp[c0 + c] : 0.0f);
+}
+
 /* Oᵀ columns c0.. (ncol <= LCT of them, at ot[c·LANES + lv]) += Σ_n P[n]·V[key n][c0 + c] over
  * the block's nkeys keys (P at sbk[n·LANES + lv], V row n at vp + n·v_ss); keys from nfree on
- * are hidden from some rows, whose lanes (p = -0) keep their value. */
-__attribute__((always_inline)) inline void lanes_pv(lanes16 *ot, int c0, int ncol,
-                                                    __global const T_KV *vp, ulong v_ss,
-                                                    const lanes16 *sbk, int nfree, int nkeys)
-{
-    float16 acc[LCT][LANES];
-#pragma unroll
-    for (int c = 0; c < LCT; c++)
-#pragma unroll
-        for (int lv = 0; lv < LANES; lv++)
-            acc[c][lv] = c < ncol ? ot[(c0 + c) * LANES + lv].v : (float16)(0.0f);
-    int n = 0;
-    for (; n < nfree; n++, vp += v_ss) {
-        float16 vv[LCT];
-        lanes_vrow(vp, c0, ncol, vv);
-#pragma unroll
-        for (int lv = 0; lv < LANES; lv++) {
-            const float16 p = sbk[n * LANES + lv].v;
-#pragma unroll
-            for (int c = 0; c < LCT; c++)
-                acc[c][lv] = MAD(p, vv[c], acc[c][lv]);
-        }
+ * are hidden from some rows, whose lanes (p = -0) keep their value. lanes_pv reads V in place,
+ * lanes_pv_f32 a block of it converted to f32 (VF32_BLOCK). */
+#define DEFINE_LANES_PV(NAME, VP_T, VROW)                                                        \
+    __attribute__((always_inline)) inline void NAME(lanes16 *ot, int c0, int ncol, VP_T vp,      \
+                                                    ulong v_ss, const lanes16 *sbk, int nfree,   \
+                                                    int nkeys)                                   \
+    {                                                                                            \
+        float16 acc[LCT][LANES];                                                                 \
+        _Pragma("unroll") for (int c = 0; c < LCT; c++)                                          \
+            _Pragma("unroll") for (int lv = 0; lv < LANES; lv++)                                 \
+                acc[c][lv] = c < ncol ? ot[(c0 + c) * LANES + lv].v : (float16)(0.0f);           \
+        int n = 0;                                                                               \
+        for (; n < nfree; n++, vp += v_ss) {                                                     \
+            float16 vv[LCT];                                                                     \
+            VROW(vp, c0, ncol, vv);                                                              \
+            _Pragma("unroll") for (int lv = 0; lv < LANES; lv++) {                               \
+                const float16 p = sbk[n * LANES + lv].v;                                         \
+                _Pragma("unroll") for (int c = 0; c < LCT; c++)                                  \
+                    acc[c][lv] = MAD(p, vv[c], acc[c][lv]);                                      \
+            }                                                                                    \
+        }                                                                                        \
+        for (; n < nkeys; n++, vp += v_ss) {                                                     \
+            int16 hid[LANES];                                                                    \
+            int seen = 0;                                                                        \
+            _Pragma("unroll") for (int lv = 0; lv < LANES; lv++) {                               \
+                hid[lv] = IS_HIDDEN16(sbk[n * LANES + lv].v);                                    \
+                seen |= !all(hid[lv]);                                                           \
+            }                                                                                    \
+            if (!seen)                                                                           \
+                continue;                                                                        \
+            float16 vv[LCT];                                                                     \
+            VROW(vp, c0, ncol, vv);                                                              \
+            _Pragma("unroll") for (int lv = 0; lv < LANES; lv++) {                               \
+                const float16 p = sbk[n * LANES + lv].v;                                         \
+                _Pragma("unroll") for (int c = 0; c < LCT; c++)                                  \
+                    acc[c][lv] = select(MAD(p, vv[c], acc[c][lv]), acc[c][lv], hid[lv]);        \
+            }                                                                                    \
+        }                                                                                        \
+        _Pragma("unroll") for (int c = 0; c < LCT; c++)                                          \
+            _Pragma("unroll") for (int lv = 0; lv < LANES; lv++)                                 \
+                if (c < ncol)                                                                    \
+                    ot[(c0 + c) * LANES + lv].v = acc[c][lv];                                    \
     }
-    for (; n < nkeys; n++, vp += v_ss) {
-        int16 hid[LANES];
-        int seen = 0;
-#pragma unroll
-        for (int lv = 0; lv < LANES; lv++) {
-            hid[lv] = IS_HIDDEN16(sbk[n * LANES + lv].v);
-            seen |= !all(hid[lv]);
-        }
-        if (!seen)
-            continue;
-        float16 vv[LCT];
-        lanes_vrow(vp, c0, ncol, vv);
-#pragma unroll
-        for (int lv = 0; lv < LANES; lv++) {
-            const float16 p = sbk[n * LANES + lv].v;
-#pragma unroll
-            for (int c = 0; c < LCT; c++)
-                acc[c][lv] = select(MAD(p, vv[c], acc[c][lv]), acc[c][lv], hid[lv]);
-        }
-    }
-#pragma unroll
-    for (int c = 0; c < LCT; c++)
-#pragma unroll
-        for (int lv = 0; lv < LANES; lv++)
-            if (c < ncol)
-                ot[(c0 + c) * LANES + lv].v = acc[c][lv];
-}
+DEFINE_LANES_PV(lanes_pv, __global const T_KV *, lanes_vrow)
+DEFINE_LANES_PV(lanes_pv_f32, const float *, lanes_vrow_f32)
+
+/* f16 and bf16 V: each block's rows converted to f32 first, 16 elements at a time, into private
+ * memory (VF32_BLOCK, rows VF_PITCH floats apart), where P·V broadcasts them. Converted in P·V,
+ * LCT elements of a row at a time (2 with 64 rows), f16 went through scalar bit operations on
+ * PoCL 3.1 (vload_half2), a dozen instructions for 8 multiply-adds, and every element took a
+ * shuffle to broadcast. Up to head_dim_v 128 (32 KiB a block). */
+#define VF_PITCH (16 * DV16)
+#define VF32_BLOCK (DT_IN != 0 && VF_PITCH <= 128)
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
@@ -1503,11 +1516,24 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         /* As in fused_direct: a block in which no row hides a key goes unchecked. */
         const int nfree = !guarded || !any(hid) ? nkeys : has_mask ? 0 : clamp(k_all - kt, 0, nkeys);
         int c0 = 0;
+#if VF32_BLOCK
+        float vf[LNB * VF_PITCH];
+        for (int n = 0; n < nkeys; n++)
+#pragma unroll
+            for (int d0 = 0; d0 < VF_PITCH; d0 += 16)
+                vstore16(ld16_row(vp0 + (ulong)n * v_ss, d0, DV), 0, vf + n * VF_PITCH + d0);
+#pragma unroll 1
+        for (; c0 + LCT <= DV; c0 += LCT)
+            lanes_pv_f32(ot, c0, LCT, vf, VF_PITCH, sbk, nfree, nkeys);
+        if (c0 < DV)
+            lanes_pv_f32(ot, c0, DV - c0, vf, VF_PITCH, sbk, nfree, nkeys);
+#else
 #pragma unroll 1
         for (; c0 + LCT <= DV; c0 += LCT)
             lanes_pv(ot, c0, LCT, vp0, v_ss, sbk, nfree, nkeys);
         if (c0 < DV)
             lanes_pv(ot, c0, DV - c0, vp0, v_ss, sbk, nfree, nkeys);
+#endif
     }
 
     O += o_off + (ulong)split * o_split;

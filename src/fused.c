@@ -284,10 +284,12 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  *         47.2 / 34.3.
  * At 2^19 floats about even (d64 4096: 35.3 / 34.9 against 37.7 / 32.2; d128 2048: 63.7 /
  * 39.8 against 72.5 / 33.7; d32 8192: 41.9 / 39.3 against 44.9 / 44.5), below it the copies
- * win (d64 2048: 17.3 / 15.7 against 15.3 / 12.2). f16, converted a block at a time in place,
- * is even at any length (d64 8192: 106.8 / 106.2 against 103.6 / 96.6; d128 8192: 203.8 /
- * 195.4 against 215.1 / 202.2; d64 seq_q 512 16384: 107.9 / 104.5 against 112.6 / 111.9) and
- * keeps the copies. Cutting the copies into L2-sized key chunks (1024 or 2048 keys) was slower
+ * win (d64 2048: 17.3 / 15.7 against 15.3 / 12.2). f16 follows the same rule since fused_lanes
+ * converts each block of V to f32 16 elements at a time (VF32_BLOCK, fused.cl): d64 8192 78.3
+ * / 77.0-82.4 against 106.4 / 99.4-107.1 with the copies, seq_q 256 19.6-19.9 / 20.3-22.6
+ * against 30.1-30.5 / 30.0-31.6, 6144 59.6-61.7 / 57.5-59.6 against 76.7-80.4 / 70.0-71.0, d128
+ * 4096 77.3-78.4 / 73.7-74.9 against 101.1-101.4 / 89.4-90.5 (2 runs alternating). Before it,
+ * f16 in place was even with the copies at any length and kept them. Cutting the copies into L2-sized key chunks (1024 or 2048 keys) was slower
  * than in place above 2^19 floats and slower than no chunks at or below it. The 2-core Zen 4
  * (AVX-512, 1 MiB L2) was not measured; AVX2 keeps the rule above. */
 #define KV_IN_PLACE_512 (1 << 19)
@@ -298,7 +300,7 @@ int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq
     if (seq_q <= 16 || rows <= LANES_ROWS)
         return 1;
     if (ctx->dev.nreg16 >= 32)
-        return dtype != CLATTN_F16 && seq_kv * dk_plus_dv > KV_IN_PLACE_512;
+        return seq_kv * dk_plus_dv > KV_IN_PLACE_512;
     return dtype == CLATTN_F32 && dk_plus_dv <= KV_IN_PLACE_DIMS && seq_kv * dk_plus_dv >= KV_IN_PLACE;
 }
 
