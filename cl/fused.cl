@@ -1140,19 +1140,19 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 #if IN_PLACE && defined(LANES)
 /* ---- CPUs: fused_lanes (in place, 11 or more packed rows per kv head) ----
  *
- * fused_direct with the packed rows in the lanes of the vectors instead of keys or columns:
- * RM = 16·LANES rows, each per-row quantity LANES float16 vectors. A key's score is a vector
- * over rows built by multiply-adds of a Qᵀ column (d fixed, rows in lanes) with one K element
- * broadcast; P·V adds to a column of Oᵀ a P vector times one V element broadcast. So nothing is
- * summed across lanes (fused_direct sums each key's 16 partial products, hsum16x16), the row
- * maxima and sums are lane-wise, and head_dim and head_dim_v need no padding: f32 and bf16
- * elements are loaded one by one as broadcasts, which a CPU folds into the multiply-add, f16
- * ones converted a few at a time first. Per block of LNB keys: the scores in tiles of LKT keys
- * (LKT·LANES accumulators; each Qᵀ vector loaded serves LKT keys), the softmax, then P·V in
- * tiles of LCT columns of Oᵀ over the block's keys. The numerics are fused_direct's: moving
- * reference, O normalised after every block, hidden keys (p = -0) skipped lane by lane.
- * Measured on PoCL (2-core Zen 4, minima of 10-20 runs, f32 unless said): decode GQA 32:8
- * seq_q 16 seq_kv 8192 d128 11.2-12.3 ms against 16.6-21 with fused_direct, f16 13.2 against
+ * fused_direct with the packed rows in the lanes of the vectors instead of keys or columns: RM =
+ * 16·LANES rows, each per-row quantity LANES float16 vectors. A key's score is a vector over rows
+ * built by multiply-adds of a Qᵀ column (d fixed, rows in lanes) with one K element broadcast; P·V
+ * adds to a column of Oᵀ a P vector times one V element broadcast. So nothing is summed across
+ * lanes (fused_direct sums each key's 16 partial products, hsum16x16), the row maxima and sums are
+ * lane-wise, and head_dim and head_dim_v need no padding: f32 elements are loaded one by one as
+ * broadcasts, which a CPU folds into the multiply-add; f16 and bf16 K rows are converted 16
+ * elements at a time, and V a block of rows at a time (VF32_BLOCK). Per block of LNB keys: the
+ * scores in tiles of LKT keys (LKT·LANES accumulators; each Qᵀ vector loaded serves LKT keys), the
+ * softmax, then P·V in tiles of LCT columns of Oᵀ over the block's keys. The numerics are
+ * fused_direct's: moving reference, O normalised after every block, hidden keys (p = -0) skipped
+ * lane by lane. Measured on PoCL (2-core Zen 4, minima of 10-20 runs, f32 unless said): decode GQA
+ * 32:8 seq_q 16 seq_kv 8192 d128 11.2-12.3 ms against 16.6-21 with fused_direct, f16 13.2 against
  * 15.8-17.8; prefill of 32 rows a head against 32768 keys (d64) 13.9-15.4 against 20.8-21.5.
  * With 11 to 16 rows (one vector, up to 5 lanes empty) see src/fused.c: LANES_MIN_ROWS. */
 #define LNB 64
@@ -1388,9 +1388,15 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
                     __builtin_prefetch((const void *)(uintptr_t)(vn + x), 0, 2);
             }
 #endif
-#if DT_IN == 1
-            /* f16: 16 elements of each key converted at once (see lanes_vrow), zero past D
-             * as Qᵀ is. */
+#if DT_IN != 0
+            /* f16 and bf16: 16 elements of each key converted at once, zero past D as Qᵀ is,
+             * then broadcast from private memory. f16 converted an element at a time went
+             * through scalar bit operations (see lanes_vrow); bf16 took a shift and a
+             * broadcast from a general register for each multiply-add with 16 rows. Measured
+             * on PoCL (2-core Intel Xeon, AVX-512, minima of 10, 2 runs alternating, ms): bf16
+             * decode GQA 32:8 seq_q 4 Skv8192 d128 (16 rows) 3.29-3.58 against 3.82, H8 Sq16
+             * Skv8192 d64 causal 1.60-1.83 against 1.93-1.96, Sq64 5.24-5.32 against
+             * 5.49-6.84. */
 #pragma unroll 1
             for (int d0 = 0; d0 < DP; d0 += 16) {
                 lanes16 kf[LKT];

@@ -289,9 +289,10 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  * / 77.0-82.4 against 106.4 / 99.4-107.1 with the copies, seq_q 256 19.6-19.9 / 20.3-22.6
  * against 30.1-30.5 / 30.0-31.6, 6144 59.6-61.7 / 57.5-59.6 against 76.7-80.4 / 70.0-71.0, d128
  * 4096 77.3-78.4 / 73.7-74.9 against 101.1-101.4 / 89.4-90.5 (2 runs alternating). Before it,
- * f16 in place was even with the copies at any length and kept them. Cutting the copies into L2-sized key chunks (1024 or 2048 keys) was slower
- * than in place above 2^19 floats and slower than no chunks at or below it. The 2-core Zen 4
- * (AVX-512, 1 MiB L2) was not measured; AVX2 keeps the rule above. */
+ * f16 in place was even with the copies at any length and kept them. Cutting the copies into
+ * L2-sized key chunks (1024 or 2048 keys) was slower than in place above 2^19 floats and slower
+ * than no chunks at or below it. The 2-core Zen 4 (AVX-512, 1 MiB L2) was not measured; AVX2
+ * keeps the rule above. */
 #define KV_IN_PLACE_512 (1 << 19)
 
 int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
