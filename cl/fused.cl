@@ -1528,18 +1528,16 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 #pragma unroll
             for (int d0 = 0; d0 < VF_PITCH; d0 += 16)
                 vstore16(ld16_row(vp0 + (ulong)n * v_ss, d0, DV), 0, vf + n * VF_PITCH + d0);
-#pragma unroll 1
-        for (; c0 + LCT <= DV; c0 += LCT)
-            lanes_pv_f32(ot, c0, LCT, vf, VF_PITCH, sbk, nfree, nkeys);
-        if (c0 < DV)
-            lanes_pv_f32(ot, c0, DV - c0, vf, VF_PITCH, sbk, nfree, nkeys);
+#define LANES_PV(c, ncol) lanes_pv_f32(ot, (c), (ncol), vf, VF_PITCH, sbk, nfree, nkeys)
 #else
+#define LANES_PV(c, ncol) lanes_pv(ot, (c), (ncol), vp0, v_ss, sbk, nfree, nkeys)
+#endif
 #pragma unroll 1
         for (; c0 + LCT <= DV; c0 += LCT)
-            lanes_pv(ot, c0, LCT, vp0, v_ss, sbk, nfree, nkeys);
+            LANES_PV(c0, LCT);
         if (c0 < DV)
-            lanes_pv(ot, c0, DV - c0, vp0, v_ss, sbk, nfree, nkeys);
-#endif
+            LANES_PV(c0, DV - c0);
+#undef LANES_PV
     }
 
     O += o_off + (ulong)split * o_split;
