@@ -802,9 +802,9 @@ inline int run_end(uint vhid, int n, int nkeys)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 {
-    const int R = group * seq_q;
-    const int r0 = GROUP_ID(1) * RM;
-    const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
+    const int R = group * seq_q, nrb = (R + RM - 1) / RM; /* row blocks, grid y (or x, flat) */
+    const int r0 = TILE_Y(1, nrb) * RM;
+    const work_range w = work_range_of(TILE_Z(1, nrb), splits, split_len, heads_kv, seq_q, seq_kv,
                                        causal, kvlen, r0, min(R, r0 + RM) - 1);
     const int split = w.split, z = w.z, b = w.b, hk = w.hk, L = w.L;
     int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
@@ -1315,9 +1315,9 @@ DEFINE_LANES_PV(lanes_pv_f32, const float *, lanes_vrow_f32)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 {
-    const int R = group * seq_q;
-    const int r0 = GROUP_ID(1) * RM;
-    const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
+    const int R = group * seq_q, nrb = (R + RM - 1) / RM; /* row blocks, grid y (or x, flat) */
+    const int r0 = TILE_Y(1, nrb) * RM;
+    const work_range w = work_range_of(TILE_Z(1, nrb), splits, split_len, heads_kv, seq_q, seq_kv,
                                        causal, kvlen, r0, min(R, r0 + RM) - 1);
     const int split = w.split, b = w.b, hk = w.hk, L = w.L;
     int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;

@@ -345,9 +345,10 @@ transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong
 /* The direct kernels' indices: z = b·heads + h (kv head hk), rows from m0, keys (or O columns)
  * from n0 in blocks of NB_, L keys in batch b, Ab the head's rows of A. */
 #define DIRECT_INDICES(NB_)                                                                      \
-    const int z = GROUP_ID(2);                                                                   \
+    const int nx_ = (N + (NB_)-1) / (NB_), ny_ = (M + RM - 1) / RM; /* the grid's tiles */       \
+    const int z = TILE_Z(nx_, ny_);                                                              \
     const int b = z / heads, h = z % heads, hk = h / group;                                      \
-    const int m0 = GROUP_ID(1) * RM, n0 = get_group_id(0) * (NB_);                               \
+    const int m0 = TILE_Y(nx_, ny_) * RM, n0 = TILE_X(nx_) * (NB_);                              \
     const int L = keys_of_batch(kvlen, b, seq_kv);                                               \
     __global const T_A *Ab = A + a_off + (ulong)b * a_sb + (ulong)h * a_sh
 

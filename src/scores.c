@@ -1,6 +1,7 @@
 /* The unfused path's two GEMMs (gemm.cl): scale·QKᵀ with masks, and P·V. */
 #include "internal.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -214,9 +215,15 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
     clattn__arg(&args, sizeof(int), &has_mask);
     clattn__arg(&args, sizeof(float), &alpha);
     const size_t local[3] = {direct ? 1 : (size_t)v[0], direct ? 1 : (size_t)v[1], 1};
-    const size_t global[3] = {(size_t)((N + tn - 1) / tn) * local[0],
-                              (size_t)((M + tm - 1) / tm) * local[1],
-                              (size_t)(p->batch * p->heads_q)};
+    size_t global[3] = {(size_t)((N + tn - 1) / tn) * local[0], (size_t)((M + tm - 1) / tm) * local[1],
+                        (size_t)(p->batch * p->heads_q)};
+    /* The direct kernels: one grid dimension, tiles of keys (or O columns) fastest (TILE_X,
+     * common.cl), while the work-groups number at most INT_MAX. */
+    const uint64_t wgs = clattn__mul_sat((uint64_t)global[0] * global[1], (uint64_t)global[2]);
+    if (direct && wgs <= INT_MAX) {
+        global[0] = (size_t)wgs;
+        global[1] = global[2] = 1;
+    }
     return clattn__enqueue(ctx, &args, 3, global, local, num_wait, wait, done,
                            mode == 0 ? "gemm scores" : "gemm pv");
 }

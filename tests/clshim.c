@@ -620,6 +620,8 @@ static cl_ulong largest_local;
 static char largest_local_name[64];
 static char launched_names[32][64];
 static int n_launched_names;
+static size_t largest_yz; /* since the last clshim_reset_grid_yz */
+static char largest_yz_name[64];
 
 void clshim_limit_kernel_wg(size_t n)
 {
@@ -640,6 +642,24 @@ size_t clshim_largest_group(void)
 }
 
 const char *clshim_largest_group_kernel(void) { return largest_kernel; }
+
+void clshim_reset_grid_yz(void)
+{
+    pthread_mutex_lock(&launch_lock);
+    largest_yz = 0;
+    largest_yz_name[0] = '\0';
+    pthread_mutex_unlock(&launch_lock);
+}
+
+size_t clshim_largest_grid_yz(void)
+{
+    pthread_mutex_lock(&launch_lock);
+    const size_t n = largest_yz;
+    pthread_mutex_unlock(&launch_lock);
+    return n;
+}
+
+const char *clshim_largest_grid_yz_kernel(void) { return largest_yz_name; }
 
 /* ---- compilers that add local memory ---- */
 
@@ -676,14 +696,19 @@ int clshim_launched(const char *kernel_name)
     return found;
 }
 
-/* Notes a successful launch of kernel with `items` work-items a group (0: no reqd size). */
-static void note_launch(cl_kernel kernel, size_t items, cl_ulong local)
+/* Notes a successful launch of kernel with `items` work-items a group (0: no reqd size), `yz`
+ * work-groups in its grid's y or z extent, whichever is larger (0: no local size given). */
+static void note_launch(cl_kernel kernel, size_t items, cl_ulong local, size_t yz)
 {
     char name[64] = "";
     if (clGetKernelInfo(kernel, CL_KERNEL_FUNCTION_NAME, sizeof name, name, NULL) != CL_SUCCESS)
         name[0] = '\0';
     name[sizeof name - 1] = '\0';
     pthread_mutex_lock(&launch_lock);
+    if (yz > largest_yz) {
+        largest_yz = yz;
+        memcpy(largest_yz_name, name, sizeof name);
+    }
     if (items > largest_group) {
         largest_group = items;
         memcpy(largest_kernel, name, sizeof name);
@@ -810,7 +835,11 @@ cl_int clEnqueueNDRangeKernel(cl_command_queue command_queue, cl_kernel kernel, 
                                     local_work_size, num_events_in_wait_list, event_wait_list, event);
     if (err == CL_SUCCESS) {
         atomic_store(&last_ndrange, event ? *event : NULL);
-        note_launch(kernel, items, local);
+        size_t yz = 0;
+        for (cl_uint d = 1; d < work_dim && local_work_size && global_work_size; d++)
+            if (local_work_size[d] > 0 && global_work_size[d] / local_work_size[d] > yz)
+                yz = global_work_size[d] / local_work_size[d];
+        note_launch(kernel, items, local, yz);
     }
     return enqueued(err, event);
 }

@@ -95,6 +95,12 @@ size_t clshim_largest_group(void);
 const char *clshim_largest_group_kernel(void);
 /* 1 when a kernel of that name was launched since the last clshim_limit_kernel_wg. */
 int clshim_launched(const char *kernel_name);
+/* The most work-groups in grid y or z of one clEnqueueNDRangeKernel given a local size (the
+ * launches a grid limit applies to, see test_limits) since the last clshim_reset_grid_yz, and
+ * the name of the first kernel launched with it ("" when none). */
+void clshim_reset_grid_yz(void);
+size_t clshim_largest_grid_yz(void);
+const char *clshim_largest_grid_yz_kernel(void);
 
 /* Compilers that add local memory to a kernel's arrays (Mesa's rusticl 22.3 reports twice their
  * size, NVIDIA's driver a few bytes more): from now on clGetKernelWorkGroupInfo

@@ -5,8 +5,10 @@
  * add to their work-group index (GROUP_ID, cl/common.cl).
  *
  * The test lowers the limit of a context to 1, 2 or 3 work-groups, so that ordinary shapes cross
- * it in every kernel of every operation, and checks for each operation that
- *   - the chunked call launches more kernels than the unchunked one (the limit was crossed),
+ * it in the kernels that use grid y and z (the CPU kernels run on grids flattened into x, which
+ * has no such limit: TILE_X in cl/common.cl), and checks for each operation that
+ *   - no launch has more work-groups in y or z than the limit (clshim records them), and at
+ *     limit 1 the call launches more kernels than the unchunked one (the limit was crossed),
  *   - its outputs are bit for bit those of the unchunked call (same kernels and parameters, so
  *     the same arithmetic; a wrong offset moves or drops rows; within 1e-5 where the device does
  *     not round each float operation, see assert_same), and none is left unwritten,
@@ -290,9 +292,17 @@ static void test_chunks(void **state)
         snprintf(when, sizeof when, "grid limit %zu", limit);
         clshim_counts before;
         clshim_get(&before);
+        clshim_reset_grid_yz();
         const long chunked = call_with_limit(&I, limit, got);
         assert_no_leak(&I, &before, when);
-        if (chunked <= whole)
+        /* No launch may pass the limit. Every row has more work-groups than 1 in y or z of
+         * some kernel (or an operation's merge, which reshapes its grid to the limit, puts
+         * the rest in z), so at limit 1 some launch must have been chunked; at 2 and 3 the
+         * CPU kernels' flat grids (TILE_X, cl/common.cl) and the merge may need none. */
+        if (clshim_largest_grid_yz() > limit)
+            fail_msg("%s, %s: %s was launched with %zu work-groups in grid y or z", r->name, when,
+                     clshim_largest_grid_yz_kernel(), clshim_largest_grid_yz());
+        if (limit == 1 && chunked <= whole)
             fail_msg("%s, %s: %ld launches, no more than the %ld without a limit: nothing was chunked",
                      r->name, when, chunked, whole);
         assert_same(&I, want, got, when);
