@@ -295,10 +295,10 @@ static void test_chunks(void **state)
         clshim_reset_grid_yz();
         const long chunked = call_with_limit(&I, limit, got);
         assert_no_leak(&I, &before, when);
-        /* No launch may pass the limit. Every row has more work-groups than 1 in y or z of
-         * some kernel (or an operation's merge, which reshapes its grid to the limit, puts
-         * the rest in z), so at limit 1 some launch must have been chunked; at 2 and 3 the
-         * CPU kernels' flat grids (TILE_X, cl/common.cl) and the merge may need none. */
+        /* No launch may pass the limit. Each row's call has a kernel with more than one
+         * work-group in y or z (a merge, which fits its grid to the limit, still puts the
+         * rest in z), so at limit 1 some launch must be chunked; at 2 and 3 none may need it
+         * (the CPU kernels' flat grids, TILE_X in cl/common.cl, and the merge). */
         if (clshim_largest_grid_yz() > limit)
             fail_msg("%s, %s: %s was launched with %zu work-groups in grid y or z", r->name, when,
                      clshim_largest_grid_yz_kernel(), clshim_largest_grid_yz());
