@@ -2,7 +2,6 @@
  * merge.cl when one work-group per (row tile, kv head) would leave the device idle. */
 #include "internal.h"
 
-#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -530,16 +529,10 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     if (total > 0 && (st = clattn__workspace(ctx, total * 4, &ws)))
         return st;
     *used = 1;
-    /* One grid dimension, row blocks fastest (TILE_Y, common.cl), while the work-groups number
-     * at most INT_MAX (the kernels' indices are ints); else row blocks in y, kv heads and splits
-     * in z. */
-    const uint64_t wgs = clattn__mul_sat((uint64_t)row_blocks, zs * (uint64_t)splits);
+    /* Row blocks in y, kv heads and splits in z, flattened (row blocks fastest). */
     const size_t local[3] = {1, 1, 1};
     size_t global[3] = {1, (size_t)row_blocks, (size_t)zs * (size_t)splits};
-    if (wgs <= INT_MAX) {
-        global[0] = (size_t)wgs;
-        global[1] = global[2] = 1;
-    }
+    clattn__flatten_grid(global);
     if ((st = run_mask_flags(ctx, p, ws, &mf, &num_wait, &wait)))
         return st;
     if (in_place)

@@ -287,6 +287,11 @@ void clattn__arg_view(clattn_args *a, const clattn_view *v);
 clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims, const size_t *global,
                               const size_t *local, cl_uint num_wait, const cl_event *wait,
                               cl_event *done, const char *what);
+/* The grid of a kernel with one work-item work-groups that reads its tiles through TILE_X/Y/Z
+ * (cl/common.cl), global[0..2] work-groups in x, y and z, made one dimension in x (so that the
+ * runtime runs consecutive tiles of a head in order) while they number at most INT_MAX (the
+ * kernels' indices are ints); else left as it is. */
+void clattn__flatten_grid(size_t global[3]);
 
 /* Workspace of at least `need` bytes that grows on demand; freed by clattn_release. `need` is
  * 64-bit so that callers never truncate a size to size_t: past the max allocation or SIZE_MAX,

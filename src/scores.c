@@ -1,7 +1,6 @@
 /* The unfused path's two GEMMs (gemm.cl): scale·QKᵀ with masks, and P·V. */
 #include "internal.h"
 
-#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -217,13 +216,8 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
     const size_t local[3] = {direct ? 1 : (size_t)v[0], direct ? 1 : (size_t)v[1], 1};
     size_t global[3] = {(size_t)((N + tn - 1) / tn) * local[0], (size_t)((M + tm - 1) / tm) * local[1],
                         (size_t)(p->batch * p->heads_q)};
-    /* The direct kernels: one grid dimension, tiles of keys (or O columns) fastest (TILE_X,
-     * common.cl), while the work-groups number at most INT_MAX. */
-    const uint64_t wgs = clattn__mul_sat((uint64_t)global[0] * global[1], (uint64_t)global[2]);
-    if (direct && wgs <= INT_MAX) {
-        global[0] = (size_t)wgs;
-        global[1] = global[2] = 1;
-    }
+    if (direct) /* tiles of keys (or O columns) fastest */
+        clattn__flatten_grid(global);
     return clattn__enqueue(ctx, &args, 3, global, local, num_wait, wait, done,
                            mode == 0 ? "gemm scores" : "gemm pv");
 }

@@ -1,6 +1,7 @@
 /* Error recording, OpenCL error names, kernel-argument and launch helpers, the workspace. */
 #include "internal.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,15 @@ void clattn__arg_view(clattn_args *a, const clattn_view *v)
     clattn__arg(a, sizeof(cl_ulong), &v->offset);
     for (int i = 0; i < 3; i++)
         clattn__arg(a, sizeof(cl_ulong), &v->stride[i]);
+}
+
+void clattn__flatten_grid(size_t global[3])
+{
+    const uint64_t wgs = clattn__mul_sat((uint64_t)global[0] * global[1], (uint64_t)global[2]);
+    if (wgs <= INT_MAX) {
+        global[0] = (size_t)wgs;
+        global[1] = global[2] = 1;
+    }
 }
 
 clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims, const size_t *global,
