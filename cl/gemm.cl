@@ -342,6 +342,41 @@ transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong
     }
 }
 
+/* An f16 or bf16 tensor as f32 rows for the CPU kernels (Q for scores_direct, V for pv_direct):
+ * Xf[z][n][c] = X[b][h][n][c] in rows of xf_ss floats (z = b·heads + h, head blocks of N·xf_ss
+ * floats). The conversion is exact, so the result is the same; done once here, an O(rows) pass,
+ * instead of in every tile of those kernels, where the conversions spill accumulators (pv_direct
+ * on f16 V: two half loads and an insert per vector, and an accumulator stored and reloaded at
+ * every key). Measured on PoCL (2-core Intel Xeon, AVX-512, B1 H8 S1024 d64, minima of 10, 3
+ * runs alternating, ms, both copies against none): unfused f16 11.3-11.7 against 13.6-14.5,
+ * bf16 11.7-11.9 against 13.5-13.8 (f32: 11.0-11.2); clattn_scores f16 5.8-6.1 against 6.6-7.8,
+ * bf16 5.8-6.1 against 6.5-8.2. One work-item per 16 rows (x) and head (y). */
+#define WIDEN_ARGS                                                                               \
+    __global const T_IN *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss, __global float *Xf,   \
+        ulong xf_off, ulong xf_ss, int N, int C, int heads
+__attribute__((always_inline)) inline void widen_rows(WIDEN_ARGS)
+{
+    const int n0 = get_group_id(0) * 16, z = GROUP_ID(1);
+    const int b = z / heads, h = z % heads;
+    __global const T_IN *src = X + x_off + (ulong)b * x_sb + (ulong)h * x_sh;
+    __global float *dst = Xf + xf_off + (ulong)z * (ulong)N * xf_ss;
+    for (int n = n0; n < min(N, n0 + 16); n++) {
+        __global const T_IN *row = src + (ulong)n * x_ss;
+        __global float *out = dst + (ulong)n * xf_ss;
+        for (int c = 0; c < C; c += 16)
+            vstore16(c + 16 <= C ? LD16_IN(row, c) : ld16_tail(row, c, C), 0, out + c);
+    }
+}
+/* One name per tensor, so that profiles and tests tell them apart. */
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void widen_q(WIDEN_ARGS)
+{
+    widen_rows(X, x_off, x_sb, x_sh, x_ss, Xf, xf_off, xf_ss, N, C, heads);
+}
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void widen_v(WIDEN_ARGS)
+{
+    widen_rows(X, x_off, x_sb, x_sh, x_ss, Xf, xf_off, xf_ss, N, C, heads);
+}
+
 /* The direct kernels' indices: z = b·heads + h (kv head hk), rows from m0, keys (or O columns)
  * from n0 in blocks of NB_, L keys in batch b, Ab the head's rows of A. */
 #define DIRECT_INDICES(NB_)                                                                      \
@@ -473,8 +508,9 @@ scores_direct(GEMM_KERNEL_ARGS(float))
         MAD_TILE(acc, arow, k, bv)
     }
 #else
-    /* f16 and bf16 Q: 16 values of each row converted as one vector into private memory, then
-     * broadcast from there. Converted one at a time at every k (vload_half: a dozen scalar bit
+    /* f16 and bf16 Q, where the scratch had no room for widen_q's f32 copy (src/scores.c):
+     * 16 values of each row converted as one vector into private memory, then broadcast from
+     * there. Converted one at a time at every k (vload_half: a dozen scalar bit
      * operations on PoCL 3.1), f16 Q took longer than the multiply-adds. Measured on PoCL
      * (2-core Intel Xeon, AVX-512, B1 H8 S1024 d64, minima of 20, 2 runs alternating, ms):
      * clattn_scores f16 6.2-6.4 against 12.5-12.8 (with the vector bf16 stores, common.cl: bf16

@@ -37,11 +37,17 @@ static clattn_status unfused_launches(clattn_context *ctx, const clattn_problem 
                             4.0 * (double)p->batch * (double)p->heads_q * (double)p->seq_q * (double)p->seq_kv,
                             (unsigned long long)ctx->dev.max_alloc);
     /* One workspace: the scores matrix, then the transposed K of the KT scores variant when
-     * both fit one allocation (as clattn_scores, at most half of it); else none. */
+     * both fit one allocation (as clattn_scores, at most half of it), then P·V's f32 copy of an
+     * f16/bf16 V (clattn__pv_scratch, from a 64-byte boundary) when that fits too; else without
+     * them. */
     const uint64_t room = ctx->dev.max_alloc - elems * 4, half = ctx->dev.max_alloc / 2;
     const uint64_t kt = clattn__scores_scratch(ctx, p, room < half ? room : half);
+    const uint64_t vf_at = (elems * 4 + kt + 63) / 64 * 64;
+    uint64_t vf = clattn__pv_scratch(ctx, p);
+    if (vf > ctx->dev.max_alloc || vf_at > ctx->dev.max_alloc - vf)
+        vf = 0;
     cl_mem ws;
-    clattn_status st = clattn__workspace(ctx, elems * 4 + kt, &ws);
+    clattn_status st = clattn__workspace(ctx, vf ? vf_at + vf : elems * 4 + kt, &ws);
     if (st)
         return st;
     const cl_ulong skv = (cl_ulong)p->seq_kv, sq = (cl_ulong)p->seq_q, hq = (cl_ulong)p->heads_q;
@@ -50,7 +56,16 @@ static clattn_status unfused_launches(clattn_context *ctx, const clattn_problem 
      * probabilities: the caller's tensor when it is f32, else the workspace, so that f16/bf16
      * probabilities (a second, rounded copy) do not degrade the output. */
     const clattn_view *lse = p->lse.buffer ? &p->lse : NULL;
-    if ((st = clattn__run_scores(ctx, p, &scores, kt ? ws : NULL, elems, num_wait, wait, NULL)))
+    /* The copy of V first: a launch refused there comes before anything of the caller's is
+     * written (softmax writes lse and the probabilities). */
+    clattn_view v = p->v;
+    if (vf) {
+        if ((st = clattn__run_widen_v(ctx, p, ws, vf_at / 4, &v, num_wait, wait)))
+            return st;
+        num_wait = 0; /* the queue is in order */
+        wait = NULL;
+    }
+    if ((st = clattn__run_scores(ctx, p, &scores, kt ? ws : NULL, elems, kt, num_wait, wait, NULL)))
         return st;
     const clattn_view *probs = &scores;
     cl_mem_flags pf = 0;
@@ -68,7 +83,7 @@ static clattn_status unfused_launches(clattn_context *ctx, const clattn_problem 
     if ((st = clattn__run_softmax(ctx, p->batch, p->heads_q, p->seq_q, p->seq_kv, 1.0f, 0, NULL,
                                   NULL, &scores, probs, lse, CLATTN_F32, 0, NULL, NULL)))
         return st;
-    return clattn__run_pv(ctx, p, probs, 0, NULL, done);
+    return clattn__run_pv(ctx, p, probs, &v, 0, NULL, done);
 }
 
 clattn_status clattn_attention(clattn_context *ctx, const clattn_attention_desc *desc,

@@ -390,15 +390,21 @@ clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem 
                                       cl_ulong ks_off, cl_mem kvlen, cl_uint num_wait,
                                       const cl_event *wait);
 clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
-                                 cl_mem scratch, uint64_t scratch_off, cl_uint num_wait,
-                                 const cl_event *wait, cl_event *done);
+                                 cl_mem scratch, uint64_t scratch_off, uint64_t scratch_bytes,
+                                 cl_uint num_wait, const cl_event *wait, cl_event *done);
 clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t heads,
                                   int64_t rows, int64_t cols, float scale, int causal,
                                   const clattn_view *mask, cl_mem kvlen, const clattn_view *in,
                                   const clattn_view *out, const clattn_view *lse, clattn_dtype in_dt,
                                   cl_uint num_wait, const cl_event *wait, cl_event *done);
+/* P·V (gemm.cl) of probs and v: the problem's V, or the f32 copy of an f16/bf16 one. Where
+ * pv_direct (CPUs) would read f16 or bf16 V, clattn__pv_scratch() bytes (else 0) of a scratch
+ * take that copy, written by clattn__run_widen_v from element `off` (widen_v), *vf its view. */
+uint64_t clattn__pv_scratch(clattn_context *ctx, const clattn_problem *p);
+clattn_status clattn__run_widen_v(clattn_context *ctx, const clattn_problem *p, cl_mem scratch, uint64_t off,
+                                  clattn_view *vf, cl_uint num_wait, const cl_event *wait);
 clattn_status clattn__run_pv(clattn_context *ctx, const clattn_problem *p, const clattn_view *probs,
-                             cl_uint num_wait, const cl_event *wait, cl_event *done);
+                             const clattn_view *v, cl_uint num_wait, const cl_event *wait, cl_event *done);
 /* Whether scores with parameters v (SCORES) read K in place (scores_in_place: DIRECT 1 with KT 0,
  * or with few query rows) for seq_q rows against k_bytes of K in all: RM (up to 32 rows) and NS
  * are then unused, and so is KT for few rows. */

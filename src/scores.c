@@ -131,6 +131,54 @@ static uint64_t kt_pitch(const clattn_problem *p, const clattn_params *pp)
     return ((uint64_t)p->seq_kv + tn - 1) / tn * tn + 16;
 }
 
+/* Rows of 16·ceil(cols / 16) floats: the widen kernels' f32 copies. */
+static uint64_t widen_pitch(int64_t cols) { return ((uint64_t)cols + 15) / 16 * 16; }
+
+/* Bytes of the widen kernels' copy of a batch x heads x rows x cols tensor:
+ * products below 2^45 x 2^31. */
+static uint64_t widen_bytes(int64_t batch, int64_t heads, int64_t rows, int64_t cols)
+{
+    return clattn__mul_sat(4u * (uint64_t)batch * (uint64_t)heads * widen_pitch(cols), (uint64_t)rows);
+}
+
+/* The f16/bf16 tensor x (batch x heads x rows x cols) as f32 rows into scratch from element
+ * `off` (kernel `name`: widen_q or widen_v, gemm.cl), and *out its view. */
+static clattn_status widen(clattn_context *ctx, const char *name, const clattn_view *x, int64_t batch,
+                           int64_t heads, int64_t rows, int64_t cols, cl_mem scratch, uint64_t off,
+                           clattn_view *out, cl_uint num_wait, const cl_event *wait)
+{
+    char opts[96];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0", (int)x->dtype);
+    cl_kernel k;
+    clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, name, &k);
+    if (st)
+        return st;
+    const cl_ulong pitch = widen_pitch(cols), xf_off = off;
+    const int n = (int)rows, c = (int)cols, h = (int)heads;
+    clattn_args a = {k, 0, CL_SUCCESS};
+    clattn__arg_view(&a, x);
+    clattn__arg(&a, sizeof(cl_mem), &scratch);
+    clattn__arg(&a, sizeof(cl_ulong), &xf_off);
+    clattn__arg(&a, sizeof(cl_ulong), &pitch);
+    clattn__arg(&a, sizeof(int), &n);
+    clattn__arg(&a, sizeof(int), &c);
+    clattn__arg(&a, sizeof(int), &h);
+    const size_t local[2] = {1, 1};
+    const size_t global[2] = {(size_t)(((uint64_t)rows + 15) / 16), (size_t)(batch * heads)};
+    const cl_ulong hsz = (cl_ulong)rows * pitch;
+    *out = (clattn_view){scratch, CLATTN_F32, off, {hsz * (cl_ulong)heads, hsz, pitch}};
+    return clattn__enqueue(ctx, &a, 2, global, local, num_wait, wait, NULL, name);
+}
+
+/* Bytes of scores_direct's f32 copy of an f16/bf16 Q (widen_q), with 64 of slack so that it
+ * can start at a multiple of 16 floats; 0 for f32 Q or another kernel. */
+static uint64_t q_copy_bytes(const clattn_problem *p, const clattn_params *pp)
+{
+    if (p->q.dtype == CLATTN_F32 || pp->v[8] <= 0)
+        return 0;
+    return clattn__add_sat(widen_bytes(p->batch, p->heads_q, p->seq_q, p->head_dim), 64);
+}
+
 uint64_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p, uint64_t room)
 {
     clattn_params pp;
@@ -139,7 +187,10 @@ uint64_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p, ui
         return 0;
     const uint64_t bytes = clattn__mul_sat(4u * (uint64_t)p->batch * (uint64_t)p->heads_kv * (uint64_t)p->head_dim,
                                            kt_pitch(p, &pp)); /* 2^41 x 2^31 */
-    return bytes <= room ? bytes : 0; /* too big: transpose per tile */
+    if (bytes > room)
+        return 0; /* too big: transpose per tile */
+    const uint64_t q = q_copy_bytes(p, &pp);
+    return q && q <= room - bytes ? bytes + q : bytes; /* Q's copy where it fits too */
 }
 
 /* One GEMM with parameters pp from `source` (gemm_params). A kernel compiled with more registers
@@ -264,8 +315,8 @@ clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem 
 }
 
 clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
-                                 cl_mem scratch, uint64_t scratch_off, cl_uint num_wait,
-                                 const cl_event *wait, cl_event *done)
+                                 cl_mem scratch, uint64_t scratch_off, uint64_t scratch_bytes,
+                                 cl_uint num_wait, const cl_event *wait, cl_event *done)
 {
     clattn_params pp;
     const clattn_params_source source = gemm_params(ctx, 0, p, &pp);
@@ -277,24 +328,47 @@ clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, c
 
     /* KT: Kᵀ into the scratch (in panels of the tile's 16·NS keys for scores_direct: NS is
      * final here, a retry in gemm() only narrows work-groups), then the GEMM reads it like P·V
-     * reads V. */
+     * reads V; after it, an f16/bf16 Q as f32 where the scratch holds it (clattn__scores_scratch). */
     const uint64_t pitch = kt_pitch(p, &pp), hsz = (uint64_t)p->head_dim * pitch;
+    const uint64_t kt_floats = (uint64_t)p->batch * (uint64_t)p->heads_kv * hsz;
+    const uint64_t q_bytes = q_copy_bytes(p, &pp);
     clattn_status st = clattn__run_transpose_k(ctx, p, scratch, scratch_off, pitch,
                                                kt_panel(pp.v), NULL, 0, NULL, num_wait, wait);
     if (st)
         return st;
     const clattn_view ktv = {scratch, CLATTN_F32, scratch_off,
                              {hsz * (uint64_t)p->heads_kv, hsz, pitch}};
-    return gemm(ctx, 0, p, &pp, source, &p->q, &ktv, dst, (int)p->seq_q, (int)p->seq_kv, (int)p->head_dim,
+    clattn_view qf = p->q;
+    if (q_bytes && scratch_bytes >= 4 * kt_floats + q_bytes &&
+        (st = widen(ctx, "widen_q", &p->q, p->batch, p->heads_q, p->seq_q, p->head_dim, scratch,
+                    (scratch_off + kt_floats + 15) / 16 * 16, &qf, 0, NULL)))
+        return st;
+    return gemm(ctx, 0, p, &pp, source, &qf, &ktv, dst, (int)p->seq_q, (int)p->seq_kv, (int)p->head_dim,
                 0, NULL, done);
 }
 
+uint64_t clattn__pv_scratch(clattn_context *ctx, const clattn_problem *p)
+{
+    if (p->v.dtype == CLATTN_F32)
+        return 0;
+    clattn_params pp;
+    gemm_params(ctx, 1, p, &pp);
+    return pp.v[8] > 0 ? widen_bytes(p->batch, p->heads_kv, p->seq_kv, p->head_dim_v) : 0;
+}
+
+clattn_status clattn__run_widen_v(clattn_context *ctx, const clattn_problem *p, cl_mem scratch, uint64_t off,
+                                  clattn_view *vf, cl_uint num_wait, const cl_event *wait)
+{
+    return widen(ctx, "widen_v", &p->v, p->batch, p->heads_kv, p->seq_kv, p->head_dim_v, scratch, off, vf,
+                 num_wait, wait);
+}
+
 clattn_status clattn__run_pv(clattn_context *ctx, const clattn_problem *p, const clattn_view *probs,
-                             cl_uint num_wait, const cl_event *wait, cl_event *done)
+                             const clattn_view *v, cl_uint num_wait, const cl_event *wait, cl_event *done)
 {
     clattn_params pp;
     const clattn_params_source source = gemm_params(ctx, 1, p, &pp);
-    return gemm(ctx, 1, p, &pp, source, probs, &p->v, &p->out, (int)p->seq_q, (int)p->head_dim_v,
+    return gemm(ctx, 1, p, &pp, source, probs, v, &p->out, (int)p->seq_q, (int)p->head_dim_v,
                 (int)p->seq_kv, num_wait, wait, done);
 }
 
@@ -328,5 +402,5 @@ clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *de
     const uint64_t kt = clattn__scores_scratch(ctx, &p, ctx->dev.max_alloc / 2);
     if (kt && (st = clattn__workspace(ctx, kt, &scratch)))
         return st;
-    return clattn__run_scores(ctx, &p, &dst, scratch, 0, num_wait, wait, done);
+    return clattn__run_scores(ctx, &p, &dst, scratch, 0, kt, num_wait, wait, done);
 }

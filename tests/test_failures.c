@@ -50,7 +50,8 @@
  *   sizes/scores_matrix_past_2_32  one past 2^32 bytes, with the max allocation lowered to 1 GiB:
  *                          refused, not wrapped to 4 MiB where size_t has 32 bits.
  *   copies_past_max_alloc/<row>  a max allocation too small for the Kᵀ/V copies of the CPU
- *                          kernels: the call succeeds without them and matches the reference.
+ *                          kernels, or for the f32 copies of f16 Q and V: the call succeeds
+ *                          without them and matches the reference.
  *
  * Each row builds its inputs from a fixed seed; all shapes are tiny.
  */
@@ -100,23 +101,27 @@ typedef struct op_row {
     clattn_dtype probs_dt;
     int parts;     /* OP_MERGE */
     int late_from; /* launch index from which lse/probabilities may already be written; -1 never */
+    clattn_dtype in_dt; /* OP_ATTENTION and OP_SCORES: q, k, v (and attention's out); F32 if left out */
 } op_row;
 
 /* clang-format off */
 static const op_row rows[] = {
-    /* name                 op            B  Hq Hkv Sq Skv  D   alg      causal lse probs probs_dt parts late_from */
-    {"fused",               OP_ATTENTION, 1, 2, 1,  8, 24,  16, FUSED,   1,     1,  0,    F32,     0,    -1},
-    {"fused_split",         OP_ATTENTION, 1, 4, 1,  1, 700, 32, FUSED,   0,     1,  0,    F32,     0,    -1},
-    {"fused_prefill",       OP_ATTENTION, 1, 2, 1,  20, 37, 16, FUSED,   1,     1,  0,    F32,     0,    -1},
-    {"unfused",             OP_ATTENTION, 2, 2, 1,  5, 19,  8,  UNFUSED, 1,     1,  1,    F32,     0,    2},
-    {"unfused_f16_probs",   OP_ATTENTION, 2, 2, 2,  5, 19,  8,  AUTO,    0,     1,  1,    F16,     0,    2},
-    {"scores",              OP_SCORES,    2, 2, 1,  5, 19,  8,  AUTO,    1,     0,  0,    F32,     0,    -1},
-    {"softmax",             OP_SOFTMAX,   2, 2, 2,  5, 19,  8,  AUTO,    1,     0,  0,    F32,     0,    -1},
-    {"merge_one",           OP_MERGE,     2, 2, 2,  3, 1,   8,  AUTO,    0,     1,  0,    F32,     1,    -1},
-    {"merge_two",           OP_MERGE,     2, 2, 2,  3, 1,   8,  AUTO,    0,     1,  0,    F32,     2,    -1},
-    {"merge_three",         OP_MERGE,     2, 2, 2,  3, 1,   8,  AUTO,    0,     0,  0,    F32,     3,    -1},
-    {"host",                OP_HOST,      1, 2, 1,  4, 9,   8,  AUTO,    1,     0,  0,    F32,     0,    -1},
-    {"host_unfused_lse",    OP_HOST,      1, 2, 2,  4, 9,   8,  UNFUSED, 0,     1,  0,    F32,     0,    -1},
+    /* name                 op            B  Hq Hkv Sq Skv  D   alg      causal lse probs probs_dt parts late_from  in_dt */
+    {"fused",               OP_ATTENTION, 1, 2, 1,  8, 24,  16, FUSED,   1,     1,  0,    F32,     0,    -1,         F32},
+    {"fused_split",         OP_ATTENTION, 1, 4, 1,  1, 700, 32, FUSED,   0,     1,  0,    F32,     0,    -1,         F32},
+    {"fused_prefill",       OP_ATTENTION, 1, 2, 1,  20, 37, 16, FUSED,   1,     1,  0,    F32,     0,    -1,         F32},
+    {"unfused",             OP_ATTENTION, 2, 2, 1,  5, 19,  8,  UNFUSED, 1,     1,  1,    F32,     0,    2,          F32},
+    {"unfused_f16_probs",   OP_ATTENTION, 2, 2, 2,  5, 19,  8,  AUTO,    0,     1,  1,    F16,     0,    2,          F32},
+    /* f16 inputs: on CPUs the f32 copies of V (first) and Q (after Kᵀ) before the scores, so the
+     * launch after softmax, P·V, is the sixth */
+    {"unfused_f16_in",      OP_ATTENTION, 1, 2, 1,  40, 19, 8,  UNFUSED, 1,     1,  0,    F32,     0,    5,          F16},
+    {"scores",              OP_SCORES,    2, 2, 1,  5, 19,  8,  AUTO,    1,     0,  0,    F32,     0,    -1,         F32},
+    {"softmax",             OP_SOFTMAX,   2, 2, 2,  5, 19,  8,  AUTO,    1,     0,  0,    F32,     0,    -1,         F32},
+    {"merge_one",           OP_MERGE,     2, 2, 2,  3, 1,   8,  AUTO,    0,     1,  0,    F32,     1,    -1,         F32},
+    {"merge_two",           OP_MERGE,     2, 2, 2,  3, 1,   8,  AUTO,    0,     1,  0,    F32,     2,    -1,         F32},
+    {"merge_three",         OP_MERGE,     2, 2, 2,  3, 1,   8,  AUTO,    0,     0,  0,    F32,     3,    -1,         F32},
+    {"host",                OP_HOST,      1, 2, 1,  4, 9,   8,  AUTO,    1,     0,  0,    F32,     0,    -1,         F32},
+    {"host_unfused_lse",    OP_HOST,      1, 2, 2,  4, 9,   8,  UNFUSED, 0,     1,  0,    F32,     0,    -1,         F32},
 };
 /* clang-format on */
 
@@ -221,10 +226,11 @@ static void inst_init(inst *I, const op_row *r, clattn_context *ctx)
     switch (r->op) {
     case OP_ATTENTION:
     case OP_HOST: {
-        add_role(I, R_Q, F32, r->B, r->Hq, r->Sq, r->D, &rng, -3.0, 3.0);
-        add_role(I, R_K, F32, r->B, r->Hkv, r->Skv, r->D, &rng, -1.0, 1.0);
-        add_role(I, R_V, F32, r->B, r->Hkv, r->Skv, r->D, &rng, -1.0, 1.0);
-        add_role(I, R_OUT, F32, r->B, r->Hq, r->Sq, r->D, NULL, 0, 0);
+        const clattn_dtype in = r->op == OP_ATTENTION ? r->in_dt : F32;
+        add_role(I, R_Q, in, r->B, r->Hq, r->Sq, r->D, &rng, -3.0, 3.0);
+        add_role(I, R_K, in, r->B, r->Hkv, r->Skv, r->D, &rng, -1.0, 1.0);
+        add_role(I, R_V, in, r->B, r->Hkv, r->Skv, r->D, &rng, -1.0, 1.0);
+        add_role(I, R_OUT, in, r->B, r->Hq, r->Sq, r->D, NULL, 0, 0);
         if (r->lse)
             add_role(I, R_LSE, F32, r->B, r->Hq, r->Sq, 1, NULL, 0, 0);
         if (r->probs)
@@ -237,8 +243,8 @@ static void inst_init(inst *I, const op_row *r, clattn_context *ctx)
         break;
     }
     case OP_SCORES: {
-        add_role(I, R_Q, F32, r->B, r->Hq, r->Sq, r->D, &rng, -3.0, 3.0);
-        add_role(I, R_K, F32, r->B, r->Hkv, r->Skv, r->D, &rng, -1.0, 1.0);
+        add_role(I, R_Q, r->in_dt, r->B, r->Hq, r->Sq, r->D, &rng, -3.0, 3.0);
+        add_role(I, R_K, r->in_dt, r->B, r->Hkv, r->Skv, r->D, &rng, -1.0, 1.0);
         add_role(I, R_OUT, F32, r->B, r->Hq, r->Sq, r->Skv, NULL, 0, 0);
         const ref_attn a = ref_of(r);
         I->want[R_OUT] = inst_doubles(I, I->n[R_OUT]);
@@ -390,6 +396,9 @@ static void assert_results(inst *I, const char *when)
         } else if (I->r->op == OP_SCORES || I->r->op == OP_SOFTMAX || I->r->op == OP_MERGE) {
             atol = 1e-6;
             rtol = 1e-5;
+        } else if (I->dt[role] == F16) { /* attention out rounded to f16 */
+            atol = 1e-5;
+            rtol = 0x1p-10;
         }
         char what[128];
         snprintf(what, sizeof what, "%s: %s %s vs reference", when, I->r->name, role_names[role]);
@@ -861,7 +870,7 @@ static void test_real_exhaustion(void **state)
         skip();
     }
     /* An unfused problem that needs a fresh 64 MiB workspace once the device is full. */
-    static const op_row big = {"exhaustion", OP_ATTENTION, 1, 8, 8, 1024, 2048, 16, UNFUSED, 0, 1, 0, F32, 0, -1};
+    static const op_row big = {"exhaustion", OP_ATTENTION, 1, 8, 8, 1024, 2048, 16, UNFUSED, 0, 1, 0, F32, 0, -1, F32};
     inst I;
     inst_init(&I, &big, ctx);
     const size_t chunk = (size_t)(max_alloc < ((cl_ulong)256 << 20) ? max_alloc : ((cl_ulong)256 << 20));
@@ -1001,6 +1010,7 @@ typedef struct alloc_row {
     op_row r;
     unsigned long long limit;
     const char *cpu_kernel;
+    const char *copy; /* the one copy kernel the limit drops; NULL: each of the Kᵀ/V copies */
 } alloc_row;
 
 /* The Kᵀ copy is head_dim x (seq_kv rounded up to the key tile, + 16) floats a kv head: at least
@@ -1010,20 +1020,30 @@ typedef struct alloc_row {
  *   scores: the scratch may take half of the max allocation, 512 KiB of 1 MiB: it does not fit,
  *     and the scores kernel reads K in place.
  *   unfused_probs: the 2 MiB scores matrix fits 2.25 MiB, the copy after it does not (until this
- *     test, the call was refused with CLATTN_UNSUPPORTED instead of running without the copy). */
+ *     test, the call was refused with CLATTN_UNSUPPORTED instead of running without the copy).
+ * With f16 inputs, Q's f32 copy (64 x 64 floats a query head, and 64 bytes) follows the Kᵀ copy
+ * in the scores' scratch, and in the unfused path V's (2048 x 64 floats) follows both:
+ *   scores_f16_q_copy: half of 1100000 bytes holds Kᵀ (528384) but not Kᵀ and Q (561216):
+ *     scores_direct converts Q itself.
+ *   unfused_f16_v_copy: after the 2 MiB scores matrix, 768 KiB hold Kᵀ and Q's copy (593984) but
+ *     not V's after them (524288 more): pv_direct converts V itself. */
 /* clang-format off */
 static const alloc_row alloc_rows[] = {
-    /* name                 op            B  Hq Hkv Sq   Skv   D   alg      causal lse probs probs_dt parts late_from  limit */
-    {{"fused_prefill",      OP_ATTENTION, 1, 2, 1,  40,  2048, 64, FUSED,   1,     1,  0,    F32,     0,    -1}, 512u << 10,                "fused_lanes"},
-    {{"scores",             OP_SCORES,    1, 2, 1,  64,  2048, 64, AUTO,    0,     0,  0,    F32,     0,    -1}, 1u << 20,                  "scores_in_place"},
-    {{"unfused_probs",      OP_ATTENTION, 1, 1, 1,  256, 2048, 64, UNFUSED, 0,     1,  1,    F32,     0,    2},  (2u << 20) + (256u << 10), "scores_in_place"},
+    /* name                 op            B  Hq Hkv Sq   Skv   D   alg      causal lse probs probs_dt parts late_from  in_dt  limit                      must run           dropped copy */
+    {{"fused_prefill",      OP_ATTENTION, 1, 2, 1,  40,  2048, 64, FUSED,   1,     1,  0,    F32,     0,    -1,         F32}, 512u << 10,                "fused_lanes",     NULL},
+    {{"scores",             OP_SCORES,    1, 2, 1,  64,  2048, 64, AUTO,    0,     0,  0,    F32,     0,    -1,         F32}, 1u << 20,                  "scores_in_place", NULL},
+    {{"unfused_probs",      OP_ATTENTION, 1, 1, 1,  256, 2048, 64, UNFUSED, 0,     1,  1,    F32,     0,    2,          F32}, (2u << 20) + (256u << 10), "scores_in_place", NULL},
+    {{"scores_f16_q_copy",  OP_SCORES,    1, 2, 1,  64,  2048, 64, AUTO,    0,     0,  0,    F32,     0,    -1,         F16}, 1100000u,                  "scores_direct",   "widen_q"},
+    {{"unfused_f16_v_copy", OP_ATTENTION, 1, 1, 1,  256, 2048, 64, UNFUSED, 0,     1,  0,    F32,     0,    -1,         F16}, (2u << 20) + (768u << 10), "pv_direct",       "widen_v"},
 };
 /* clang-format on */
 
 static void test_alloc(void **state)
 {
     const alloc_row *a = *state;
-    static const char *const copies[] = {"transpose_k16", "transpose_k", "pack_v"};
+    static const char *const kv_copies[] = {"transpose_k16", "transpose_k", "pack_v"};
+    const char *const *copies = a->copy ? &a->copy : kv_copies;
+    const size_t ncopies = a->copy ? 1 : N_OF(kv_copies);
     int copied_as_is = 0;
     for (int limited = 0; limited < 2; ++limited) {
         clattn_context *ctx = tu_context();
@@ -1037,7 +1057,7 @@ static void test_alloc(void **state)
         clshim_limit_kernel_wg(0); /* forgets the kernels launched so far */
         call_ok(&I, limited ? "max allocation lowered" : "device as it is");
         const char *copy = NULL;
-        for (size_t i = 0; i < N_OF(copies) && !copy; ++i)
+        for (size_t i = 0; i < ncopies && !copy; ++i)
             if (clshim_launched(copies[i]))
                 copy = copies[i];
         print_message("%s, max allocation %s: %s\n", a->r.name, limited ? "lowered" : "as it is",
