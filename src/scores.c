@@ -179,14 +179,20 @@ static uint64_t q_copy_bytes(const clattn_problem *p, const clattn_params *pp)
     return clattn__add_sat(widen_bytes(p->batch, p->heads_q, p->seq_q, p->head_dim), 64);
 }
 
+/* Bytes of the Kᵀ copy: batch·heads_kv blocks of head_dim x kt_pitch floats (2^41 x 2^31). */
+static uint64_t kt_bytes(const clattn_problem *p, const clattn_params *pp)
+{
+    return clattn__mul_sat(4u * (uint64_t)p->batch * (uint64_t)p->heads_kv * (uint64_t)p->head_dim,
+                           kt_pitch(p, pp));
+}
+
 uint64_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p, uint64_t room)
 {
     clattn_params pp;
     gemm_params(ctx, 0, p, &pp);
     if (pp.v[7] <= 0 || scores_in_place(ctx, &pp, p))
         return 0;
-    const uint64_t bytes = clattn__mul_sat(4u * (uint64_t)p->batch * (uint64_t)p->heads_kv * (uint64_t)p->head_dim,
-                                           kt_pitch(p, &pp)); /* 2^41 x 2^31 */
+    const uint64_t bytes = kt_bytes(p, &pp);
     if (bytes > room)
         return 0; /* too big: transpose per tile */
     const uint64_t q = q_copy_bytes(p, &pp);
@@ -330,8 +336,7 @@ clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, c
      * final here, a retry in gemm() only narrows work-groups), then the GEMM reads it like P·V
      * reads V; after it, an f16/bf16 Q as f32 where the scratch holds it (clattn__scores_scratch). */
     const uint64_t pitch = kt_pitch(p, &pp), hsz = (uint64_t)p->head_dim * pitch;
-    const uint64_t kt_floats = (uint64_t)p->batch * (uint64_t)p->heads_kv * hsz;
-    const uint64_t q_bytes = q_copy_bytes(p, &pp);
+    const uint64_t kt = kt_bytes(p, &pp), q_bytes = q_copy_bytes(p, &pp);
     clattn_status st = clattn__run_transpose_k(ctx, p, scratch, scratch_off, pitch,
                                                kt_panel(pp.v), NULL, 0, NULL, num_wait, wait);
     if (st)
@@ -339,9 +344,9 @@ clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, c
     const clattn_view ktv = {scratch, CLATTN_F32, scratch_off,
                              {hsz * (uint64_t)p->heads_kv, hsz, pitch}};
     clattn_view qf = p->q;
-    if (q_bytes && scratch_bytes >= 4 * kt_floats + q_bytes &&
+    if (q_bytes && scratch_bytes >= kt + q_bytes &&
         (st = widen(ctx, "widen_q", &p->q, p->batch, p->heads_q, p->seq_q, p->head_dim, scratch,
-                    (scratch_off + kt_floats + 15) / 16 * 16, &qf, 0, NULL)))
+                    (scratch_off + kt / 4 + 15) / 16 * 16, &qf, 0, NULL)))
         return st;
     return gemm(ctx, 0, p, &pp, source, &qf, &ktv, dst, (int)p->seq_q, (int)p->seq_kv, (int)p->head_dim,
                 0, NULL, done);
