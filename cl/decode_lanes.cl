@@ -28,7 +28,11 @@
  * sees are not read (key_seen, common.cl).
  *
  * MASKED 1 (a mask is passed; src/fused.c sets it, so that the program without a mask stays the
- * kernel measured before): with SHFL the lanes of a group share the step's mask reads, a load a
+ * kernel measured before, with no visibility test at all: every key up to k_hi is read). Until
+ * d44d30f that program still held the key_seen scan behind a test of has_mask; an H200 then took
+ * 0.783 ms for f16 decode, B16 H32 Skv8192 d128 (2.74 TB/s), where 3.3 TB/s (about 0.65 ms) had
+ * been measured before the scan came in, f32 being even (4.44 TB/s against 4.27-4.30). Whether
+ * the scan was the cause is not measured yet. With SHFL the lanes of a group share the step's mask reads, a load a
  * lane where every lane read all RM·KU entries one after another (key_seen stops at a row that
  * sees the key), and a warp skips a step that none of its rows sees; the softmax reads no mask
  * entry of a key hidden from every row. Measured on an H200 (OpenCL 3.0 CUDA, driver 580), B16
@@ -176,6 +180,7 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
         /* With a mask, bit u: key kb + u is visible to a row of the block (key_seen); the K and
          * V rows of the other keys are not read (their scores come out -inf from the mask
          * below). The group's lanes read the same mask entries, so they agree on every bit. */
+#if MASKED
         uint vis = ~0u;
         if (has_mask) {
             vis = 0u;
@@ -205,6 +210,9 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
                 vis |= (uint)key_seen(mask, mrow, rend, RM, kb + u) << u;
 #endif
         }
+#else
+        const uint vis = ~0u; /* no mask passed: every key up to k_hi is read */
+#endif
         float4 kv[KU][CKN], vv[KU][CVN];
 #pragma unroll
         for (int u = 0; u < KU; u++) {
