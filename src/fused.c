@@ -821,13 +821,15 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
  * 1.647 against 3.432, 64 rows (seq_q 16) 2.961 against 6.538; f16 16 rows 1.411 against 1.841,
  * 32 rows 1.555 against 3.392; 32 heads d64 seq_q 16 (16 rows) 2.108 against 3.595; 8 rows stay
  * on decode_lanes (0.895). The row tile covers the rows, up to 64 (the prefill default's). Wider
- * heads were not measured: they keep decode_lanes. */
+ * heads were not measured: they keep decode_lanes. The rule applies to the values the library
+ * chose without a user's word (generic, vendor and built-in: tuning/nvidia-h200.tuning's decode
+ * line was measured with one row per kv head, and a bucket says nothing of the heads' ratio). */
 #define TILED_DECODE_ROWS 16
 
 int clattn__decode_tiled_default(const clattn_context *ctx, int64_t rows, int64_t head_dim,
                                  int64_t head_dim_v, clattn_params_source source, int *v)
 {
-    if (!(ctx->dev.type & CL_DEVICE_TYPE_GPU) || source > CLATTN_SOURCE_VENDOR || (v[6] != 4 && v[6] != 5) ||
+    if (!(ctx->dev.type & CL_DEVICE_TYPE_GPU) || source > CLATTN_SOURCE_BUILTIN || (v[6] != 4 && v[6] != 5) ||
         rows < TILED_DECODE_ROWS || head_dim > 128 || head_dim_v > 128)
         return 0;
     const int tiled[7] = {8, rows >= 64 ? 16 : (int)((rows + 3) / 4), 4, 1, 4, v[5], 0};

@@ -1253,7 +1253,7 @@ static void test_decode_tiled_default(void **state)
                 clattn_params pp = k ? lanes5 : lanes;
                 const clattn_params before = pp;
                 const int changed = clattn__decode_tiled_default(ctx, r[0], r[1], r[2], (clattn_params_source)src, pp.v);
-                const int want = r[3] && src <= CLATTN_SOURCE_VENDOR;
+                const int want = r[3] && src <= CLATTN_SOURCE_BUILTIN;
                 if (changed != want)
                     fail_msg("rows %d d %d/%d source %d DIRECT %d: changed %d, expected %d", r[0], r[1], r[2], src,
                              before.v[6], changed, want);
@@ -1282,6 +1282,87 @@ static void test_decode_tiled_default(void **state)
     clattn_params pp = lanes;
     assert_int_equal(clattn__decode_tiled_default(ctx, 64, 128, 128, CLATTN_SOURCE_VENDOR, pp.v), 0);
     free(ctx);
+}
+
+/* The built-in tables (the .tuning files of tuning/, embedded with the kernels): each parses,
+ * names its devices by a pattern and holds entries. nvidia-h200.tuning gives an H200's f16 decode
+ * bucket (d128, one query row, no mask, about 8192 keys) its measured values, and leaves an H100,
+ * the other dtypes and head sizes, a mask, a far key count and prefill to the vendor defaults. */
+typedef struct builtin_row {
+    const char *name; /* the device's name; the platform is NVIDIA CUDA */
+    clattn_op op;
+    clattn_dtype dtype;
+    int head_dim, log2_skv, mask_kind, builtin; /* builtin: the table's entry is expected */
+} builtin_row;
+
+static void test_builtin_tables(void **state)
+{
+    (void)state;
+    make_dir();
+    unsetenv("CLATTN_PARAMS_DECODE");
+    unsetenv("CLATTN_PARAMS_FUSED");
+    int tables = 0, h200 = 0;
+    for (int i = 0; i < clattn_kernel_source_count; i++) {
+        const clattn_kernel_source *s = &clattn_kernel_sources[i];
+        const size_t n = strlen(s->name);
+        if (n < 8 || strcmp(s->name + n - 7, ".tuning") != 0)
+            continue;
+        clattn_tuning_table t;
+        memset(&t, 0, sizeof t);
+        char err[200] = "";
+        if (clattn__tuning_parse(s->text, s->length, &t, err, sizeof err) != 0)
+            fail_msg("%s: %s", s->name, err);
+        if (!t.device_is_pattern || t.n == 0)
+            fail_msg("%s: no match line or no entries", s->name);
+        clattn__tuning_free(&t);
+        tables++;
+        h200 += strstr(s->name, "nvidia-h200.tuning") != NULL;
+    }
+    assert_true(tables >= 2);
+    assert_int_equal(h200, 1);
+
+    static const builtin_row rows[] = {
+        {"NVIDIA H200", CLATTN_OP_DECODE, CLATTN_F16, 128, 13, 0, 1},
+        {"NVIDIA H200 NVL", CLATTN_OP_DECODE, CLATTN_F16, 128, 12, 0, 1},
+        {"NVIDIA H200", CLATTN_OP_DECODE, CLATTN_F16, 128, 15, 0, 1},
+        {"NVIDIA H100 80GB HBM3", CLATTN_OP_DECODE, CLATTN_F16, 128, 13, 0, 0},
+        {"NVIDIA H200", CLATTN_OP_DECODE, CLATTN_F32, 128, 13, 0, 0},
+        {"NVIDIA H200", CLATTN_OP_DECODE, CLATTN_BF16, 128, 13, 0, 0},
+        {"NVIDIA H200", CLATTN_OP_DECODE, CLATTN_F16, 64, 13, 0, 0},
+        {"NVIDIA H200", CLATTN_OP_DECODE, CLATTN_F16, 128, 20, 0, 0},
+        {"NVIDIA H200", CLATTN_OP_DECODE, CLATTN_F16, 128, 13, 2, 0},
+        {"NVIDIA H200", CLATTN_OP_FUSED, CLATTN_F16, 128, 13, 0, 0},
+    };
+    const int tuned[7] = {32, 8, 0, 0, 16, 0, 4};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const builtin_row *r = &rows[i];
+        clattn_context *ctx = calloc(1, sizeof *ctx);
+        assert_non_null(ctx);
+        ctx->dev.type = CL_DEVICE_TYPE_GPU;
+        ctx->dev.vendor_id = 0x10de;
+        snprintf(ctx->dev.platform_name, sizeof ctx->dev.platform_name, "NVIDIA CUDA");
+        snprintf(ctx->dev.name, sizeof ctx->dev.name, "%s", r->name);
+        clattn__tuning_init(ctx);
+        const int applies = strstr(ctx->tuning_report, "nvidia-h200.tuning applies") != NULL;
+        assert_int_equal(applies, strstr(r->name, "H200") != NULL);
+        const clattn_bucket b = {r->op, r->dtype, r->head_dim, 0, r->log2_skv, r->mask_kind};
+        clattn_params p, vendor;
+        const clattn_params_source src = clattn__default_params(ctx, &b, &p);
+        const int builtin = src == CLATTN_SOURCE_BUILTIN;
+        if (builtin != r->builtin)
+            fail_msg("row %zu (%s): source %d", i, r->name, (int)src);
+        if (builtin) {
+            assert_memory_equal(p.v, tuned, sizeof tuned);
+            /* From 16 packed rows per kv head the tiled kernel still runs (src/fused.c). */
+            assert_int_equal(clattn__decode_tiled_default(ctx, 16, 128, 128, src, p.v), 1);
+            assert_int_equal(p.v[6], 0);
+        }
+        /* Without the tables, the vendor defaults: what every other row must have got. */
+        clattn__tuning_release(ctx);
+        assert_int_equal(clattn__default_params(ctx, &b, &vendor), CLATTN_SOURCE_VENDOR);
+        assert_int_equal(memcmp(p.v, vendor.v, sizeof p.v) == 0, !builtin);
+        free(ctx);
+    }
 }
 
 /* Whether ctx built a program of `file` whose build options contain `opt` (NULL: any). */
@@ -1351,6 +1432,7 @@ int main(void)
     tu_add_test("api/override_computes", NULL, test_override_computes, NULL);
     tu_add_test("fit/fused_tile", NULL, test_fit_fused_tile, NULL);
     tu_add_test("fit/decode_tiled_default", NULL, test_decode_tiled_default, NULL);
+    tu_add_test("lookup/builtin_tables", NULL, test_builtin_tables, NULL);
     tu_add_test("lookup/decode_kernel_choice", NULL, test_decode_kernel_choice, NULL);
     tu_add_test("tuner/end_to_end", NULL, test_tuner, NULL);
     tu_add_test("tuner/decode_no_entry", NULL, test_tuner_decode_no_entry, NULL);

@@ -7,7 +7,8 @@
 #   tools/gpu-check.sh [STEPS [DEVICE [CTEST_REGEX]]]
 #
 # STEPS: a comma list of tests, bench, lanes, sweep (default tests,bench: the tests took over 200 s
-# at -j12 on an H200 machine, whose image has PoCL too, which test_device opens; bench about 60 s;
+# at -j12 on an H200 machine, whose image has PoCL too, which test_device opens (281 s alone with a
+# cold kernel cache at -j4, where 300 s ran 30 of the 48; 1450 s summed); bench about 60 s;
 # lanes and sweep about 6 minutes each); the build comes first in every call and is incremental. DEVICE:
 # a clattn_create spec (default nvidia). CTEST_REGEX picks the tests (default: all but the
 # consumer check, test_decode_direct16 and test_attention_ns3, CPU kernels'). The OpenCL runtime must be registered
@@ -34,7 +35,7 @@ grep -iE "name|key|version" "$out/info.txt" | head -n 8
 
 if [[ $steps == *,tests,* ]]; then
 log "tests on $dev ($tests)"
-(cd build-gpu && CLATTN_REQUIRE_DEVICE=1 timeout 300 ctest -j4 -R "$tests" -E "consumer|direct16|ns3" \
+(cd build-gpu && CLATTN_REQUIRE_DEVICE=1 timeout 420 ctest -j12 -R "$tests" -E "consumer|direct16|ns3" \
   --output-on-failure >"$out/ctest.log" 2>&1)
 grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest.log" | head -n 30
 fi
