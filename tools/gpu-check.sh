@@ -6,7 +6,7 @@
 #
 #   tools/gpu-check.sh [STEPS [DEVICE [CTEST_REGEX]]]
 #
-# STEPS: a comma list of tests, bench, lanes, sweep (default tests,bench: the tests took over 200 s
+# STEPS: a comma list of tests, bench, dec16, lanes, sweep (default tests,bench: the tests took over 200 s
 # at -j12 on an H200 machine, whose image has PoCL too, which test_device opens (281 s alone with a
 # cold kernel cache at -j4, where 300 s ran 30 of the 48; 1450 s summed); bench about 60 s;
 # lanes and sweep about 6 minutes each); the build comes first in every call and is incremental. DEVICE:
@@ -54,7 +54,7 @@ for m in none window:1024 bias; do
 done
 fi
 
-[[ $steps == *,lanes,* || $steps == *,sweep,* ]] || { log "done"; exit 0; }
+[[ $steps == *,dec16,* || $steps == *,lanes,* || $steps == *,sweep,* ]] || { log "done"; exit 0; }
 # DECODE: WGX, WGY, RM, NS, VW, SPLITS, DIRECT (src/tuning.c). Default shape B16 H32 kv8192
 # d128; also f16 and grouped-query heads.
 sweep() { # name, then clattn-bench's arguments; one CLATTN_PARAMS_DECODE list per line on stdin
@@ -72,7 +72,7 @@ sweep() { # name, then clattn-bench's arguments; one CLATTN_PARAMS_DECODE list p
   done
   rm -f "$out/tmp.csv" "$out/tmp.err"
   # params, Hq, Hkv, Sq, dtype, median ms, GB/s
-  [ -f "$csv" ] && awk -F, '{ printf "%-18s %-5s %4s %4s %4s %10s %10s\n", $1, $4, $6, $7, $8, $12, $15 }' "$csv"
+  [ -f "$csv" ] && awk -F, '{ printf "%-18s %-5s %4s %4s %4s %10s %10s\n", $1 == "" ? "default" : $1, $4, $6, $7, $8, $12, $15 }' "$csv"
 }
 # decode_lanes (DIRECT 4): key groups (WGY) x keys a step (VW), lanes a row (NS; 0: one per
 # 16-byte chunk), splits; the first line is decode_rows (the NVIDIA default before decode_lanes)
@@ -88,6 +88,19 @@ lanes_lists() {
   for wgy in 2 4 8; do echo "32,$wgy,0,0,8,0,5"; done
   echo "4,4,4,1,4,0,0"; echo "8,4,4,1,4,0,0"; echo "8,8,4,1,4,0,0"; echo "4,16,4,1,4,0,0"
 }
+# dec16 (about 4 minutes): 16-bit decode, B16 H32 Skv8192 d128, the defaults (the first, empty
+# line: on an H200 its f16 line is tuning/nvidia-h200.tuning's 8 groups and 16 keys a step)
+# against decode_lanes' 4 and 8 key groups with 8 and 16 keys a step; on an H200 at d44d30f f16
+# took 0.783 ms with the vendor default (4, 8) and 0.667 with (8, 16), below the 3.3 TB/s
+# measured before decode_lanes took its mask scan (compiled out since for MASKED 0).
+if [[ $steps == *,dec16,* ]]; then
+log "16-bit decode"
+dec16_lists() { echo ""; for v in 32,4,0,0,8 32,8,0,0,8 32,4,0,0,16 32,8,0,0,16; do echo "$v,0,4"; done; }
+dec16_lists | sweep dec16-f16 --check --op decode --dtype f16
+dec16_lists | sweep dec16-bf16 --check --op decode --dtype bf16
+dec16_lists | sweep dec16-f16-gqa --check --op decode --dtype f16 --heads 32 --heads-kv 8
+fi
+[[ $steps == *,lanes,* || $steps == *,sweep,* ]] || { log "done"; exit 0; }
 if [[ $steps == *,lanes,* ]]; then
 log "decode_lanes sweep"
 lanes_lists | sweep lanes --check --op decode
