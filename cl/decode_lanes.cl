@@ -31,12 +31,12 @@
  * kernel measured before, with no visibility test at all: every key up to k_hi is read). Until
  * d44d30f that program still held the key_seen scan behind a test of has_mask; an H200 then took
  * 0.783 ms for f16 decode, B16 H32 Skv8192 d128 (2.74 TB/s), where 3.3 TB/s (about 0.65 ms) had
- * been measured before the scan came in, f32 being even (4.44 TB/s against 4.27-4.30). Whether
- * the scan was the cause is not measured yet. With SHFL the lanes of a group share the step's mask reads, a load a
- * lane where every lane read all RM·KU entries one after another (key_seen stops at a row that
- * sees the key), and a warp skips a step that none of its rows sees; the softmax reads no mask
- * entry of a key hidden from every row. Measured on an H200 (OpenCL 3.0 CUDA, driver 580), B16
- * Sq1 Skv8192 d128 f32, `clattn-bench --check`, medians of 10, two runs alternating with the
+ * been measured before the scan came in, f32 being even (4.44 TB/s against 4.27-4.30). Whether the
+ * scan was the cause is not measured yet. With SHFL the lanes of a group share the step's mask
+ * reads, a load a lane where every lane read all RM·KU entries one after another (key_seen stops at
+ * a row that sees the key), and a warp skips a step that none of its rows sees; the softmax reads
+ * no mask entry of a key hidden from every row. Measured on an H200 (OpenCL 3.0 CUDA, driver 580),
+ * B16 Sq1 Skv8192 d128 f32, `clattn-bench --check`, medians of 10, two runs alternating with the
  * kernel before: 32/8 heads window:1024 0.162-0.164 ms against 0.529, 32/32 heads window:1024
  * 0.224-0.226 against 0.567-0.569, 32/8 heads bias 0.547-0.550 against 0.558-0.559. */
 
