@@ -368,6 +368,8 @@ int clattn__tuning_write(const char *path, const clattn_tuning_table *t, char *e
 void clattn__tuning_free(clattn_tuning_table *t);
 /* Context side (tuning.c): reads the user file of the context's device. */
 void clattn__tuning_init(clattn_context *ctx);
+/* 1 when an embedded source (clattn_kernel_sources) is a built-in tuning table (*.tuning). */
+int clattn__is_builtin_table(const char *name);
 void clattn__tuning_release(clattn_context *ctx);
 int clattn__tuning_file(const clattn_context *ctx, char *buf, size_t size);
 const char *clattn__op_name(clattn_op op);

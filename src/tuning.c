@@ -453,14 +453,19 @@ static int pattern_matches(const char *pattern, const char *hay)
     return 1;
 }
 
+int clattn__is_builtin_table(const char *name)
+{
+    const size_t n = strlen(name);
+    return n > 7 && strcmp(name + n - 7, ".tuning") == 0;
+}
+
 static void load_builtin(clattn_context *ctx)
 {
     char hay[600];
     snprintf(hay, sizeof hay, "%s | %s", ctx->dev.platform_name, ctx->dev.name);
     for (int i = 0; i < clattn_kernel_source_count && ctx->nbuiltin < 4; i++) {
         const clattn_kernel_source *s = &clattn_kernel_sources[i];
-        const size_t n = strlen(s->name);
-        if (n < 8 || strcmp(s->name + n - 7, ".tuning") != 0)
+        if (!clattn__is_builtin_table(s->name))
             continue;
         clattn_tuning_table *t = calloc(1, sizeof *t);
         char err[200];

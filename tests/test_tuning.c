@@ -1304,8 +1304,7 @@ static void test_builtin_tables(void **state)
     int tables = 0, h200 = 0;
     for (int i = 0; i < clattn_kernel_source_count; i++) {
         const clattn_kernel_source *s = &clattn_kernel_sources[i];
-        const size_t n = strlen(s->name);
-        if (n < 8 || strcmp(s->name + n - 7, ".tuning") != 0)
+        if (!clattn__is_builtin_table(s->name))
             continue;
         clattn_tuning_table t;
         memset(&t, 0, sizeof t);
