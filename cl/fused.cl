@@ -1217,6 +1217,19 @@ __attribute__((always_inline)) inline void transpose16x16(float16 *r)
 #define MASK_LANES 0
 #endif
 
+/* f16 and bf16 V: each block's rows converted to f32 first, 16 elements at a time, into private
+ * memory (VF32_BLOCK, rows VF_PITCH floats apart), where P·V broadcasts them. Converted in P·V,
+ * LCT elements of a row at a time (2 with 64 rows), f16 went through scalar bit operations on
+ * PoCL 3.1 (vload_half2), a dozen instructions for 8 multiply-adds, and every element took a
+ * shuffle to broadcast. At most 128 columns a row (32 KiB a block): a wider head_dim_v is
+ * converted and multiplied in chunks of 128 columns. Measured on PoCL (2-core Intel Xeon,
+ * AVX-512, f16, head_dim 256, minima of 3-6 runs, 2 runs alternating, ms): H4 seq_q 1024
+ * seq_kv 4096 128.4-133.6 non-causal / 132.6-134.8 causal against 144.8-184.4 / 137.1-162.0
+ * converted in P·V; GQA 32:8 seq_q 16 seq_kv 8192 33.6-34.5 / 33.5-34.4 against 38.9-43.2 /
+ * 45.5-46.4 (f32 28.8-35.0). */
+#define VF_PITCH (16 * DV16 < 128 ? 16 * DV16 : 128)
+#define VF32_BLOCK (DT_IN != 0)
+
 /* Elements c0..c0 + ncol - 1 (ncol <= LCT) of a V row, each broadcast to a vector; 0 past ncol.
  * f16 whole tiles are converted LCT at a time (one element at a time, vload_half became a
  * conversion per multiply-add). */
@@ -1247,13 +1260,15 @@ __attribute__((always_inline)) inline void lanes_vrow(__global const T_KV *vp, i
 }
 
 /* The same from a row of f32 values in private memory (lanes_pv_f32): broadcasts from there
- * cost the multiply-adds nothing, as f32 ones from global memory. */
+ * cost the multiply-adds nothing, as f32 ones from global memory. The row holds the VF_PITCH
+ * columns of one chunk (VF32_BLOCK), the one that column c0 is in. */
 __attribute__((always_inline)) inline void lanes_vrow_f32(const float *vp, int c0, int ncol,
                                                           float16 *vv)
 {
+    vp += c0 % VF_PITCH;
 #pragma unroll
     for (int c = 0; c < LCT; c++)
-        vv[c] = (float16)(c < ncol ? vp[c0 + c] : 0.0f);
+        vv[c] = (float16)(c < ncol ? vp[c] : 0.0f);
 }
 
 /* Oᵀ columns c0.. (ncol <= LCT of them, at ot[c·LANES + lv]) += Σ_n P[n]·V[key n][c0 + c] over
@@ -1303,14 +1318,6 @@ __attribute__((always_inline)) inline void lanes_vrow_f32(const float *vp, int c
     }
 DEFINE_LANES_PV(lanes_pv, __global const T_KV *, lanes_vrow)
 DEFINE_LANES_PV(lanes_pv_f32, const float *, lanes_vrow_f32)
-
-/* f16 and bf16 V: each block's rows converted to f32 first, 16 elements at a time, into private
- * memory (VF32_BLOCK, rows VF_PITCH floats apart), where P·V broadcasts them. Converted in P·V,
- * LCT elements of a row at a time (2 with 64 rows), f16 went through scalar bit operations on
- * PoCL 3.1 (vload_half2), a dozen instructions for 8 multiply-adds, and every element took a
- * shuffle to broadcast. Up to head_dim_v 128 (32 KiB a block). */
-#define VF_PITCH (16 * DV16)
-#define VF32_BLOCK (DT_IN != 0 && VF_PITCH <= 128)
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
@@ -1524,20 +1531,29 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         int c0 = 0;
 #if VF32_BLOCK
         float vf[LNB * VF_PITCH];
-        for (int n = 0; n < nkeys; n++)
+#pragma unroll 1
+        for (int cb = 0; cb < DV; cb += VF_PITCH) { /* one chunk unless head_dim_v > 128 */
+            const int cend = min(DV, cb + VF_PITCH);
+            for (int n = 0; n < nkeys; n++)
 #pragma unroll
-            for (int d0 = 0; d0 < VF_PITCH; d0 += 16)
-                vstore16(ld16_row(vp0 + (ulong)n * v_ss, d0, DV), 0, vf + n * VF_PITCH + d0);
+                for (int d0 = 0; d0 < VF_PITCH; d0 += 16)
+                    if (cb + d0 < DV)
+                        vstore16(ld16_row(vp0 + (ulong)n * v_ss, cb + d0, DV), 0,
+                                 vf + n * VF_PITCH + d0);
 #define LANES_PV(c, ncol) lanes_pv_f32(ot, (c), (ncol), vf, VF_PITCH, sbk, nfree, nkeys)
 #else
+        {
+            const int cend = DV;
 #define LANES_PV(c, ncol) lanes_pv(ot, (c), (ncol), vp0, v_ss, sbk, nfree, nkeys)
 #endif
 #pragma unroll 1
-        for (; c0 + LCT <= DV; c0 += LCT)
-            LANES_PV(c0, LCT);
-        if (c0 < DV)
-            LANES_PV(c0, DV - c0);
+            for (; c0 + LCT <= cend; c0 += LCT)
+                LANES_PV(c0, LCT);
+            if (c0 < cend)
+                LANES_PV(c0, cend - c0);
 #undef LANES_PV
+            c0 = cend;
+        }
     }
 
     O += o_off + (ulong)split * o_split;

@@ -195,6 +195,12 @@ static const att_case cases[] = {
      .mask_dt = F16, .has_kv = 1, .kv = {300, 5}},
     {"lanes_gqa13_sq1_rows13_poison_kvlen_bf16_hd59_dv37", 2, 26, 2, 1, 70, 59, 37, BF16, .has_kv = 1,
      .kv = {40, 3}, .special = SP_POISON},
+    /* f16 and bf16 V wider than 128 columns: converted and multiplied in chunks of 128 (the
+     * second one 75 columns, ending in a tile of 3; or 16), hidden keys skipped in each */
+    {"lanes_gqa8_sq4_rows32_f16_hd48_dv203_causal_mask_kvlen", 2, 16, 2, 4, 300, 48, 203, F16,
+     .causal = 1, .mask = MASK_HEADS, .mask_dt = F16, .has_kv = 1, .kv = {300, 9}},
+    {"lanes_gqa13_sq1_rows13_poison_kvlen_bf16_dv144", 2, 26, 2, 1, 70, 64, 144, BF16, .has_kv = 1,
+     .kv = {40, 3}, .special = SP_POISON},
     /* the largest private arrays: 64 rows of head_dim 256 (Qᵀ and Oᵀ 64 KiB each) */
     {"lanes_mqa64_sq1_rows64_hd256_f16", 1, 64, 1, 1, 300, 256, 0, F16, .causal = 0},
 
