@@ -1176,7 +1176,8 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 #ifndef LCT
 #define LCT LKT
 #endif
-#if LCT != 1 && LCT != 2 && LCT != 4 && LCT != 8 /* lanes_vrow's f16 loads */
+/* whole tiles in a 128-column chunk (VF32_BLOCK) */
+#if LCT != 1 && LCT != 2 && LCT != 4 && LCT != 8
 #error "LCT must be 1, 2, 4 or 8"
 #endif
 typedef union lanes16 {
@@ -1230,30 +1231,11 @@ __attribute__((always_inline)) inline void transpose16x16(float16 *r)
 #define VF_PITCH (16 * DV16 < 128 ? 16 * DV16 : 128)
 #define VF32_BLOCK (DT_IN != 0)
 
-/* Elements c0..c0 + ncol - 1 (ncol <= LCT) of a V row, each broadcast to a vector; 0 past ncol.
- * f16 whole tiles are converted LCT at a time (one element at a time, vload_half became a
- * conversion per multiply-add). */
+/* Elements c0..c0 + ncol - 1 (ncol <= LCT) of an f32 V row in global memory, each broadcast to a
+ * vector; 0 past ncol (f16 and bf16 V go through VF32_BLOCK and lanes_vrow_f32). */
 __attribute__((always_inline)) inline void lanes_vrow(__global const T_KV *vp, int c0, int ncol,
                                                       float16 *vv)
 {
-#if DT_IN == 1
-    if (ncol == LCT) {
-        float t[LCT];
-#if LCT == 8
-        vstore8(vload_half8(0, vp + c0), 0, t);
-#elif LCT == 4
-        vstore4(vload_half4(0, vp + c0), 0, t);
-#elif LCT == 2
-        vstore2(vload_half2(0, vp + c0), 0, t);
-#else
-        t[0] = vload_half(0, vp + c0);
-#endif
-#pragma unroll
-        for (int c = 0; c < LCT; c++)
-            vv[c] = (float16)(t[c]);
-        return;
-    }
-#endif
 #pragma unroll
     for (int c = 0; c < LCT; c++)
         vv[c] = (float16)(c < ncol ? LD_IN(vp, c0 + c) : 0.0f);
@@ -1398,7 +1380,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 #if DT_IN != 0
             /* f16 and bf16: 16 elements of each key converted at once, zero past D as Qᵀ is,
              * then broadcast from private memory. f16 converted an element at a time went
-             * through scalar bit operations (see lanes_vrow); bf16 took a shift and a
+             * through scalar bit operations (see VF32_BLOCK); bf16 took a shift and a
              * broadcast from a general register for each multiply-add with 16 rows. Measured
              * on PoCL (2-core Intel Xeon, AVX-512, minima of 10, 2 runs alternating, ms): bf16
              * decode GQA 32:8 seq_q 4 Skv8192 d128 (16 rows) 3.29-3.58 against 3.82, H8 Sq16
