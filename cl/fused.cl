@@ -1186,10 +1186,10 @@ typedef union lanes16 {
 } lanes16;
 
 #if NREG16 >= 32 && defined(__clang__)
-/* A mask's 16 rows of 16 keys in lanes order (MASK_LANES): r[i] is row i's keys on entry and key
- * i's rows on return. Four rounds, each swapping one bit of the row index with the same bit of
- * the lane index (the off-diagonal blocks of 8, then 4, 2 and 1): 64 two-vector shuffles, which
- * clang keeps in registers with AVX-512's 32 (with 16 they spill: MASK_LANES is 0 there). */
+/* A mask's 16 rows of 16 keys in lanes order (MASK_LANES 16): r[i] is row i's keys on entry and
+ * key i's rows on return. Four rounds, each swapping one bit of the row index with the same bit
+ * of the lane index (the off-diagonal blocks of 8, then 4, 2 and 1): 64 two-vector shuffles,
+ * which clang keeps in registers with AVX-512's 32 (with 16 they spill: see below). */
 #define TR_ROUND(s, lo, hi)                                                                        \
     _Pragma("unroll") for (int i_ = 0; i_ < 16; i_++) if (!(i_ & (s))) {                           \
         const float16 a_ = r[i_], b_ = r[i_ + (s)];                                                \
@@ -1213,7 +1213,64 @@ __attribute__((always_inline)) inline void transpose16x16(float16 *r)
     TR_ROUND(2, TR2_LO, TR2_HI)
     TR_ROUND(1, TR1_LO, TR1_HI)
 }
-#define MASK_LANES 1
+#define MASK_LANES 16
+#elif defined(__clang__)
+/* With 16 vector registers (AVX2's ymm, NREG16 8; SSE's xmm, NREG16 4) the 16 x 16 block spills,
+ * so the mask goes through blocks of MASK_LANES rows of MASK_LANES keys, 8 x 8 (float8: 24
+ * shuffles, one instruction each with AVX2) or 4 x 4 (float4), a block of lanes at a time; the
+ * rounds are those of transpose16x16. Lane by lane, PoCL built each key's 16 rows from scalar
+ * loads. Measured on PoCL 3.1 compiling for haswell on a 2-core Intel Xeon (AVX2 code on an
+ * AVX-512 machine: CLATTN_NREG16 8, POCL_LLVM_CPU_NAME=haswell, POCL_KERNELLIB_NAME=avx2), f32,
+ * causal, a finite [1][1][Sq][Skv] mask, 10 runs alternating: decode GQA 32:8 seq_q 4 seq_kv
+ * 8192 d128 (16 rows) median of the runs' minima 8.49 ms against 9.25, the mask's share of the
+ * kernel's samples (perf) 3.1% against 8.9%; 32 rows (H8 seq_q 32 seq_kv 8192 d64) 9.18 against
+ * 9.38, at most 11% against 17%. */
+#if NREG16 >= 8
+#define MASK_LANES 8
+#else
+#define MASK_LANES 4
+#endif
+#define floatMB CAT(float, MASK_LANES)
+#define intMB CAT(int, MASK_LANES)
+#define vloadMB CAT(vload, MASK_LANES)
+#define vstoreMB CAT(vstore, MASK_LANES)
+#if defined(DT_MASK) && DT_MASK != 0
+#define LDMB_MASK(p, i) CAT(vload_half, MASK_LANES)(0, (p) + (i))
+#else
+#define LDMB_MASK(p, i) vloadMB(0, (p) + (i))
+#endif
+#define TRMB_ROUND(s, lo, hi)                                                                      \
+    _Pragma("unroll") for (int i_ = 0; i_ < MASK_LANES; i_++) if (!(i_ & (s))) {                   \
+        const floatMB a_ = r[i_], b_ = r[i_ + (s)];                                                \
+        r[i_] = __builtin_shufflevector(a_, b_, lo);                                               \
+        r[i_ + (s)] = __builtin_shufflevector(a_, b_, hi);                                         \
+    }
+#define TRM8_4LO 0, 1, 2, 3, 8, 9, 10, 11
+#define TRM8_4HI 4, 5, 6, 7, 12, 13, 14, 15
+#define TRM8_2LO 0, 1, 8, 9, 4, 5, 12, 13
+#define TRM8_2HI 2, 3, 10, 11, 6, 7, 14, 15
+#define TRM8_1LO 0, 8, 2, 10, 4, 12, 6, 14
+#define TRM8_1HI 1, 9, 3, 11, 5, 13, 7, 15
+#define TRM4_2LO 0, 1, 4, 5
+#define TRM4_2HI 2, 3, 6, 7
+#define TRM4_1LO 0, 4, 2, 6
+#define TRM4_1HI 1, 5, 3, 7
+__attribute__((always_inline)) inline void transpose_mb(floatMB *r)
+{
+#if MASK_LANES == 8
+    TRMB_ROUND(4, TRM8_4LO, TRM8_4HI)
+    TRMB_ROUND(2, TRM8_2LO, TRM8_2HI)
+    TRMB_ROUND(1, TRM8_1LO, TRM8_1HI)
+#else
+    TRMB_ROUND(2, TRM4_2LO, TRM4_2HI)
+    TRMB_ROUND(1, TRM4_1LO, TRM4_1HI)
+#endif
+}
+/* add_mask16 on MASK_LANES lanes */
+inline floatMB add_mask_mb(floatMB s, floatMB mv, intMB hidden)
+{
+    return select(s + mv, (floatMB)(NEG_INF), hidden | (mv == (floatMB)(NEG_INF)));
+}
 #else
 #define MASK_LANES 0
 #endif
@@ -1444,7 +1501,9 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
                  * d64) 2.42-3.05 against 3.16-3.49; decode GQA 32:8 Skv8192 d128, seq_q 4 (16
                  * rows) 3.28-3.36 against 3.70-3.82, seq_q 16 (64 rows) 8.57-9.16 against
                  * 9.07-10.17, f16 seq_q 4 3.13-3.32 against 3.53-3.89; prefill in place (H8
-                 * Sq1024 Skv8192 d64) 85.2-85.3 against 100.6-104.7. */
+                 * Sq1024 Skv8192 d64) 85.2-85.3 against 100.6-104.7. With fewer registers
+                 * (MASK_LANES 8 or 4) the same in blocks of 8 or 4 lanes, 8 or 4 keys. */
+#if MASK_LANES == 16
                 if (has_mask) {
 #pragma unroll 1
                     for (; n + 16 <= nkeys; n += 16) {
@@ -1460,6 +1519,28 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
                         }
                     }
                 }
+#else
+                if (has_mask) {
+#pragma unroll 1
+                    for (; n + MASK_LANES <= nkeys; n += MASK_LANES) {
+#pragma unroll 1
+                        for (int h = 0; h < 16; h += MASK_LANES) {
+                            floatMB r[MASK_LANES];
+#pragma unroll
+                            for (int i = 0; i < MASK_LANES; i++)
+                                r[i] = LDMB_MASK(mask, mrow[16 * lv + h + i] + (ulong)(kt + n));
+                            transpose_mb(r);
+                            const intMB re = vloadMB(0, rend + 16 * lv + h);
+#pragma unroll
+                            for (int e = 0; e < MASK_LANES; e++) {
+                                float *sf = sbk[(n + e) * LANES + lv].f + h;
+                                const intMB past = (intMB)(kt + n + e) >= re;
+                                vstoreMB(add_mask_mb(vloadMB(0, sf), r[e], past), 0, sf);
+                            }
+                        }
+                    }
+                }
+#endif
 #endif
                 for (; n < nkeys; n++) {
                     const int key = kt + n;

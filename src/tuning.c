@@ -584,6 +584,19 @@ void clattn__tuning_init(clattn_context *ctx)
             report(ctx, "%s", why);
         }
     }
+    /* CLATTN_NREG16 (experiments): the CPU kernels' register tiles for another vector register
+     * file than the one the device reports (device.c), e.g. AVX2's (8) on an AVX-512 machine
+     * with PoCL compiling for haswell (POCL_LLVM_CPU_NAME=haswell POCL_KERNELLIB_NAME=avx2,
+     * where PoCL still reports the host's native width). */
+    const char *nreg = getenv("CLATTN_NREG16");
+    if (nreg && *nreg) {
+        if (!(ctx->dev.type & CL_DEVICE_TYPE_CPU))
+            report(ctx, "CLATTN_NREG16=\"%.40s\" ignored: the device is not a CPU", nreg);
+        else if (strcmp(nreg, "4") == 0 || strcmp(nreg, "8") == 0 || strcmp(nreg, "32") == 0)
+            ctx->dev.nreg16 = atoi(nreg);
+        else
+            report(ctx, "CLATTN_NREG16=\"%.40s\" ignored: expected 4, 8 or 32", nreg);
+    }
     load_user(ctx);
     load_builtin(ctx);
 }

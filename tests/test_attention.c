@@ -230,6 +230,11 @@ static const att_case cases[] = {
      * length), where a finite mask value must not make them visible */
     {"bias_mask_lanes_gqa4_sq8_causal_kvlen_kv512", 2, 4, 1, 8, 512, 64, 0, F32, .causal = 1,
      .mask = MASK_FULL, .mask_dt = F32, .has_kv = 1, .kv = {512, 400}, .bias = 1},
+    /* with fewer registers (AVX2, SSE) 8 or 4 rows at a time: 18 rows of seq_q 3, so those
+     * blocks of rows hold other positions (rows 0-7 positions 0,1,2,0,1,2,0,1; rows 8-15
+     * 2,0,1,2,0,1,2,0) and end at other keys, inside the last 8-key block */
+    {"bias_mask_lanes_gqa6_sq3_causal_kv304", 1, 12, 2, 3, 304, 64, 0, F32, .causal = 1,
+     .mask = MASK_FULL, .mask_dt = F32, .bias = 1},
     {"bias_mask_causal_kvlen_nan", 2, 2, 1, 70, 600, 64, 0, F32, .causal = 1, .mask = MASK_FULL, .mask_dt = F32,
      .has_kv = 1, .kv = {600, 400}, .special = SP_NAN_MASK, .bias = 1},
     {"bias_mask_nan_v_odd_rows_hide", 1, 2, 2, 40, 300, 64, 0, F32, .mask = MASK_FULL, .mask_dt = F32,

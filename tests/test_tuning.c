@@ -379,6 +379,37 @@ static void test_bad_env(void **state)
     clattn_release(ctx);
 }
 
+/* CLATTN_NREG16 (4, 8 or 32) replaces the CPU kernels' register budget that the device's native
+ * float width gives (device.c); any other value, or a device that is not a CPU, leaves it, and the
+ * tuning report names the variable and why. */
+static void test_env_nreg16(void **state)
+{
+    (void)state;
+    make_dir();
+    unsetenv("CLATTN_NREG16");
+    clattn_context *ctx = tu_context();
+    const int native = ctx->dev.nreg16, cpu = (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0;
+    assert_null(strstr(clattn_tuning_report(ctx), "CLATTN_NREG16"));
+    clattn_release(ctx);
+    static const char *const values[] = {"4", "8", "32", "16", "08", "8 ", "x", "-8", "320", "4,8"};
+    for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+        const int good = i < 3;
+        setenv("CLATTN_NREG16", values[i], 1);
+        ctx = tu_context();
+        char named[120];
+        snprintf(named, sizeof named, "CLATTN_NREG16=\"%s\" ignored: %s", values[i],
+                 !cpu ? "the device is not a CPU" : "expected 4, 8 or 32");
+        const int want = good && cpu ? atoi(values[i]) : native;
+        if (ctx->dev.nreg16 != want)
+            fail_msg("CLATTN_NREG16=\"%s\": nreg16 %d, expected %d", values[i], ctx->dev.nreg16, want);
+        if (good && cpu ? strstr(clattn_tuning_report(ctx), "CLATTN_NREG16") != NULL
+                        : strstr(clattn_tuning_report(ctx), named) == NULL)
+            fail_msg("CLATTN_NREG16=\"%s\": tuning report \"%s\"", values[i], clattn_tuning_report(ctx));
+        clattn_release(ctx);
+    }
+    unsetenv("CLATTN_NREG16");
+}
+
 #if defined(CLATTN_TUNE_PATH) || defined(CLATTN_BENCH_PATH) || defined(CLATTN_INFO_PATH)
 /* The file `name` of the test directory (a tool's output), NUL-terminated, cut at size - 1. */
 static void read_text(const char *name, char *buf, size_t size)
@@ -1419,6 +1450,7 @@ int main(void)
     tu_add_test("format/parse_threads", NULL, test_parse_threads, NULL);
     tu_add_test("lookup/order", NULL, test_lookup_order, NULL);
     TU_ADD_TABLE("lookup/bad_env", test_bad_env, env_rows);
+    tu_add_test("lookup/env_nreg16", NULL, test_env_nreg16, NULL);
     tu_add_test("tools/bench_env", NULL, test_bench_env, NULL);
     tu_add_test("tools/bench_peak", NULL, test_bench_peak, NULL);
     tu_add_test("tools/bench_masks", NULL, test_bench_masks, NULL);

@@ -11,7 +11,7 @@
 # alone with a cold kernel cache at -j4, where 300 s ran 30 of the 48; 1450 s summed); bench
 # about 60 s; dec16 about 4 minutes; lanes and sweep about 6 minutes each); the build comes first in every call and is incremental. DEVICE:
 # a clattn_create spec (default nvidia). CTEST_REGEX picks the tests (default: all but the
-# consumer check, test_decode_direct16 and test_attention_ns3, CPU kernels'). The OpenCL runtime must be registered
+# consumer check, test_decode_direct16, test_attention_ns3 and the masklanes runs, CPU kernels'). The OpenCL runtime must be registered
 # with the ICD loader (on the lent machines: `source .gpu/env.sh` first, after
 # ../shared/gpu/prepare.sh here).
 set -uo pipefail
@@ -35,7 +35,7 @@ grep -iE "name|key|version" "$out/info.txt" | head -n 8
 
 if [[ $steps == *,tests,* ]]; then
 log "tests on $dev ($tests)"
-(cd build-gpu && CLATTN_REQUIRE_DEVICE=1 timeout 420 ctest -j12 -R "$tests" -E "consumer|direct16|ns3" \
+(cd build-gpu && CLATTN_REQUIRE_DEVICE=1 timeout 420 ctest -j12 -R "$tests" -E "consumer|direct16|ns3|masklanes" \
   --output-on-failure >"$out/ctest.log" 2>&1)
 grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest.log" | head -n 30
 fi
