@@ -1185,47 +1185,23 @@ typedef union lanes16 {
     float f[16];
 } lanes16;
 
-#if NREG16 >= 32 && defined(__clang__)
-/* A mask's 16 rows of 16 keys in lanes order (MASK_LANES 16): r[i] is row i's keys on entry and
- * key i's rows on return. Four rounds, each swapping one bit of the row index with the same bit
- * of the lane index (the off-diagonal blocks of 8, then 4, 2 and 1): 64 two-vector shuffles,
- * which clang keeps in registers with AVX-512's 32 (with 16 they spill: see below). */
-#define TR_ROUND(s, lo, hi)                                                                        \
-    _Pragma("unroll") for (int i_ = 0; i_ < 16; i_++) if (!(i_ & (s))) {                           \
-        const float16 a_ = r[i_], b_ = r[i_ + (s)];                                                \
-        r[i_] = __builtin_shufflevector(a_, b_, lo);                                               \
-        r[i_ + (s)] = __builtin_shufflevector(a_, b_, hi);                                         \
-    }
-/* Round s: lane j of row i (bit s of i clear) takes lane j - s of row i + s where j has bit s,
- * and lane j of row i + s takes lane j + s of row i where j has not. */
-#define TR8_LO 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
-#define TR8_HI 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
-#define TR4_LO 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
-#define TR4_HI 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
-#define TR2_LO 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
-#define TR2_HI 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
-#define TR1_LO 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
-#define TR1_HI 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
-__attribute__((always_inline)) inline void transpose16x16(float16 *r)
-{
-    TR_ROUND(8, TR8_LO, TR8_HI)
-    TR_ROUND(4, TR4_LO, TR4_HI)
-    TR_ROUND(2, TR2_LO, TR2_HI)
-    TR_ROUND(1, TR1_LO, TR1_HI)
-}
+#if defined(__clang__)
+/* A mask's MASK_LANES rows of MASK_LANES keys in lanes order: r[i] is row i's keys on entry and
+ * key i's rows on return. log2(MASK_LANES) rounds, each swapping one bit of the row index with the
+ * same bit of the lane index (the off-diagonal blocks of MASK_LANES / 2, then of half that, down
+ * to 1): with AVX-512's 32 registers 16 x 16 (64 two-vector shuffles, kept in registers). With 16
+ * registers (AVX2's ymm, NREG16 8; SSE's xmm, NREG16 4) 16 x 16 spills, so 8 x 8 (float8: 24
+ * shuffles, one instruction each with AVX2) or 4 x 4 (float4), a block of lanes at a time. Lane
+ * by lane, PoCL built each key's 16 rows from scalar loads. Measured with 8 x 8 on PoCL 3.1
+ * compiling for haswell on a 2-core Intel Xeon (AVX2 code on an AVX-512 machine: CLATTN_NREG16
+ * 8, POCL_LLVM_CPU_NAME=haswell, POCL_KERNELLIB_NAME=avx2), f32, causal, a finite
+ * [1][1][Sq][Skv] mask, 10 runs alternating: decode GQA 32:8 seq_q 4 seq_kv 8192 d128 (16 rows)
+ * median of the runs' minima 8.49 ms against 9.25, the mask's share of the kernel's samples
+ * (perf) 3.1% against 8.9%; 32 rows (H8 seq_q 32 seq_kv 8192 d64) 9.18 against 9.38, at most
+ * 11% against 17%. */
+#if NREG16 >= 32
 #define MASK_LANES 16
-#elif defined(__clang__)
-/* With 16 vector registers (AVX2's ymm, NREG16 8; SSE's xmm, NREG16 4) the 16 x 16 block spills,
- * so the mask goes through blocks of MASK_LANES rows of MASK_LANES keys, 8 x 8 (float8: 24
- * shuffles, one instruction each with AVX2) or 4 x 4 (float4), a block of lanes at a time; the
- * rounds are those of transpose16x16. Lane by lane, PoCL built each key's 16 rows from scalar
- * loads. Measured on PoCL 3.1 compiling for haswell on a 2-core Intel Xeon (AVX2 code on an
- * AVX-512 machine: CLATTN_NREG16 8, POCL_LLVM_CPU_NAME=haswell, POCL_KERNELLIB_NAME=avx2), f32,
- * causal, a finite [1][1][Sq][Skv] mask, 10 runs alternating: decode GQA 32:8 seq_q 4 seq_kv
- * 8192 d128 (16 rows) median of the runs' minima 8.49 ms against 9.25, the mask's share of the
- * kernel's samples (perf) 3.1% against 8.9%; 32 rows (H8 seq_q 32 seq_kv 8192 d64) 9.18 against
- * 9.38, at most 11% against 17%. */
-#if NREG16 >= 8
+#elif NREG16 >= 8
 #define MASK_LANES 8
 #else
 #define MASK_LANES 4
@@ -1239,12 +1215,22 @@ __attribute__((always_inline)) inline void transpose16x16(float16 *r)
 #else
 #define LDMB_MASK(p, i) vloadMB(0, (p) + (i))
 #endif
-#define TRMB_ROUND(s, lo, hi)                                                                      \
+#define TR_ROUND(s, lo, hi)                                                                        \
     _Pragma("unroll") for (int i_ = 0; i_ < MASK_LANES; i_++) if (!(i_ & (s))) {                   \
         const floatMB a_ = r[i_], b_ = r[i_ + (s)];                                                \
         r[i_] = __builtin_shufflevector(a_, b_, lo);                                               \
         r[i_ + (s)] = __builtin_shufflevector(a_, b_, hi);                                         \
     }
+/* Round s: lane j of row i (bit s of i clear) takes lane j - s of row i + s where j has bit s,
+ * and lane j of row i + s takes lane j + s of row i where j has not. */
+#define TR8_LO 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define TR8_HI 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define TR4_LO 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define TR4_HI 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define TR2_LO 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define TR2_HI 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define TR1_LO 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define TR1_HI 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
 #define TRM8_4LO 0, 1, 2, 3, 8, 9, 10, 11
 #define TRM8_4HI 4, 5, 6, 7, 12, 13, 14, 15
 #define TRM8_2LO 0, 1, 8, 9, 4, 5, 12, 13
@@ -1257,20 +1243,29 @@ __attribute__((always_inline)) inline void transpose16x16(float16 *r)
 #define TRM4_1HI 1, 5, 3, 7
 __attribute__((always_inline)) inline void transpose_mb(floatMB *r)
 {
-#if MASK_LANES == 8
-    TRMB_ROUND(4, TRM8_4LO, TRM8_4HI)
-    TRMB_ROUND(2, TRM8_2LO, TRM8_2HI)
-    TRMB_ROUND(1, TRM8_1LO, TRM8_1HI)
+#if MASK_LANES == 16
+    TR_ROUND(8, TR8_LO, TR8_HI)
+    TR_ROUND(4, TR4_LO, TR4_HI)
+    TR_ROUND(2, TR2_LO, TR2_HI)
+    TR_ROUND(1, TR1_LO, TR1_HI)
+#elif MASK_LANES == 8
+    TR_ROUND(4, TRM8_4LO, TRM8_4HI)
+    TR_ROUND(2, TRM8_2LO, TRM8_2HI)
+    TR_ROUND(1, TRM8_1LO, TRM8_1HI)
 #else
-    TRMB_ROUND(2, TRM4_2LO, TRM4_2HI)
-    TRMB_ROUND(1, TRM4_1LO, TRM4_1HI)
+    TR_ROUND(2, TRM4_2LO, TRM4_2HI)
+    TR_ROUND(1, TRM4_1LO, TRM4_1HI)
 #endif
 }
+#if MASK_LANES == 16
+#define add_mask_mb add_mask16
+#else
 /* add_mask16 on MASK_LANES lanes */
 inline floatMB add_mask_mb(floatMB s, floatMB mv, intMB hidden)
 {
     return select(s + mv, (floatMB)(NEG_INF), hidden | (mv == (floatMB)(NEG_INF)));
 }
+#endif
 #else
 #define MASK_LANES 0
 #endif
@@ -1502,24 +1497,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
                  * rows) 3.28-3.36 against 3.70-3.82, seq_q 16 (64 rows) 8.57-9.16 against
                  * 9.07-10.17, f16 seq_q 4 3.13-3.32 against 3.53-3.89; prefill in place (H8
                  * Sq1024 Skv8192 d64) 85.2-85.3 against 100.6-104.7. With fewer registers
-                 * (MASK_LANES 8 or 4) the same in blocks of 8 or 4 lanes, 8 or 4 keys. */
-#if MASK_LANES == 16
-                if (has_mask) {
-#pragma unroll 1
-                    for (; n + 16 <= nkeys; n += 16) {
-                        float16 r[16];
-#pragma unroll
-                        for (int i = 0; i < 16; i++)
-                            r[i] = LD16_MASK(mask, mrow[16 * lv + i] + (ulong)(kt + n));
-                        transpose16x16(r);
-#pragma unroll
-                        for (int e = 0; e < 16; e++) {
-                            lanes16 *sb = sbk + (n + e) * LANES + lv;
-                            sb->v = add_mask16(sb->v, r[e], (int16)(kt + n + e) >= rendv[lv]);
-                        }
-                    }
-                }
-#else
+                 * (MASK_LANES 8 or 4) blocks of 8 or 4 lanes, 8 or 4 keys (see transpose_mb). */
                 if (has_mask) {
 #pragma unroll 1
                     for (; n + MASK_LANES <= nkeys; n += MASK_LANES) {
@@ -1540,7 +1518,6 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
                         }
                     }
                 }
-#endif
 #endif
                 for (; n < nkeys; n++) {
                     const int key = kt + n;
