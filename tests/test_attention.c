@@ -1153,7 +1153,7 @@ int main(void)
             }
         tests[n++] = (struct CMUnitTest){cases[i].name, test_case, NULL, tu_teardown, (void *)&cases[i]};
     }
-    tu_apply_test_filter();
+    n = tu_filter_tests("attention", tests, n);
     const int failed = _cmocka_run_group_tests("attention", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
     return failed;

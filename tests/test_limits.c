@@ -840,7 +840,7 @@ int main(void)
             tests[n++] = (struct CMUnitTest){local_names[i], test_kernel_local, NULL, tu_teardown,
                                              (void *)&rows[i]};
         }
-    tu_apply_test_filter();
+    n = tu_filter_tests("limits", tests, n);
     const int failed = _cmocka_run_group_tests("limits", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
     if (wg_dir[0])

@@ -445,7 +445,7 @@ int main(void)
     }
     tests[n++] = (struct CMUnitTest){"rounding_f16", test_rounding, NULL, tu_teardown, (void *)&rounding_f16};
     tests[n++] = (struct CMUnitTest){"rounding_bf16", test_rounding, NULL, tu_teardown, (void *)&rounding_bf16};
-    tu_apply_test_filter();
+    n = tu_filter_tests("scores", tests, n);
     const int failed = _cmocka_run_group_tests("scores", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
     return failed;

@@ -401,7 +401,7 @@ int main(void)
                 fprintf(stderr, "test_softmax: duplicate test name %s\n", names[i]);
                 return 1;
             }
-    tu_apply_test_filter();
+    n = tu_filter_tests("softmax", tests, n);
     const int failed = _cmocka_run_group_tests("softmax", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
     return failed;

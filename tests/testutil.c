@@ -3,8 +3,10 @@
 #include "testutil.h"
 #include "internal.h" /* CLATTN_TEST_GPU_LIMITS: the device limits a context sees */
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -617,16 +619,59 @@ void tu_add_test(const char *area, const char *row, CMUnitTestFunction fn, const
     reg_tests[reg_count++] = (struct CMUnitTest){name, fn, reg_setup, reg_teardown, (void *)state};
 }
 
-void tu_apply_test_filter(void)
+/* 1 when name matches one of the comma-separated patterns of list that do not start with '-' (or
+ * there are none) and none of those that do (with the '-' taken off). */
+static int matches_list(const char *list, const char *name)
 {
-    const char *filter = getenv("CLATTN_TEST_FILTER");
-    if (filter != NULL && *filter)
-        cmocka_set_test_filter(filter);
+    char pat[256];
+    int any_pos = 0, pos = 0;
+    for (const char *p = list; *p;) {
+        const size_t len = strcspn(p, ",");
+        if (len >= sizeof pat) {
+            fprintf(stderr, "test filter: a pattern of %zu characters is too long\n", len);
+            exit(1);
+        }
+        memcpy(pat, p, len);
+        pat[len] = '\0';
+        p += len + (p[len] == ',');
+        const int neg = pat[0] == '-';
+        if (pat[neg] == '\0')
+            continue;
+        const int hit = fnmatch(pat + neg, name, 0) == 0;
+        if (neg && hit)
+            return 0;
+        if (!neg) {
+            any_pos = 1;
+            pos |= hit;
+        }
+    }
+    return pos || !any_pos;
+}
+
+size_t tu_filter_tests(const char *group, struct CMUnitTest *tests, size_t n)
+{
+    char var[64] = "CLATTN_TEST_FILTER_";
+    size_t at = strlen(var);
+    for (const char *g = group; *g && at + 1 < sizeof var; ++g)
+        var[at++] = (char)toupper((unsigned char)*g);
+    var[at] = '\0';
+    const char *filter = getenv(var);
+    if (filter == NULL || !*filter)
+        filter = getenv("CLATTN_TEST_FILTER");
+    if (filter == NULL || !*filter)
+        return n;
+    size_t kept = 0;
+    for (size_t i = 0; i < n; ++i)
+        if (matches_list(filter, tests[i].name)) {
+            const struct CMUnitTest t = tests[kept];
+            tests[kept++] = tests[i];
+            tests[i] = t;
+        }
+    return kept;
 }
 
 int tu_run_tests(const char *group)
 {
-    tu_apply_test_filter();
     int failed = 0;
     for (size_t i = 0; i < reg_count && !failed; ++i)
         for (size_t j = i + 1; j < reg_count; ++j)
@@ -635,8 +680,10 @@ int tu_run_tests(const char *group)
                 failed = 1;
                 break;
             }
+    /* The tests left out are swapped behind the kept ones, so every name is still freed below. */
     if (!failed)
-        failed = _cmocka_run_group_tests(group, reg_tests, reg_count, NULL, NULL);
+        failed = _cmocka_run_group_tests(group, reg_tests, tu_filter_tests(group, reg_tests, reg_count),
+                                         NULL, NULL);
     for (size_t i = 0; i < reg_count; ++i)
         free((char *)reg_tests[i].name);
     free(reg_tests);

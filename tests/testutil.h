@@ -18,6 +18,18 @@
 
 #include "clattn.h"
 
+/* 1 in a build with AddressSanitizer (CLATTN_SANITIZE, which adds UBSan with it), else 0. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TU_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TU_SANITIZED 1
+#endif
+#endif
+#ifndef TU_SANITIZED
+#define TU_SANITIZED 0
+#endif
+
 /* ---- deterministic random numbers (splitmix64: tiny, full period, good enough for test data) ---- */
 
 typedef struct {
@@ -188,8 +200,13 @@ void tu_add_test(const char *area, const char *row, CMUnitTestFunction fn, const
     tu_add_test((area), (table)[tu_i_].name, (fn), &(table)[tu_i_])
 /* Runs the registered tests as cmocka group `group`, frees the registry; 1 on duplicate names. */
 int tu_run_tests(const char *group);
-/* CLATTN_TEST_FILTER="underflow*" (cmocka's wildcards) runs only the tests whose names match;
- * tu_run_tests applies it, programs that run their own group call this first. */
-void tu_apply_test_filter(void);
+/* CLATTN_TEST_FILTER="underflow*,seq_*" (a comma list of fnmatch patterns: `*`, `?`, `[...]`)
+ * runs only the tests whose names match one of them, and none that match a pattern written with
+ * a leading '-' ("-long_*" alone: every test but those); CLATTN_TEST_FILTER_<GROUP> (the group in
+ * capitals, e.g. CLATTN_TEST_FILTER_ATTENTION) does so for that program alone and takes
+ * precedence, so one environment can pick a part of one program among several. tu_run_tests
+ * applies them; programs that run their own array call this on it first. It moves the n0 tests
+ * kept to the front of tests, in their order, and returns n0. */
+size_t tu_filter_tests(const char *group, struct CMUnitTest *tests, size_t n);
 
 #endif /* CLATTN_TESTS_TESTUTIL_H */
