@@ -510,7 +510,7 @@ static void test_create_release_no_growth(void **state)
     const double growth = ((double)after - (double)before) / (1024.0 * 1024.0);
     print_message("RSS after 50 warm-up rounds %.2f MiB, after 1000 more %.2f MiB, growth %.3f MiB\n",
                   (double)before / (1024.0 * 1024.0), (double)after / (1024.0 * 1024.0), growth);
-#if defined(__SANITIZE_ADDRESS__)
+#if TU_SANITIZED
     /* AddressSanitizer quarantines freed memory, so RSS grows by design; LeakSanitizer checks
      * this build for leaks instead. */
     print_message("AddressSanitizer build: RSS growth not asserted\n");

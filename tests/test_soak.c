@@ -30,14 +30,7 @@
 #include "attnprob.h"
 #include "clshim.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SOAK_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SOAK_ASAN 1
-#endif
-#endif
-#ifdef SOAK_ASAN
+#if TU_SANITIZED
 /* From <sanitizer/allocator_interface.h>, which gcc does not install: heap bytes in use now. */
 size_t __sanitizer_get_current_allocated_bytes(void);
 #elif defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
@@ -60,7 +53,7 @@ enum { WARMUP_CALLS = 1000, CHECKPOINTS = 4, FINISH_EVERY = 16 };
 #define HEAP_GROWTH_LIMIT (256.0 * 1024)
 /* RSS: freed pages the allocator keeps absorb small leaks, so this only catches big ones. */
 #define RSS_GROWTH_LIMIT (4.0 * MiB)
-#ifdef SOAK_ASAN
+#if TU_SANITIZED
 #define SOAK_RSS_ASSERTED 0 /* the quarantine of freed blocks grows RSS by design */
 #else
 #define SOAK_RSS_ASSERTED 1
@@ -94,7 +87,7 @@ static size_t rss_bytes(void)
 /* Heap bytes in use (see the file comment), or -1 where this build cannot tell. */
 static double heap_bytes(void)
 {
-#if defined(SOAK_ASAN)
+#if TU_SANITIZED
     return (double)__sanitizer_get_current_allocated_bytes();
 #elif defined(SOAK_MALLINFO2)
     const struct mallinfo2 mi = mallinfo2();

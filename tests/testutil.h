@@ -18,7 +18,8 @@
 
 #include "clattn.h"
 
-/* 1 in a build with AddressSanitizer (CLATTN_SANITIZE, which adds UBSan with it), else 0. */
+/* 1 in a build with AddressSanitizer (CLATTN_SANITIZE, which adds UBSan with it), gcc or clang,
+ * else 0. */
 #if defined(__SANITIZE_ADDRESS__)
 #define TU_SANITIZED 1
 #elif defined(__has_feature)
