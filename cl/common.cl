@@ -44,15 +44,19 @@
  * against H1 Sq8192's 8.3-8.4 (the same work), scores 5.1 against 4.4; PoCL, which runs them
  * in order, 8.4-8.5 against 8.1-8.3 and 5.4-5.5 against 5.1-5.2. A grid with more than one
  * work-group in y or z, or a chunk of one with an offset there (clattn__enqueue), is the 3D one
- * (the host keeps it past INT_MAX work-groups), whose indices these return too. */
+ * (the host keeps it past INT_MAX work-groups), whose indices these return too.
+ * The flat index is get_group_id(0), the same number as get_global_id(0) with one work-item a
+ * work-group and x never chunked; built from get_global_id(0), which Intel's compiler seems to
+ * take as different in every work-item even with reqd_work_group_size(1, 1, 1), gemm.cl for
+ * scores_direct with bf16 Q and 32 rows a tile took 430 s on its 2026.2 (2-core Xeon), not 14. */
 #define FLAT_GRID()                                                                              \
     (get_global_size(1) == 1 && get_global_size(2) == 1 && get_global_offset(1) == 0 &&          \
      get_global_offset(2) == 0)
-#define TILE_X(nx) (FLAT_GRID() ? (int)((uint)get_global_id(0) % (uint)(nx)) : (int)get_group_id(0))
+#define TILE_X(nx) (FLAT_GRID() ? (int)((uint)get_group_id(0) % (uint)(nx)) : (int)get_group_id(0))
 #define TILE_Y(nx, ny)                                                                           \
-    (FLAT_GRID() ? (int)((uint)get_global_id(0) / (uint)(nx) % (uint)(ny)) : GROUP_ID(1))
+    (FLAT_GRID() ? (int)((uint)get_group_id(0) / (uint)(nx) % (uint)(ny)) : GROUP_ID(1))
 #define TILE_Z(nx, ny)                                                                           \
-    (FLAT_GRID() ? (int)((uint)get_global_id(0) / (uint)(nx) / (uint)(ny)) : GROUP_ID(2))
+    (FLAT_GRID() ? (int)((uint)get_group_id(0) / (uint)(nx) / (uint)(ny)) : GROUP_ID(2))
 
 inline float bf16_to_f32(ushort x) { return as_float((uint)x << 16); }
 
