@@ -52,7 +52,8 @@
 #define FLAT_GRID()                                                                              \
     (get_global_size(1) == 1 && get_global_size(2) == 1 && get_global_offset(1) == 0 &&          \
      get_global_offset(2) == 0)
-#define TILE_X(nx) (FLAT_GRID() ? (int)((uint)get_group_id(0) % (uint)(nx)) : (int)get_group_id(0))
+/* Both grids: the 3D one has exactly nx work-groups in x (never chunked), so % nx keeps it. */
+#define TILE_X(nx) ((int)((uint)get_group_id(0) % (uint)(nx)))
 #define TILE_Y(nx, ny)                                                                           \
     (FLAT_GRID() ? (int)((uint)get_group_id(0) / (uint)(nx) % (uint)(ny)) : GROUP_ID(1))
 #define TILE_Z(nx, ny)                                                                           \
