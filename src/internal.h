@@ -78,6 +78,12 @@ struct clattn_context {
     int nprograms;
     int cap_programs;
     clattn_cache_stats stats;
+    /* Wall time of the programs built from source (clBuildProgram; not loads from the disk
+     * cache): their sum, the longest, and that one's file and options. clattn-bench reports them:
+     * a variant that takes a compiler minutes shows there (one took 430 s on Intel's CPU
+     * runtime before 95349b0). */
+    double build_seconds, build_seconds_max;
+    char build_slowest[1100];
 
     int cache_enabled;
     char cache_dir[4096];

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 
 char *clattn__load_source(const char *file, size_t *len)
@@ -138,7 +139,8 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
     /* Device-wide definitions every kernel may use (common.cl). */
     char options[1024];
     /* Development: CLATTN_BUILD_OPTIONS adds compiler options (e.g. -cl-nv-verbose), part of the
-     * cache key like the rest; CLATTN_BUILD_LOG=1 prints every source build's log to stderr. */
+     * cache key like the rest; CLATTN_BUILD_LOG=1 prints every source build's time and log to
+     * stderr. */
     const char *extra = getenv("CLATTN_BUILD_OPTIONS");
     /* -w (a standard option): the compiler's warnings stay out of the application's stderr.
      * PoCL prints a count of them itself ("23 warnings generated.") on every build; on AVX2 its
@@ -167,7 +169,17 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
     if (!prog || err != CL_SUCCESS)
         return clattn__cl_fail(ctx, err, "clCreateProgramWithSource");
     ctx->stats.builds++;
+    struct timespec t0, t1;
+    const int timed = clock_gettime(CLOCK_MONOTONIC, &t0) == 0;
     err = clBuildProgram(prog, 1, &ctx->device, options, NULL, NULL);
+    double seconds = 0;
+    if (timed && clock_gettime(CLOCK_MONOTONIC, &t1) == 0)
+        seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    ctx->build_seconds += seconds;
+    if (seconds >= ctx->build_seconds_max) {
+        ctx->build_seconds_max = seconds;
+        snprintf(ctx->build_slowest, sizeof ctx->build_slowest, "%.60s \"%.1023s\"", file, options);
+    }
     if (err != CL_SUCCESS) {
         keep_build_log(ctx, prog);
         clReleaseProgram(prog);
@@ -177,7 +189,7 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
     }
     if (show_log) {
         keep_build_log(ctx, prog);
-        fprintf(stderr, "clattn: built %s with \"%s\"\n%s\n", file, options,
+        fprintf(stderr, "clattn: built %s in %.2f s with \"%s\"\n%s\n", file, seconds, options,
                 ctx->build_log ? ctx->build_log : "");
     }
     if (ctx->cache_enabled)

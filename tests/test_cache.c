@@ -193,6 +193,8 @@ static clattn_context *new_context(void)
     clattn_context *ctx = tu_context();
     const clattn_cache_stats zero = {0, 0, 0, 0, 0};
     assert_memory_equal(&ctx->stats, &zero, sizeof zero);
+    assert_true(ctx->build_seconds == 0 && ctx->build_seconds_max == 0);
+    assert_string_equal(ctx->build_slowest, "");
     return ctx;
 }
 
@@ -316,6 +318,9 @@ static void expect_disk_hit(void)
     assert_int_equal(ctx->stats.builds, 0);
     assert_int_equal(ctx->stats.disk_rejects, 0);
     assert_int_equal(ctx->stats.disk_writes, 0);
+    /* A load is not a build: no build time, no slowest build (clattn-bench reports both). */
+    assert_true(ctx->build_seconds == 0);
+    assert_string_equal(ctx->build_slowest, "");
     check_softmax_runs(ctx);
     clattn_release(ctx);
 }
@@ -333,6 +338,13 @@ static void test_miss_then_hit(void **state)
     assert_int_equal(ctx->stats.disk_hits, 0);
     assert_int_equal(ctx->stats.disk_rejects, 0);
     assert_int_equal(ctx->stats.memory_hits, 0);
+    /* The build's time is counted, and the one build is the slowest, named by file and options. */
+    const double built_in = ctx->build_seconds;
+    print_message("built in %.3f s: %s\n", built_in, ctx->build_slowest);
+    assert_true(built_in > 0 && built_in < 3600);
+    assert_true(ctx->build_seconds_max == built_in);
+    assert_true(strncmp(ctx->build_slowest, "softmax.cl \"", strlen("softmax.cl \"")) == 0);
+    assert_non_null(strstr(ctx->build_slowest, OPT_A));
 
     /* One entry, named by a 32-hex-digit key, and no temporary file left behind. */
     char path[PATH_MAX + 256];
@@ -352,6 +364,7 @@ static void test_miss_then_hit(void **state)
     assert_ptr_equal(k1, k2);
     assert_int_equal(ctx->stats.memory_hits, 1);
     assert_int_equal(ctx->stats.builds, 1);
+    assert_true(ctx->build_seconds == built_in);
     assert_int_equal(ctx->stats.disk_hits, 0);
     assert_int_equal(ctx->stats.disk_writes, 1);
     clattn_release(ctx);

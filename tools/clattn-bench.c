@@ -1661,6 +1661,20 @@ static void print_ratios(const bench *bn)
         printf("  %-22s %-37s %8.4g\n", bn->ratios[i].what, bn->ratios[i].how, bn->ratios[i].v);
 }
 
+/* What the run's kernel programs cost to get: built from source (clBuildProgram's wall time) or
+ * loaded from the disk cache. Not part of any timing above (warm-up runs cover the builds); it
+ * shows a variant whose build takes a compiler minutes, which slows every first use. PoCL
+ * compiles each kernel for its work-group size at its first launch, which is not counted. */
+static void print_builds(const bench *bn)
+{
+    const clattn_context *c = bn->ctx;
+    FILE *f = bn->opt.csv ? stderr : stdout;
+    fprintf(f, "\nkernel programs: %u built from source (clBuildProgram: %.1f s), %u loaded from the disk cache\n",
+            c->stats.builds, c->build_seconds, c->stats.disk_hits);
+    if (c->stats.builds > 0)
+        fprintf(f, "  longest build: %.1f s, %s\n", c->build_seconds_max, c->build_slowest);
+}
+
 int main(int argc, char **argv)
 {
     static bench bn; /* static: zeroed, and its address is stable for the whole run */
@@ -1749,6 +1763,7 @@ int main(int argc, char **argv)
         }
     }
     print_ratios(&bn);
+    print_builds(&bn);
     if (bn.check_failed)
         fputs("clattn-bench: --check: an error above tolerance (see the check column)\n", stderr);
 
