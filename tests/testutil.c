@@ -658,11 +658,21 @@ size_t tu_filter_tests(const char *group, struct CMUnitTest *tests, size_t n)
     const char *filter = getenv(var);
     if (filter == NULL || !*filter)
         filter = getenv("CLATTN_TEST_FILTER");
-    if (filter == NULL || !*filter)
-        return n;
-    size_t kept = 0;
+    /* CLATTN_TEST_SHARD=i/n: of the tests the filter keeps, those at positions i, i + n, ... */
+    unsigned shard = 0, shards = 1;
+    const char *sh = getenv("CLATTN_TEST_SHARD");
+    if (sh != NULL && *sh) {
+        char end = '\0';
+        if (sscanf(sh, "%u/%u%c", &shard, &shards, &end) != 2 || shards == 0 || shards > 1000 ||
+            shard >= shards) {
+            fprintf(stderr, "CLATTN_TEST_SHARD must be i/n with 0 <= i < n <= 1000 (got '%s')\n", sh);
+            exit(1);
+        }
+    }
+    size_t kept = 0, seen = 0;
     for (size_t i = 0; i < n; ++i)
-        if (matches_list(filter, tests[i].name)) {
+        if ((filter == NULL || !*filter || matches_list(filter, tests[i].name)) &&
+            seen++ % shards == shard) {
             const struct CMUnitTest t = tests[kept];
             tests[kept++] = tests[i];
             tests[i] = t;

@@ -45,11 +45,23 @@ if [ "${CLATTN_VALGRIND:-1}" != 0 ]; then
   # times slower than native, not fifty) fills the kernel caches for that CPU; memcheck then loads
   # them. Only ocl-icd/PoCL/LLVM frames are suppressed (tests/valgrind.supp): a memory error or a
   # definite leak in our code fails the run.
+  # The warm-up runs a process per core at a time, test_failures (the most kernels: 15 of the
+  # 22 minutes the warm-up took one process at a time on 2 cores) split among 2 per core
+  # (CLATTN_TEST_SHARD, tests/testutil.h), the longest first: 14 minutes there, the step 17
+  # instead of 26. Two that need the same kernel may both compile it; the cache keeps one.
   vg_tests="test_status test_reference test_bad_input test_failures test_soak"
   export CLATTN_CACHE_DIR="$cache" CLATTN_SOAK_CALLS=2000
-  for t in $vg_tests; do
-    valgrind -q --tool=none "build-test/tests/$t" >"build-test/valgrind-warmup-$t.log" 2>&1 || true
+  shards=$((2 * jobs))
+  warm=("test_soak")
+  for ((i = 0; i < shards; i++)); do warm+=("test_failures $i/$shards"); done
+  warm+=("test_bad_input" "test_status" "test_reference")
+  for w in "${warm[@]}"; do
+    read -r t shard <<<"$w"
+    CLATTN_TEST_SHARD="$shard" valgrind -q --tool=none "build-test/tests/$t" \
+      >"build-test/valgrind-warmup-$t${shard:+-${shard%/*}}.log" 2>&1 &
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
   done
+  wait
   for t in $vg_tests; do
     t0=$SECONDS
     if ! valgrind --error-exitcode=99 --leak-check=full --show-leak-kinds=definite \
