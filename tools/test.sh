@@ -49,12 +49,17 @@ if [ "${CLATTN_VALGRIND:-1}" != 0 ]; then
   # 22 minutes the warm-up took one process at a time on 2 cores) split among 2 per core
   # (CLATTN_TEST_SHARD, tests/testutil.h), the longest first: 14 minutes there, the step 17
   # instead of 26. Two that need the same kernel may both compile it; the cache keeps one.
-  vg_tests="test_status test_reference test_bad_input test_failures test_soak"
+  vg_tests="test_soak test_failures test_bad_input test_status test_reference" # longest first
   export CLATTN_CACHE_DIR="$cache" CLATTN_SOAK_CALLS=2000
   shards=$((2 * jobs))
-  warm=("test_soak")
-  for ((i = 0; i < shards; i++)); do warm+=("test_failures $i/$shards"); done
-  warm+=("test_bad_input" "test_status" "test_reference")
+  warm=()
+  for t in $vg_tests; do
+    if [ "$t" = test_failures ]; then
+      for ((i = 0; i < shards; i++)); do warm+=("$t $i/$shards"); done
+    else
+      warm+=("$t")
+    fi
+  done
   for w in "${warm[@]}"; do
     read -r t shard <<<"$w"
     CLATTN_TEST_SHARD="$shard" valgrind -q --tool=none "build-test/tests/$t" \
