@@ -613,7 +613,8 @@ int main(void)
     }
     if (n < MAX_TESTS) {
         snprintf(names[n], sizeof names[n], "decode/longest_range");
-        tests[n++] = (struct CMUnitTest){names[n - 1], test_longest_range, NULL, tu_teardown, NULL};
+        tests[n] = (struct CMUnitTest){names[n], test_longest_range, NULL, tu_teardown, NULL};
+        n++;
     }
     if (n != N_OF(dec_cases) + N_OF(merge_cases) + 1) {
         fprintf(stderr, "test_decode: more than %d tests, raise MAX_TESTS\n", MAX_TESTS);
