@@ -242,7 +242,7 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  * against 4096 2.2-4.2 against 3.4-4.7, 64 against 256 0.36-0.47 against 0.27-0.49 (even). With
  * fused_direct in two blocks of 32, before fused_lanes, the copy was faster from 33 rows unless
  * K and V were long (seq_kv 8192, seq_q 64: 11.3-12.5 in place against 10.3-11.1).
- * With AVX2's register tiles (NREG16 < 32), f32 K and V with head_dim + head_dim_v <=
+ * With AVX2's register tiles (NREG16 < 32), K and V with head_dim + head_dim_v <=
  * KV_IN_PLACE_DIMS and at least KV_IN_PLACE floats a kv head (8 MiB: 16384 keys at head_dim 64;
  * AVX-512: KV_IN_PLACE_512 below) are read in place with any number of rows, in blocks
  * of up to 64: fused_direct over the copies takes 4 to 6 rows a block (its register tile), and
@@ -259,9 +259,20 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  *   d128, seq_kv 4096, seq_q 1024: 135 against 107, causal 120 against 93.
  * With the copies in rows (before the panels, see fused.cl) in place won from 4 MiB at both head
  * sizes (d128 seq_kv 16384 seq_q 1024: 543 against 960).
- * f16 and bf16, converted a block at a time in place but once in the copies, keep the copies
- * (rows: d64 seq_q 512, seq_kv 8192: 81-113 in place against 78-82; 16384: 180-210 against
- * 154-233). */
+ * f16 and bf16 follow the same rule since fused_lanes converts each block of V to f32 once
+ * (VF32_BLOCK, fused.cl); before that they kept the copies. Measured with AVX2 code on a 2-core
+ * Intel Xeon (AVX-512 hardware, PoCL with POCL_LLVM_CPU_NAME=haswell POCL_KERNELLIB_NAME=avx2
+ * and CLATTN_NREG16=8), B1 H8, minima of 2 runs alternating, ms, in place against the copies,
+ * non-causal / causal:
+ *   f16,  d64, seq_kv 16384, seq_q 256: 98 / 109 against 151 / 203; seq_q 512: 209 / 215
+ *         against 308 / 366; seq_q 1024: 418 / 354 against 896 / 745;
+ *   bf16, d64, seq_kv 16384, seq_q 512: 205 / 199 against 299 / 254; seq_kv 32768, seq_q 256:
+ *         202 / 188 against 330 / 352;
+ *   f16,  d64, seq_kv 8192, seq_q 512 (2^20 floats): 98 / 101 against 99 / 92; seq_q 1024: 220
+ *         / 208 against 208 / 193 (even, as f32 is here: 212 / 208 against 197 / 184).
+ * The same emulation reads head_dim + head_dim_v > 128 differently from the EPYC (f32 d128
+ * seq_kv 8192 seq_q 512: 223 / 234 in place against 297 / 291; f16 194 / 193 against 214 /
+ * 256), but real AVX2 hardware decided it, so the KV_IN_PLACE_DIMS bound stays. */
 #define KV_IN_PLACE (1 << 21)
 #define KV_IN_PLACE_DIMS 128
 /* With AVX-512's register tiles (NREG16 32: fused_lanes with 8 accumulators, fused_direct's
@@ -296,13 +307,13 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
 #define KV_IN_PLACE_512 (1 << 19)
 
 int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
-                            int64_t dk_plus_dv, clattn_dtype dtype)
+                            int64_t dk_plus_dv)
 {
     if (seq_q <= 16 || rows <= LANES_ROWS)
         return 1;
     if (ctx->dev.nreg16 >= 32)
         return seq_kv * dk_plus_dv > KV_IN_PLACE_512;
-    return dtype == CLATTN_F32 && dk_plus_dv <= KV_IN_PLACE_DIMS && seq_kv * dk_plus_dv >= KV_IN_PLACE;
+    return dk_plus_dv <= KV_IN_PLACE_DIMS && seq_kv * dk_plus_dv >= KV_IN_PLACE;
 }
 
 /* The most bytes of mask flags, spans and hulls: past it (a mask of 4·2^30 elements, or rows a
@@ -869,7 +880,7 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
          * times slower on CPUs (PoCL, 2-core AMD EPYC, AVX2, B1 H8 Sq256 Skv8192 d64 causal, min
          * ms: copies 46-49, in place 33, tiled 375-411). */
         int used;
-        for (int in_place = clattn__direct_in_place(ctx, R, p->seq_q, p->seq_kv, p->head_dim + p->head_dim_v, p->dtype);
+        for (int in_place = clattn__direct_in_place(ctx, R, p->seq_q, p->seq_kv, p->head_dim + p->head_dim_v);
              in_place <= 1; in_place++) {
             clattn_status st = run_direct(ctx, p, &pp, in_place, num_wait, wait, done, &used);
             if (st || used)

@@ -431,7 +431,7 @@ void clattn__fit_fused_tile(const clattn_context *ctx, int64_t head_dim_v, int *
  * per kv head, or long K and V, by the context's vector registers), rather than from a Kᵀ copy:
  * its RM and NS parameters are then unused. */
 int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
-                            int64_t dk_plus_dv, clattn_dtype dtype);
+                            int64_t dk_plus_dv);
 /* GPU decode with the vendor or generic defaults (decode_lanes) and 16 or more packed rows per kv
  * head (head_dim and head_dim_v up to 128): the tiled kernel instead, WGX 8, RM 4, the row tile
  * covering the rows up to 64, the defaults' SPLITS (src/fused.c). v: DECODE's values (at least

@@ -15,9 +15,9 @@
  *                of 256-key softmax blocks, reading copies of Kᵀ and of V (zero-padded), both
  *                in panels (fused.cl), WGX/WGY/VW unused; with few rows per kv head (fused.c:
  *                LANES_ROWS), or long K and V (fused.c: clattn__direct_in_place: with AVX-512
- *                any dtype past 2 MiB of f32, with AVX2 f32 past 8 MiB and head_dim +
- *                head_dim_v <= 128), K and V are read in place as by DECODE DIRECT 1 with
- *                RM 0, and RM/NS are unused too)
+ *                any dtype past 2 MiB of f32, with AVX2 any dtype from 8 MiB of f32 and
+ *                head_dim + head_dim_v <= 128), K and V are read in place as by DECODE
+ *                DIRECT 1 with RM 0, and RM/NS are unused too)
  *   DECODE     : WGX, WGY, RM, NS, VW, SPLITS, DIRECT  (fused.cl with key splits; RM 0 = cover the
  *                packed rows (up to 16), SPLITS 0 = automatic; DIRECT 1: fused_direct reading K
  *                and V in place, one work-item per RM rows and key split, 16-key blocks (RM 0:

@@ -76,6 +76,11 @@ typedef enum special_kind {
 
 enum { ALG_FUSED = 1, ALG_UNFUSED = 2, ALG_AUTO = 4 };
 
+/* How a CPU's fused call reads K and V (src/fused.c: clattn__direct_in_place): PATH_ANY, as the
+ * device's register tiles decide; in place; over fused_direct's Kᵀ/V copies (pack_v); over the
+ * copies in key chunks whose partials are merged (merge_strided). */
+typedef enum cpu_path { PATH_ANY, PATH_IN_PLACE, PATH_COPIES, PATH_CHUNKS } cpu_path;
+
 typedef struct att_case {
     const char *name;
     int B, Hq, Hkv, Sq, Skv, D, Dv; /* Dv 0: D */
@@ -101,6 +106,11 @@ typedef struct att_case {
                       * (batch, head) to the next, so that reading another slice's window is wrong */
     int sink;        /* with a window: keys 0 .. sink-1 stay visible too (attention sinks), a
                       * hidden gap between them and the window */
+    int cache_kib;   /* > 0: the context plans for a device cache of this many KiB, so that
+                      * fused_direct (CPUs) cuts its K/V copies into key chunks of a quarter of
+                      * it, merged (src/fused.c); 0: the device's own */
+    cpu_path path;   /* where fused_direct or fused_lanes ran (CPUs), the path the fused call must
+                      * have taken: check_cpu_path */
 } att_case;
 
 /* clang-format off */
@@ -414,50 +424,61 @@ static const att_case cases[] = {
     {"long_64x16384", 1, 1, 1, 64, 16384, 64, 0, F32, .causal = 0},
     {"long_64x65536", 1, 1, 1, 64, 65536, 64, 0, F32, .algos = ALG_FUSED},
     {"long_64x131072", 1, 1, 1, 64, 131072, 64, 0, F32, .algos = ALG_FUSED},
-    /* more rows than read in place on CPUs for short K and V: f16, the K/V copies in
-     * cache-sized key chunks, merged; f32, long enough to be read in place (src/fused.c,
-     * KV_IN_PLACE) in blocks of rows, also with packed query groups, causal, and head_dim_v !=
-     * head_dim; f32 with head_dim + head_dim_v > 128 and bf16, in place with AVX-512's tiles
-     * (KV_IN_PLACE_512) and over the copies with AVX2's; f16 with head_dim + head_dim_v > 128
-     * over the copies. The copies_ cases also run with 48-key panels (test_attention_ns3,
-     * tests/CMakeLists.txt). */
-    {"copies_long_72x40000_f16", 1, 1, 1, 72, 40000, 64, 0, F16, .algos = ALG_FUSED},
+    /* more rows than read in place on CPUs for short K and V (src/fused.c:
+     * clattn__direct_in_place), each case checking the path its fused call took on CPUs: copies_
+     * cases over fused_direct's Kᵀ/V copies with either register tiles (at most 2^19 elements
+     * seq_kv × (head_dim + head_dim_v) a kv head), copies_chunks_ ones with a 2 MiB cache planned
+     * (cache_kib), so that every CPU cuts the copies into key chunks of 1024 keys and merges them;
+     * long_ cases long enough to be read in place with either tiles (at least 2^21 elements,
+     * head_dim + head_dim_v <= 128), in blocks of rows, also with packed query groups, causal,
+     * head_dim_v != head_dim and key splits; f32 with head_dim + head_dim_v > 128 and bf16 below
+     * 2^21, in place with AVX-512's tiles (KV_IN_PLACE_512) and over the copies with AVX2's. The
+     * copies_ cases also run with 48-key panels (test_attention_ns3, tests/CMakeLists.txt). */
+    {"copies_chunks_72x4096_f16", 1, 1, 1, 72, 4096, 64, 0, F16, .algos = ALG_FUSED, .cache_kib = 2048,
+     .path = PATH_CHUNKS},
+    {"long_72x40000_f16", 1, 1, 1, 72, 40000, 64, 0, F16, .algos = ALG_FUSED, .path = PATH_IN_PLACE},
     /* windows over the copies, so also in 48-key panels (test_attention_ns3): the first block
      * starts on a panel edge below the window (NARROW_KEYS, fused.cl); causal with key lengths
      * that leave some heads' windows past their batch's keys; a window that moves by batch in a
-     * mask shared by the heads; a 3000-key window at the end of 40000 keys, in the cache-sized
-     * key chunks above (key splits). The copies cover only the panels some row of a kv head sees
+     * mask shared by the heads; a 1000-key window at the end of 4096 keys, in the key chunks of
+     * a 2 MiB cache (the first two chunks hidden), and one of 3000 keys at the end of 40000, in
+     * place. The copies cover only the panels some row of a kv head sees
      * (mask_union, fused.cl), and the fused call runs on copies left NaN by an earlier call
      * (stale_workspace below), so a panel read but not copied shows where it reaches the
      * output. */
     {"copies_window_shift_causal_kvlen_gqa2", 2, 4, 2, 40, 1500, 64, 0, F32, .causal = 1, .mask = MASK_BATCH,
      .mask_dt = F32, .bias = 1, .window = 100, .wshift = -300, .has_kv = 1, .kv = {1500, 1100},
-     .special = SP_POISON_HIDDEN},
+     .special = SP_POISON_HIDDEN, .path = PATH_COPIES},
     {"copies_window_shift_batch_gqa2", 3, 4, 2, 40, 1200, 64, 0, F32, .mask = MASK_HEADS, .mask_dt = F32,
-     .bias = 1, .window = 64, .wshift = -300, .special = SP_POISON_HIDDEN},
-    {"copies_window_long_2x72x40000_f16", 1, 2, 1, 72, 40000, 64, 0, F16, .mask = MASK_HEADS, .mask_dt = F16,
-     .bias = 1, .window = 3000, .special = SP_POISON_HIDDEN, .algos = ALG_FUSED},
+     .bias = 1, .window = 64, .wshift = -300, .special = SP_POISON_HIDDEN, .path = PATH_COPIES},
+    {"copies_chunks_window_2x72x4096_f16", 1, 2, 1, 72, 4096, 64, 0, F16, .mask = MASK_HEADS, .mask_dt = F16,
+     .bias = 1, .window = 1000, .special = SP_POISON_HIDDEN, .algos = ALG_FUSED, .cache_kib = 2048,
+     .path = PATH_CHUNKS},
+    {"window_long_2x72x40000_f16", 1, 2, 1, 72, 40000, 64, 0, F16, .mask = MASK_HEADS, .mask_dt = F16,
+     .bias = 1, .window = 3000, .special = SP_POISON_HIDDEN, .algos = ALG_FUSED, .path = PATH_IN_PLACE},
     /* key lengths over the copies, which cover only the panels that start below the batch's
      * length, on copies left NaN by an earlier call (stale_workspace): lengths on a panel edge
      * and one key past it, for 64-key panels (AVX-512's: 64, 65, 129), 48-key ones
      * (test_attention_ns3: 48, 49, 97, 289) and 16-key ones (AVX2's: all of them); no key at
      * all. copies_skip then checks that the panels past the lengths were not written. */
     {"copies_kvlen_panel_edges_gqa2", 4, 2, 1, 40, 300, 64, 0, F32, .has_kv = 1, .kv = {64, 65, 97, 289},
-     .special = SP_POISON_HIDDEN},
+     .special = SP_POISON_HIDDEN, .path = PATH_COPIES},
     {"copies_kvlen_causal_f16_dv40_gqa2", 4, 4, 2, 40, 300, 64, 40, F16, .causal = 1, .has_kv = 1,
-     .kv = {0, 48, 49, 129}, .special = SP_POISON_HIDDEN},
-    {"long_72x40000", 1, 1, 1, 72, 40000, 64, 0, F32, .algos = ALG_FUSED},
+     .kv = {0, 48, 49, 129}, .special = SP_POISON_HIDDEN, .path = PATH_COPIES},
+    {"long_72x40000", 1, 1, 1, 72, 40000, 64, 0, F32, .algos = ALG_FUSED, .path = PATH_IN_PLACE},
     {"long_72x12000_bf16", 1, 1, 1, 72, 12000, 64, 0, BF16, .algos = ALG_FUSED},
-    {"long_gqa_4x50x24576_causal_dv32", 1, 4, 1, 50, 24576, 64, 32, F32, .causal = 1, .algos = ALG_FUSED},
+    {"long_gqa_4x50x24576_causal_dv32", 1, 4, 1, 50, 24576, 64, 32, F32, .causal = 1, .algos = ALG_FUSED,
+     .path = PATH_IN_PLACE},
     {"long_gqa_4x50x8192_causal_hd128_dv64", 1, 4, 1, 50, 8192, 128, 64, F32, .causal = 1, .algos = ALG_FUSED},
-    {"copies_long_gqa_4x50x8192_causal_hd128_dv64_f16", 1, 4, 1, 50, 8192, 128, 64, F16, .causal = 1,
-     .algos = ALG_FUSED},
+    {"copies_gqa_4x50x2048_causal_hd128_dv64_f16", 1, 4, 1, 50, 2048, 128, 64, F16, .causal = 1,
+     .algos = ALG_FUSED, .path = PATH_COPIES},
     /* copies with tails: head_dim 59 and head_dim_v 40 (pack_v's last panel), 120 packed rows per
      * kv head, two batches and kv heads, key lengths */
     {"copies_gqa3_b2_hd59_dv40_causal_kvlen", 2, 6, 2, 40, 301, 59, 40, F32, .causal = 1, .has_kv = 1,
-     .kv = {301, 150}},
+     .kv = {301, 150}, .path = PATH_COPIES},
     {"long_64x65536_f16_causal", 1, 1, 1, 64, 65536, 64, 0, F16, .causal = 1, .algos = ALG_FUSED},
-    {"long_4096x4096_causal", 1, 1, 1, 4096, 4096, 64, 0, F32, .causal = 1, .algos = ALG_FUSED},
+    {"long_4096x4096_causal", 1, 1, 1, 4096, 4096, 64, 0, F32, .causal = 1, .algos = ALG_FUSED,
+     .path = PATH_COPIES},
 };
 /* clang-format on */
 
@@ -1044,6 +1065,8 @@ static void copies_skip(const problem *p)
 {
     const att_case *c = p->c;
     clattn_context *ctx = tu_context_sharing(tu_ctx);
+    if (c->cache_kib > 0)
+        tu_swap_cache_size(ctx, 1024ull * (unsigned)c->cache_kib);
     result first = {0}, again = {0};
     run(ctx, p, CLATTN_ALGORITHM_FUSED, &first); /* sizes the workspace */
     size_t bytes = 0;
@@ -1080,11 +1103,41 @@ static void copies_skip(const problem *p)
     clattn_release(ctx);
 }
 
+/* After a fused call: where the CPU kernels ran (fused_direct or fused_lanes launched), the call
+ * took the case's path, so that a change of the rules (src/fused.c: clattn__direct_in_place)
+ * cannot leave a path without its cases while they still pass on another. */
+static void check_cpu_path(const att_case *c)
+{
+    if (c->path == PATH_ANY || !(clshim_launched("fused_direct") || clshim_launched("fused_lanes")))
+        return;
+    const int copies = clshim_launched("pack_v"), merged = clshim_launched("merge_strided");
+    const char *wrong = c->path == PATH_IN_PLACE && copies                            ? "copied K and V"
+                        : (c->path == PATH_COPIES || c->path == PATH_CHUNKS) && !copies ? "read K and V in place"
+                        : c->path == PATH_CHUNKS && !merged                            ? "merged no key chunks"
+                                                                                       : NULL;
+    if (wrong != NULL) {
+        print_error("the fused call %s: the case is meant to %s\n", wrong,
+                    c->path == PATH_IN_PLACE ? "read K and V in place"
+                    : c->path == PATH_COPIES ? "run over the K/V copies"
+                                             : "run over the K/V copies in key chunks");
+        tu_failures++;
+    }
+}
+
 static void test_case(void **state)
 {
     const att_case *c = *state;
     tu_ctx_get();
     tu_failures = 0;
+    /* The device's cache, unless the case plans for another (set for every case, since a case
+     * that fails leaves by longjmp). */
+    static unsigned long long device_cache;
+    static int have_cache;
+    if (!have_cache) {
+        device_cache = tu_swap_cache_size(tu_ctx, 0);
+        have_cache = 1;
+    }
+    tu_swap_cache_size(tu_ctx, c->cache_kib > 0 ? 1024ull * (unsigned)c->cache_kib : device_cache);
     problem p;
     memset(&p, 0, sizeof p);
     p.c = c;
@@ -1106,8 +1159,11 @@ static void test_case(void **state)
     result fused = {0}, unfused = {0}, autor = {0};
     if ((algos & ALG_FUSED) && c->special == SP_POISON_HIDDEN)
         stale_workspace(&p);
-    if (algos & ALG_FUSED)
+    if (algos & ALG_FUSED) {
+        clshim_limit_kernel_wg(0); /* forgets the kernels launched so far */
         run(tu_ctx, &p, CLATTN_ALGORITHM_FUSED, &fused);
+        check_cpu_path(c);
+    }
     if ((algos & ALG_FUSED) && c->special == SP_POISON_HIDDEN && strncmp(c->name, "copies_", 7) == 0)
         copies_skip(&p);
     if (algos & ALG_UNFUSED)

@@ -1315,6 +1315,37 @@ static void test_decode_tiled_default(void **state)
     free(ctx);
 }
 
+/* Where fused_direct (CPUs) reads K and V in place rather than over its Kᵀ/V copies (src/fused.c):
+ * decode and up to 64 packed rows per kv head always; past that, by K and V's elements per kv
+ * head, seq_kv x (head_dim + head_dim_v), whatever the dtype: with AVX-512's register tiles
+ * (NREG16 32) more than 2^19, with AVX2's or SSE's (8, 4) at least 2^21 with head_dim +
+ * head_dim_v <= 128. test_attention's cases check that the kernels take these paths; this
+ * checks the edges on any machine. */
+static void test_direct_in_place(void **state)
+{
+    (void)state;
+    clattn_context *ctx = calloc(1, sizeof *ctx);
+    assert_non_null(ctx);
+    ctx->dev.type = CL_DEVICE_TYPE_CPU;
+    /* {NREG16, packed rows, seq_q, seq_kv, head_dim + head_dim_v, in place} */
+    static const long long rows[][6] = {
+        {32, 1000, 16, 100, 128, 1},       {32, 64, 32, 100, 128, 1},         {32, 65, 65, 100, 128, 0},
+        {32, 72, 72, 4096, 128, 0},        {32, 72, 72, 4097, 128, 1},        {32, 800, 200, 2048, 256, 0},
+        {32, 800, 200, 2049, 256, 1},      {32, 4096, 4096, 1 << 20, 64, 1},  {8, 1000, 16, 100, 512, 1},
+        {8, 64, 64, 100, 512, 1},          {8, 72, 72, 16383, 128, 0},        {8, 72, 72, 16384, 128, 1},
+        {8, 72, 72, 32768, 64, 1},         {8, 72, 72, 1 << 20, 129, 0},      {8, 200, 50, 8192, 192, 0},
+        {4, 72, 72, 16384, 128, 1},        {4, 72, 72, 1 << 20, 256, 0},      {4, 65, 65, 100, 32, 0}};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const long long *r = rows[i];
+        ctx->dev.nreg16 = (int)r[0];
+        const int got = clattn__direct_in_place(ctx, r[1], r[2], r[3], r[4]);
+        if (got != (int)r[5])
+            fail_msg("NREG16 %lld, %lld rows, seq_q %lld, seq_kv %lld, head dims %lld: in place %d, expected %lld",
+                     r[0], r[1], r[2], r[3], r[4], got, r[5]);
+    }
+    free(ctx);
+}
+
 /* The built-in tables (the .tuning files of tuning/, embedded with the kernels): each parses,
  * names its devices by a pattern and holds entries. nvidia-h200.tuning gives an H200's f16 decode
  * bucket (d128, one query row, no mask, about 8192 keys) its measured values, and leaves an H100,
@@ -1463,6 +1494,7 @@ int main(void)
     tu_add_test("api/override_computes", NULL, test_override_computes, NULL);
     tu_add_test("fit/fused_tile", NULL, test_fit_fused_tile, NULL);
     tu_add_test("fit/decode_tiled_default", NULL, test_decode_tiled_default, NULL);
+    tu_add_test("fit/direct_in_place", NULL, test_direct_in_place, NULL);
     tu_add_test("lookup/builtin_tables", NULL, test_builtin_tables, NULL);
     tu_add_test("lookup/decode_kernel_choice", NULL, test_decode_kernel_choice, NULL);
     tu_add_test("tuner/end_to_end", NULL, test_tuner, NULL);

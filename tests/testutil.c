@@ -339,6 +339,14 @@ void tu_limit_max_alloc(clattn_context *ctx, unsigned long long bytes)
         ctx->dev.max_alloc = bytes;
 }
 
+unsigned long long tu_swap_cache_size(clattn_context *ctx, unsigned long long bytes)
+{
+    assert_non_null(ctx);
+    const unsigned long long before = ctx->dev.cache_size;
+    ctx->dev.cache_size = bytes;
+    return before;
+}
+
 cl_mem tu_buffer(clattn_context *ctx, size_t bytes, const void *host)
 {
     cl_int err = CL_SUCCESS;

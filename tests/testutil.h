@@ -91,6 +91,11 @@ clattn_context *tu_context_sharing(clattn_context *ctx);
  * and workspaces a call sizes against it then do not fit, on shapes small enough to run, and the
  * library must take its paths without them. */
 void tu_limit_max_alloc(clattn_context *ctx, unsigned long long bytes);
+/* Makes ctx plan for a device cache (CL_DEVICE_GLOBAL_MEM_CACHE_SIZE) of `bytes` and returns
+ * the size it planned for before: fused_direct (CPUs) cuts its K/V copies into key chunks of a
+ * quarter of it (src/fused.c), which a device that reports a large cache never does for the
+ * shapes it copies. */
+unsigned long long tu_swap_cache_size(clattn_context *ctx, unsigned long long bytes);
 /* A CL_MEM_READ_WRITE buffer of `bytes` (at least 1, since OpenCL refuses size 0), filled from host
  * when not NULL (blocking write). Asserts success. */
 cl_mem tu_buffer(clattn_context *ctx, size_t bytes, const void *host);

@@ -405,7 +405,7 @@ static void canonical(const task *t, int *v)
         /* Read in place for this shape (few rows per kv head), where RM and NS are unused too:
          * the defaults' values stay, for the shapes of the bucket that take the Kᵀ copy. */
         const shape *s = &t->s;
-        if (clattn__direct_in_place(ctx, s->h / s->hkv * s->sq, s->sq, s->skv, 2 * s->d, CLATTN_F32)) {
+        if (clattn__direct_in_place(ctx, s->h / s->hkv * s->sq, s->sq, s->skv, 2 * s->d)) {
             v[2] = t->defaults[2];
             v[3] = t->defaults[3];
         } else {
