@@ -610,7 +610,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
  * 4-6 runs alternating, ms, panels against rows of Kᵀ and V in place): S1024 d64 15.8 / 18.4
  * against 15.7 / 16.7 (even), d128 28.0 / 28.8 against 33.8 / 35.7, d256 (H4) 27.2 / 29.3
  * against 33.6 / 34.9, seq_q 1024 seq_kv 4096 d64 60 / 70 against 67 / 75. Decode, and prefill
- * with few rows per kv head or long f32 K and V (src/fused.c), read K and V in place instead
+ * with few rows per kv head or long K and V (src/fused.c), read K and V in place instead
  * (IN_PLACE below; 11 or more such rows go to fused_lanes, further down). Keys go in chunks of
  * DBN = 16·NS through registers (S[RM][NS] float16 accumulators) into a block of NB keys (below),
  * whose p = e^(s - m) (exp2p16) are then read back as broadcast scalars for O += P·V. Where O has
@@ -651,7 +651,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
 #define NB (DBN * NC)
 
 /* IN_PLACE 1 (decode on CPUs, DECODE DIRECT 1, and prefill with few rows per kv head or long
- * f32 K and V: clattn__direct_in_place, src/fused.c): K and V are read where they are, in their
+ * K and V: clattn__direct_in_place, src/fused.c): K and V are read where they are, in their
  * storage type, instead of from the copies: a block of rows reads each key once, so with one or
  * two blocks per kv head copying would triple the traffic.
  * Chunks of 16 keys (NS 1), their scores from qk16_row or qk16_tile (common.cl; DP = DP16).

@@ -243,7 +243,8 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  * fused_direct in two blocks of 32, before fused_lanes, the copy was faster from 33 rows unless
  * K and V were long (seq_kv 8192, seq_q 64: 11.3-12.5 in place against 10.3-11.1).
  * With AVX2's register tiles (NREG16 < 32), K and V with head_dim + head_dim_v <=
- * KV_IN_PLACE_DIMS and at least KV_IN_PLACE floats a kv head (8 MiB: 16384 keys at head_dim 64;
+ * KV_IN_PLACE_DIMS and at least KV_IN_PLACE elements a kv head (8 MiB of f32: 16384 keys at
+ * head_dim 64;
  * AVX-512: KV_IN_PLACE_512 below) are read in place with any number of rows, in blocks
  * of up to 64: fused_direct over the copies takes 4 to 6 rows a block (its register tile), and
  * streams all of K and V once a block, which long K and V make slow. Measured on PoCL (2-core AMD
@@ -268,8 +269,9 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  *         against 308 / 366; seq_q 1024: 418 / 354 against 896 / 745;
  *   bf16, d64, seq_kv 16384, seq_q 512: 205 / 199 against 299 / 254; seq_kv 32768, seq_q 256:
  *         202 / 188 against 330 / 352;
- *   f16,  d64, seq_kv 8192, seq_q 512 (2^20 floats): 98 / 101 against 99 / 92; seq_q 1024: 220
- *         / 208 against 208 / 193 (even, as f32 is here: 212 / 208 against 197 / 184).
+ *   f16,  d64, seq_kv 8192, seq_q 512 (2^20 elements): 98 / 101 against 99 / 92; seq_q 1024:
+ *         220 / 208 against 208 / 193 (even, as f32 is here: 212 / 208 against 197 / 184; bf16
+ *         was not timed there).
  * The same emulation reads head_dim + head_dim_v > 128 differently from the EPYC (f32 d128
  * seq_kv 8192 seq_q 512: 223 / 234 in place against 297 / 291; f16 194 / 193 against 214 /
  * 256), but real AVX2 hardware decided it, so the KV_IN_PLACE_DIMS bound stays. */
@@ -447,7 +449,7 @@ static clattn_status run_mask_flags(clattn_context *ctx, const clattn_problem *p
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
  * f32 copies of K and V from the workspace, both in panels (fused.cl): Kᵀ by transpose_k16
  * with panels of bn keys, V zero-padded by pack_v with panels of 16 columns; decode, and prefill
- * with few rows per kv head or long f32 K and V, read K and V in place (IN_PLACE: each key is
+ * with few rows per kv head or long K and V, read K and V in place (IN_PLACE: each key is
  * read once per row block, where a copy would triple the traffic; `in_place` asks for it,
  * clattn__direct_in_place says when it pays). The copies cover only the panels below their
  * batch's key length and, under a shared mask, those some row of the kv head sees (mask_union,

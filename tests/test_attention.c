@@ -76,10 +76,11 @@ typedef enum special_kind {
 
 enum { ALG_FUSED = 1, ALG_UNFUSED = 2, ALG_AUTO = 4 };
 
-/* How a CPU's fused call reads K and V (src/fused.c: clattn__direct_in_place): PATH_ANY, as the
- * device's register tiles decide; in place; over fused_direct's Kᵀ/V copies (pack_v); over the
- * copies in key chunks whose partials are merged (merge_strided). */
-typedef enum cpu_path { PATH_ANY, PATH_IN_PLACE, PATH_COPIES, PATH_CHUNKS } cpu_path;
+/* How a CPU's fused call reads K and V (src/fused.c: clattn__direct_in_place): PATH_ANY, not
+ * checked; in place; over fused_direct's Kᵀ/V copies (pack_v); over the copies in key chunks
+ * whose partials are merged (merge_strided); in place with AVX-512's register tiles and over the
+ * copies with AVX2's or SSE's. */
+typedef enum cpu_path { PATH_ANY, PATH_IN_PLACE, PATH_COPIES, PATH_CHUNKS, PATH_IN_PLACE_512 } cpu_path;
 
 typedef struct att_case {
     const char *name;
@@ -108,7 +109,8 @@ typedef struct att_case {
                       * hidden gap between them and the window */
     int cache_kib;   /* > 0: the context plans for a device cache of this many KiB, so that
                       * fused_direct (CPUs) cuts its K/V copies into key chunks of a quarter of
-                      * it, merged (src/fused.c); 0: the device's own */
+                      * it, merged (src/fused.c), and for one compute unit, so that its key
+                      * splits are those chunks alone; 0: the device as it is */
     cpu_path path;   /* where fused_direct or fused_lanes ran (CPUs), the path the fused call must
                       * have taken: check_cpu_path */
 } att_case;
@@ -420,20 +422,22 @@ static const att_case cases[] = {
     {"no_lse", 2, 2, 2, 33, 47, 64, 0, F32, .no_lse = 1},
     {"no_lse_decode_f16", 2, 4, 1, 3, 300, 64, 0, F16, .no_lse = 1},
 
-    /* long key sequences, fused (the reference is O(Sq·Skv·D)) */
-    {"long_64x16384", 1, 1, 1, 64, 16384, 64, 0, F32, .causal = 0},
-    {"long_64x65536", 1, 1, 1, 64, 65536, 64, 0, F32, .algos = ALG_FUSED},
-    {"long_64x131072", 1, 1, 1, 64, 131072, 64, 0, F32, .algos = ALG_FUSED},
+    /* long key sequences, fused (the reference is O(Sq·Skv·D)); up to 64 rows a kv head read K
+     * and V in place on CPUs */
+    {"long_64x16384", 1, 1, 1, 64, 16384, 64, 0, F32, .causal = 0, .path = PATH_IN_PLACE},
+    {"long_64x65536", 1, 1, 1, 64, 65536, 64, 0, F32, .algos = ALG_FUSED, .path = PATH_IN_PLACE},
+    {"long_64x131072", 1, 1, 1, 64, 131072, 64, 0, F32, .algos = ALG_FUSED, .path = PATH_IN_PLACE},
     /* more rows than read in place on CPUs for short K and V (src/fused.c:
-     * clattn__direct_in_place), each case checking the path its fused call took on CPUs: copies_
-     * cases over fused_direct's Kᵀ/V copies with either register tiles (at most 2^19 elements
-     * seq_kv × (head_dim + head_dim_v) a kv head), copies_chunks_ ones with a 2 MiB cache planned
-     * (cache_kib), so that every CPU cuts the copies into key chunks of 1024 keys and merges them;
-     * long_ cases long enough to be read in place with either tiles (at least 2^21 elements,
-     * head_dim + head_dim_v <= 128), in blocks of rows, also with packed query groups, causal,
-     * head_dim_v != head_dim and key splits; f32 with head_dim + head_dim_v > 128 and bf16 below
-     * 2^21, in place with AVX-512's tiles (KV_IN_PLACE_512) and over the copies with AVX2's. The
-     * copies_ cases also run with 48-key panels (test_attention_ns3, tests/CMakeLists.txt). */
+     * clattn__direct_in_place), each case checking the path its fused call took on CPUs (path):
+     * copies_ cases over fused_direct's Kᵀ/V copies with either register tiles (at most 2^19
+     * elements seq_kv × (head_dim + head_dim_v) a kv head), copies_chunks_ ones with a 2 MiB
+     * cache planned (cache_kib), so that every CPU cuts the copies into key chunks of 1024 keys
+     * (1056 with 48-key panels) and merges them; long_ cases with more than 2^19 elements, in
+     * place with either tiles from 2^21 elements with head_dim + head_dim_v <= 128, in blocks of
+     * rows, also with packed query groups, causal, head_dim_v != head_dim and key splits; below
+     * 2^21 or with head_dim + head_dim_v > 128, in place with AVX-512's tiles (KV_IN_PLACE_512)
+     * and over the copies with AVX2's. The copies_ cases also run with 48-key panels
+     * (test_attention_ns3, tests/CMakeLists.txt). */
     {"copies_chunks_72x4096_f16", 1, 1, 1, 72, 4096, 64, 0, F16, .algos = ALG_FUSED, .cache_kib = 2048,
      .path = PATH_CHUNKS},
     {"long_72x40000_f16", 1, 1, 1, 72, 40000, 64, 0, F16, .algos = ALG_FUSED, .path = PATH_IN_PLACE},
@@ -466,17 +470,20 @@ static const att_case cases[] = {
     {"copies_kvlen_causal_f16_dv40_gqa2", 4, 4, 2, 40, 300, 64, 40, F16, .causal = 1, .has_kv = 1,
      .kv = {0, 48, 49, 129}, .special = SP_POISON_HIDDEN, .path = PATH_COPIES},
     {"long_72x40000", 1, 1, 1, 72, 40000, 64, 0, F32, .algos = ALG_FUSED, .path = PATH_IN_PLACE},
-    {"long_72x12000_bf16", 1, 1, 1, 72, 12000, 64, 0, BF16, .algos = ALG_FUSED},
+    {"long_72x12000_bf16", 1, 1, 1, 72, 12000, 64, 0, BF16, .algos = ALG_FUSED, .path = PATH_IN_PLACE_512},
     {"long_gqa_4x50x24576_causal_dv32", 1, 4, 1, 50, 24576, 64, 32, F32, .causal = 1, .algos = ALG_FUSED,
      .path = PATH_IN_PLACE},
-    {"long_gqa_4x50x8192_causal_hd128_dv64", 1, 4, 1, 50, 8192, 128, 64, F32, .causal = 1, .algos = ALG_FUSED},
+    {"long_gqa_4x50x8192_causal_hd128_dv64", 1, 4, 1, 50, 8192, 128, 64, F32, .causal = 1, .algos = ALG_FUSED,
+     .path = PATH_IN_PLACE_512},
     {"copies_gqa_4x50x2048_causal_hd128_dv64_f16", 1, 4, 1, 50, 2048, 128, 64, F16, .causal = 1,
      .algos = ALG_FUSED, .path = PATH_COPIES},
     /* copies with tails: head_dim 59 and head_dim_v 40 (pack_v's last panel), 120 packed rows per
      * kv head, two batches and kv heads, key lengths */
     {"copies_gqa3_b2_hd59_dv40_causal_kvlen", 2, 6, 2, 40, 301, 59, 40, F32, .causal = 1, .has_kv = 1,
      .kv = {301, 150}, .path = PATH_COPIES},
-    {"long_64x65536_f16_causal", 1, 1, 1, 64, 65536, 64, 0, F16, .causal = 1, .algos = ALG_FUSED},
+    /* 4096 rows over 2^19 elements: over the copies with either tiles */
+    {"long_64x65536_f16_causal", 1, 1, 1, 64, 65536, 64, 0, F16, .causal = 1, .algos = ALG_FUSED,
+     .path = PATH_IN_PLACE},
     {"long_4096x4096_causal", 1, 1, 1, 4096, 4096, 64, 0, F32, .causal = 1, .algos = ALG_FUSED,
      .path = PATH_COPIES},
 };
@@ -1066,7 +1073,7 @@ static void copies_skip(const problem *p)
     const att_case *c = p->c;
     clattn_context *ctx = tu_context_sharing(tu_ctx);
     if (c->cache_kib > 0)
-        tu_swap_cache_size(ctx, 1024ull * (unsigned)c->cache_kib);
+        tu_swap_plan(ctx, (tu_plan){1024ull * (unsigned)c->cache_kib, 1});
     result first = {0}, again = {0};
     run(ctx, p, CLATTN_ALGORITHM_FUSED, &first); /* sizes the workspace */
     size_t bytes = 0;
@@ -1110,16 +1117,17 @@ static void check_cpu_path(const att_case *c)
 {
     if (c->path == PATH_ANY || !(clshim_launched("fused_direct") || clshim_launched("fused_lanes")))
         return;
+    const int in_place = c->path == PATH_IN_PLACE || (c->path == PATH_IN_PLACE_512 && tu_nreg16(tu_ctx) >= 32);
     const int copies = clshim_launched("pack_v"), merged = clshim_launched("merge_strided");
-    const char *wrong = c->path == PATH_IN_PLACE && copies                            ? "copied K and V"
-                        : (c->path == PATH_COPIES || c->path == PATH_CHUNKS) && !copies ? "read K and V in place"
-                        : c->path == PATH_CHUNKS && !merged                            ? "merged no key chunks"
-                                                                                       : NULL;
+    const char *wrong = in_place && copies                          ? "copied K and V"
+                        : !in_place && !copies                      ? "read K and V in place"
+                        : c->path == PATH_CHUNKS && !merged         ? "merged no key chunks"
+                                                                    : NULL;
     if (wrong != NULL) {
-        print_error("the fused call %s: the case is meant to %s\n", wrong,
-                    c->path == PATH_IN_PLACE ? "read K and V in place"
-                    : c->path == PATH_COPIES ? "run over the K/V copies"
-                                             : "run over the K/V copies in key chunks");
+        print_error("the fused call %s: with %d registers' tiles the case is meant to %s\n", wrong,
+                    tu_nreg16(tu_ctx), in_place ? "read K and V in place"
+                                       : c->path == PATH_CHUNKS ? "run over the K/V copies in key chunks"
+                                                                : "run over the K/V copies");
         tu_failures++;
     }
 }
@@ -1129,15 +1137,15 @@ static void test_case(void **state)
     const att_case *c = *state;
     tu_ctx_get();
     tu_failures = 0;
-    /* The device's cache, unless the case plans for another (set for every case, since a case
-     * that fails leaves by longjmp). */
-    static unsigned long long device_cache;
-    static int have_cache;
-    if (!have_cache) {
-        device_cache = tu_swap_cache_size(tu_ctx, 0);
-        have_cache = 1;
+    /* The device as it is, unless the case plans for another cache (set for every case, since a
+     * case that fails leaves by longjmp). */
+    static tu_plan device;
+    static int have_device;
+    if (!have_device) {
+        device = tu_swap_plan(tu_ctx, (tu_plan){0, 1});
+        have_device = 1;
     }
-    tu_swap_cache_size(tu_ctx, c->cache_kib > 0 ? 1024ull * (unsigned)c->cache_kib : device_cache);
+    tu_swap_plan(tu_ctx, c->cache_kib > 0 ? (tu_plan){1024ull * (unsigned)c->cache_kib, 1} : device);
     problem p;
     memset(&p, 0, sizeof p);
     p.c = c;

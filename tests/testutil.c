@@ -339,12 +339,18 @@ void tu_limit_max_alloc(clattn_context *ctx, unsigned long long bytes)
         ctx->dev.max_alloc = bytes;
 }
 
-unsigned long long tu_swap_cache_size(clattn_context *ctx, unsigned long long bytes)
+tu_plan tu_swap_plan(clattn_context *ctx, tu_plan plan)
 {
     assert_non_null(ctx);
-    const unsigned long long before = ctx->dev.cache_size;
-    ctx->dev.cache_size = bytes;
+    const tu_plan before = {ctx->dev.cache_size, ctx->dev.compute_units};
+    ctx->dev.cache_size = plan.cache_bytes;
+    ctx->dev.compute_units = plan.compute_units;
     return before;
+}
+
+int tu_nreg16(const clattn_context *ctx)
+{
+    return ctx->dev.nreg16;
 }
 
 cl_mem tu_buffer(clattn_context *ctx, size_t bytes, const void *host)

@@ -91,11 +91,20 @@ clattn_context *tu_context_sharing(clattn_context *ctx);
  * and workspaces a call sizes against it then do not fit, on shapes small enough to run, and the
  * library must take its paths without them. */
 void tu_limit_max_alloc(clattn_context *ctx, unsigned long long bytes);
-/* Makes ctx plan for a device cache (CL_DEVICE_GLOBAL_MEM_CACHE_SIZE) of `bytes` and returns
- * the size it planned for before: fused_direct (CPUs) cuts its K/V copies into key chunks of a
- * quarter of it (src/fused.c), which a device that reports a large cache never does for the
- * shapes it copies. */
-unsigned long long tu_swap_cache_size(clattn_context *ctx, unsigned long long bytes);
+/* What a context plans its work for: the device's cache (CL_DEVICE_GLOBAL_MEM_CACHE_SIZE; CPUs:
+ * fused_direct cuts its K/V copies into key chunks of a quarter of it, which a device that
+ * reports a large cache never does for the shapes it copies, and the unfused scores read K in
+ * place past a quarter of it, src/fused.c and src/scores.c) and its compute units (key splits
+ * for occupancy below 4 work-groups a unit on CPUs: choose_splits, src/fused.c). */
+typedef struct tu_plan {
+    unsigned long long cache_bytes;
+    unsigned compute_units;
+} tu_plan;
+/* Makes ctx plan for `plan` and returns what it planned for before. */
+tu_plan tu_swap_plan(clattn_context *ctx, tu_plan plan);
+/* The float16 values ctx's CPU kernels take the vector registers to hold (their register tiles,
+ * src/device.c): 32 with AVX-512, 8 with AVX2, 4 with SSE. */
+int tu_nreg16(const clattn_context *ctx);
 /* A CL_MEM_READ_WRITE buffer of `bytes` (at least 1, since OpenCL refuses size 0), filled from host
  * when not NULL (blocking write). Asserts success. */
 cl_mem tu_buffer(clattn_context *ctx, size_t bytes, const void *host);

@@ -402,8 +402,9 @@ static void canonical(const task *t, int *v)
     if (op == CLATTN_OPERATION_FUSED && v[5] == 1) { /* fused_direct: WGX, WGY and VW unused */
         v[0] = v[1] = 1;
         v[4] = 16;
-        /* Read in place for this shape (few rows per kv head), where RM and NS are unused too:
-         * the defaults' values stay, for the shapes of the bucket that take the Kᵀ copy. */
+        /* Read in place for this shape (few rows per kv head, or long K and V), where RM and NS
+         * are unused too: the defaults' values stay, for the shapes of the bucket that take the
+         * Kᵀ copy. */
         const shape *s = &t->s;
         if (clattn__direct_in_place(ctx, s->h / s->hkv * s->sq, s->sq, s->skv, 2 * s->d)) {
             v[2] = t->defaults[2];

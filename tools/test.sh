@@ -125,7 +125,7 @@ fi
 if [ "${CLATTN_INTEL_CPU:-1}" != 0 ]; then
   step "a second OpenCL implementation, Intel's CPU runtime: part of the suite (tools/intel-cpu-check.sh)"
   # Intel's compiler takes 4 to 27 s a kernel variant (fused_lanes the longest), so a cold kernel
-  # cache costs test_attention's 170 cases about 13 minutes there. This step runs test_decode,
+  # cache costs test_attention's 172 cases about 13 minutes there. This step runs test_decode,
   # test_scores, test_softmax and test_bad_input whole and a sample of test_attention that still
   # takes every kernel a CPU's defaults run (prefill and decode, f32/f16/bf16, masks, windows, key
   # lengths, NaN rules, the unfused path): about 10 minutes cold on 2 cores, plus a 260 MB
