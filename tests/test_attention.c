@@ -1115,7 +1115,17 @@ static void copies_skip(const problem *p)
  * cannot leave a path without its cases while they still pass on another. */
 static void check_cpu_path(const att_case *c)
 {
-    if (c->path == PATH_ANY || !(clshim_launched("fused_direct") || clshim_launched("fused_lanes")))
+    if (!(clshim_launched("fused_direct") || clshim_launched("fused_lanes")))
+        return; /* a GPU's kernels, or the tiled kernel asked for */
+    /* Cases named for fused_lanes (rows in vector lanes: 11 to 64 packed rows a kv head, and
+     * decode from 11 unless CLATTN_PARAMS_DECODE gives fused_direct an RM) must have run it. */
+    const char *dec = getenv("CLATTN_PARAMS_DECODE");
+    if (strstr(c->name, "lanes_") != NULL && !clshim_launched("fused_lanes") &&
+        !(c->Sq <= 16 && dec != NULL && *dec != '\0')) {
+        print_error("fused_lanes did not run: the case is named for it\n");
+        tu_failures++;
+    }
+    if (c->path == PATH_ANY)
         return;
     const int in_place = c->path == PATH_IN_PLACE || (c->path == PATH_IN_PLACE_512 && tu_nreg16(tu_ctx) >= 32);
     const int copies = clshim_launched("pack_v"), merged = clshim_launched("merge_strided");
