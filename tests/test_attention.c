@@ -905,6 +905,12 @@ static void describe(const problem *p, clattn_algorithm alg, clattn_attention_de
     desc->algorithm = alg;
 }
 
+/* What a cache_kib case's contexts plan for (cache_kib > 0): that cache, and one compute unit. */
+static tu_plan case_plan(const att_case *c)
+{
+    return (tu_plan){1024ull * (unsigned)c->cache_kib, 1};
+}
+
 /* SP_POISON_HIDDEN cases, before the fused call: the same problem once with every K and V
  * element NaN, a mask of zeros (hiding nothing) and every key length Skv, so that the
  * workspace's K and V copies (fused_direct's, which cover only the panels below the batch's
@@ -1073,7 +1079,7 @@ static void copies_skip(const problem *p)
     const att_case *c = p->c;
     clattn_context *ctx = tu_context_sharing(tu_ctx);
     if (c->cache_kib > 0)
-        tu_swap_plan(ctx, (tu_plan){1024ull * (unsigned)c->cache_kib, 1});
+        tu_swap_plan(ctx, case_plan(c));
     result first = {0}, again = {0};
     run(ctx, p, CLATTN_ALGORITHM_FUSED, &first); /* sizes the workspace */
     size_t bytes = 0;
@@ -1155,7 +1161,7 @@ static void test_case(void **state)
         device = tu_swap_plan(tu_ctx, (tu_plan){0, 1});
         have_device = 1;
     }
-    tu_swap_plan(tu_ctx, c->cache_kib > 0 ? (tu_plan){1024ull * (unsigned)c->cache_kib, 1} : device);
+    tu_swap_plan(tu_ctx, c->cache_kib > 0 ? case_plan(c) : device);
     problem p;
     memset(&p, 0, sizeof p);
     p.c = c;
