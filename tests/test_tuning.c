@@ -1166,6 +1166,68 @@ static void test_tuner_decode_no_entry(void **state)
 #endif
 }
 
+/* --dtype: f16 and bf16 tasks run on inputs (and outputs, but for scores) of that type, checked
+ * against the reference within the output type's rounding, and write entries of their own dtype,
+ * which the library's lookups of that dtype take and f32 lookups do not. A bad list is refused. */
+static void test_tuner_dtype(void **state)
+{
+    (void)state;
+#ifndef CLATTN_TUNE_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd,
+             "%s --dir %s --candidates 0 --iters 1 --shape 1,2,2,64,64,16 --ops scores,softmax,fused "
+             "--dtype f16,bf16 --json >%s/report.json 2>%s/tune.log",
+             CLATTN_TUNE_PATH, dir, dir, dir);
+    char buf[8192];
+    if (system(cmd) != 0) {
+        read_text("tune.log", buf, sizeof buf);
+        fail_msg("clattn-tune --dtype f16,bf16 failed:\n%s", buf);
+    }
+    read_report(buf, sizeof buf);
+    static const char *const ops[3] = {"scores", "softmax", "fused"};
+    static const char *const dts[2] = {"f16", "bf16"};
+    for (int o = 0; o < 3; o++)
+        for (int d = 0; d < 2; d++) {
+            char want[64];
+            snprintf(want, sizeof want, "\"op\": \"%s\", \"dtype\": \"%s\"", ops[o], dts[d]);
+            const char *t = strstr(buf, want);
+            if (!t)
+                fail_msg("no %s task in the report:\n%s", want, buf);
+            assert_non_null(strstr(t, "\"wrong\": 0,"));
+            assert_non_null(strstr(t, "\"entry\": true"));
+        }
+    assert_null(strstr(buf, "\"dtype\": \"f32\""));
+    clattn_context *ctx = tu_context();
+    assert_null(strstr(clattn_tuning_report(ctx), "ignored"));
+    const clattn_operation cops[3] = {CLATTN_OPERATION_SCORES, CLATTN_OPERATION_SOFTMAX, CLATTN_OPERATION_FUSED};
+    const clattn_dtype cdts[3] = {CLATTN_F16, CLATTN_BF16, CLATTN_F32};
+    for (int o = 0; o < 3; o++)
+        for (int d = 0; d < 3; d++) {
+            const clattn_problem_class pc = {cops[o], cdts[d], cops[o] == CLATTN_OPERATION_SOFTMAX ? 0 : 16,
+                                             64, 64, 0, 0};
+            clattn_kernel_params kp;
+            assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_SUCCESS);
+            if ((kp.source == CLATTN_SOURCE_USER_FILE) != (cdts[d] != CLATTN_F32))
+                fail_msg("%s dtype %d: source %s (%s)", ops[o], (int)cdts[d],
+                         clattn_params_source_name(kp.source), kp.origin);
+        }
+    clattn_release(ctx);
+    static const char *const bad[3] = {"f64", "f16,f16", "f16,"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "%s --dir %s --dtype %s --dry-run >/dev/null 2>%s/tune.log", CLATTN_TUNE_PATH,
+                 dir, bad[i], dir);
+        const int rc = system(cmd);
+        assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+        read_text("tune.log", buf, sizeof buf);
+        if (!strstr(buf, "bad --dtype"))
+            fail_msg("--dtype %s: %s", bad[i], buf);
+    }
+#endif
+}
+
 /* Two tuners writing one store at once: the file ends valid and complete (one of the two). */
 static void test_two_writers(void **state)
 {
@@ -1499,6 +1561,7 @@ int main(void)
     tu_add_test("lookup/decode_kernel_choice", NULL, test_decode_kernel_choice, NULL);
     tu_add_test("tuner/end_to_end", NULL, test_tuner, NULL);
     tu_add_test("tuner/decode_no_entry", NULL, test_tuner_decode_no_entry, NULL);
+    tu_add_test("tuner/dtype", NULL, test_tuner_dtype, NULL);
     tu_add_test("store/two_writers", NULL, test_two_writers, NULL);
     const int rc = tu_run_tests("tuning");
     char cmd[600];

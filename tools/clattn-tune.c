@@ -1,7 +1,7 @@
 /* clattn-tune: searches each kernel's parameters for one device and writes the tuning store.
  *
- * For every (shape, operation) task: the defaults (what the library uses without a user file)
- * are timed first; then candidates from the operation's parameter space (all of it when small,
+ * For every (shape, dtype, operation) task: the defaults (what the library uses without a user
+ * file) are timed first; then candidates from the operation's parameter space (all of it when small,
  * else a random walk around the best so far) are each run once, dropped if the run fails (build
  * failure, work-group or local-memory limits) or if sampled output rows differ from a float64
  * reference, and otherwise timed (wall clock around every kernel the operation enqueues: warm-up,
@@ -13,6 +13,12 @@
  * clattn__decode_tiled_default), which a bucket does not hold, no entry is written where the
  * defaults win, and an earlier entry of that bucket is dropped: the library keeps choosing per call.
  *
+ * A task of dtype f16 or bf16 stores its inputs in that type (rounded on the host, so that the
+ * reference sees what the device reads) and its output too, but for scores, which the unfused
+ * path writes to its f32 workspace; its entry is of that dtype, since the library looks a call up
+ * by its inputs' type and takes no entry of another. Sampled rows are checked within the output
+ * type's rounding.
+ *
  * merge is tuned as applications run it: clattn_merge of MERGE_PARTS f32 partials (O, LSE) of the
  * shape's [B][H][Sq][D] rows, prepared once, checked against ref_merge. The library looks merge's
  * parameters up in one bucket whatever the shape (src/merge.c, merge_wg), so a run tunes merge once. */
@@ -20,6 +26,7 @@
 #include "clattn.h"
 #include "internal.h"
 #include "ref.h" /* the tests' float64 reference (tests/ref.c) */
+#include "storage.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -41,6 +48,7 @@ typedef struct shape {
 typedef struct task {
     shape s;
     clattn_operation op;
+    clattn_dtype dt; /* storage of the inputs, as the bucket's dtype (merge: f32) */
     /* results */
     int tried, pruned, rejected;
     double default_ms, best_ms;
@@ -86,8 +94,9 @@ static float frand(void) { return (float)((double)(rnd() >> 11) / 90071992547409
 /* ---- buffers and the float64 reference on sampled rows ---- */
 
 typedef struct data {
-    float *q, *k, *v, *x;        /* host copies (x: softmax input) */
-    cl_mem dq, dk, dv, dx, dout; /* device */
+    float *q, *k, *v, *x;        /* host copies as stored (x: softmax input) */
+    cl_mem dq, dk, dv, dx, dout; /* device, inputs of type dt, dout of type out_dt */
+    clattn_dtype dt, out_dt;
     size_t nq, nk, nout;
     /* merge: partials [part][B][H][Sq][D] and LSEs [part][B][H][Sq], one buffer per part */
     float *po, *pl;
@@ -97,29 +106,49 @@ typedef struct data {
     int nrows;
 } data;
 
-static cl_mem upload(const float *h, size_t n)
+/* A device buffer holding the n floats of h stored as dt. */
+static cl_mem upload(const float *h, size_t n, clattn_dtype dt)
 {
+    const size_t es = clattn_dtype_size(dt);
+    void *bytes = malloc(n * es);
+    if (!bytes)
+        die("out of host memory");
+    for (size_t i = 0; i < n; i++)
+        store(bytes, i, dt, h[i]);
     cl_int err;
-    cl_mem m = clCreateBuffer(clattn_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
-                              n * sizeof(float), (void *)h, &err);
+    cl_mem m = clCreateBuffer(clattn_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * es,
+                              bytes, &err);
+    free(bytes);
     if (err != CL_SUCCESS)
-        die("clCreateBuffer (%zu floats): %d", n, err);
+        die("clCreateBuffer (%zu %s elements): %d", n, dtype_name(dt), err);
     return m;
 }
 
-static float *random_floats(size_t n)
+/* n values uniform in [-1, 1) times mul, as stored as dt (so the reference sees what the device
+ * reads). */
+static float *random_floats(size_t n, float mul, clattn_dtype dt)
 {
     float *p = malloc(n * sizeof *p);
     if (!p)
         die("out of host memory");
     for (size_t i = 0; i < n; i++)
-        p[i] = frand();
+        p[i] = stored(mul * frand(), dt);
     return p;
 }
 
-static void make_data(const shape *s, clattn_operation op, data *dd)
+/* The type of an operation's output: the unfused path's scores go to its f32 workspace, merge
+ * combines f32 partials; the others write the inputs' type, as applications that store f16 or
+ * bf16 do. */
+static clattn_dtype out_dtype(clattn_operation op, clattn_dtype dt)
+{
+    return op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_MERGE ? CLATTN_F32 : dt;
+}
+
+static void make_data(const shape *s, clattn_operation op, clattn_dtype dt, data *dd)
 {
     memset(dd, 0, sizeof *dd);
+    dd->dt = op == CLATTN_OPERATION_MERGE ? CLATTN_F32 : dt;
+    dd->out_dt = out_dtype(op, dd->dt);
     dd->nq = (size_t)(s->b * s->h * s->sq * s->d);
     dd->nk = (size_t)(s->b * s->hkv * s->skv * s->d);
     dd->nout = op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_SOFTMAX
@@ -127,27 +156,26 @@ static void make_data(const shape *s, clattn_operation op, data *dd)
                    : dd->nq;
     if (op == CLATTN_OPERATION_MERGE) {
         dd->nrows_all = (size_t)(s->b * s->h * s->sq);
-        dd->po = random_floats(MERGE_PARTS * dd->nout);
-        dd->pl = random_floats(MERGE_PARTS * dd->nrows_all);
+        dd->po = random_floats(MERGE_PARTS * dd->nout, 1.0f, CLATTN_F32);
+        dd->pl = random_floats(MERGE_PARTS * dd->nrows_all, 1.0f, CLATTN_F32);
         for (size_t i = 0; i < MERGE_PARTS * dd->nrows_all; i++)
             dd->pl[i] = 10.0f + 8.0f * dd->pl[i]; /* weights spread over e^16 */
         for (size_t r = 0; r < dd->nrows_all; r += 2)
             dd->pl[(MERGE_PARTS - 1) * dd->nrows_all + r] = -INFINITY;
     } else if (op == CLATTN_OPERATION_SOFTMAX) {
-        dd->x = random_floats(dd->nout);
-        for (size_t i = 0; i < dd->nout; i++)
-            dd->x[i] *= 8.0f;
-        dd->dx = upload(dd->x, dd->nout);
+        dd->x = random_floats(dd->nout, 8.0f, dd->dt);
+        dd->dx = upload(dd->x, dd->nout, dd->dt);
     } else {
-        dd->q = random_floats(dd->nq);
-        dd->k = random_floats(dd->nk);
-        dd->v = random_floats(dd->nk);
-        dd->dq = upload(dd->q, dd->nq);
-        dd->dk = upload(dd->k, dd->nk);
-        dd->dv = upload(dd->v, dd->nk);
+        dd->q = random_floats(dd->nq, 1.0f, dd->dt);
+        dd->k = random_floats(dd->nk, 1.0f, dd->dt);
+        dd->v = random_floats(dd->nk, 1.0f, dd->dt);
+        dd->dq = upload(dd->q, dd->nq, dd->dt);
+        dd->dk = upload(dd->k, dd->nk, dd->dt);
+        dd->dv = upload(dd->v, dd->nk, dd->dt);
     }
     cl_int err;
-    dd->dout = clCreateBuffer(clattn_cl_context(ctx), CL_MEM_READ_WRITE, dd->nout * sizeof(float), NULL, &err);
+    dd->dout = clCreateBuffer(clattn_cl_context(ctx), CL_MEM_READ_WRITE,
+                              dd->nout * clattn_dtype_size(dd->out_dt), NULL, &err);
     if (err != CL_SUCCESS)
         die("clCreateBuffer (output): %d", err);
     dd->nrows = 8;
@@ -162,8 +190,8 @@ static void make_data(const shape *s, clattn_operation op, data *dd)
         for (int p = 0; p < MERGE_PARTS; p++)
             dd->pl[(size_t)p * dd->nrows_all + r0] = -INFINITY;
         for (int p = 0; p < MERGE_PARTS; p++) {
-            dd->dpo[p] = upload(dd->po + (size_t)p * dd->nout, dd->nout);
-            dd->dpl[p] = upload(dd->pl + (size_t)p * dd->nrows_all, dd->nrows_all);
+            dd->dpo[p] = upload(dd->po + (size_t)p * dd->nout, dd->nout, CLATTN_F32);
+            dd->dpl[p] = upload(dd->pl + (size_t)p * dd->nrows_all, dd->nrows_all, CLATTN_F32);
         }
         dd->dlse = clCreateBuffer(clattn_cl_context(ctx), CL_MEM_READ_WRITE, dd->nrows_all * sizeof(float),
                                   NULL, &err);
@@ -252,8 +280,9 @@ static void ref_row(const shape *s, clattn_operation op, const data *dd, long lo
 static double check_rows(const shape *s, clattn_operation op, const data *dd)
 {
     const size_t len = (size_t)(op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_SOFTMAX ? s->skv : s->d);
+    const size_t es = clattn_dtype_size(dd->out_dt);
     double *ref = malloc(len * sizeof *ref);
-    float *got = malloc(len * sizeof *got);
+    void *got = malloc(len * es);
     if (!ref || !got)
         die("out of host memory");
     double worst = 0;
@@ -274,19 +303,20 @@ static double check_rows(const shape *s, clattn_operation op, const data *dd)
             if (e > worst)
                 worst = e;
         }
-        if (clEnqueueReadBuffer(queue, dd->dout, CL_TRUE, off * sizeof(float), len * sizeof(float), got,
-                                0, NULL, NULL) != CL_SUCCESS)
+        if (clEnqueueReadBuffer(queue, dd->dout, CL_TRUE, off * es, len * es, got, 0, NULL, NULL) !=
+            CL_SUCCESS)
             die("clEnqueueReadBuffer failed");
         double norm = 1e-30;
         for (size_t j = 0; j < len; j++)
             if (isfinite(ref[j]) && fabs(ref[j]) > norm)
                 norm = fabs(ref[j]);
         for (size_t j = 0; j < len; j++) {
+            const double g = load(got, j, dd->out_dt);
             double e;
             if (isinf(ref[j]))
-                e = got[j] == ref[j] ? 0.0 : INFINITY;
+                e = g == ref[j] ? 0.0 : INFINITY;
             else
-                e = isfinite(got[j]) ? fabs(got[j] - ref[j]) / norm : INFINITY;
+                e = isfinite(g) ? fabs(g - ref[j]) / norm : INFINITY;
             if (e > worst)
                 worst = e;
         }
@@ -312,9 +342,9 @@ static clattn_status run_once(const shape *s, clattn_operation op, const data *d
     desc.algorithm = op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_PV || op == CLATTN_OPERATION_SOFTMAX
                          ? CLATTN_ALGORITHM_UNFUSED
                          : CLATTN_ALGORITHM_FUSED;
-    clattn_tensor q = clattn_tensor_bhsd(dd->dq, CLATTN_F32, s->b, s->h, s->sq, s->d);
-    clattn_tensor k = clattn_tensor_bhsd(dd->dk, CLATTN_F32, s->b, s->hkv, s->skv, s->d);
-    clattn_tensor v = clattn_tensor_bhsd(dd->dv, CLATTN_F32, s->b, s->hkv, s->skv, s->d);
+    clattn_tensor q = clattn_tensor_bhsd(dd->dq, dd->dt, s->b, s->h, s->sq, s->d);
+    clattn_tensor k = clattn_tensor_bhsd(dd->dk, dd->dt, s->b, s->hkv, s->skv, s->d);
+    clattn_tensor v = clattn_tensor_bhsd(dd->dv, dd->dt, s->b, s->hkv, s->skv, s->d);
     clattn_status st;
     if (op == CLATTN_OPERATION_MERGE) {
         clattn_tensor po[MERGE_PARTS], pl[MERGE_PARTS];
@@ -336,11 +366,11 @@ static clattn_status run_once(const shape *s, clattn_operation op, const data *d
         sd.rows = s->sq;
         sd.cols = s->skv;
         sd.causal = s->causal;
-        clattn_tensor in = clattn_tensor_bhsd(dd->dx, CLATTN_F32, s->b, s->h, s->sq, s->skv);
-        clattn_tensor out = clattn_tensor_bhsd(dd->dout, CLATTN_F32, s->b, s->h, s->sq, s->skv);
+        clattn_tensor in = clattn_tensor_bhsd(dd->dx, dd->dt, s->b, s->h, s->sq, s->skv);
+        clattn_tensor out = clattn_tensor_bhsd(dd->dout, dd->out_dt, s->b, s->h, s->sq, s->skv);
         st = clattn_softmax(ctx, &sd, &in, &out, 0, NULL, NULL);
     } else {
-        clattn_tensor o = clattn_tensor_bhsd(dd->dout, CLATTN_F32, s->b, s->h, s->sq, s->d);
+        clattn_tensor o = clattn_tensor_bhsd(dd->dout, dd->out_dt, s->b, s->h, s->sq, s->d);
         st = clattn_attention(ctx, &desc, &q, &k, &v, &o, 0, NULL, NULL);
     }
     if (st == CLATTN_SUCCESS && clFinish(queue) != CL_SUCCESS)
@@ -508,19 +538,21 @@ static const char *task_text(const task *t, char *buf, size_t size)
 {
     const shape *s = &t->s;
     if (t->op == CLATTN_OPERATION_MERGE)
-        snprintf(buf, size, "B%lld H%lld Sq%lld d%lld, %d parts", s->b, s->h, s->sq, s->d, MERGE_PARTS);
+        snprintf(buf, size, "f32 B%lld H%lld Sq%lld d%lld, %d parts", s->b, s->h, s->sq, s->d, MERGE_PARTS);
     else
-        snprintf(buf, size, "B%lld H%lld/%lld Sq%lld Skv%lld d%lld%s", s->b, s->h, s->hkv, s->sq, s->skv,
-                 s->d, s->causal ? " causal" : "");
+        snprintf(buf, size, "%s B%lld H%lld/%lld Sq%lld Skv%lld d%lld%s", dtype_name(t->dt), s->b, s->h,
+                 s->hkv, s->sq, s->skv, s->d, s->causal ? " causal" : "");
     return buf;
 }
 
-/* The problem class whose bucket the library looks the task's parameters up in. merge: the
- * fixed bucket of src/merge.c (f32, head_dim 0, no mask, seq_q 1, seq_kv 1), whatever the shape. */
+/* The problem class whose bucket the library looks the task's parameters up in: the inputs'
+ * dtype, as the library's calls name it (the unfused path's softmax runs on its f32 workspace, so
+ * a softmax task of another dtype tunes clattn_softmax on such inputs). merge: the fixed bucket of
+ * src/merge.c (f32, head_dim 0, no mask, seq_q 1, seq_kv 1), whatever the shape. */
 static clattn_problem_class class_of(const task *t)
 {
     const shape *s = &t->s;
-    clattn_problem_class pc = {t->op, CLATTN_F32, s->d, s->sq, s->skv, s->causal, 0};
+    clattn_problem_class pc = {t->op, t->dt, s->d, s->sq, s->skv, s->causal, 0};
     if (t->op == CLATTN_OPERATION_SOFTMAX)
         pc.head_dim = 0;
     if (t->op == CLATTN_OPERATION_MERGE) {
@@ -566,8 +598,10 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     const clattn_operation op = t->op;
     const int np = clattn_param_count(op);
     data dd;
-    make_data(s, op, &dd);
-    const double tol = 1e-4;
+    make_data(s, op, t->dt, &dd);
+    /* Relative to a row's largest value: f32 arithmetic, then the output's rounding (2^-11 for
+     * f16, 2^-8 for bf16). */
+    const double tol = dd.out_dt == CLATTN_F16 ? 2e-3 : dd.out_dt == CLATTN_BF16 ? 2e-2 : 1e-4;
 
     /* Defaults: what the library picks with no user file (and no environment override). */
     clattn_set_params(ctx, op, NULL, 0);
@@ -590,9 +624,10 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     const double derr = t->default_ms < 0 ? 0 : check_rows(s, op, &dd);
     ctx->user_tuning = saved;
     if (t->default_ms < 0)
-        die("the defaults fail on %s: %s", clattn_operation_name(op), clattn_last_error(ctx));
+        die("the defaults fail on %s %s: %s", dtype_name(t->dt), clattn_operation_name(op), clattn_last_error(ctx));
     if (derr > tol)
-        die("the defaults give wrong results on %s (error %.3g)", clattn_operation_name(op), derr);
+        die("the defaults give wrong results on %s %s (error %.3g)", dtype_name(t->dt), clattn_operation_name(op),
+            derr);
     memcpy(t->best, t->defaults, sizeof t->best);
     t->best_ms = t->default_ms;
 
@@ -710,6 +745,10 @@ static void usage(FILE *f)
             "                   that apply: seq_q <= 16 tunes decode and merge, otherwise the\n"
             "                   others). merge (clattn_merge of %d f32 partials) has one bucket for\n"
             "                   all shapes: it is tuned once, on the first shape that has it\n"
+            "  --dtype LIST     comma list of the inputs' storage types to tune for: f32, f16,\n"
+            "                   bf16 (default f32). Each is a bucket of its own: the library\n"
+            "                   looks f16 calls up in f16 entries only. Outputs have the inputs'\n"
+            "                   type, but for scores (f32, as the unfused path's workspace)\n"
             "  --budget SEC     total search time (default 300), shared between tasks\n"
             "  --iters N        timed runs per candidate (default 5), median\n"
             "  --candidates N   at most N candidates a task besides the defaults (default: what the\n"
@@ -731,6 +770,8 @@ int main(int argc, char **argv)
     int json = 0, dry = 0;
     shape shapes[16];
     int nshapes = 0;
+    clattn_dtype dtypes[3] = {CLATTN_F32};
+    int ndtypes = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -747,6 +788,28 @@ int main(int argc, char **argv)
             device = argv[++i];
         } else if (val && !strcmp(a, "--ops")) {
             ops = argv[++i];
+        } else if (val && !strcmp(a, "--dtype")) {
+            const char *p = argv[++i];
+            ndtypes = 0;
+            for (;;) {
+                const size_t n = strcspn(p, ",");
+                clattn_dtype dt;
+                if (n == 3 && !strncmp(p, "f32", 3))
+                    dt = CLATTN_F32;
+                else if (n == 3 && !strncmp(p, "f16", 3))
+                    dt = CLATTN_F16;
+                else if (n == 4 && !strncmp(p, "bf16", 4))
+                    dt = CLATTN_BF16;
+                else
+                    die("bad --dtype %s (a comma list of f32, f16, bf16)", argv[i]);
+                for (int j = 0; j < ndtypes; j++)
+                    if (dtypes[j] == dt)
+                        die("bad --dtype %s (%s twice)", argv[i], dtype_name(dt));
+                dtypes[ndtypes++] = dt;
+                if (!p[n])
+                    break;
+                p += n + 1;
+            }
         } else if (val && !strcmp(a, "--budget")) {
             budget = atof(argv[++i]);
             if (!(budget > 0))
@@ -799,7 +862,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < 3; i++)
             shapes[nshapes++] = cpu ? cpu_set[i] : gpu_set[i];
     }
-    task tasks[16 * 4 + 1]; /* full shapes: 4 ops each, plus one merge */
+    task tasks[16 * 3 * 4 + 1]; /* full shapes: 4 ops each per dtype, plus one merge */
     int nt = 0;
     int have_merge = 0;
     for (int i = 0; i < nshapes; i++) {
@@ -808,21 +871,24 @@ int main(int argc, char **argv)
                                               CLATTN_OPERATION_SOFTMAX, CLATTN_OPERATION_PV,
                                               CLATTN_OPERATION_MERGE};
         const int decode = shapes[i].sq <= 16;
-        for (int j = 0; j < (decode ? 2 : 5); j++) {
-            const clattn_operation op = decode ? decode_ops[j] : full_ops[j];
-            if (ops && !strstr(ops, clattn_operation_name(op)))
-                continue;
-            if (op == CLATTN_OPERATION_MERGE) {
-                /* By default with decode only; one task per run (the bucket ignores the shape). */
-                if ((!decode && !ops) || have_merge)
+        for (int di = 0; di < ndtypes; di++)
+            for (int j = 0; j < (decode ? 2 : 5); j++) {
+                const clattn_operation op = decode ? decode_ops[j] : full_ops[j];
+                if (ops && !strstr(ops, clattn_operation_name(op)))
                     continue;
-                have_merge = 1;
+                if (op == CLATTN_OPERATION_MERGE) {
+                    /* By default with decode only; one task per run (the bucket ignores the shape
+                     * and the dtype: partials are f32). */
+                    if ((!decode && !ops) || have_merge)
+                        continue;
+                    have_merge = 1;
+                }
+                memset(&tasks[nt], 0, sizeof tasks[nt]);
+                tasks[nt].s = shapes[i];
+                tasks[nt].op = op;
+                tasks[nt].dt = op == CLATTN_OPERATION_MERGE ? CLATTN_F32 : dtypes[di];
+                nt++;
             }
-            memset(&tasks[nt], 0, sizeof tasks[nt]);
-            tasks[nt].s = shapes[i];
-            tasks[nt].op = op;
-            nt++;
-        }
     }
     if (nt == 0)
         die("nothing to tune (check --ops)");
@@ -848,7 +914,7 @@ int main(int argc, char **argv)
         clattn__tuning_entry_text(&e, line, sizeof line);
         if (no_entry(t))
             snprintf(line, sizeof line, "no entry: the defaults won, and they depend on the query rows per kv head");
-        fprintf(stderr, "%-8s %-40s default %8.3f ms  tuned %8.3f ms  x%.2f  (%d tried, %d pruned, %d wrong)\n  %s\n",
+        fprintf(stderr, "%-8s %-44s default %8.3f ms  tuned %8.3f ms  x%.2f  (%d tried, %d pruned, %d wrong)\n  %s\n",
                 clattn_operation_name(t->op), task_text(t, sh, sizeof sh), t->default_ms, t->best_ms,
                 t->default_ms / t->best_ms, t->tried, t->pruned, t->rejected, line);
     }
@@ -897,12 +963,12 @@ int main(int argc, char **argv)
                path, written ? "true" : "false", budget);
         for (int i = 0; i < nt; i++) {
             const task *t = &tasks[i];
-            printf("%s\n  {\"op\": \"%s\", \"shape\": [%lld, %lld, %lld, %lld, %lld, %lld], \"causal\": %d, "
-                   "\"default_ms\": %.4f, \"tuned_ms\": %.4f, \"speedup\": %.3f, \"tried\": %d, \"pruned\": %d, "
-                   "\"wrong\": %d, ",
-                   i ? "," : "", clattn_operation_name(t->op), t->s.b, t->s.h, t->s.hkv, t->s.sq, t->s.skv, t->s.d,
-                   t->s.causal, t->default_ms, t->best_ms, t->default_ms / t->best_ms, t->tried, t->pruned,
-                   t->rejected);
+            printf("%s\n  {\"op\": \"%s\", \"dtype\": \"%s\", \"shape\": [%lld, %lld, %lld, %lld, %lld, %lld], "
+                   "\"causal\": %d, \"default_ms\": %.4f, \"tuned_ms\": %.4f, \"speedup\": %.3f, \"tried\": %d, "
+                   "\"pruned\": %d, \"wrong\": %d, ",
+                   i ? "," : "", clattn_operation_name(t->op), dtype_name(t->dt), t->s.b, t->s.h, t->s.hkv, t->s.sq,
+                   t->s.skv, t->s.d, t->s.causal, t->default_ms, t->best_ms, t->default_ms / t->best_ms, t->tried,
+                   t->pruned, t->rejected);
             if (t->op == CLATTN_OPERATION_MERGE)
                 printf("\"parts\": %d, ", MERGE_PARTS);
             printf("\"entry\": %s, \"params\": [", no_entry(t) ? "false" : "true");
