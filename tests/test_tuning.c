@@ -1228,6 +1228,61 @@ static void test_tuner_dtype(void **state)
 #endif
 }
 
+/* --shape ...,kvlen: tasks pass per-batch key lengths, the sampled rows are checked with those
+ * keys hidden, and the entries are the masked buckets', which masked lookups take and unmasked
+ * ones do not. Malformed flag lists are refused. */
+static void test_tuner_kvlen(void **state)
+{
+    (void)state;
+#ifndef CLATTN_TUNE_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    char cmd[4400], buf[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s --dir %s --candidates 0 --iters 1 --shape 3,2,1,48,80,16,causal,kvlen --ops scores,fused --json "
+             ">%s/report.json 2>%s/tune.log",
+             CLATTN_TUNE_PATH, dir, dir, dir);
+    if (system(cmd) != 0) {
+        read_text("tune.log", buf, sizeof buf);
+        fail_msg("clattn-tune with kvlen failed:\n%s", buf);
+    }
+    read_report(buf, sizeof buf);
+    static const char *const ops[2] = {"\"op\": \"scores\"", "\"op\": \"fused\""};
+    for (int o = 0; o < 2; o++) {
+        const char *t = strstr(buf, ops[o]);
+        if (!t)
+            fail_msg("no %s task in the report:\n%s", ops[o], buf);
+        assert_non_null(strstr(t, "\"causal\": 1, \"kv_lengths\": 1,"));
+        assert_non_null(strstr(t, "\"wrong\": 0,"));
+    }
+    clattn_context *ctx = tu_context();
+    assert_null(strstr(clattn_tuning_report(ctx), "ignored"));
+    const clattn_operation cops[2] = {CLATTN_OPERATION_SCORES, CLATTN_OPERATION_FUSED};
+    for (int o = 0; o < 2; o++)
+        for (int masked = 0; masked < 2; masked++) {
+            const clattn_problem_class pc = {cops[o], CLATTN_F32, 16, 48, 80, 1, masked};
+            clattn_kernel_params kp;
+            assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_SUCCESS);
+            if ((kp.source == CLATTN_SOURCE_USER_FILE) != masked)
+                fail_msg("%s masked %d: source %s (%s)", ops[o], masked, clattn_params_source_name(kp.source),
+                         kp.origin);
+        }
+    clattn_release(ctx);
+    static const char *const bad[4] = {"1,2,2,8,8,16,kvlen,kvlen", "1,2,2,8,8,16,kvlen,", "1,2,2,8,8,16,,causal",
+                                       "1,2,2,8,8,16,causal,mask"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(cmd, sizeof cmd, "%s --dir %s --shape %s --dry-run >/dev/null 2>%s/tune.log", CLATTN_TUNE_PATH,
+                 dir, bad[i], dir);
+        const int rc = system(cmd);
+        assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+        read_text("tune.log", buf, sizeof buf);
+        if (!strstr(buf, "bad --shape"))
+            fail_msg("--shape %s: %s", bad[i], buf);
+    }
+#endif
+}
+
 /* Two tuners writing one store at once: the file ends valid and complete (one of the two). */
 static void test_two_writers(void **state)
 {
@@ -1562,6 +1617,7 @@ int main(void)
     tu_add_test("tuner/end_to_end", NULL, test_tuner, NULL);
     tu_add_test("tuner/decode_no_entry", NULL, test_tuner_decode_no_entry, NULL);
     tu_add_test("tuner/dtype", NULL, test_tuner_dtype, NULL);
+    tu_add_test("tuner/kvlen", NULL, test_tuner_kvlen, NULL);
     tu_add_test("store/two_writers", NULL, test_two_writers, NULL);
     const int rc = tu_run_tests("tuning");
     char cmd[600];

@@ -43,6 +43,7 @@
 typedef struct shape {
     long long b, h, hkv, sq, skv, d;
     int causal;
+    int kvlen; /* per-batch key lengths (kv_lengths): the bucket of masked problems */
 } shape;
 
 typedef struct task {
@@ -96,6 +97,8 @@ static float frand(void) { return (float)((double)(rnd() >> 11) / 90071992547409
 typedef struct data {
     float *q, *k, *v, *x;        /* host copies as stored (x: softmax input) */
     cl_mem dq, dk, dv, dx, dout; /* device, inputs of type dt, dout of type out_dt */
+    int *kvl;                    /* kv_lengths, host and device (NULL without) */
+    cl_mem dkvl;
     clattn_dtype dt, out_dt;
     size_t nq, nk, nout;
     /* merge: partials [part][B][H][Sq][D] and LSEs [part][B][H][Sq], one buffer per part */
@@ -174,6 +177,19 @@ static void make_data(const shape *s, clattn_operation op, clattn_dtype dt, data
         dd->dv = upload(dd->v, dd->nk, dd->dt);
     }
     cl_int err;
+    if (s->kvlen && op != CLATTN_OPERATION_MERGE) {
+        /* Spread over the last quarter of seq_kv, the longest first: every batch hides some keys
+         * (the sampled rows check that they stay hidden), and the bucket is seq_kv's. */
+        dd->kvl = malloc((size_t)s->b * sizeof *dd->kvl);
+        if (!dd->kvl)
+            die("out of host memory");
+        for (long long b = 0; b < s->b; b++)
+            dd->kvl[b] = (int)(s->skv - (b + 1) * s->skv / (4 * s->b));
+        dd->dkvl = clCreateBuffer(clattn_cl_context(ctx), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                  (size_t)s->b * sizeof *dd->kvl, dd->kvl, &err);
+        if (err != CL_SUCCESS)
+            die("clCreateBuffer (kv_lengths): %d", err);
+    }
     dd->dout = clCreateBuffer(clattn_cl_context(ctx), CL_MEM_READ_WRITE,
                               dd->nout * clattn_dtype_size(dd->out_dt), NULL, &err);
     if (err != CL_SUCCESS)
@@ -202,8 +218,8 @@ static void make_data(const shape *s, clattn_operation op, clattn_dtype dt, data
 
 static void free_data(data *dd)
 {
-    cl_mem ms[6] = {dd->dq, dd->dk, dd->dv, dd->dx, dd->dout, dd->dlse};
-    for (int i = 0; i < 6; i++)
+    cl_mem ms[7] = {dd->dq, dd->dk, dd->dv, dd->dx, dd->dout, dd->dlse, dd->dkvl};
+    for (int i = 0; i < 7; i++)
         if (ms[i])
             clReleaseMemObject(ms[i]);
     for (int p = 0; p < MERGE_PARTS; p++) {
@@ -218,6 +234,7 @@ static void free_data(data *dd)
     free(dd->k);
     free(dd->v);
     free(dd->x);
+    free(dd->kvl);
 }
 
 static double *to_doubles(const float *src, size_t n)
@@ -231,7 +248,7 @@ static double *to_doubles(const float *src, size_t n)
 }
 
 /* Reference row (b, h, i) of the task's output into ref, from tests/ref.c on a one-row problem:
- * the row's visible keys (causal, bottom-right) become that problem's key length. merge: the row
+ * the row's visible keys (key length, causal bottom-right) become that problem's key length. merge: the row
  * of every part through ref_merge, its merged LSE into *lse. */
 static void ref_row(const shape *s, clattn_operation op, const data *dd, long long b, long long h,
                     long long i, double *ref, double *lse)
@@ -251,8 +268,10 @@ static void ref_row(const shape *s, clattn_operation op, const data *dd, long lo
         return;
     }
     const long long hk = h / (s->h / s->hkv);
-    long long vis = s->causal ? i + 1 + (s->skv - s->sq) : s->skv;
-    int kvlen = (int)(vis < 0 ? 0 : vis > s->skv ? s->skv : vis);
+    /* The batch's keys, L (kv_lengths, else seq_kv); causal: those up to i + (L - seq_q). */
+    const long long len = dd->kvl ? dd->kvl[b] : s->skv;
+    long long vis = s->causal ? i + 1 + (len - s->sq) : len;
+    int kvlen = (int)(vis < 0 ? 0 : vis > len ? len : vis);
     if (op == CLATTN_OPERATION_SOFTMAX) {
         double *in = to_doubles(dd->x + ((b * s->h + h) * s->sq + i) * s->skv, (size_t)s->skv);
         const ref_softmax rs = {1, 1, 1, (int)s->skv, 1.0, 0, NULL, {0, 0, 0, 0}, &kvlen};
@@ -339,6 +358,7 @@ static clattn_status run_once(const shape *s, clattn_operation op, const data *d
     desc.seq_kv = s->skv;
     desc.head_dim = s->d;
     desc.causal = s->causal;
+    desc.kv_lengths = dd->dkvl;
     desc.algorithm = op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_PV || op == CLATTN_OPERATION_SOFTMAX
                          ? CLATTN_ALGORITHM_UNFUSED
                          : CLATTN_ALGORITHM_FUSED;
@@ -366,6 +386,7 @@ static clattn_status run_once(const shape *s, clattn_operation op, const data *d
         sd.rows = s->sq;
         sd.cols = s->skv;
         sd.causal = s->causal;
+        sd.kv_lengths = dd->dkvl;
         clattn_tensor in = clattn_tensor_bhsd(dd->dx, dd->dt, s->b, s->h, s->sq, s->skv);
         clattn_tensor out = clattn_tensor_bhsd(dd->dout, dd->out_dt, s->b, s->h, s->sq, s->skv);
         st = clattn_softmax(ctx, &sd, &in, &out, 0, NULL, NULL);
@@ -540,8 +561,8 @@ static const char *task_text(const task *t, char *buf, size_t size)
     if (t->op == CLATTN_OPERATION_MERGE)
         snprintf(buf, size, "f32 B%lld H%lld Sq%lld d%lld, %d parts", s->b, s->h, s->sq, s->d, MERGE_PARTS);
     else
-        snprintf(buf, size, "%s B%lld H%lld/%lld Sq%lld Skv%lld d%lld%s", dtype_name(t->dt), s->b, s->h,
-                 s->hkv, s->sq, s->skv, s->d, s->causal ? " causal" : "");
+        snprintf(buf, size, "%s B%lld H%lld/%lld Sq%lld Skv%lld d%lld%s%s", dtype_name(t->dt), s->b, s->h,
+                 s->hkv, s->sq, s->skv, s->d, s->causal ? " causal" : "", s->kvlen ? " kvlen" : "");
     return buf;
 }
 
@@ -552,13 +573,13 @@ static const char *task_text(const task *t, char *buf, size_t size)
 static clattn_problem_class class_of(const task *t)
 {
     const shape *s = &t->s;
-    clattn_problem_class pc = {t->op, t->dt, s->d, s->sq, s->skv, s->causal, 0};
+    clattn_problem_class pc = {t->op, t->dt, s->d, s->sq, s->skv, s->causal, s->kvlen};
     if (t->op == CLATTN_OPERATION_SOFTMAX)
         pc.head_dim = 0;
     if (t->op == CLATTN_OPERATION_MERGE) {
         pc.head_dim = 0;
         pc.seq_q = pc.seq_kv = 1;
-        pc.causal = 0;
+        pc.causal = pc.masked = 0;
     }
     return pc;
 }
@@ -739,8 +760,11 @@ static void usage(FILE *f)
             "Tunes every kernel's parameters for one device and writes its user tuning file\n"
             "(CLATTN_TUNING_DIR, default <cache dir>/tuning), which the library then reads.\n\n"
             "  --device SPEC    device as clattn_create takes it (default: CLATTN_DEVICE / first GPU)\n"
-            "  --shape B,H,HKV,SQ,SKV,D[,causal]\n"
-            "                   a problem to tune for (repeatable); default: a set per device type\n"
+            "  --shape B,H,HKV,SQ,SKV,D[,causal][,kvlen]\n"
+            "                   a problem to tune for (repeatable); default: a set per device type.\n"
+            "                   kvlen passes per-batch key lengths (kv_lengths, spread over the\n"
+            "                   last quarter of SKV): the bucket of masked problems, which key\n"
+            "                   lengths and additive masks share\n"
             "  --ops LIST       comma list of scores, softmax, pv, fused, decode, merge (default: all\n"
             "                   that apply: seq_q <= 16 tunes decode and merge, otherwise the\n"
             "                   others). merge (clattn_merge of %d f32 partials) has one bucket for\n"
@@ -830,14 +854,25 @@ int main(int argc, char **argv)
             if (setenv("CLATTN_TUNING_DIR", argv[++i], 1) != 0)
                 die("setenv failed");
         } else if (val && !strcmp(a, "--shape")) {
-            shape s = {0, 0, 0, 0, 0, 0, 0};
-            char extra[16] = "";
-            const int n = sscanf(argv[++i], "%lld,%lld,%lld,%lld,%lld,%lld,%15s", &s.b, &s.h, &s.hkv,
-                                 &s.sq, &s.skv, &s.d, extra);
-            s.causal = n == 7 && !strcmp(extra, "causal");
-            if ((n != 6 && !(n == 7 && s.causal)) || s.b < 1 || s.h < 1 || s.hkv < 1 || s.h % s.hkv ||
-                s.sq < 1 || s.skv < 1 || s.d < 1 || s.d > CLATTN_MAX_HEAD_DIM || (s.causal && s.sq > s.skv))
-                die("bad --shape %s (B,H,HKV,SQ,SKV,D[,causal] with HKV dividing H, D <= %d)", argv[i],
+            shape s = {0, 0, 0, 0, 0, 0, 0, 0};
+            int end = -1;
+            const int n = sscanf(argv[++i], "%lld,%lld,%lld,%lld,%lld,%lld%n", &s.b, &s.h, &s.hkv, &s.sq, &s.skv,
+                                 &s.d, &end);
+            /* then ",causal" and ",kvlen", each at most once, in any order */
+            int ok = n == 6 && end > 0;
+            for (const char *f = ok ? argv[i] + end : ""; ok && *f;) {
+                const size_t len = *f == ',' ? strcspn(f + 1, ",") : 0;
+                int *flag = len == 6 && !strncmp(f + 1, "causal", 6) ? &s.causal
+                            : len == 5 && !strncmp(f + 1, "kvlen", 5) ? &s.kvlen
+                                                                      : NULL;
+                ok = flag && !*flag;
+                if (ok)
+                    *flag = 1;
+                f += 1 + len;
+            }
+            if (!ok || s.b < 1 || s.h < 1 || s.hkv < 1 || s.h % s.hkv || s.sq < 1 || s.skv < 1 || s.d < 1 ||
+                s.d > CLATTN_MAX_HEAD_DIM || (s.causal && s.sq > s.skv))
+                die("bad --shape %s (B,H,HKV,SQ,SKV,D[,causal][,kvlen] with HKV dividing H, D <= %d)", argv[i],
                     CLATTN_MAX_HEAD_DIM);
             if (nshapes == 16)
                 die("at most 16 --shape");
@@ -855,10 +890,10 @@ int main(int argc, char **argv)
     const int cpu = (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0;
     g_ptx_device = (ctx->dev.type & CL_DEVICE_TYPE_GPU) && ctx->dev.vendor_id == 0x10de;
     if (nshapes == 0) {
-        const shape cpu_set[3] = {{1, 8, 8, 1024, 1024, 64, 0}, {1, 8, 8, 1024, 1024, 64, 1},
-                                  {1, 8, 8, 1, 16384, 64, 0}};
-        const shape gpu_set[3] = {{4, 16, 16, 4096, 4096, 64, 0}, {4, 16, 16, 4096, 4096, 64, 1},
-                                  {16, 32, 32, 1, 8192, 128, 0}};
+        const shape cpu_set[3] = {{1, 8, 8, 1024, 1024, 64, 0, 0}, {1, 8, 8, 1024, 1024, 64, 1, 0},
+                                  {1, 8, 8, 1, 16384, 64, 0, 0}};
+        const shape gpu_set[3] = {{4, 16, 16, 4096, 4096, 64, 0, 0}, {4, 16, 16, 4096, 4096, 64, 1, 0},
+                                  {16, 32, 32, 1, 8192, 128, 0, 0}};
         for (int i = 0; i < 3; i++)
             shapes[nshapes++] = cpu ? cpu_set[i] : gpu_set[i];
     }
@@ -964,10 +999,10 @@ int main(int argc, char **argv)
         for (int i = 0; i < nt; i++) {
             const task *t = &tasks[i];
             printf("%s\n  {\"op\": \"%s\", \"dtype\": \"%s\", \"shape\": [%lld, %lld, %lld, %lld, %lld, %lld], "
-                   "\"causal\": %d, \"default_ms\": %.4f, \"tuned_ms\": %.4f, \"speedup\": %.3f, \"tried\": %d, "
+                   "\"causal\": %d, \"kv_lengths\": %d, \"default_ms\": %.4f, \"tuned_ms\": %.4f, \"speedup\": %.3f, \"tried\": %d, "
                    "\"pruned\": %d, \"wrong\": %d, ",
                    i ? "," : "", clattn_operation_name(t->op), dtype_name(t->dt), t->s.b, t->s.h, t->s.hkv, t->s.sq,
-                   t->s.skv, t->s.d, t->s.causal, t->default_ms, t->best_ms, t->default_ms / t->best_ms, t->tried,
+                   t->s.skv, t->s.d, t->s.causal, t->s.kvlen, t->default_ms, t->best_ms, t->default_ms / t->best_ms, t->tried,
                    t->pruned, t->rejected);
             if (t->op == CLATTN_OPERATION_MERGE)
                 printf("\"parts\": %d, ", MERGE_PARTS);
