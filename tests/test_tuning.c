@@ -971,6 +971,19 @@ static int run_tuner(const char *extra)
 }
 
 static void read_report(char *buf, size_t size) { read_text("report.json", buf, size); }
+
+/* The report's task object (up to its closing brace) that starts with `head`, copied into obj;
+ * the test fails without one. */
+static void report_task(const char *report, const char *head, char *obj, size_t size)
+{
+    const char *t = strstr(report, head);
+    if (!t)
+        fail_msg("no task %s in the report:\n%s", head, report);
+    const size_t n = strcspn(t, "}");
+    assert_true(t[n] == '}' && n < size);
+    memcpy(obj, t, n);
+    obj[n] = '\0';
+}
 #endif
 
 static void test_tuner(void **state)
@@ -1167,8 +1180,10 @@ static void test_tuner_decode_no_entry(void **state)
 }
 
 /* --dtype: f16 and bf16 tasks run on inputs (and outputs, but for scores) of that type, checked
- * against the reference within the output type's rounding, and write entries of their own dtype,
- * which the library's lookups of that dtype take and f32 lookups do not. A bad list is refused. */
+ * against the reference within the output type's rounding (the defaults' results, or the tuner
+ * exits), and write entries of their own dtype, which the library's lookups of that dtype take
+ * and f32 lookups do not; the f32 softmax of the unfused path is added as a task of its own. A bad
+ * list is refused. */
 static void test_tuner_dtype(void **state)
 {
     (void)state;
@@ -1181,7 +1196,7 @@ static void test_tuner_dtype(void **state)
              "%s --dir %s --candidates 0 --iters 1 --shape 1,2,2,64,64,16 --ops scores,softmax,fused "
              "--dtype f16,bf16 --json >%s/report.json 2>%s/tune.log",
              CLATTN_TUNE_PATH, dir, dir, dir);
-    char buf[8192];
+    char buf[8192], obj[1024];
     if (system(cmd) != 0) {
         read_text("tune.log", buf, sizeof buf);
         fail_msg("clattn-tune --dtype f16,bf16 failed:\n%s", buf);
@@ -1191,15 +1206,18 @@ static void test_tuner_dtype(void **state)
     static const char *const dts[2] = {"f16", "bf16"};
     for (int o = 0; o < 3; o++)
         for (int d = 0; d < 2; d++) {
-            char want[64];
-            snprintf(want, sizeof want, "\"op\": \"%s\", \"dtype\": \"%s\"", ops[o], dts[d]);
-            const char *t = strstr(buf, want);
-            if (!t)
-                fail_msg("no %s task in the report:\n%s", want, buf);
-            assert_non_null(strstr(t, "\"wrong\": 0,"));
-            assert_non_null(strstr(t, "\"entry\": true"));
+            char head[64];
+            snprintf(head, sizeof head, "{\"op\": \"%s\", \"dtype\": \"%s\"", ops[o], dts[d]);
+            report_task(buf, head, obj, sizeof obj);
+            assert_non_null(strstr(obj, "\"shape\": [1, 2, 2, 64, 64, 16], \"causal\": 0, \"kv_lengths\": 0,"));
+            if (o == 1)
+                assert_non_null(strstr(obj, "\"unfused_path\": false"));
         }
-    assert_null(strstr(buf, "\"dtype\": \"f32\""));
+    /* f32: only the unfused path's softmax */
+    report_task(buf, "{\"op\": \"softmax\", \"dtype\": \"f32\"", obj, sizeof obj);
+    assert_non_null(strstr(obj, "\"unfused_path\": true"));
+    const char *f32 = strstr(buf, "\"dtype\": \"f32\"");
+    assert_null(strstr(f32 + 1, "\"dtype\": \"f32\""));
     clattn_context *ctx = tu_context();
     assert_null(strstr(clattn_tuning_report(ctx), "ignored"));
     const clattn_operation cops[3] = {CLATTN_OPERATION_SCORES, CLATTN_OPERATION_SOFTMAX, CLATTN_OPERATION_FUSED};
@@ -1210,7 +1228,8 @@ static void test_tuner_dtype(void **state)
                                              64, 64, 0, 0};
             clattn_kernel_params kp;
             assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_SUCCESS);
-            if ((kp.source == CLATTN_SOURCE_USER_FILE) != (cdts[d] != CLATTN_F32))
+            const int tuned = cdts[d] != CLATTN_F32 || cops[o] == CLATTN_OPERATION_SOFTMAX;
+            if ((kp.source == CLATTN_SOURCE_USER_FILE) != tuned)
                 fail_msg("%s dtype %d: source %s (%s)", ops[o], (int)cdts[d],
                          clattn_params_source_name(kp.source), kp.origin);
         }
@@ -1229,8 +1248,9 @@ static void test_tuner_dtype(void **state)
 }
 
 /* --shape ...,kvlen: tasks pass per-batch key lengths, the sampled rows are checked with those
- * keys hidden, and the entries are the masked buckets', which masked lookups take and unmasked
- * ones do not. Malformed flag lists are refused. */
+ * keys hidden (the defaults' results, or the tuner exits), and the entries are the masked
+ * buckets', which masked lookups take and unmasked ones do not. Malformed flag lists are
+ * refused. */
 static void test_tuner_kvlen(void **state)
 {
     (void)state;
@@ -1248,13 +1268,11 @@ static void test_tuner_kvlen(void **state)
         fail_msg("clattn-tune with kvlen failed:\n%s", buf);
     }
     read_report(buf, sizeof buf);
-    static const char *const ops[2] = {"\"op\": \"scores\"", "\"op\": \"fused\""};
+    static const char *const ops[2] = {"{\"op\": \"scores\"", "{\"op\": \"fused\""};
+    char obj[1024];
     for (int o = 0; o < 2; o++) {
-        const char *t = strstr(buf, ops[o]);
-        if (!t)
-            fail_msg("no %s task in the report:\n%s", ops[o], buf);
-        assert_non_null(strstr(t, "\"causal\": 1, \"kv_lengths\": 1,"));
-        assert_non_null(strstr(t, "\"wrong\": 0,"));
+        report_task(buf, ops[o], obj, sizeof obj);
+        assert_non_null(strstr(obj, "\"causal\": 1, \"kv_lengths\": 1,"));
     }
     clattn_context *ctx = tu_context();
     assert_null(strstr(clattn_tuning_report(ctx), "ignored"));

@@ -50,7 +50,9 @@ typedef struct task {
     shape s;
     clattn_operation op;
     clattn_dtype dt; /* storage of the inputs, as the bucket's dtype (merge: f32) */
+    int unfused;     /* a softmax task added for the unfused path's bucket (main) */
     /* results */
+    clattn_dtype timed_dt; /* the inputs' type as timed (make_data), which the report gives */
     int tried, pruned, rejected;
     double default_ms, best_ms;
     int best[CLATTN_MAX_KERNEL_PARAMS], defaults[CLATTN_MAX_KERNEL_PARAMS];
@@ -474,7 +476,8 @@ static void canonical(const task *t, int *v)
             /* K read in place (KT 0, or few rows whatever KT says): RM (up to 32 rows) and NS
              * unused, KT too for few rows; the defaults' values stay. */
             const shape *s = &t->s;
-            const uint64_t k_bytes = 4u * (uint64_t)(s->b * s->hkv * s->skv * s->d);
+            const uint64_t k_bytes = clattn__mul_sat((uint64_t)(s->b * s->hkv * s->d) * clattn_dtype_size(t->dt),
+                                                     (uint64_t)s->skv); /* as src/scores.c */
             if (clattn__scores_in_place(ctx, v, s->sq, k_bytes)) {
                 int with_kt[9];
                 memcpy(with_kt, v, sizeof with_kt);
@@ -563,6 +566,10 @@ static const char *task_text(const task *t, char *buf, size_t size)
     else
         snprintf(buf, size, "%s B%lld H%lld/%lld Sq%lld Skv%lld d%lld%s%s", dtype_name(t->dt), s->b, s->h,
                  s->hkv, s->sq, s->skv, s->d, s->causal ? " causal" : "", s->kvlen ? " kvlen" : "");
+    if (t->unfused) {
+        const size_t n = strlen(buf);
+        snprintf(buf + n, size - n, " (unfused path)");
+    }
     return buf;
 }
 
@@ -620,6 +627,7 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     const int np = clattn_param_count(op);
     data dd;
     make_data(s, op, t->dt, &dd);
+    t->timed_dt = dd.dt;
     /* Relative to a row's largest value: f32 arithmetic, then the output's rounding (2^-11 for
      * f16, 2^-8 for bf16). */
     const double tol = dd.out_dt == CLATTN_F16 ? 2e-3 : dd.out_dt == CLATTN_BF16 ? 2e-2 : 1e-4;
@@ -772,7 +780,10 @@ static void usage(FILE *f)
             "  --dtype LIST     comma list of the inputs' storage types to tune for: f32, f16,\n"
             "                   bf16 (default f32). Each is a bucket of its own: the library\n"
             "                   looks f16 calls up in f16 entries only. Outputs have the inputs'\n"
-            "                   type, but for scores (f32, as the unfused path's workspace)\n"
+            "                   type, but for scores (f32, as the unfused path's workspace).\n"
+            "                   The unfused path's softmax runs on f32 scores without a mask:\n"
+            "                   for a softmax task of f16, bf16, causal or kvlen, that f32 task\n"
+            "                   of the same sizes is added unless a task has its bucket\n"
             "  --budget SEC     total search time (default 300), shared between tasks\n"
             "  --iters N        timed runs per candidate (default 5), median\n"
             "  --candidates N   at most N candidates a task besides the defaults (default: what the\n"
@@ -897,7 +908,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < 3; i++)
             shapes[nshapes++] = cpu ? cpu_set[i] : gpu_set[i];
     }
-    task tasks[16 * 3 * 4 + 1]; /* full shapes: 4 ops each per dtype, plus one merge */
+    task tasks[16 * 3 * 5 + 1]; /* full shapes: 4 ops each per dtype and an unfused softmax, one merge */
     int nt = 0;
     int have_merge = 0;
     for (int i = 0; i < nshapes; i++) {
@@ -924,6 +935,27 @@ int main(int argc, char **argv)
                 tasks[nt].dt = op == CLATTN_OPERATION_MERGE ? CLATTN_F32 : dtypes[di];
                 nt++;
             }
+    }
+    /* The unfused path runs its softmax on f32 scores with the masks already applied, so a
+     * softmax task of another dtype, causal or with key lengths (which tunes clattn_softmax on
+     * such inputs) leaves its bucket untuned: the f32 task without a mask of the same sizes is
+     * added, unless a task has that bucket already. */
+    for (int i = 0, n = nt; i < n; i++) {
+        if (tasks[i].op != CLATTN_OPERATION_SOFTMAX ||
+            (tasks[i].dt == CLATTN_F32 && !tasks[i].s.causal && !tasks[i].s.kvlen))
+            continue;
+        task u = tasks[i];
+        u.dt = CLATTN_F32;
+        u.s.causal = u.s.kvlen = 0;
+        u.unfused = 1;
+        const clattn_tuning_entry ue = entry_of(&u);
+        int have = 0;
+        for (int k = 0; k < nt && !have; k++) {
+            const clattn_tuning_entry e = entry_of(&tasks[k]);
+            have = clattn__tuning_same_bucket(&e, &ue);
+        }
+        if (!have)
+            tasks[nt++] = u;
     }
     if (nt == 0)
         die("nothing to tune (check --ops)");
@@ -994,18 +1026,21 @@ int main(int argc, char **argv)
         fprintf(stderr, "wrote %s\n", path);
     }
     if (json) {
-        printf("{\"device\": \"%s\", \"store\": \"%s\", \"written\": %s, \"budget_s\": %.1f, \"tasks\": [", ctx->dev.name,
-               path, written ? "true" : "false", budget);
+        printf("{\"device\": \"%s\", \"store\": \"%s\", \"written\": %s, \"budget_s\": %.1f, \"tasks\": [",
+               ctx->dev.name, path, written ? "true" : "false", budget);
         for (int i = 0; i < nt; i++) {
             const task *t = &tasks[i];
+            const int merge = t->op == CLATTN_OPERATION_MERGE; /* no mask, whatever the shape */
             printf("%s\n  {\"op\": \"%s\", \"dtype\": \"%s\", \"shape\": [%lld, %lld, %lld, %lld, %lld, %lld], "
-                   "\"causal\": %d, \"kv_lengths\": %d, \"default_ms\": %.4f, \"tuned_ms\": %.4f, \"speedup\": %.3f, \"tried\": %d, "
-                   "\"pruned\": %d, \"wrong\": %d, ",
-                   i ? "," : "", clattn_operation_name(t->op), dtype_name(t->dt), t->s.b, t->s.h, t->s.hkv, t->s.sq,
-                   t->s.skv, t->s.d, t->s.causal, t->s.kvlen, t->default_ms, t->best_ms, t->default_ms / t->best_ms, t->tried,
-                   t->pruned, t->rejected);
+                   "\"causal\": %d, \"kv_lengths\": %d, \"default_ms\": %.4f, \"tuned_ms\": %.4f, "
+                   "\"speedup\": %.3f, \"tried\": %d, \"pruned\": %d, \"wrong\": %d, ",
+                   i ? "," : "", clattn_operation_name(t->op), dtype_name(t->timed_dt), t->s.b, t->s.h, t->s.hkv, t->s.sq,
+                   t->s.skv, t->s.d, merge ? 0 : t->s.causal, merge ? 0 : t->s.kvlen, t->default_ms, t->best_ms,
+                   t->default_ms / t->best_ms, t->tried, t->pruned, t->rejected);
             if (t->op == CLATTN_OPERATION_MERGE)
                 printf("\"parts\": %d, ", MERGE_PARTS);
+            if (t->op == CLATTN_OPERATION_SOFTMAX) /* added for the unfused path's bucket */
+                printf("\"unfused_path\": %s, ", t->unfused ? "true" : "false");
             printf("\"entry\": %s, \"params\": [", no_entry(t) ? "false" : "true");
             for (int j = 0; j < clattn_param_count(t->op); j++)
                 printf("%s%d", j ? ", " : "", t->best[j]);
