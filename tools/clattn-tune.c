@@ -1034,9 +1034,9 @@ int main(int argc, char **argv)
             printf("%s\n  {\"op\": \"%s\", \"dtype\": \"%s\", \"shape\": [%lld, %lld, %lld, %lld, %lld, %lld], "
                    "\"causal\": %d, \"kv_lengths\": %d, \"default_ms\": %.4f, \"tuned_ms\": %.4f, "
                    "\"speedup\": %.3f, \"tried\": %d, \"pruned\": %d, \"wrong\": %d, ",
-                   i ? "," : "", clattn_operation_name(t->op), dtype_name(t->timed_dt), t->s.b, t->s.h, t->s.hkv, t->s.sq,
-                   t->s.skv, t->s.d, merge ? 0 : t->s.causal, merge ? 0 : t->s.kvlen, t->default_ms, t->best_ms,
-                   t->default_ms / t->best_ms, t->tried, t->pruned, t->rejected);
+                   i ? "," : "", clattn_operation_name(t->op), dtype_name(t->timed_dt), t->s.b, t->s.h, t->s.hkv,
+                   t->s.sq, t->s.skv, t->s.d, merge ? 0 : t->s.causal, merge ? 0 : t->s.kvlen, t->default_ms,
+                   t->best_ms, t->default_ms / t->best_ms, t->tried, t->pruned, t->rejected);
             if (t->op == CLATTN_OPERATION_MERGE)
                 printf("\"parts\": %d, ", MERGE_PARTS);
             if (t->op == CLATTN_OPERATION_SOFTMAX) /* added for the unfused path's bucket */
