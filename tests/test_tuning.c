@@ -1183,7 +1183,7 @@ static void test_tuner_decode_no_entry(void **state)
  * against the reference within the output type's rounding (the defaults' results, or the tuner
  * exits), and write entries of their own dtype, which the library's lookups of that dtype take
  * and f32 lookups do not; the f32 softmax of the unfused path is added as a task of its own. A bad
- * list is refused. */
+ * list is refused, as is a bad --ops list. */
 static void test_tuner_dtype(void **state)
 {
     (void)state;
@@ -1234,15 +1234,19 @@ static void test_tuner_dtype(void **state)
                          clattn_params_source_name(kp.source), kp.origin);
         }
     clattn_release(ctx);
-    static const char *const bad[3] = {"f64", "f16,f16", "f16,"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(cmd, sizeof cmd, "%s --dir %s --dtype %s --dry-run >/dev/null 2>%s/tune.log", CLATTN_TUNE_PATH,
-                 dir, bad[i], dir);
+    /* and --ops, which took any list that contained a name ("fusedd": fused) */
+    static const char *const bad[6] = {"--dtype f64", "--dtype f16,f16", "--dtype f16,",
+                                       "--ops fusedd",  "--ops pv,pv",     "--ops scores,,pv"};
+    for (int i = 0; i < 6; i++) {
+        snprintf(cmd, sizeof cmd, "%s --dir %s %s --dry-run >/dev/null 2>%s/tune.log", CLATTN_TUNE_PATH, dir,
+                 bad[i], dir);
         const int rc = system(cmd);
         assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
         read_text("tune.log", buf, sizeof buf);
-        if (!strstr(buf, "bad --dtype"))
-            fail_msg("--dtype %s: %s", bad[i], buf);
+        char want[16];
+        snprintf(want, sizeof want, "bad %.*s", (int)strcspn(bad[i], " "), bad[i]);
+        if (!strstr(buf, want))
+            fail_msg("%s: %s", bad[i], buf);
     }
 #endif
 }

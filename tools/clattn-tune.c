@@ -800,7 +800,8 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    const char *device = NULL, *ops = NULL;
+    const char *device = NULL;
+    unsigned ops = 0; /* --ops: bit op set per operation; 0: the default choice */
     double budget = 300;
     int json = 0, dry = 0;
     shape shapes[16];
@@ -822,7 +823,22 @@ int main(int argc, char **argv)
         } else if (val && !strcmp(a, "--device")) {
             device = argv[++i];
         } else if (val && !strcmp(a, "--ops")) {
-            ops = argv[++i];
+            const char *p = argv[++i];
+            ops = 0;
+            for (;;) {
+                const size_t n = strcspn(p, ",");
+                int op = 0;
+                while (op < CLATTN_OPERATION_COUNT && (strlen(clattn_operation_name((clattn_operation)op)) != n ||
+                                                       strncmp(p, clattn_operation_name((clattn_operation)op), n)))
+                    op++;
+                if (op == CLATTN_OPERATION_COUNT || (ops & (1u << op)))
+                    die("bad --ops %s (a comma list of scores, softmax, pv, fused, decode, merge, each once)",
+                        argv[i]);
+                ops |= 1u << op;
+                if (!p[n])
+                    break;
+                p += n + 1;
+            }
         } else if (val && !strcmp(a, "--dtype")) {
             const char *p = argv[++i];
             ndtypes = 0;
@@ -920,7 +936,7 @@ int main(int argc, char **argv)
         for (int di = 0; di < ndtypes; di++)
             for (int j = 0; j < (decode ? 2 : 5); j++) {
                 const clattn_operation op = decode ? decode_ops[j] : full_ops[j];
-                if (ops && !strstr(ops, clattn_operation_name(op)))
+                if (ops && !(ops & (1u << op)))
                     continue;
                 if (op == CLATTN_OPERATION_MERGE) {
                     /* By default with decode only; one task per run (the bucket ignores the shape
