@@ -350,7 +350,7 @@ char *clattn__tuning_format(const clattn_tuning_table *t)
     if (t->driver[0])
         n += (size_t)snprintf(out + n, cap - n, "driver %s\n", t->driver);
     n += (size_t)snprintf(out + n, cap - n,
-                          "# op     dtype hd mask   seq_q log2_seq_kv = parameters (see clattn-info --params)\n");
+                          "# op     dtype hd mask   seq_q log2_seq_kv = parameters (names per op: clattn-info)\n");
     for (int i = 0; i < t->n && n < cap; i++) {
         char line[160];
         clattn__tuning_entry_text(&t->e[i], line, sizeof line);
