@@ -1,17 +1,18 @@
 /* clattn-tune: searches each kernel's parameters for one device and writes the tuning store.
  *
  * For every (shape, dtype, operation) task: the defaults (what the library uses without a user
- * file) are timed first; then candidates from the operation's parameter space (all of it when small,
- * else a random walk around the best so far) are each run once, dropped if the run fails (build
- * failure, work-group or local-memory limits) or if sampled output rows differ from a float64
- * reference, and otherwise timed (wall clock around every kernel the operation enqueues: warm-up,
- * median of N). A kernel that needs private memory (spills, on GPUs) is timed like any other:
- * NVIDIA's OpenCL reports private memory for every tiled GEMM candidate tried on an H200 (144 to
- * 528 bytes), so dropping them, as the tuner did, left nothing to tune there. The winner, or the
- * defaults when nothing beats them, goes into the device's user tuning file, written atomically;
- * but for decode, whose defaults on GPUs depend on the query rows per kv head (src/fused.c:
- * clattn__decode_tiled_default), which a bucket does not hold, no entry is written where the
- * defaults win, and an earlier entry of that bucket is dropped: the library keeps choosing per call.
+ * file) are timed first; then candidates from the operation's parameter space (all of it when
+ * small, else a random walk around the best so far) are each run once, dropped if the run fails
+ * (build failure, work-group or local-memory limits) or if sampled output rows differ from a
+ * float64 reference, and otherwise timed (wall clock around every kernel the operation enqueues:
+ * warm-up, median of N). A kernel that needs private memory (spills, on GPUs) is timed like any
+ * other: NVIDIA's OpenCL reports private memory for every tiled GEMM candidate tried on an H200
+ * (144 to 528 bytes), so dropping them, as the tuner did, left nothing to tune there. The winner,
+ * or the defaults when nothing beats them, goes into the device's user tuning file, written
+ * atomically; but for decode, whose defaults on GPUs depend on the query rows per kv head
+ * (src/fused.c: clattn__decode_tiled_default), which a bucket does not hold, no entry is written
+ * where the defaults win, and an earlier entry of that bucket is dropped: the library keeps
+ * choosing per call.
  *
  * A task of dtype f16 or bf16 stores its inputs in that type (rounded on the host, so that the
  * reference sees what the device reads) and its output too, but for scores, which the unfused
@@ -250,8 +251,8 @@ static double *to_doubles(const float *src, size_t n)
 }
 
 /* Reference row (b, h, i) of the task's output into ref, from tests/ref.c on a one-row problem:
- * the row's visible keys (key length, causal bottom-right) become that problem's key length. merge: the row
- * of every part through ref_merge, its merged LSE into *lse. */
+ * the row's visible keys (key length, causal bottom-right) become that problem's key length.
+ * merge: the row of every part through ref_merge, its merged LSE into *lse. */
 static void ref_row(const shape *s, clattn_operation op, const data *dd, long long b, long long h,
                     long long i, double *ref, double *lse)
 {
