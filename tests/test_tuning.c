@@ -984,6 +984,32 @@ static void report_task(const char *report, const char *head, char *obj, size_t 
     memcpy(obj, t, n);
     obj[n] = '\0';
 }
+
+/* clattn-tune with args, --dir and a JSON report into report.json; the test fails with its log
+ * unless it succeeds. */
+static void tune_ok(const char *args)
+{
+    char cmd[4400], log[8192];
+    snprintf(cmd, sizeof cmd, "%s --dir %s %s --json >%s/report.json 2>%s/tune.log", CLATTN_TUNE_PATH, dir, args,
+             dir, dir);
+    if (system(cmd) != 0) {
+        read_text("tune.log", log, sizeof log);
+        fail_msg("clattn-tune %s failed:\n%s", args, log);
+    }
+}
+
+/* clattn-tune with args (a dry run) exits 1 and says want. */
+static void tune_refused(const char *args, const char *want)
+{
+    char cmd[4400], log[8192];
+    snprintf(cmd, sizeof cmd, "%s --dir %s %s --dry-run >/dev/null 2>%s/tune.log", CLATTN_TUNE_PATH, dir, args,
+             dir);
+    const int rc = system(cmd);
+    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+    read_text("tune.log", log, sizeof log);
+    if (!strstr(log, want))
+        fail_msg("%s: %s", args, log);
+}
 #endif
 
 static void test_tuner(void **state)
@@ -1191,16 +1217,8 @@ static void test_tuner_dtype(void **state)
     skip(); /* built without the tools */
 #else
     make_dir();
-    char cmd[4400];
-    snprintf(cmd, sizeof cmd,
-             "%s --dir %s --candidates 0 --iters 1 --shape 1,2,2,64,64,16 --ops scores,softmax,fused "
-             "--dtype f16,bf16 --json >%s/report.json 2>%s/tune.log",
-             CLATTN_TUNE_PATH, dir, dir, dir);
+    tune_ok("--candidates 0 --iters 1 --shape 1,2,2,64,64,16 --ops scores,softmax,fused --dtype f16,bf16");
     char buf[8192], obj[1024];
-    if (system(cmd) != 0) {
-        read_text("tune.log", buf, sizeof buf);
-        fail_msg("clattn-tune --dtype f16,bf16 failed:\n%s", buf);
-    }
     read_report(buf, sizeof buf);
     static const char *const ops[3] = {"scores", "softmax", "fused"};
     static const char *const dts[2] = {"f16", "bf16"};
@@ -1238,15 +1256,9 @@ static void test_tuner_dtype(void **state)
     static const char *const bad[6] = {"--dtype f64", "--dtype f16,f16", "--dtype f16,",
                                        "--ops fusedd",  "--ops pv,pv",     "--ops scores,,pv"};
     for (int i = 0; i < 6; i++) {
-        snprintf(cmd, sizeof cmd, "%s --dir %s %s --dry-run >/dev/null 2>%s/tune.log", CLATTN_TUNE_PATH, dir,
-                 bad[i], dir);
-        const int rc = system(cmd);
-        assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
-        read_text("tune.log", buf, sizeof buf);
         char want[16];
         snprintf(want, sizeof want, "bad %.*s", (int)strcspn(bad[i], " "), bad[i]);
-        if (!strstr(buf, want))
-            fail_msg("%s: %s", bad[i], buf);
+        tune_refused(bad[i], want);
     }
 #endif
 }
@@ -1262,15 +1274,8 @@ static void test_tuner_kvlen(void **state)
     skip(); /* built without the tools */
 #else
     make_dir();
-    char cmd[4400], buf[8192];
-    snprintf(cmd, sizeof cmd,
-             "%s --dir %s --candidates 0 --iters 1 --shape 3,2,1,48,80,16,causal,kvlen --ops scores,fused --json "
-             ">%s/report.json 2>%s/tune.log",
-             CLATTN_TUNE_PATH, dir, dir, dir);
-    if (system(cmd) != 0) {
-        read_text("tune.log", buf, sizeof buf);
-        fail_msg("clattn-tune with kvlen failed:\n%s", buf);
-    }
+    tune_ok("--candidates 0 --iters 1 --shape 3,2,1,48,80,16,causal,kvlen --ops scores,fused");
+    char buf[8192];
     read_report(buf, sizeof buf);
     static const char *const ops[2] = {"{\"op\": \"scores\"", "{\"op\": \"fused\""};
     char obj[1024];
@@ -1294,13 +1299,9 @@ static void test_tuner_kvlen(void **state)
     static const char *const bad[4] = {"1,2,2,8,8,16,kvlen,kvlen", "1,2,2,8,8,16,kvlen,", "1,2,2,8,8,16,,causal",
                                        "1,2,2,8,8,16,causal,mask"};
     for (int i = 0; i < 4; i++) {
-        snprintf(cmd, sizeof cmd, "%s --dir %s --shape %s --dry-run >/dev/null 2>%s/tune.log", CLATTN_TUNE_PATH,
-                 dir, bad[i], dir);
-        const int rc = system(cmd);
-        assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
-        read_text("tune.log", buf, sizeof buf);
-        if (!strstr(buf, "bad --shape"))
-            fail_msg("--shape %s: %s", bad[i], buf);
+        char args[64];
+        snprintf(args, sizeof args, "--shape %s", bad[i]);
+        tune_refused(args, "bad --shape");
     }
 #endif
 }

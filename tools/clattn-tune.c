@@ -762,6 +762,28 @@ static clattn_tuning_entry entry_of(const task *t)
     return e;
 }
 
+/* The items of the comma list p, each one of names[0..n-1] (n <= 32) and at most once, as their
+ * indices in the list's order into idx[n]; returns how many, or -1 for an empty, unknown or
+ * repeated item. */
+static int name_list(const char *p, const char *const *names, int n, int *idx)
+{
+    int count = 0;
+    unsigned seen = 0;
+    for (;;) {
+        const size_t len = strcspn(p, ",");
+        int k = 0;
+        while (k < n && (strlen(names[k]) != len || strncmp(p, names[k], len)))
+            k++;
+        if (k == n || (seen & (1u << k)))
+            return -1;
+        seen |= 1u << k;
+        idx[count++] = k;
+        if (!p[len])
+            return count;
+        p += len + 1;
+    }
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -824,44 +846,25 @@ int main(int argc, char **argv)
         } else if (val && !strcmp(a, "--device")) {
             device = argv[++i];
         } else if (val && !strcmp(a, "--ops")) {
-            const char *p = argv[++i];
+            const char *names[CLATTN_OPERATION_COUNT];
+            for (int k = 0; k < CLATTN_OPERATION_COUNT; k++)
+                names[k] = clattn_operation_name((clattn_operation)k);
+            int idx[CLATTN_OPERATION_COUNT];
+            const int n = name_list(argv[++i], names, CLATTN_OPERATION_COUNT, idx);
+            if (n < 0)
+                die("bad --ops %s (a comma list of scores, softmax, pv, fused, decode, merge, each once)",
+                    argv[i]);
             ops = 0;
-            for (;;) {
-                const size_t n = strcspn(p, ",");
-                int op = 0;
-                while (op < CLATTN_OPERATION_COUNT && (strlen(clattn_operation_name((clattn_operation)op)) != n ||
-                                                       strncmp(p, clattn_operation_name((clattn_operation)op), n)))
-                    op++;
-                if (op == CLATTN_OPERATION_COUNT || (ops & (1u << op)))
-                    die("bad --ops %s (a comma list of scores, softmax, pv, fused, decode, merge, each once)",
-                        argv[i]);
-                ops |= 1u << op;
-                if (!p[n])
-                    break;
-                p += n + 1;
-            }
+            for (int k = 0; k < n; k++)
+                ops |= 1u << idx[k];
         } else if (val && !strcmp(a, "--dtype")) {
-            const char *p = argv[++i];
-            ndtypes = 0;
-            for (;;) {
-                const size_t n = strcspn(p, ",");
-                clattn_dtype dt;
-                if (n == 3 && !strncmp(p, "f32", 3))
-                    dt = CLATTN_F32;
-                else if (n == 3 && !strncmp(p, "f16", 3))
-                    dt = CLATTN_F16;
-                else if (n == 4 && !strncmp(p, "bf16", 4))
-                    dt = CLATTN_BF16;
-                else
-                    die("bad --dtype %s (a comma list of f32, f16, bf16)", argv[i]);
-                for (int j = 0; j < ndtypes; j++)
-                    if (dtypes[j] == dt)
-                        die("bad --dtype %s (%s twice)", argv[i], dtype_name(dt));
-                dtypes[ndtypes++] = dt;
-                if (!p[n])
-                    break;
-                p += n + 1;
-            }
+            static const char *const names[3] = {"f32", "f16", "bf16"}; /* CLATTN_F32, F16, BF16 */
+            int idx[3];
+            ndtypes = name_list(argv[++i], names, 3, idx);
+            if (ndtypes < 0)
+                die("bad --dtype %s (a comma list of f32, f16, bf16, each once)", argv[i]);
+            for (int k = 0; k < ndtypes; k++)
+                dtypes[k] = (clattn_dtype)idx[k];
         } else if (val && !strcmp(a, "--budget")) {
             budget = atof(argv[++i]);
             if (!(budget > 0))
@@ -888,15 +891,14 @@ int main(int argc, char **argv)
                                  &s.d, &end);
             /* then ",causal" and ",kvlen", each at most once, in any order */
             int ok = n == 6 && end > 0;
-            for (const char *f = ok ? argv[i] + end : ""; ok && *f;) {
-                const size_t len = *f == ',' ? strcspn(f + 1, ",") : 0;
-                int *flag = len == 6 && !strncmp(f + 1, "causal", 6) ? &s.causal
-                            : len == 5 && !strncmp(f + 1, "kvlen", 5) ? &s.kvlen
-                                                                      : NULL;
-                ok = flag && !*flag;
-                if (ok)
-                    *flag = 1;
-                f += 1 + len;
+            const char *flags = ok ? argv[i] + end : "";
+            if (*flags) {
+                static const char *const names[2] = {"causal", "kvlen"};
+                int idx[2];
+                const int nf = *flags == ',' ? name_list(flags + 1, names, 2, idx) : -1;
+                ok = nf > 0;
+                for (int k = 0; k < nf; k++)
+                    *(idx[k] ? &s.kvlen : &s.causal) = 1;
             }
             if (!ok || s.b < 1 || s.h < 1 || s.hkv < 1 || s.h % s.hkv || s.sq < 1 || s.skv < 1 || s.d < 1 ||
                 s.d > CLATTN_MAX_HEAD_DIM || (s.causal && s.sq > s.skv))
