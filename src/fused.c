@@ -274,7 +274,15 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  *         was not timed there).
  * The same emulation reads head_dim + head_dim_v > 128 differently from the EPYC (f32 d128
  * seq_kv 8192 seq_q 512: 223 / 234 in place against 297 / 291; f16 194 / 193 against 214 /
- * 256), but real AVX2 hardware decided it, so the KV_IN_PLACE_DIMS bound stays. */
+ * 256). Real AVX2 hardware confirms the KV_IN_PLACE_DIMS bound with the current kernels: on
+ * PoCL (2-core AMD EPYC, Zen 3, AVX2, 512 KiB L2 a core, B1 H8, minima of 3 runs alternating
+ * with the bound raised, ms, copies against in place, non-causal / causal):
+ *   f32,  d128, seq_kv 8192, seq_q 512: 132 / 118 against 161 / 162; seq_q 1024: 307 / 263
+ *         against 341 / 334; seq_kv 16384, seq_q 512: 289 / 297 against 319 / 351; seq_q
+ *         1024: 545 / 505 against 585 / 596;
+ *   f16,  d128, seq_kv 8192, seq_q 512: 150 / 147 against 176 / 167;
+ *   bf16, d128, seq_kv 8192, seq_q 1024: 298 / 249 against 282 / 313;
+ *   f32,  d96,  seq_kv 16384, seq_q 1024: 385 / 383 against 372 / 380 (even). */
 #define KV_IN_PLACE (1 << 21)
 #define KV_IN_PLACE_DIMS 128
 /* With AVX-512's register tiles (NREG16 32: fused_lanes with 8 accumulators, fused_direct's
