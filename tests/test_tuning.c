@@ -609,6 +609,62 @@ static int json_balanced(const char *s)
 }
 #endif
 
+#ifdef CLATTN_INFO_PATH
+/* clattn-info --class arg shows, on this device's line labelled `label`, what clattn_get_params
+ * gives for pc: the values and their source, in the table and in --json. */
+static void info_shows_class(clattn_context *ctx, const char *arg, const char *label, const clattn_problem_class *pc)
+{
+    clattn_kernel_params kp;
+    assert_int_equal(clattn_get_params(ctx, pc, &kp), CLATTN_SUCCESS);
+    char vals[512], want[640], head[160], key[200], cmd[1200];
+    size_t n = 0;
+    for (int i = 0; i < kp.count && n < sizeof vals; i++)
+        n += (size_t)snprintf(vals + n, sizeof vals - n, "%s%s=%d", i ? " " : "", clattn_param_name(pc->operation, i),
+                              kp.values[i]);
+    snprintf(want, sizeof want, "%s  [%s: ", vals, clattn_params_source_name(kp.source));
+    snprintf(head, sizeof head, "  %s : ", label);
+    static char buf[1 << 16];
+    for (int json = 0; json < 2; json++) {
+        snprintf(cmd, sizeof cmd, "%s%s --class %s >%s/info.txt 2>&1", CLATTN_INFO_PATH, json ? " --json" : "", arg,
+                 dir);
+        assert_int_equal(system(cmd), 0);
+        read_text("info.txt", buf, sizeof buf);
+        if (json && !json_balanced(buf))
+            fail_msg("clattn-info --json --class %s is not a whole object:\n%.3000s", arg, buf);
+        /* from this device's key on: other devices have their own lines */
+        snprintf(key, sizeof key, json ? "\"device_key\": \"%s\"" : "device key             : %s", ctx->dev.key);
+        const char *dev = strstr(buf, key), *at = dev;
+        if (at && !json) {
+            at = strstr(at, head);
+            if (at && strncmp(at + strlen(head), want, strlen(want)) != 0)
+                at = NULL;
+        } else if (at) {
+            char fields[700];
+            snprintf(fields, sizeof fields, "\"values\": \"%s\",\n", vals);
+            at = strstr(at, "\"classes\": [");
+            at = at ? strstr(at, fields) : NULL;
+            snprintf(fields, sizeof fields, "\"source\": \"%s\"", clattn_params_source_name(kp.source));
+            at = at ? strstr(at, fields) : NULL;
+        }
+        if (!at)
+            fail_msg("clattn-info%s --class %s lacks \"%s%s\" on device %s:\n%.3000s", json ? " --json" : "", arg,
+                     head, want, ctx->dev.key, dev ? dev : buf);
+    }
+}
+
+/* clattn-info --class arg exits 1 and says want. */
+static void info_refused(const char *arg, const char *want)
+{
+    char cmd[1200], log[8192];
+    snprintf(cmd, sizeof cmd, "%s %s >%s/info.txt 2>&1", CLATTN_INFO_PATH, arg, dir);
+    const int rc = system(cmd);
+    read_text("info.txt", log, sizeof log);
+    if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 1 || !strstr(log, want))
+        fail_msg("clattn-info %s: exit %d, want 1 and \"%s\":\n%.2000s", arg, WIFEXITED(rc) ? WEXITSTATUS(rc) : -1,
+                 want, log);
+}
+#endif
+
 /* clattn-info: the table and --json list this device (its key) and the default choice; a spec
  * that resolves to nothing and an unknown option exit 1 with a message. */
 static void test_info(void **state)
@@ -634,16 +690,31 @@ static void test_info(void **state)
     read_text("info.json", buf, sizeof buf);
     if (!json_balanced(buf) || !strstr(buf, "\"clattn_version\"") || !strstr(buf, key))
         fail_msg("clattn-info --json is not a whole object naming device key %s:\n%.2000s", key, buf);
-    const char *bad[2][2] = {{"--device no-such-device-anywhere", "matches no OpenCL device"},
-                             {"--bogus", "unknown option"}};
-    for (int i = 0; i < 2; i++) {
-        snprintf(cmd, sizeof cmd, "%s %s >%s/info.txt 2>&1", CLATTN_INFO_PATH, bad[i][0], dir);
-        const int rc = system(cmd);
-        read_text("info.txt", buf, sizeof buf);
-        if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 1 || !strstr(buf, bad[i][1]))
-            fail_msg("clattn-info %s: exit %d, want 1 and \"%s\":\n%.2000s", bad[i][0],
-                     WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, bad[i][1], buf);
-    }
+    const char *bad[][2] = {
+        {"--device no-such-device-anywhere", "matches no OpenCL device"},
+        {"--bogus", "unknown option"},
+        {"--class", "bad --class: needs a CLASS"},
+        {"--class fused,f32,16,48", "fewer than 5 fields"},
+        {"--class fused,f32,16,48,80,causal,masked,causal", "more than 7 fields"},
+        {"--class fusedd,f32,16,48,80", "unknown operation"},
+        {"--class fused,f64,16,48,80", "unknown dtype"},
+        {"--class fused,f32,0,48,80", "HEAD_DIM must be 1 to 256"},
+        {"--class fused,f32,257,48,80", "HEAD_DIM must be 1 to 256"},
+        {"--class softmax,f32,16,48,80", "HEAD_DIM must be 0"},
+        {"--class fused,f32,16,0,80", "SEQ_Q and SEQ_KV must be positive"},
+        {"--class fused,f32,16,48,-80", "SEQ_Q and SEQ_KV must be positive"},
+        {"--class fused,f32,16,48,99999999999999999999", "SEQ_Q and SEQ_KV must be positive"},
+        {"--class fused,f32,16,48,80x", "SEQ_Q and SEQ_KV must be positive"},
+        {"--class fused,f32,16,48,80,causal,causal", "a flag is given twice"},
+        {"--class fused,f32,16,48,80,", "a flag is not causal or masked"},
+        {"--class=fused,f32,16,48,80,kvlen", "a flag is not causal or masked"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        info_refused(bad[i][0], bad[i][1]);
+    /* at most 16 classes */
+    char many[1100] = "";
+    for (int i = 0; i < 17; i++)
+        strcat(many, "--class merge,f32,0,1,2 ");
+    info_refused(many, "given more than 16 times");
 #endif
 }
 
@@ -1251,6 +1322,15 @@ static void test_tuner_dtype(void **state)
                 fail_msg("%s dtype %d: source %s (%s)", ops[o], (int)cdts[d],
                          clattn_params_source_name(kp.source), kp.origin);
         }
+#ifdef CLATTN_INFO_PATH
+    /* clattn-info shows them too: the f16 entry, and f32's defaults */
+    const clattn_problem_class pc16 = {CLATTN_OPERATION_FUSED, CLATTN_F16, 16, 64, 64, 0, 0};
+    const clattn_problem_class pc32 = {CLATTN_OPERATION_FUSED, CLATTN_F32, 16, 64, 64, 0, 0};
+    const clattn_problem_class pcsm = {CLATTN_OPERATION_SOFTMAX, CLATTN_BF16, 0, 64, 64, 0, 0};
+    info_shows_class(ctx, "fused,f16,16,64,64", "fused f16 d16 sq64 kv64", &pc16);
+    info_shows_class(ctx, "fused,f32,16,64,64", "fused f32 d16 sq64 kv64", &pc32);
+    info_shows_class(ctx, "softmax,bf16,0,64,64", "softmax bf16 rows 64 cols 64", &pcsm);
+#endif
     clattn_release(ctx);
     /* and --ops, which took any list that contained a name ("fusedd": fused) */
     static const char *const bad[6] = {"--dtype f64", "--dtype f16,f16", "--dtype f16,",
@@ -1295,6 +1375,13 @@ static void test_tuner_kvlen(void **state)
                 fail_msg("%s masked %d: source %s (%s)", ops[o], masked, clattn_params_source_name(kp.source),
                          kp.origin);
         }
+#ifdef CLATTN_INFO_PATH
+    /* clattn-info --class: the masked entry where a class is masked, the defaults where not */
+    const clattn_problem_class masked = {CLATTN_OPERATION_FUSED, CLATTN_F32, 16, 48, 80, 1, 1};
+    const clattn_problem_class unmasked = {CLATTN_OPERATION_FUSED, CLATTN_F32, 16, 48, 80, 1, 0};
+    info_shows_class(ctx, "fused,f32,16,48,80,masked,causal", "fused f32 d16 sq48 kv80 causal masked", &masked);
+    info_shows_class(ctx, "fused,f32,16,48,80,causal", "fused f32 d16 sq48 kv80 causal", &unmasked);
+#endif
     clattn_release(ctx);
     static const char *const bad[4] = {"1,2,2,8,8,16,kvlen,kvlen", "1,2,2,8,8,16,kvlen,", "1,2,2,8,8,16,,causal",
                                        "1,2,2,8,8,16,causal,mask"};

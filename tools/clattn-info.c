@@ -3,8 +3,12 @@
  * attention kernels run on them (memory, work-group limits, vector widths, fp16/fp64, subgroups),
  * and says which device clattn_create(NULL) or a given device spec resolves to and why.
  *
- *   clattn-info [--json] [--device SPEC] [--help]
+ *   clattn-info [--json] [--device SPEC] [--class CLASS]... [--help]
  *
+ * For each device it also shows which kernel parameters clattn would use (clattn_get_params) and
+ * where they come from: for one representative f32 problem per operation, and for each --class
+ * given (any dtype, head_dim, sizes and mask kind, e.g. the f16 or masked entries a tuning run
+ * wrote).
  * Exit status: 0 ok; 1 bad usage, a device spec (or CLATTN_DEVICE) that does not resolve, or
  * another failure of the tool itself; 2 no OpenCL platform or device at all.
  *
@@ -15,6 +19,7 @@
 #include "clattn.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -558,13 +563,100 @@ static void h_widths(const char *label, info_num pref, info_num native)
 }
 
 
+/* --class: a problem class whose parameters every device shows, beside the representative ones. */
+#define MAX_CLASSES 16
+typedef struct class_arg {
+    clattn_problem_class pc;
+    char label[128]; /* "fused f16 d128 sq1024 kv8192 causal" */
+} class_arg;
+static class_arg classes[MAX_CLASSES];
+static int n_classes;
+
+static const char *const dtype_names[3] = {"f32", "f16", "bf16"}; /* by clattn_dtype */
+
+/* A decimal integer in [lo, hi], the whole field. */
+static int parse_size(const char *field, long long lo, long long hi, long long *v)
+{
+    if (!isdigit((unsigned char)field[0]))
+        return 0;
+    char *end;
+    errno = 0;
+    *v = strtoll(field, &end, 10);
+    return errno == 0 && *end == '\0' && *v >= lo && *v <= hi;
+}
+
+/* "OP,DTYPE,HEAD_DIM,SEQ_Q,SEQ_KV[,causal][,masked]" into *c. Returns NULL, or what is wrong. */
+static const char *parse_class(const char *arg, class_arg *c)
+{
+    char buf[256];
+    if (strlen(arg) >= sizeof buf)
+        return "longer than 255 characters";
+    memcpy(buf, arg, strlen(arg) + 1);
+    char *f[7];
+    int n = 0;
+    for (char *s = buf;;) {
+        if (n == 7)
+            return "more than 7 fields";
+        f[n++] = s;
+        char *comma = strchr(s, ',');
+        if (!comma)
+            break;
+        *comma = '\0';
+        s = comma + 1;
+    }
+    if (n < 5)
+        return "fewer than 5 fields";
+    memset(c, 0, sizeof *c);
+    int op = -1, dt = -1;
+    for (int i = 0; i < CLATTN_OPERATION_COUNT; i++)
+        if (strcmp(f[0], clattn_operation_name((clattn_operation)i)) == 0)
+            op = i;
+    if (op < 0)
+        return "unknown operation (scores, pv, softmax, fused, decode or merge)";
+    for (int i = 0; i < 3; i++)
+        if (strcmp(f[1], dtype_names[i]) == 0)
+            dt = i;
+    if (dt < 0)
+        return "unknown dtype (f32, f16 or bf16)";
+    const int no_dim = op == CLATTN_OPERATION_SOFTMAX || op == CLATTN_OPERATION_MERGE;
+    long long d, sq, skv;
+    if (!parse_size(f[2], no_dim ? 0 : 1, no_dim ? 0 : CLATTN_MAX_HEAD_DIM, &d))
+        return no_dim ? "HEAD_DIM must be 0 for softmax and merge" : "HEAD_DIM must be 1 to 256";
+    if (!parse_size(f[3], 1, INT64_MAX, &sq) || !parse_size(f[4], 1, INT64_MAX, &skv))
+        return "SEQ_Q and SEQ_KV must be positive integers";
+    c->pc.operation = (clattn_operation)op;
+    c->pc.dtype = (clattn_dtype)dt;
+    c->pc.head_dim = d;
+    c->pc.seq_q = sq;
+    c->pc.seq_kv = skv;
+    for (int i = 5; i < n; i++) {
+        int *flag = strcmp(f[i], "causal") == 0 ? &c->pc.causal : strcmp(f[i], "masked") == 0 ? &c->pc.masked : NULL;
+        if (!flag)
+            return "a flag is not causal or masked";
+        if (*flag)
+            return "a flag is given twice";
+        *flag = 1;
+    }
+    const char *flags = c->pc.causal ? (c->pc.masked ? " causal masked" : " causal") : c->pc.masked ? " masked" : "";
+    if (op == CLATTN_OPERATION_SOFTMAX)
+        snprintf(c->label, sizeof c->label, "softmax %s rows %lld cols %lld%s", dtype_names[dt], sq, skv, flags);
+    else if (op == CLATTN_OPERATION_MERGE)
+        snprintf(c->label, sizeof c->label, "merge %s sq%lld kv%lld%s", dtype_names[dt], sq, skv, flags);
+    else
+        snprintf(c->label, sizeof c->label, "%s %s d%lld sq%lld kv%lld%s", f[0], dtype_names[dt], d, sq, skv,
+                 flags);
+    return NULL;
+}
+
 /* Which kernel parameters apply on this device, and from where (tuning store, defaults), for a
- * representative problem per operation: d 64, f32, seq 1024 (decode: one query, 16384 keys). */
+ * representative problem per operation: d 64, f32, seq 1024 (decode: one query, 16384 keys), and
+ * for each --class. */
 typedef struct tuning_view {
     int ok;
     char report[1100];
     char error[1100]; /* why clattn_create failed on the device ("" when it did not) */
     clattn_kernel_params params[CLATTN_OPERATION_COUNT];
+    clattn_kernel_params cls[MAX_CLASSES];
 } tuning_view;
 
 static void query_tuning(cl_uint p, cl_uint d, tuning_view *tv)
@@ -590,6 +682,9 @@ static void query_tuning(cl_uint p, cl_uint d, tuning_view *tv)
         if (clattn_get_params(ctx, &pc, &tv->params[op]) != CLATTN_SUCCESS)
             tv->ok = 0;
     }
+    for (int i = 0; i < n_classes; i++)
+        if (clattn_get_params(ctx, &classes[i].pc, &tv->cls[i]) != CLATTN_SUCCESS)
+            tv->ok = 0;
     clattn_release(ctx);
 }
 
@@ -613,13 +708,17 @@ static void print_tuning_human(cl_uint p, cl_uint d)
         return;
     }
     h_text("tuning store", tv.report);
-    for (int op = 0; op < CLATTN_OPERATION_COUNT; op++) {
-        char label[40], vals[256];
-        snprintf(label, sizeof label, "  %s", clattn_operation_name((clattn_operation)op));
-        params_text(&tv.params[op], (clattn_operation)op, vals, sizeof vals);
+    for (int i = 0; i < CLATTN_OPERATION_COUNT + n_classes; i++) {
+        const int is_class = i >= CLATTN_OPERATION_COUNT;
+        const clattn_kernel_params *kp = is_class ? &tv.cls[i - CLATTN_OPERATION_COUNT] : &tv.params[i];
+        const clattn_operation op = is_class ? classes[i - CLATTN_OPERATION_COUNT].pc.operation : (clattn_operation)i;
+        char label[140], vals[256];
+        snprintf(label, sizeof label, "  %s",
+                 is_class ? classes[i - CLATTN_OPERATION_COUNT].label : clattn_operation_name(op));
+        params_text(kp, op, vals, sizeof vals);
         h_label(label);
-        printf("%s  [%s: ", vals, clattn_params_source_name(tv.params[op].source));
-        put_text(tv.params[op].origin);
+        printf("%s  [%s: ", vals, clattn_params_source_name(kp->source));
+        put_text(kp->origin);
         puts("]");
     }
 }
@@ -987,6 +1086,28 @@ static void print_device_json(json_writer *w, const dev_info *di, cl_uint p, cl_
             jw_close(w, '}');
         }
         jw_close(w, ']');
+        if (n_classes > 0) {
+            jw_open(w, "classes", '[');
+            for (int i = 0; i < n_classes; i++) {
+                const clattn_problem_class *pc = &classes[i].pc;
+                char vals[256];
+                params_text(&tv.cls[i], pc->operation, vals, sizeof vals);
+                jw_open(w, NULL, '{');
+                jw_str(w, "operation", clattn_operation_name(pc->operation));
+                jw_str(w, "dtype", dtype_names[pc->dtype]);
+                /* sizes past 32 bits on ILP32 too */
+                jw_num(w, "head_dim", (info_num){1, (uint64_t)pc->head_dim});
+                jw_num(w, "seq_q", (info_num){1, (uint64_t)pc->seq_q});
+                jw_num(w, "seq_kv", (info_num){1, (uint64_t)pc->seq_kv});
+                jw_bool(w, "causal", pc->causal ? TRI_YES : TRI_NO);
+                jw_bool(w, "masked", pc->masked ? TRI_YES : TRI_NO);
+                jw_str(w, "values", vals);
+                jw_str(w, "source", clattn_params_source_name(tv.cls[i].source));
+                jw_str(w, "origin", tv.cls[i].origin);
+                jw_close(w, '}');
+            }
+            jw_close(w, ']');
+        }
         jw_close(w, '}');
     }
     jw_close(w, '}');
@@ -1057,14 +1178,23 @@ static void print_json(const plat_info *plats, cl_uint n_plats, const selection 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: clattn-info [--json] [--device SPEC] [--help]\n"
+            "usage: clattn-info [--json] [--device SPEC] [--class CLASS]... [--help]\n"
             "\n"
             "Lists OpenCL platforms and devices with the properties that matter for attention,\n"
-            "and which device clattn_create(NULL) picks (honouring CLATTN_DEVICE) and why.\n"
+            "which device clattn_create(NULL) picks (honouring CLATTN_DEVICE) and why, and per\n"
+            "device the kernel parameters of one f32 problem per operation and their source.\n"
             "\n"
             "  --json          print one JSON object instead of the table\n"
             "  --device SPEC   also show what SPEC resolves to: \"gpu\", \"cpu\", \"P:D\",\n"
             "                  or a case-insensitive substring of a platform or device name\n"
+            "  --class OP,DTYPE,HEAD_DIM,SEQ_Q,SEQ_KV[,causal][,masked]\n"
+            "                  also show, per device, the parameters a call of that class\n"
+            "                  looks up (clattn_get_params: before the operation fits them to\n"
+            "                  the device) and where they come from; up to 16 times.\n"
+            "                  OP: scores, pv, softmax, fused, decode or merge; DTYPE: f32,\n"
+            "                  f16 or bf16; HEAD_DIM 1 to 256, 0 for softmax and merge;\n"
+            "                  softmax's SEQ_Q and SEQ_KV are its rows and columns; masked:\n"
+            "                  an additive mask or key lengths\n"
             "  --help          this text\n"
             "\n"
             "Exit status: 0 ok, 1 bad usage or a spec that does not resolve, 2 no OpenCL device.\n");
@@ -1094,6 +1224,22 @@ int main(int argc, char **argv)
         } else if (strncmp(a, "--device=", 9) == 0) {
             spec = a + 9;
             have_spec = 1;
+        } else if (strcmp(a, "--class") == 0 || strncmp(a, "--class=", 8) == 0) {
+            const char *arg = a[7] == '=' ? a + 8 : i + 1 < argc ? argv[++i] : NULL;
+            const char *why = !arg ? "needs a CLASS" : n_classes == MAX_CLASSES ? "given more than 16 times"
+                                                                               : parse_class(arg, &classes[n_classes]);
+            if (why) {
+                fputs("clattn-info: bad --class", stderr);
+                if (arg) {
+                    fputs(" '", stderr);
+                    fput_text(arg, stderr);
+                    fputc('\'', stderr);
+                }
+                fprintf(stderr, ": %s\n", why);
+                usage(stderr);
+                return EXIT_USAGE;
+            }
+            n_classes++;
         } else {
             fputs("clattn-info: unknown option '", stderr);
             fput_text(a, stderr);
