@@ -282,7 +282,13 @@ static clattn_status launch(clattn_context *ctx, const clattn_problem *p, cl_ker
  *         1024: 545 / 505 against 585 / 596;
  *   f16,  d128, seq_kv 8192, seq_q 512: 150 / 147 against 176 / 167;
  *   bf16, d128, seq_kv 8192, seq_q 1024: 298 / 249 against 282 / 313;
- *   f32,  d96,  seq_kv 16384, seq_q 1024: 385 / 383 against 372 / 380 (even). */
+ *   f32,  d96,  seq_kv 16384, seq_q 1024: 385 / 383 against 372 / 380 (even).
+ * There, at d64 and the KV_IN_PLACE bound, in place and the copies are about even, where the
+ * emulation had f16 in place well ahead (in place against the copies, the same runs): f16
+ * seq_kv 16384, seq_q 512: 160 / 155 against 162 / 149; seq_q 1024: 310 / 326 against 328 /
+ * 273; bf16 seq_kv 32768, seq_q 256: 141 / 142 against 150 / 174; f32 seq_kv 16384, seq_q 512:
+ * 133 / 138 against 132 / 148. Two runs of one configuration (f16 seq_kv 8192, seq_q 1024,
+ * copies either way) differed by up to 12%. */
 #define KV_IN_PLACE (1 << 21)
 #define KV_IN_PLACE_DIMS 128
 /* With AVX-512's register tiles (NREG16 32: fused_lanes with 8 accumulators, fused_direct's
