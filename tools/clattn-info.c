@@ -9,6 +9,7 @@
  * where they come from: for one representative f32 problem per operation, and for each --class
  * given (any dtype, head_dim, sizes and mask kind, e.g. the f16 or masked entries a tuning run
  * wrote).
+ *
  * Exit status: 0 ok; 1 bad usage, a device spec (or CLATTN_DEVICE) that does not resolve, or
  * another failure of the tool itself; 2 no OpenCL platform or device at all.
  *
