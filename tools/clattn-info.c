@@ -18,6 +18,7 @@
  * query shows "n/a" (null in JSON) for that property instead of hiding the whole device.
  */
 #include "clattn.h"
+#include "storage.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -564,16 +565,29 @@ static void h_widths(const char *label, info_num pref, info_num native)
 }
 
 
-/* --class: a problem class whose parameters every device shows, beside the representative ones. */
+/* The problem classes whose kernel parameters every device shows, and from where (tuning store,
+ * defaults): first a representative one per operation, labelled with its name (add_representative:
+ * d 64, f32, seq 1024; decode one query against 16384 keys), then each --class. */
 #define MAX_CLASSES 16
-typedef struct class_arg {
+#define MAX_PROBLEMS (CLATTN_OPERATION_COUNT + MAX_CLASSES)
+typedef struct problem {
     clattn_problem_class pc;
-    char label[128]; /* "fused f16 d128 sq1024 kv8192 causal" */
-} class_arg;
-static class_arg classes[MAX_CLASSES];
-static int n_classes;
+    char label[128]; /* "fused", or "fused f16 d128 sq1024 kv8192 causal" */
+} problem;
+static problem problems[MAX_PROBLEMS];
+static int n_problems;
 
-static const char *const dtype_names[3] = {"f32", "f16", "bf16"}; /* by clattn_dtype */
+static void add_representative(void)
+{
+    for (int op = 0; op < CLATTN_OPERATION_COUNT; op++) {
+        problem *r = &problems[n_problems++];
+        const int no_dim = op == CLATTN_OPERATION_SOFTMAX || op == CLATTN_OPERATION_MERGE;
+        const int decode = op == CLATTN_OPERATION_DECODE;
+        r->pc = (clattn_problem_class){(clattn_operation)op, CLATTN_F32, no_dim ? 0 : 64, decode ? 1 : 1024,
+                                       decode ? 16384 : 1024, 0, 0};
+        snprintf(r->label, sizeof r->label, "%s", clattn_operation_name((clattn_operation)op));
+    }
+}
 
 /* A decimal integer in [lo, hi], the whole field. */
 static int parse_size(const char *field, long long lo, long long hi, long long *v)
@@ -587,7 +601,7 @@ static int parse_size(const char *field, long long lo, long long hi, long long *
 }
 
 /* "OP,DTYPE,HEAD_DIM,SEQ_Q,SEQ_KV[,causal][,masked]" into *c. Returns NULL, or what is wrong. */
-static const char *parse_class(const char *arg, class_arg *c)
+static const char *parse_class(const char *arg, problem *c)
 {
     char buf[256];
     if (strlen(arg) >= sizeof buf)
@@ -614,8 +628,8 @@ static const char *parse_class(const char *arg, class_arg *c)
             op = i;
     if (op < 0)
         return "unknown operation (scores, pv, softmax, fused, decode or merge)";
-    for (int i = 0; i < 3; i++)
-        if (strcmp(f[1], dtype_names[i]) == 0)
+    for (int i = CLATTN_F32; i <= CLATTN_BF16; i++)
+        if (strcmp(f[1], dtype_name((clattn_dtype)i)) == 0)
             dt = i;
     if (dt < 0)
         return "unknown dtype (f32, f16 or bf16)";
@@ -640,24 +654,21 @@ static const char *parse_class(const char *arg, class_arg *c)
     }
     const char *flags = c->pc.causal ? (c->pc.masked ? " causal masked" : " causal") : c->pc.masked ? " masked" : "";
     if (op == CLATTN_OPERATION_SOFTMAX)
-        snprintf(c->label, sizeof c->label, "softmax %s rows %lld cols %lld%s", dtype_names[dt], sq, skv, flags);
+        snprintf(c->label, sizeof c->label, "softmax %s rows %lld cols %lld%s", dtype_name((clattn_dtype)dt), sq, skv, flags);
     else if (op == CLATTN_OPERATION_MERGE)
-        snprintf(c->label, sizeof c->label, "merge %s sq%lld kv%lld%s", dtype_names[dt], sq, skv, flags);
+        snprintf(c->label, sizeof c->label, "merge %s sq%lld kv%lld%s", dtype_name((clattn_dtype)dt), sq, skv, flags);
     else
-        snprintf(c->label, sizeof c->label, "%s %s d%lld sq%lld kv%lld%s", f[0], dtype_names[dt], d, sq, skv,
+        snprintf(c->label, sizeof c->label, "%s %s d%lld sq%lld kv%lld%s", f[0], dtype_name((clattn_dtype)dt), d, sq, skv,
                  flags);
     return NULL;
 }
 
-/* Which kernel parameters apply on this device, and from where (tuning store, defaults), for a
- * representative problem per operation: d 64, f32, seq 1024 (decode: one query, 16384 keys), and
- * for each --class. */
+/* Which kernel parameters apply on this device, and from where, for each of problems[]. */
 typedef struct tuning_view {
     int ok;
     char report[1100];
     char error[1100]; /* why clattn_create failed on the device ("" when it did not) */
-    clattn_kernel_params params[CLATTN_OPERATION_COUNT];
-    clattn_kernel_params cls[MAX_CLASSES];
+    clattn_kernel_params params[MAX_PROBLEMS];
 } tuning_view;
 
 static void query_tuning(cl_uint p, cl_uint d, tuning_view *tv)
@@ -672,19 +683,8 @@ static void query_tuning(cl_uint p, cl_uint d, tuning_view *tv)
     }
     snprintf(tv->report, sizeof tv->report, "%s", clattn_tuning_report(ctx));
     tv->ok = 1;
-    for (int op = 0; op < CLATTN_OPERATION_COUNT; op++) {
-        clattn_problem_class pc = {(clattn_operation)op, CLATTN_F32, 64, 1024, 1024, 0, 0};
-        if (op == CLATTN_OPERATION_DECODE) {
-            pc.seq_q = 1;
-            pc.seq_kv = 16384;
-        }
-        if (op == CLATTN_OPERATION_SOFTMAX || op == CLATTN_OPERATION_MERGE)
-            pc.head_dim = 0;
-        if (clattn_get_params(ctx, &pc, &tv->params[op]) != CLATTN_SUCCESS)
-            tv->ok = 0;
-    }
-    for (int i = 0; i < n_classes; i++)
-        if (clattn_get_params(ctx, &classes[i].pc, &tv->cls[i]) != CLATTN_SUCCESS)
+    for (int i = 0; i < n_problems; i++)
+        if (clattn_get_params(ctx, &problems[i].pc, &tv->params[i]) != CLATTN_SUCCESS)
             tv->ok = 0;
     clattn_release(ctx);
 }
@@ -709,14 +709,11 @@ static void print_tuning_human(cl_uint p, cl_uint d)
         return;
     }
     h_text("tuning store", tv.report);
-    for (int i = 0; i < CLATTN_OPERATION_COUNT + n_classes; i++) {
-        const int is_class = i >= CLATTN_OPERATION_COUNT;
-        const clattn_kernel_params *kp = is_class ? &tv.cls[i - CLATTN_OPERATION_COUNT] : &tv.params[i];
-        const clattn_operation op = is_class ? classes[i - CLATTN_OPERATION_COUNT].pc.operation : (clattn_operation)i;
+    for (int i = 0; i < n_problems; i++) {
+        const clattn_kernel_params *kp = &tv.params[i];
         char label[140], vals[256];
-        snprintf(label, sizeof label, "  %s",
-                 is_class ? classes[i - CLATTN_OPERATION_COUNT].label : clattn_operation_name(op));
-        params_text(kp, op, vals, sizeof vals);
+        snprintf(label, sizeof label, "  %s", problems[i].label);
+        params_text(kp, problems[i].pc.operation, vals, sizeof vals);
         h_label(label);
         printf("%s  [%s: ", vals, clattn_params_source_name(kp->source));
         put_text(kp->origin);
@@ -1087,15 +1084,15 @@ static void print_device_json(json_writer *w, const dev_info *di, cl_uint p, cl_
             jw_close(w, '}');
         }
         jw_close(w, ']');
-        if (n_classes > 0) {
+        if (n_problems > CLATTN_OPERATION_COUNT) {
             jw_open(w, "classes", '[');
-            for (int i = 0; i < n_classes; i++) {
-                const clattn_problem_class *pc = &classes[i].pc;
+            for (int i = CLATTN_OPERATION_COUNT; i < n_problems; i++) {
+                const clattn_problem_class *pc = &problems[i].pc;
                 char vals[256];
-                params_text(&tv.cls[i], pc->operation, vals, sizeof vals);
+                params_text(&tv.params[i], pc->operation, vals, sizeof vals);
                 jw_open(w, NULL, '{');
                 jw_str(w, "operation", clattn_operation_name(pc->operation));
-                jw_str(w, "dtype", dtype_names[pc->dtype]);
+                jw_str(w, "dtype", dtype_name(pc->dtype));
                 /* sizes past 32 bits on ILP32 too */
                 jw_num(w, "head_dim", (info_num){1, (uint64_t)pc->head_dim});
                 jw_num(w, "seq_q", (info_num){1, (uint64_t)pc->seq_q});
@@ -1103,8 +1100,8 @@ static void print_device_json(json_writer *w, const dev_info *di, cl_uint p, cl_
                 jw_bool(w, "causal", pc->causal ? TRI_YES : TRI_NO);
                 jw_bool(w, "masked", pc->masked ? TRI_YES : TRI_NO);
                 jw_str(w, "values", vals);
-                jw_str(w, "source", clattn_params_source_name(tv.cls[i].source));
-                jw_str(w, "origin", tv.cls[i].origin);
+                jw_str(w, "source", clattn_params_source_name(tv.params[i].source));
+                jw_str(w, "origin", tv.params[i].origin);
                 jw_close(w, '}');
             }
             jw_close(w, ']');
@@ -1206,6 +1203,7 @@ int main(int argc, char **argv)
     int json = 0;
     const char *spec = NULL;
     int have_spec = 0;
+    add_representative();
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1227,8 +1225,9 @@ int main(int argc, char **argv)
             have_spec = 1;
         } else if (strcmp(a, "--class") == 0 || strncmp(a, "--class=", 8) == 0) {
             const char *arg = a[7] == '=' ? a + 8 : i + 1 < argc ? argv[++i] : NULL;
-            const char *why = !arg ? "needs a CLASS" : n_classes == MAX_CLASSES ? "given more than 16 times"
-                                                                               : parse_class(arg, &classes[n_classes]);
+            const char *why = !arg                        ? "needs a CLASS"
+                              : n_problems == MAX_PROBLEMS ? "given more than 16 times"
+                                                           : parse_class(arg, &problems[n_problems]);
             if (why) {
                 fputs("clattn-info: bad --class", stderr);
                 if (arg) {
@@ -1240,7 +1239,7 @@ int main(int argc, char **argv)
                 usage(stderr);
                 return EXIT_USAGE;
             }
-            n_classes++;
+            n_problems++;
         } else {
             fputs("clattn-info: unknown option '", stderr);
             fput_text(a, stderr);
