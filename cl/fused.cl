@@ -1162,9 +1162,33 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
  * AVX2 only, decode B1 H32/8 Skv8192 d128 f32, minima of 4 runs alternating, noisy): 16 rows
  * (LANES 1) LKT 8 8.4-8.9 ms, 4 5.2-6.7, 2 5.9-7.4; 32 rows (LANES 2) LKT 4 15.2, 2 7.5-9.1,
  * 1 9.7; 64 rows (LANES 4) LKT 2 29.1, 1 18.0-19.5 (LCT 1 or 2). */
+/* With fewer registers and more than 2 vectors of rows (AVX2 and 33-64 packed rows: LANES 3 or
+ * 4), both tiles take one vector of rows at a time (LSUB 1; the lanes loops below go over the
+ * LANES vectors one after another): the score tile then has 4 keys (8 ymm accumulators; per d 2
+ * loads of Qᵀ and 4 broadcasts of K for 8 multiply-adds) and P·V 4 columns of Oᵀ, where all the
+ * lanes at once allowed 1 key and 1 column (8 loads and a broadcast for 8). With all the lanes,
+ * each key of the block read the whole Qᵀ (32 KiB at d128, an L1), from L2; with one vector, 4
+ * keys share each 8 KiB of it. Qᵀ is then stored a vector of rows after another (QT below), so
+ * that a pass reads one sequential stream. Measured on PoCL (2-core AMD EPYC, AVX2, the medians of
+ * 8 runs' medians and minima, alternating, ms, against all the lanes): decode GQA 32:8 seq_q 16
+ * (64 rows) seq_kv 8192 d128 f32 21.8 / 17.8 against 23.5 / 18.2 (one thread: best 30.4 against
+ * 33.6), f16 20.8 / 16.8 against 22.4 / 18.4, bf16 21.0 / 18.0 against 23.8 / 20.7, causal 22.7 /
+ * 19.5 against 26.5 / 21.5, a window:1024 mask 4.5 / 3.2 against 5.5 / 3.8, a bias mask 29.1 /
+ * 21.0 against 27.4 / 23.7; seq_q 12 (48 rows) 17.5 / 14.3 against 17.3 / 16.1; prefill of 64
+ * rows a head (H8 seq_q 64 seq_kv 8192 d64) 10.3 / 9.2 against 14.9 / 10.1. Single runs vary by
+ * 10-15%. With 2 vectors (32 rows), one at a time was slower (seq_q 8: 12.2 / 10.3 against 10.3 /
+ * 8.4), and with 64 rows, 2 vectors by 2 keys (the tiles of 32 rows) spilled two P·V accumulators
+ * at every key. */
+#ifndef LSUB
+#if NREG16 < 32 && LANES > 2
+#define LSUB 1
+#else
+#define LSUB LANES
+#endif
+#endif
 #ifndef LKT
 #if NREG16 < 32
-#define LKT (NREG16 / 2 / LANES > 1 ? NREG16 / 2 / LANES : 1)
+#define LKT (NREG16 / 2 / LSUB > 1 ? NREG16 / 2 / LSUB : 1)
 #elif LANES == 1
 #define LKT 8
 #elif LANES == 2
@@ -1175,6 +1199,23 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 #endif
 #ifndef LCT
 #define LCT LKT
+#endif
+#if LANES % LSUB != 0
+#error "LSUB must divide LANES"
+#endif
+/* Qᵀ column d of vector lv of rows: the vectors of a column side by side, or with LSUB 1 each
+ * vector's columns side by side (above). */
+#if LSUB < LANES
+#define QT(d, lv) qt[(lv) * DP + (d)]
+#else
+#define QT(d, lv) qt[(d) * LANES + (lv)]
+#endif
+/* STMT once for each pass of LSUB vectors of rows, from vector l0; with all the lanes in one pass
+ * no loop at all, so that the code stays what it was before the passes. */
+#if LSUB < LANES
+#define LSUB_PASSES(STMT) _Pragma("unroll 1") for (int l0 = 0; l0 < LANES; l0 += LSUB) { STMT }
+#else
+#define LSUB_PASSES(STMT) { const int l0 = 0; STMT }
 #endif
 /* whole tiles in a 128-column chunk (VF32_BLOCK) */
 #if LCT != 1 && LCT != 2 && LCT != 4 && LCT != 8
@@ -1306,7 +1347,8 @@ __attribute__((always_inline)) inline void lanes_vrow_f32(const float *vp, int c
 }
 
 /* Oᵀ columns c0.. (ncol <= LCT of them, at ot[c·LANES + lv]) += Σ_n P[n]·V[key n][c0 + c] over
- * the block's nkeys keys (P at sbk[n·LANES + lv], V row n at vp + n·v_ss); keys from nfree on
+ * the block's nkeys keys (P at sbk[n·LANES + lv], V row n at vp + n·v_ss), for the LSUB vectors
+ * of rows lv = 0 .. LSUB - 1 (the caller offsets ot and sbk by the first); keys from nfree on
  * are hidden from some rows, whose lanes (p = -0) keep their value. lanes_pv reads V in place,
  * lanes_pv_f32 a block of it converted to f32 (VF32_BLOCK). */
 #define DEFINE_LANES_PV(NAME, VP_T, VROW)                                                        \
@@ -1314,24 +1356,24 @@ __attribute__((always_inline)) inline void lanes_vrow_f32(const float *vp, int c
                                                     ulong v_ss, const lanes16 *sbk, int nfree,   \
                                                     int nkeys)                                   \
     {                                                                                            \
-        float16 acc[LCT][LANES];                                                                 \
+        float16 acc[LCT][LSUB];                                                                  \
         _Pragma("unroll") for (int c = 0; c < LCT; c++)                                          \
-            _Pragma("unroll") for (int lv = 0; lv < LANES; lv++)                                 \
+            _Pragma("unroll") for (int lv = 0; lv < LSUB; lv++)                                  \
                 acc[c][lv] = c < ncol ? ot[(c0 + c) * LANES + lv].v : (float16)(0.0f);           \
         int n = 0;                                                                               \
         for (; n < nfree; n++, vp += v_ss) {                                                     \
             float16 vv[LCT];                                                                     \
             VROW(vp, c0, ncol, vv);                                                              \
-            _Pragma("unroll") for (int lv = 0; lv < LANES; lv++) {                               \
+            _Pragma("unroll") for (int lv = 0; lv < LSUB; lv++) {                                \
                 const float16 p = sbk[n * LANES + lv].v;                                         \
                 _Pragma("unroll") for (int c = 0; c < LCT; c++)                                  \
                     acc[c][lv] = MAD(p, vv[c], acc[c][lv]);                                      \
             }                                                                                    \
         }                                                                                        \
         for (; n < nkeys; n++, vp += v_ss) {                                                     \
-            int16 hid[LANES];                                                                    \
+            int16 hid[LSUB];                                                                     \
             int seen = 0;                                                                        \
-            _Pragma("unroll") for (int lv = 0; lv < LANES; lv++) {                               \
+            _Pragma("unroll") for (int lv = 0; lv < LSUB; lv++) {                                \
                 hid[lv] = IS_HIDDEN16(sbk[n * LANES + lv].v);                                    \
                 seen |= !all(hid[lv]);                                                           \
             }                                                                                    \
@@ -1339,14 +1381,14 @@ __attribute__((always_inline)) inline void lanes_vrow_f32(const float *vp, int c
                 continue;                                                                        \
             float16 vv[LCT];                                                                     \
             VROW(vp, c0, ncol, vv);                                                              \
-            _Pragma("unroll") for (int lv = 0; lv < LANES; lv++) {                               \
+            _Pragma("unroll") for (int lv = 0; lv < LSUB; lv++) {                                \
                 const float16 p = sbk[n * LANES + lv].v;                                         \
                 _Pragma("unroll") for (int c = 0; c < LCT; c++)                                  \
                     acc[c][lv] = select(MAD(p, vv[c], acc[c][lv]), acc[c][lv], hid[lv]);        \
             }                                                                                    \
         }                                                                                        \
         _Pragma("unroll") for (int c = 0; c < LCT; c++)                                          \
-            _Pragma("unroll") for (int lv = 0; lv < LANES; lv++)                                 \
+            _Pragma("unroll") for (int lv = 0; lv < LSUB; lv++)                                  \
                 if (c < ncol)                                                                    \
                     ot[(c0 + c) * LANES + lv].v = acc[c][lv];                                    \
     }
@@ -1366,7 +1408,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
     __global const T_KV *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
     __global const T_KV *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
 
-    /* Quantity x of row 16·lv + i is lane i of x[lv]; Qᵀ column d is qt[d·LANES + lv]. */
+    /* Quantity x of row 16·lv + i is lane i of x[lv]; Qᵀ column d is QT(d, lv). */
     lanes16 qt[DP * LANES], ot[16 * DV16 * LANES], m[LANES], l[LANES];
     int rend[RM];
     ulong mrow[RM], frow[RM];
@@ -1375,7 +1417,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         const int pos = row % seq_q, hq = hk * group + row / seq_q;
         __global const T_IN *qrow = Q + q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)pos * q_ss;
         for (int d = 0; d < DP; d++) /* zero past D: the f16 scores run to DP */
-            qt[d * LANES + i / 16].f[i % 16] = d < D ? LD_IN(qrow, d) : 0.0f;
+            QT(d, i / 16).f[i % 16] = d < D ? LD_IN(qrow, d) : 0.0f;
         rend[i] = r0 + i < R ? min(k_hi, causal_end(causal, pos, seq_q, L)) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
         frow[i] = MFLAG_ROW(b, hq, pos);
@@ -1398,14 +1440,9 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         for (int n0 = 0; n0 < nkeys; n0 += LKT) {
             /* Keys past the range load the range's last key; their scores are never read. */
             __global const T_KV *kr[LKT];
-            float16 acc[LKT][LANES];
 #pragma unroll
-            for (int e = 0; e < LKT; e++) {
+            for (int e = 0; e < LKT; e++)
                 kr[e] = Kb + (ulong)min(kt + n0 + e, k_hi - 1) * k_ss;
-#pragma unroll
-                for (int lv = 0; lv < LANES; lv++)
-                    acc[e][lv] = (float16)(0.0f);
-            }
 #if LPF && defined(__clang__)
             /* While the tile's scores are computed: the tile's V rows, used after the block's
              * softmax, and the K rows of the same keys of the next block, into L2 (locality 2).
@@ -1429,55 +1466,71 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
                     __builtin_prefetch((const void *)(uintptr_t)(vn + x), 0, 2);
             }
 #endif
-#if DT_IN != 0
-            /* f16 and bf16: 16 elements of each key converted at once, zero past D as Qᵀ is,
-             * then broadcast from private memory. f16 converted an element at a time went
-             * through scalar bit operations (see VF32_BLOCK); bf16 took a shift and a
-             * broadcast from a general register for each multiply-add with 16 rows. Measured
-             * on PoCL (2-core Intel Xeon, AVX-512, minima of 10, 2 runs alternating, ms): bf16
-             * decode GQA 32:8 seq_q 4 Skv8192 d128 (16 rows) 3.29-3.58 against 3.82, H8 Sq16
-             * Skv8192 d64 causal 1.60-1.83 against 1.93-1.96, Sq64 5.24-5.32 against
-             * 5.49-6.84. */
+            /* The tile's scores, LSUB vectors of rows at a time (one pass unless LSUB < LANES;
+             * f16 and bf16 K rows are then converted once a pass). */
+#if LSUB < LANES
 #pragma unroll 1
-            for (int d0 = 0; d0 < DP; d0 += 16) {
-                lanes16 kf[LKT];
+            for (int l0 = 0; l0 < LANES; l0 += LSUB) {
+#else
+            {
+                const int l0 = 0;
+#endif
+                float16 acc[LKT][LSUB];
 #pragma unroll
                 for (int e = 0; e < LKT; e++)
-                    kf[e].v = ld16_row(kr[e], d0, D);
-#pragma unroll 4
-                for (int dd = 0; dd < 16; dd++) {
-                    float16 q[LANES];
 #pragma unroll
-                    for (int lv = 0; lv < LANES; lv++)
-                        q[lv] = qt[(d0 + dd) * LANES + lv].v;
+                    for (int lv = 0; lv < LSUB; lv++)
+                        acc[e][lv] = (float16)(0.0f);
+#if DT_IN != 0
+                /* f16 and bf16: 16 elements of each key converted at once, zero past D as Qᵀ is,
+                 * then broadcast from private memory. f16 converted an element at a time went
+                 * through scalar bit operations (see VF32_BLOCK); bf16 took a shift and a
+                 * broadcast from a general register for each multiply-add with 16 rows. Measured
+                 * on PoCL (2-core Intel Xeon, AVX-512, minima of 10, 2 runs alternating, ms): bf16
+                 * decode GQA 32:8 seq_q 4 Skv8192 d128 (16 rows) 3.29-3.58 against 3.82, H8 Sq16
+                 * Skv8192 d64 causal 1.60-1.83 against 1.93-1.96, Sq64 5.24-5.32 against
+                 * 5.49-6.84. */
+#pragma unroll 1
+                for (int d0 = 0; d0 < DP; d0 += 16) {
+                    lanes16 kf[LKT];
 #pragma unroll
                     for (int e = 0; e < LKT; e++)
+                        kf[e].v = ld16_row(kr[e], d0, D);
+#pragma unroll 4
+                    for (int dd = 0; dd < 16; dd++) {
+                        float16 q[LSUB];
 #pragma unroll
-                        for (int lv = 0; lv < LANES; lv++)
-                            acc[e][lv] = MAD(q[lv], (float16)(kf[e].f[dd]), acc[e][lv]);
+                        for (int lv = 0; lv < LSUB; lv++)
+                            q[lv] = QT(d0 + dd, l0 + lv).v;
+#pragma unroll
+                        for (int e = 0; e < LKT; e++)
+#pragma unroll
+                            for (int lv = 0; lv < LSUB; lv++)
+                                acc[e][lv] = MAD(q[lv], (float16)(kf[e].f[dd]), acc[e][lv]);
+                    }
                 }
-            }
 #else
 #pragma unroll 2
-            for (int d = 0; d < D; d++) {
-                float16 q[LANES];
+                for (int d = 0; d < D; d++) {
+                    float16 q[LSUB];
 #pragma unroll
-                for (int lv = 0; lv < LANES; lv++)
-                    q[lv] = qt[d * LANES + lv].v;
+                    for (int lv = 0; lv < LSUB; lv++)
+                        q[lv] = QT(d, l0 + lv).v;
 #pragma unroll
-                for (int e = 0; e < LKT; e++) {
-                    const float16 kv = (float16)(LD_IN(kr[e], d));
+                    for (int e = 0; e < LKT; e++) {
+                        const float16 kv = (float16)(LD_IN(kr[e], d));
 #pragma unroll
-                    for (int lv = 0; lv < LANES; lv++)
-                        acc[e][lv] = MAD(q[lv], kv, acc[e][lv]);
+                        for (int lv = 0; lv < LSUB; lv++)
+                            acc[e][lv] = MAD(q[lv], kv, acc[e][lv]);
+                    }
                 }
-            }
 #endif
 #pragma unroll
-            for (int e = 0; e < LKT; e++)
+                for (int e = 0; e < LKT; e++)
 #pragma unroll
-                for (int lv = 0; lv < LANES; lv++)
-                    sbk[(n0 + e) * LANES + lv].v = acc[e][lv] * scale;
+                    for (int lv = 0; lv < LSUB; lv++)
+                        sbk[(n0 + e) * LANES + l0 + lv].v = acc[e][lv] * scale;
+            }
         }
 
         /* Keys below k_all are hidden only by the mask (see fused_direct). */
@@ -1580,11 +1633,11 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
                     if (cb + d0 < DV)
                         vstore16(ld16_row(vp0 + (ulong)n * v_ss, cb + d0, DV), 0,
                                  vf + n * VF_PITCH + d0);
-#define LANES_PV(c, ncol) lanes_pv_f32(ot, (c), (ncol), vf, VF_PITCH, sbk, nfree, nkeys)
+#define LANES_PV(c, ncol) LSUB_PASSES(lanes_pv_f32(ot + l0, (c), (ncol), vf, VF_PITCH, sbk + l0, nfree, nkeys);)
 #else
         {
             const int cend = DV;
-#define LANES_PV(c, ncol) lanes_pv(ot, (c), (ncol), vp0, v_ss, sbk, nfree, nkeys)
+#define LANES_PV(c, ncol) LSUB_PASSES(lanes_pv(ot + l0, (c), (ncol), vp0, v_ss, sbk + l0, nfree, nkeys);)
 #endif
 #pragma unroll 1
             for (; c0 + LCT <= cend; c0 += LCT)
