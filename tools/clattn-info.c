@@ -1008,6 +1008,16 @@ static void jw_bool(json_writer *w, const char *key, info_tri t)
     fputs(t == TRI_YES ? "true" : t == TRI_NO ? "false" : "null", w->f);
 }
 
+/* The "values", "source" and "origin" fields of an operation's kernel parameters. */
+static void jw_params(json_writer *w, const clattn_kernel_params *kp, clattn_operation op)
+{
+    char vals[256];
+    params_text(kp, op, vals, sizeof vals);
+    jw_str(w, "values", vals);
+    jw_str(w, "source", clattn_params_source_name(kp->source));
+    jw_str(w, "origin", kp->origin);
+}
+
 static void print_device_json(json_writer *w, const dev_info *di, cl_uint p, cl_uint d)
 {
     char buf[64];
@@ -1074,13 +1084,9 @@ static void print_device_json(json_writer *w, const dev_info *di, cl_uint p, cl_
         jw_str(w, "report", tv.report);
         jw_open(w, "params", '[');
         for (int op = 0; op < CLATTN_OPERATION_COUNT; op++) {
-            char vals[256];
-            params_text(&tv.params[op], (clattn_operation)op, vals, sizeof vals);
             jw_open(w, NULL, '{');
             jw_str(w, "operation", clattn_operation_name((clattn_operation)op));
-            jw_str(w, "values", vals);
-            jw_str(w, "source", clattn_params_source_name(tv.params[op].source));
-            jw_str(w, "origin", tv.params[op].origin);
+            jw_params(w, &tv.params[op], (clattn_operation)op);
             jw_close(w, '}');
         }
         jw_close(w, ']');
@@ -1088,8 +1094,6 @@ static void print_device_json(json_writer *w, const dev_info *di, cl_uint p, cl_
             jw_open(w, "classes", '[');
             for (int i = CLATTN_OPERATION_COUNT; i < n_problems; i++) {
                 const clattn_problem_class *pc = &problems[i].pc;
-                char vals[256];
-                params_text(&tv.params[i], pc->operation, vals, sizeof vals);
                 jw_open(w, NULL, '{');
                 jw_str(w, "operation", clattn_operation_name(pc->operation));
                 jw_str(w, "dtype", dtype_name(pc->dtype));
@@ -1099,9 +1103,7 @@ static void print_device_json(json_writer *w, const dev_info *di, cl_uint p, cl_
                 jw_num(w, "seq_kv", (info_num){1, (uint64_t)pc->seq_kv});
                 jw_bool(w, "causal", pc->causal ? TRI_YES : TRI_NO);
                 jw_bool(w, "masked", pc->masked ? TRI_YES : TRI_NO);
-                jw_str(w, "values", vals);
-                jw_str(w, "source", clattn_params_source_name(tv.params[i].source));
-                jw_str(w, "origin", tv.params[i].origin);
+                jw_params(w, &tv.params[i], pc->operation);
                 jw_close(w, '}');
             }
             jw_close(w, ']');
