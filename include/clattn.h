@@ -97,7 +97,10 @@ typedef enum clattn_algorithm {
 /**
  * A [batch][heads][seq][dim] view on an OpenCL buffer. All counts are in elements.
  * Element (b, h, s, d) lives at offset + b*stride[0] + h*stride[1] + s*stride[2] + d.
- * Input strides may be 0 (broadcast); output views must not overlap themselves.
+ * Input strides may be 0 (broadcast); output views must not overlap themselves: taken by
+ * increasing stride, each dimension of extent above 1 must step past everything the dimensions
+ * below it span (interleaved layouts are refused even where no two elements collide). `buffer`
+ * is a buffer object (not an image) of the context's OpenCL context.
  */
 typedef struct clattn_tensor {
     cl_mem buffer;

@@ -72,14 +72,18 @@ static clattn_status unfused_launches(clattn_context *ctx, const clattn_problem 
     if (p->probs.buffer &&
         clGetMemObjectInfo(p->probs.buffer, CL_MEM_FLAGS, sizeof pf, &pf, NULL) != CL_SUCCESS)
         pf = CL_MEM_WRITE_ONLY;
-    /* A CL_MEM_WRITE_ONLY probabilities buffer must not be read back by P·V either. */
+    /* A CL_MEM_WRITE_ONLY probabilities buffer must not be read back by P·V either. Such a
+     * buffer, or an f16/bf16 one, takes a softmax of its own before the in-place one P·V reads;
+     * that first softmax writes lse too, so that the caller's outputs are all written by one
+     * launch and a refused launch after it leaves them written together (README "Guarantees"). */
     if (p->probs.buffer && p->probs.dtype == CLATTN_F32 && !(pf & CL_MEM_WRITE_ONLY)) {
         probs = &p->probs;
-    } else if (p->probs.buffer &&
-               (st = clattn__run_softmax(ctx, p->batch, p->heads_q, p->seq_q, p->seq_kv, 1.0f, 0,
-                                         NULL, NULL, &scores, &p->probs, NULL, CLATTN_F32, 0, NULL,
-                                         NULL)))
-        return st;
+    } else if (p->probs.buffer) {
+        if ((st = clattn__run_softmax(ctx, p->batch, p->heads_q, p->seq_q, p->seq_kv, 1.0f, 0, NULL,
+                                      NULL, &scores, &p->probs, lse, CLATTN_F32, 0, NULL, NULL)))
+            return st;
+        lse = NULL;
+    }
     if ((st = clattn__run_softmax(ctx, p->batch, p->heads_q, p->seq_q, p->seq_kv, 1.0f, 0, NULL,
                                   NULL, &scores, probs, lse, CLATTN_F32, 0, NULL, NULL)))
         return st;

@@ -251,7 +251,9 @@ clattn_status clattn__check_wait(clattn_context *ctx, cl_uint num_wait, const cl
 /* done points into wait: the entry points then leave *done alone, since it is the caller's event. */
 int clattn__done_in_wait(cl_uint num_wait, const cl_event *wait, const cl_event *done);
 clattn_status clattn__check_kvlen(clattn_context *ctx, cl_mem kvlen, int64_t batch);
-int clattn__same_view(const clattn_tensor *a, const clattn_tensor *b);
+/* Two checked views address the same elements in the same order (strides of extent-1 dimensions
+ * are already 0 in both). */
+int clattn__same_view(const clattn_view *a, const clattn_view *b);
 int clattn__views_overlap(const clattn_tensor *a, const clattn_tensor *b);
 /* The name of the first of the n checked views ts (NULL entries skipped) that t overlaps, or NULL. */
 const char *clattn__first_overlap(const clattn_tensor *t, int n, const clattn_tensor *const *ts,

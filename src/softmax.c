@@ -100,7 +100,7 @@ clattn_status clattn_softmax(clattn_context *ctx, const clattn_softmax_desc *des
     if ((st = clattn__check_view(ctx, "in", in, shape, CLATTN_VIEW_INPUT, CLATTN_DTYPES_ALL, &vin)) ||
         (st = clattn__check_view(ctx, "out", out, shape, CLATTN_VIEW_OUTPUT, CLATTN_DTYPES_ALL, &vout)))
         return st;
-    if (!clattn__same_view(in, out) && clattn__views_overlap(in, out))
+    if (!clattn__same_view(&vin, &vout) && clattn__views_overlap(in, out))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "out overlaps in without being the same view (in place needs identical views)");
     if (desc->mask) {

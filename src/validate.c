@@ -3,6 +3,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 static const char *dtype_name(clattn_dtype d)
@@ -47,6 +48,25 @@ static clattn_status check_access(clattn_context *ctx, cl_mem m, const char *nam
     return CLATTN_SUCCESS;
 }
 
+/* A cl_mem of this context that is a plain buffer (an image's storage has no layout the kernels
+ * could index), and its size. */
+static clattn_status check_mem(clattn_context *ctx, cl_mem m, const char *label, size_t *size)
+{
+    cl_context mem_ctx = NULL;
+    cl_mem_object_type type = 0;
+    if (clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof *size, size, NULL) != CL_SUCCESS ||
+        clGetMemObjectInfo(m, CL_MEM_CONTEXT, sizeof mem_ctx, &mem_ctx, NULL) != CL_SUCCESS ||
+        clGetMemObjectInfo(m, CL_MEM_TYPE, sizeof type, &type, NULL) != CL_SUCCESS)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s is not a valid cl_mem", label);
+    if (mem_ctx != ctx->context)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s belongs to another OpenCL context", label);
+    if (type != CL_MEM_OBJECT_BUFFER)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "%s is an image or pipe (CL_MEM_TYPE 0x%x), not a buffer object", label,
+                            (unsigned)type);
+    return CLATTN_SUCCESS;
+}
+
 clattn_status clattn__check_view(clattn_context *ctx, const char *name, const clattn_tensor *t,
                                  const int64_t want[4], unsigned flags, unsigned dtypes,
                                  clattn_view *out)
@@ -84,16 +104,11 @@ clattn_status clattn__check_view(clattn_context *ctx, const char *name, const cl
     if (!ok || !clattn__add_ok(hi, 1, &bytes) || !clattn__mul_ok(bytes, clattn_dtype_size(t->dtype), &bytes))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "%s: offset + strides x shape overflows 64 bits", name);
+    char label[64];
+    snprintf(label, sizeof label, "%s->buffer", name);
     size_t mem_size = 0;
-    cl_context mem_ctx = NULL;
-    if (clGetMemObjectInfo(t->buffer, CL_MEM_SIZE, sizeof mem_size, &mem_size, NULL) != CL_SUCCESS ||
-        clGetMemObjectInfo(t->buffer, CL_MEM_CONTEXT, sizeof mem_ctx, &mem_ctx, NULL) != CL_SUCCESS)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s->buffer is not a valid cl_mem", name);
-    if (mem_ctx != ctx->context)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                            "%s->buffer belongs to another OpenCL context", name);
-    clattn_status st = check_access(ctx, t->buffer, name, (flags & CLATTN_VIEW_OUTPUT) != 0);
-    if (st)
+    clattn_status st = check_mem(ctx, t->buffer, label, &mem_size);
+    if (st || (st = check_access(ctx, t->buffer, name, (flags & CLATTN_VIEW_OUTPUT) != 0)))
         return st;
     if (bytes > mem_size)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
@@ -104,7 +119,10 @@ clattn_status clattn__check_view(clattn_context *ctx, const char *name, const cl
                             (long long)shape[0], (long long)shape[1], (long long)shape[2],
                             (long long)shape[3], dtype_name(t->dtype), mem_size);
     if (flags & CLATTN_VIEW_OUTPUT) {
-        /* Distinct elements must land on distinct addresses: walk the dims by increasing stride. */
+        /* Distinct elements must land on distinct addresses. The rule, exact for the layouts
+         * tensors have and simple to state: taken by increasing stride, each dimension of extent
+         * above 1 steps past everything the dimensions below it span. Interleaved layouts whose
+         * addresses happen not to collide are refused too. */
         int order[3] = {0, 1, 2};
         for (int i = 0; i < 3; i++)
             for (int j = i + 1; j < 3; j++)
@@ -120,8 +138,10 @@ clattn_status clattn__check_view(clattn_context *ctx, const char *name, const cl
                 continue;
             if ((uint64_t)t->stride[d] < span)
                 return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                                    "%s is an output but its %s stride %lld makes elements overlap",
-                                    name, dims[d], (long long)t->stride[d]);
+                                    "%s is an output but its %s stride %lld is less than the %llu "
+                                    "elements spanned by its dimensions of smaller stride (outputs may "
+                                    "not overlap or interleave themselves)",
+                                    name, dims[d], (long long)t->stride[d], (unsigned long long)span);
             span = (uint64_t)t->stride[d] * (uint64_t)(shape[d] - 1) + span;
         }
     }
@@ -133,10 +153,9 @@ clattn_status clattn__check_view(clattn_context *ctx, const char *name, const cl
     return CLATTN_SUCCESS;
 }
 
-int clattn__same_view(const clattn_tensor *a, const clattn_tensor *b)
+int clattn__same_view(const clattn_view *a, const clattn_view *b)
 {
     return a->buffer == b->buffer && a->dtype == b->dtype && a->offset == b->offset &&
-           memcmp(a->shape, b->shape, sizeof a->shape) == 0 &&
            memcmp(a->stride, b->stride, sizeof a->stride) == 0;
 }
 
@@ -264,13 +283,9 @@ clattn_status clattn__check_kvlen(clattn_context *ctx, cl_mem kvlen, int64_t bat
     if (!kvlen)
         return CLATTN_SUCCESS;
     size_t size = 0;
-    cl_context mem_ctx = NULL;
-    if (clGetMemObjectInfo(kvlen, CL_MEM_SIZE, sizeof size, &size, NULL) != CL_SUCCESS ||
-        clGetMemObjectInfo(kvlen, CL_MEM_CONTEXT, sizeof mem_ctx, &mem_ctx, NULL) != CL_SUCCESS)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "kv_lengths is not a valid cl_mem");
-    if (mem_ctx != ctx->context)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                            "kv_lengths belongs to another OpenCL context");
+    clattn_status st = check_mem(ctx, kvlen, "kv_lengths", &size);
+    if (st)
+        return st;
     if ((uint64_t)size < (uint64_t)batch * 4u)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "kv_lengths has %zu bytes, needs %lld int32 values (batch)", size,

@@ -254,6 +254,30 @@ static cl_mem fx_host(fixture *f, size_t at, size_t bytes)
     return m;
 }
 
+/* A 64 x 64 single-channel float image (4096 elements, more than any baseline view needs); the
+ * row is skipped on a device without images. */
+static cl_mem fx_image(fixture *f)
+{
+    assert_true(f->nextra < (int)N_OF(f->extra));
+    cl_bool images = CL_FALSE;
+    check_cl(clGetDeviceInfo(clattn_device(f->ctx), CL_DEVICE_IMAGE_SUPPORT, sizeof images, &images, NULL),
+             "clGetDeviceInfo(CL_DEVICE_IMAGE_SUPPORT)");
+    const cl_image_format format = {CL_R, CL_FLOAT};
+    cl_image_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.image_type = CL_MEM_OBJECT_IMAGE2D;
+    desc.image_width = desc.image_height = 64;
+    cl_int err = CL_INVALID_OPERATION;
+    cl_mem m = images ? clCreateImage(clattn_cl_context(f->ctx), CL_MEM_READ_WRITE, &format, &desc, NULL, &err)
+                      : NULL;
+    if (!m) {
+        print_message("skipping: the device has no CL_R float images (%d)\n", (int)err);
+        skip();
+    }
+    f->extra[f->nextra++] = m;
+    return m;
+}
+
 /* Points every call argument at the valid baseline (buffers made earlier are kept). */
 static void fx_baseline(fixture *f)
 {
@@ -729,6 +753,9 @@ static void a_kvlen_too_small(fixture *f)
 }
 
 MUT(a_kvlen_foreign, f->desc.kv_lengths = fx_new(f, B * 4, 1))
+MUT(a_kvlen_image, f->desc.kv_lengths = fx_image(f))
+MUT(a_out_image, f->out.buffer = fx_image(f))
+MUT(a_q_image, f->q.buffer = fx_image(f))
 MUT(a_out_self_overlap_seq, f->out.stride[2] = DV - 1)
 MUT(a_out_batch_stride_zero, f->out.stride[0] = 0)
 MUT(a_out_heads_alias_rows, f->out.stride[1] = DV) /* head h+1 starts at row 1 of head h */
@@ -913,6 +940,9 @@ MUT(x_out_same_buffer_other_dtype, f->sout = f->sin; f->sout.dtype = CLATTN_F16)
 /* in reads batch 0 twice (stride 0 broadcasts an input); out is in's baseline view. */
 MUT(x_out_same_buffer_other_strides, f->sout = f->sin; f->sin.stride[0] = 0)
 MUT(x_in_place, f->sout = f->sin)
+/* One head: in and out address the same elements although their (unused) head strides differ. */
+MUT(x_in_place_unused_stride, f->sdesc.heads = 1; f->sin.shape[1] = 1; f->smask.shape[1] = 1; f->sout = f->sin;
+    f->sout.stride[1] = 12345)
 MUT(x_mask_cols, f->smask.shape[3] = SKV - 1)
 MUT(x_mask_heads_2, f->smask.shape[1] = 2)
 MUT(x_mask_bf16, f->smask.dtype = CLATTN_BF16)
@@ -1114,6 +1144,9 @@ static const row rows[] = {
     {"scale_negative_inf", E_ATTENTION, a_scale_neg_inf, INV, "desc->scale", "-inf"},
     {"kv_lengths_too_small", E_ATTENTION, a_kvlen_too_small, INV, "kv_lengths", "8 bytes"},
     {"kv_lengths_other_context", E_ATTENTION, a_kvlen_foreign, INV, "kv_lengths", "another OpenCL context"},
+    {"kv_lengths_image", E_ATTENTION, a_kvlen_image, INV, "kv_lengths is an image", "not a buffer"},
+    {"out_image", E_ATTENTION, a_out_image, INV, "out->buffer is an image", "not a buffer"},
+    {"q_image", E_ATTENTION, a_q_image, INV, "q->buffer is an image", "not a buffer"},
     {"out_overlaps_itself_seq", E_ATTENTION, a_out_self_overlap_seq, INV, "out is an output", "seq stride 3"},
     {"out_overlaps_itself_batch_stride_0", E_ATTENTION, a_out_batch_stride_zero, INV, "out is an output", "batch stride 0"},
     {"out_overlaps_itself_heads", E_ATTENTION, a_out_heads_alias_rows, INV, "out is an output", "stride 4"},
@@ -1187,6 +1220,7 @@ static const row rows[] = {
     /* clattn_softmax */
     {"baseline", E_SOFTMAX, NULL, OK, "", NULL},
     {"in_place_same_view", E_SOFTMAX, x_in_place, OK, "", NULL},
+    {"in_place_unused_head_stride", E_SOFTMAX, x_in_place_unused_stride, OK, "", NULL},
     {"mask_broadcast", E_SOFTMAX, x_mask_broadcast_ok, OK, "", NULL},
     {"null_ctx", E_SOFTMAX, a_null_ctx, INV, NULL, NULL},
     {"null_desc", E_SOFTMAX, x_null_desc, INV, "desc must not be NULL", NULL},

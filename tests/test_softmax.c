@@ -51,7 +51,7 @@ typedef struct sm_case {
     int has_kv;
     int kv[4];
     tu_layout layout;
-    int in_place;       /* out is the very same view as in */
+    int in_place;       /* out is the very same view as in (2: with H 1, out's unused head stride differs) */
     double offset;      /* added to every input value */
     double neginf_frac; /* fraction of input entries set to -inf */
     int inf_rows;       /* row 0 of (b 0, h 0) all -inf, row 1 all -inf but one entry */
@@ -103,6 +103,7 @@ static const sm_case cases[] = {
     /* in place and out of place */
     {"in_place", 1, 2, 5, 1000, F32, F32, .in_place = 1},
     {"in_place_f16", 2, 2, 3, 77, F16, F16, .in_place = 1},
+    {"in_place_one_head_other_head_stride", 2, 1, 9, 33, F32, F32, .in_place = 2},
     {"in_place_bf16_mask_causal", 2, 2, 9, 33, BF16, BF16, .in_place = 1, .causal = 1, .mask = MASK_HEADS,
      .mask_dt = F16},
     {"in_place_padded_kvlen", 2, 2, 9, 33, F32, F32, .in_place = 1, .layout = LAYOUT_PADDED, .has_kv = 1,
@@ -217,6 +218,10 @@ static void test_case(void **state)
     tu_upload(&in);
     if (c->in_place) {
         out = in;
+        if (c->in_place == 2) {
+            assert_int_equal(c->H, 1);
+            out.t.stride[1] += 999; /* never multiplied by a head index: the same elements */
+        }
     } else {
         tu_view_init(&out, c->layout, c->out_dt, c->B, c->H, c->R, c->C, 777.0);
         tu_upload(&out);
