@@ -43,6 +43,21 @@ static uint64_t payload_hash(const unsigned char *p, size_t n)
     return h.a ^ (h.b << 1);
 }
 
+FILE *clattn__create_temp(const char *tmp)
+{
+    /* O_EXCL: a name planted in the directory (a link elsewhere) is not followed; O_CLOEXEC: a
+     * fork and exec on another thread meanwhile does not inherit the descriptor. */
+    const int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0)
+        return NULL;
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        close(fd);
+        remove(tmp);
+    }
+    return f;
+}
+
 /* mkdir -p; returns 0 when the directory exists afterwards. */
 int clattn__make_dirs(const char *path)
 {
@@ -73,7 +88,7 @@ void clattn__cache_init(clattn_context *ctx)
     int n;
     if (dir && *dir)
         n = snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s", dir);
-    else if (xdg && *xdg)
+    else if (xdg && xdg[0] == '/') /* the XDG rule: a relative value is ignored */
         n = snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s/clattn", xdg);
     else if (home && *home)
         n = snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s/.cache/clattn", home);
@@ -149,7 +164,7 @@ void clattn__cache_store(clattn_context *ctx, const char *hex, const unsigned ch
     timespec_get(&ts, TIME_UTC);
     snprintf(tmp, sizeof tmp, "%s.%ld.%lx.%lx.%u.tmp", path, (long)getpid(),
              (unsigned long)(uintptr_t)&counter, (unsigned long)ts.tv_nsec, counter++);
-    FILE *f = fopen(tmp, "wb");
+    FILE *f = clattn__create_temp(tmp);
     if (!f)
         return;
     unsigned char head[HEADER_SIZE];

@@ -1,13 +1,37 @@
 /* Device discovery and selection ("gpu", "cpu", "P:D", name substring), device facts, device key. */
 #include "internal.h"
 
-#include <ctype.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_PLATFORMS 16
 #define MAX_DEVICES 64
+
+/* ASCII only, whatever the application's locale: keys and tags must not depend on it. */
+static int ascii_alnum(char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+static char ascii_lower(char c)
+{
+    return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
+}
+
+/* A driver version as one line of a tuning file reads it back: control characters become blanks
+ * and trailing blanks go (the reader strips them, and a blank-only tag would leave a bare
+ * "driver" line). */
+static void tidy_tag(char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++)
+        if ((unsigned char)s[n] < 0x20 || s[n] == 0x7f)
+            s[n] = ' ';
+    while (n > 0 && s[n - 1] == ' ')
+        s[--n] = '\0';
+}
 
 static void get_str(cl_device_id d, cl_device_info what, char *buf, size_t size)
 {
@@ -34,6 +58,7 @@ clattn_status clattn__read_devinfo(cl_platform_id p, cl_device_id d, clattn_devi
     get_str(d, CL_DEVICE_VENDOR, info->vendor, sizeof info->vendor);
     get_str(d, CL_DEVICE_VERSION, info->version, sizeof info->version);
     get_str(d, CL_DRIVER_VERSION, info->driver, sizeof info->driver);
+    tidy_tag(info->driver);
     cl_int err = clGetDeviceInfo(d, CL_DEVICE_TYPE, sizeof info->type, &info->type, NULL);
     err |= clGetDeviceInfo(d, CL_DEVICE_VENDOR_ID, sizeof info->vendor_id, &info->vendor_id, NULL);
     err |= clGetDeviceInfo(d, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof info->compute_units,
@@ -100,7 +125,7 @@ clattn_status clattn_device_key(cl_device_id device, char *buf, size_t size)
     name[sizeof name - 1] = '\0';
     /* Names carry spaces and punctuation; the key is also a file name, so keep it tame. */
     for (char *c = name; *c; c++)
-        if (!(isalnum((unsigned char)*c) || *c == '.' || *c == '-' || *c == '_'))
+        if (!(ascii_alnum(*c) || *c == '.' || *c == '-' || *c == '_'))
             *c = '_';
     int n = snprintf(buf, size, "%04x:%s:%u:%llu", vendor, name, cus,
                      (unsigned long long)(local / 1024));
@@ -112,13 +137,34 @@ clattn_status clattn_device_key(cl_device_id device, char *buf, size_t size)
     return CLATTN_SUCCESS;
 }
 
+/* "P:D", two decimal indices that fit an unsigned, digits only: sscanf's %u would skip blanks,
+ * take a sign and wrap 4294967296 to 0. */
+static int parse_index_spec(const char *s, unsigned *p, unsigned *d)
+{
+    unsigned *out[2] = {p, d};
+    for (int i = 0; i < 2; i++) {
+        unsigned long long v = 0;
+        const char *start = s;
+        while (*s >= '0' && *s <= '9') {
+            v = v * 10 + (unsigned long long)(*s++ - '0');
+            if (v > UINT_MAX)
+                return 0;
+        }
+        if (s == start || *s != (i == 0 ? ':' : '\0'))
+            return 0;
+        *out[i] = (unsigned)v;
+        s++;
+    }
+    return 1;
+}
+
 static int contains_ci(const char *hay, const char *needle)
 {
     size_t n = strlen(needle);
     for (; *hay; hay++) {
         size_t i = 0;
         while (i < n && hay[i] &&
-               tolower((unsigned char)hay[i]) == tolower((unsigned char)needle[i]))
+               ascii_lower(hay[i]) == ascii_lower(needle[i]))
             i++;
         if (i == n)
             return 1;
@@ -128,7 +174,7 @@ static int contains_ci(const char *hay, const char *needle)
 
 static int equal_ci(const char *a, const char *b)
 {
-    while (*a && *b && tolower((unsigned char)*a) == tolower((unsigned char)*b))
+    while (*a && *b && ascii_lower(*a) == ascii_lower(*b))
         a++, b++;
     return *a == '\0' && *b == '\0';
 }
@@ -190,7 +236,6 @@ clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, c
     cl_device_type want_type = CL_DEVICE_TYPE_ALL;
     unsigned want_p = 0, want_d = 0;
     if (spec) {
-        char tail;
         if (equal_ci(spec, "gpu")) {
             kind = TYPE;
             want_type = CL_DEVICE_TYPE_GPU;
@@ -200,7 +245,7 @@ clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, c
         } else if (equal_ci(spec, "accelerator")) {
             kind = TYPE;
             want_type = CL_DEVICE_TYPE_ACCELERATOR;
-        } else if (sscanf(spec, "%u:%u%c", &want_p, &want_d, &tail) == 2 && isdigit((unsigned char)spec[0])) {
+        } else if (parse_index_spec(spec, &want_p, &want_d)) {
             kind = INDEX;
         } else {
             kind = NAME;

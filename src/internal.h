@@ -6,6 +6,7 @@
 #include "clattn.h"
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #define CLATTN_MSG_MAX 1024
@@ -221,6 +222,8 @@ char *clattn__load_source(const char *file, size_t *len);
 void clattn__release_programs(clattn_context *ctx);
 void clattn__cache_init(clattn_context *ctx);
 int clattn__make_dirs(const char *path); /* mkdir -p; 0 when the directory exists */
+/* A new file at `tmp` for writing (fails if the name exists), not inherited by exec'd children. */
+FILE *clattn__create_temp(const char *tmp);
 /* Returns a malloc'ed binary for the key or NULL (missing, corrupt, foreign: never fatal). */
 unsigned char *clattn__cache_load(clattn_context *ctx, const char *hex, size_t *size);
 void clattn__cache_store(clattn_context *ctx, const char *hex, const unsigned char *bin, size_t size);

@@ -2,33 +2,40 @@
 #define _POSIX_C_SOURCE 200809L
 #include "internal.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 
 char *clattn__load_source(const char *file, size_t *len)
 {
-    /* Development override: edit the kernels in cl/ and rerun without rebuilding the library. */
+    /* Development override: edit the kernels in cl/ and rerun without rebuilding the library. A
+     * file missing there, or not a regular file (a FIFO would block the open), or a path too long
+     * for the buffer (cut short it names another file), falls back to the embedded copy. */
     const char *dir = getenv("CLATTN_KERNEL_DIR");
-    if (dir && *dir) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, file);
-        FILE *f = fopen(path, "rb");
-        if (f) {
-            char *buf = NULL;
-            long n = -1;
-            if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-                (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
-                buf[n] = '\0';
-                fclose(f);
-                *len = (size_t)n;
-                return buf;
-            }
-            free(buf);
+    char path[4096];
+    const int n = dir && *dir ? snprintf(path, sizeof path, "%s/%s", dir, file) : -1;
+    const int fd = n > 0 && (size_t)n < sizeof path ? open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
+    struct stat st;
+    FILE *f = NULL;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !(f = fdopen(fd, "rb"))))
+        close(fd);
+    if (f) {
+        char *buf = NULL;
+        long size = -1;
+        if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+            (buf = malloc((size_t)size + 1)) && fread(buf, 1, (size_t)size, f) == (size_t)size) {
+            buf[size] = '\0';
             fclose(f);
+            *len = (size_t)size;
+            return buf;
         }
+        free(buf);
+        fclose(f);
     }
     for (int i = 0; i < clattn_kernel_source_count; i++)
         if (strcmp(clattn_kernel_sources[i].name, file) == 0) {
@@ -137,7 +144,7 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
                            cl_program *out)
 {
     /* Device-wide definitions every kernel may use (common.cl). */
-    char options[1024];
+    char options[2048];
     /* Development: CLATTN_BUILD_OPTIONS adds compiler options (e.g. -cl-nv-verbose), part of the
      * cache key like the rest; CLATTN_BUILD_LOG=1 prints every source build's time and log to
      * stderr. */
@@ -147,10 +154,16 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
      * clang warns that float16 arguments change the ABI without AVX-512. Kept when the log is
      * asked for. */
     const int show_log = clattn__env_flag("CLATTN_BUILD_LOG", 0);
-    snprintf(options, sizeof options, "%s -DHAS_FMA=%d -DNREG16=%d -DCPU_DEVICE=%d%s%s%.300s",
-             op_options, ctx->dev.has_fma, ctx->dev.nreg16,
-             (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0, show_log ? "" : " -w",
-             extra && *extra ? " " : "", extra ? extra : "");
+    const int n = snprintf(options, sizeof options, "%s -DHAS_FMA=%d -DNREG16=%d -DCPU_DEVICE=%d%s%s%s",
+                           op_options, ctx->dev.has_fma, ctx->dev.nreg16,
+                           (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0, show_log ? "" : " -w",
+                           extra && *extra ? " " : "", extra ? extra : "");
+    /* Cut short, an option would change meaning (-DTILE=128 becoming -DTILE=1): refuse. */
+    if (n < 0 || (size_t)n >= sizeof options)
+        return clattn__fail(ctx, CLATTN_BUILD_FAILED,
+                            "building %s: CLATTN_BUILD_OPTIONS (%zu bytes) makes the options longer "
+                            "than the %zu bytes this library passes to clBuildProgram",
+                            file, extra ? strlen(extra) : (size_t)0, sizeof options - 1);
     char *src = assemble(file);
     if (!src)
         return clattn__fail(ctx, CLATTN_BUILD_FAILED, "kernel source \"%s\" is missing", file);

@@ -378,7 +378,7 @@ int clattn__tuning_write(const char *path, const clattn_tuning_table *t, char *e
     char tmp[4400];
     snprintf(tmp, sizeof tmp, "%s.%ld.%lx.%lx.%u.tmp", path, (long)getpid(),
              (unsigned long)(uintptr_t)&counter, (unsigned long)ts.tv_nsec, counter++);
-    FILE *f = fopen(tmp, "wb");
+    FILE *f = clattn__create_temp(tmp);
     int ok = f != NULL;
     if (ok) {
         const size_t len = strlen(text);

@@ -756,11 +756,12 @@ cl_int clGetKernelWorkGroupInfo(cl_kernel kernel, cl_device_id device, cl_kernel
     return err;
 }
 
-/* ---- a device reported under another name ---- */
+/* ---- a device reported under another name or driver version ---- */
 
-static _Atomic(const char *) fake_name;
+static _Atomic(const char *) fake_name, fake_driver;
 
 void clshim_fake_device_name(const char *name) { atomic_store(&fake_name, name); }
+void clshim_fake_driver_version(const char *version) { atomic_store(&fake_driver, version); }
 
 cl_int clGetDeviceInfo(cl_device_id device, cl_device_info param_name, size_t param_value_size, void *param_value,
                        size_t *param_value_size_ret)
@@ -768,11 +769,13 @@ cl_int clGetDeviceInfo(cl_device_id device, cl_device_info param_name, size_t pa
     __typeof__(&clGetDeviceInfo) fn = (__typeof__(&clGetDeviceInfo))real(R_clGetDeviceInfo);
     if (fn == NULL)
         return CL_INVALID_OPERATION;
-    const char *name = atomic_load(&fake_name);
-    if (name == NULL || param_name != CL_DEVICE_NAME)
+    const char *name = param_name == CL_DEVICE_NAME     ? atomic_load(&fake_name)
+                       : param_name == CL_DRIVER_VERSION ? atomic_load(&fake_driver)
+                                                         : NULL;
+    if (name == NULL)
         return fn(device, param_name, param_value_size, param_value, param_value_size_ret);
     size_t real_size = 0; /* the driver still checks the device */
-    const cl_int err = fn(device, CL_DEVICE_NAME, 0, NULL, &real_size);
+    const cl_int err = fn(device, param_name, 0, NULL, &real_size);
     if (err != CL_SUCCESS)
         return err;
     const size_t n = strlen(name) + 1;

@@ -118,6 +118,8 @@ const char *clshim_largest_local_kernel(void);
 /* From now on clGetDeviceInfo(CL_DEVICE_NAME) reports `name` for every device (the string must
  * outlive the faking); NULL ends it. */
 void clshim_fake_device_name(const char *name);
+/* The same for clGetDeviceInfo(CL_DRIVER_VERSION). */
+void clshim_fake_driver_version(const char *version);
 
 /* From now on clGetMemObjectInfo(m, CL_MEM_SIZE) reports `size` bytes (the buffer stays as it
  * is): for shapes that need more memory than the machine has, in calls that must refuse them

@@ -989,17 +989,26 @@ static void test_default_dirs(void **state)
     unsetenv("CLATTN_CACHE_DIR");
     unsetenv("CLATTN_TUNING_DIR");
     setenv("HOME", home, 1);
-    for (int use_xdg = 1; use_xdg >= 0; use_xdg--) {
-        if (use_xdg)
+    /* 2: a relative XDG_CACHE_HOME, which the XDG rules say to ignore (HOME then applies). */
+    for (int use_xdg = 2; use_xdg >= 0; use_xdg--) {
+        if (use_xdg == 2)
+            setenv("XDG_CACHE_HOME", "relative-xdg", 1);
+        else if (use_xdg)
             setenv("XDG_CACHE_HOME", xdg, 1);
         else
             unsetenv("XDG_CACHE_HOME");
-        snprintf(cache, sizeof cache, use_xdg ? "%s/clattn" : "%s/.cache/clattn", use_xdg ? xdg : home);
+        snprintf(cache, sizeof cache, use_xdg == 1 ? "%s/clattn" : "%s/.cache/clattn", use_xdg == 1 ? xdg : home);
         clattn_context *ctx = new_context();
         assert_int_equal(clattn_tuning_path(ctx, got, sizeof got), CLATTN_SUCCESS);
         snprintf(want, sizeof want, "%s/tuning/", cache);
         if (strncmp(got, want, strlen(want)) != 0)
-            fail_msg("tuning path %s is not under %s", got, want);
+            fail_msg("XDG_CACHE_HOME %s: tuning path %s is not under %s", use_xdg == 2 ? "relative" : "absolute",
+                     got, want);
+        if (use_xdg == 2) {
+            assert_string_equal(ctx->cache_dir, cache);
+            clattn_release(ctx);
+            continue; /* the build below is the HOME case's */
+        }
         get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
         clattn_release(ctx);
         assert_int_equal(count_files(cache, ".clbin", NULL, 0), 1);
@@ -1009,6 +1018,62 @@ static void test_default_dirs(void **state)
     else
         unsetenv("HOME");
     free(saved_home);
+}
+
+/* =============================== development variables =============================== */
+
+/* CLATTN_BUILD_OPTIONS too long for the options the library passes: a clear BUILD_FAILED naming
+ * the variable, never a build with the options cut short (-DX=128 read as -DX=1). */
+static void test_build_options_too_long(void **state)
+{
+    (void)state;
+    static char opts[4000];
+    memset(opts, ' ', sizeof opts - 16);
+    snprintf(opts + sizeof opts - 16, 16, "-DUNUSED_X=128");
+    setenv("CLATTN_BUILD_OPTIONS", opts, 1);
+    clattn_context *ctx = new_context();
+    cl_kernel k = NULL;
+    const clattn_status st = clattn__get_kernel(ctx, "softmax.cl", OPT_A, "softmax", &k);
+    unsetenv("CLATTN_BUILD_OPTIONS");
+    if (st != CLATTN_BUILD_FAILED || !strstr(clattn_last_error(ctx), "CLATTN_BUILD_OPTIONS"))
+        fail_msg("a %zu-byte CLATTN_BUILD_OPTIONS gave %s: %s", strlen(opts), clattn_status_name(st),
+                 clattn_last_error(ctx));
+    assert_int_equal(ctx->stats.builds, 0);
+    get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax"); /* without it: builds */
+    clattn_release(ctx);
+}
+
+/* CLATTN_KERNEL_DIR holding a FIFO under a kernel's name, or too long a path: the embedded source
+ * is used, and the FIFO's open does not wait for a writer. */
+static void test_kernel_dir_not_a_file(void **state)
+{
+    (void)state;
+    char kdir[PATH_MAX + 16], fifo[PATH_MAX + 32];
+    snprintf(kdir, sizeof kdir, "%s/kernels", g_dir);
+    assert_int_equal(mkdir(kdir, 0700), 0);
+    snprintf(fifo, sizeof fifo, "%s/softmax.cl", kdir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    static char longdir[5000];
+    memset(longdir, 'd', sizeof longdir - 1);
+    longdir[0] = '/';
+    const char *dirs[2] = {kdir, longdir};
+    for (int i = 0; i < 2; i++) {
+        setenv("CLATTN_KERNEL_DIR", dirs[i], 1);
+        size_t len = 0;
+        char *src = clattn__load_source("softmax.cl", &len);
+        unsetenv("CLATTN_KERNEL_DIR");
+        assert_non_null(src);
+        if (!strstr(src, "softmax"))
+            fail_msg("%s: the source read is not softmax.cl's", i ? "long path" : "FIFO");
+        free(src);
+    }
+    clattn_context *ctx = new_context();
+    setenv("CLATTN_KERNEL_DIR", kdir, 1);
+    get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+    unsetenv("CLATTN_KERNEL_DIR");
+    clattn_release(ctx);
+    assert_int_equal(unlink(fifo), 0);
+    assert_int_equal(rmdir(kdir), 0);
 }
 
 /* =============================== registration =============================== */
@@ -1042,6 +1107,8 @@ int main(int argc, char **argv)
     tu_add_test("timing/cold_vs_warm", NULL, test_cold_warm, NULL);
     tu_add_test("quiet/build_writes_nothing_to_stderr", NULL, test_quiet_build, NULL);
     tu_add_test("dirs/xdg_then_home", NULL, test_default_dirs, NULL);
+    tu_add_test("env/build_options_too_long", NULL, test_build_options_too_long, NULL);
+    tu_add_test("env/kernel_dir_fifo_and_long_path", NULL, test_kernel_dir_not_a_file, NULL);
 
     const int failed = tu_run_tests("cache");
     if (g_dir[0] != '\0')

@@ -15,6 +15,8 @@
 #include "testutil.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +94,24 @@ static void platform_name(cl_platform_id p, char *buf, size_t size)
     buf[size - 1] = '\0';
 }
 
+/* "P:D": decimal digits only on both sides of one colon, each index within an unsigned. */
+static int index_spec(const char *spec, unsigned *p, unsigned *d)
+{
+    const char *colon = strchr(spec, ':');
+    if (colon == NULL || colon == spec || colon[1] == '\0')
+        return 0;
+    for (const char *c = spec; *c; c++)
+        if (c != colon && !isdigit((unsigned char)*c))
+            return 0;
+    errno = 0;
+    const unsigned long long a = strtoull(spec, NULL, 10), b = strtoull(colon + 1, NULL, 10);
+    if (errno != 0 || a > UINT_MAX || b > UINT_MAX)
+        return 0;
+    *p = (unsigned)a;
+    *d = (unsigned)b;
+    return 1;
+}
+
 /* The device the header's rules pick for `spec` (after the CLATTN_DEVICE fallback), or NULL. */
 static cl_device_id expected_device(const char *spec)
 {
@@ -107,9 +127,7 @@ static cl_device_id expected_device(const char *spec)
     if (nplat > 16)
         nplat = 16;
     unsigned ip = 0, id = 0;
-    char tail;
-    const int is_index = spec != NULL && isdigit((unsigned char)spec[0]) &&
-                         sscanf(spec, "%u:%u%c", &ip, &id, &tail) == 2;
+    const int is_index = spec != NULL && index_spec(spec, &ip, &id);
     cl_device_type want = 0;
     if (spec != NULL && (strcmp(spec, "gpu") == 0 || strcmp(spec, "GPU") == 0))
         want = CL_DEVICE_TYPE_GPU;
@@ -231,6 +249,13 @@ static const spec_row spec_rows[] = {
     {"bad_index_9_9", 0, "9:9", ENV_UNSET, 0, 1},
     {"bad_index_0_99", 0, "0:99", ENV_UNSET, 0, 1},
     {"bad_index_trailing", 0, "0:0x", ENV_UNSET, 0, 1},
+    {"index_leading_zeros", 0, "00:000", ENV_UNSET, 1, 0},
+    {"bad_index_platform_2_32", 0, "4294967296:0", ENV_UNSET, 0, 1},
+    {"bad_index_device_2_32", 0, "0:4294967296", ENV_UNSET, 0, 1},
+    {"bad_index_device_minus_2_32", 0, "0:-4294967296", ENV_UNSET, 0, 1},
+    {"bad_index_device_20_digits", 0, "0:18446744073709551616", ENV_UNSET, 0, 1},
+    {"bad_index_blank", 0, "0: 0", ENV_UNSET, 0, 1},
+    {"bad_index_plus", 0, "0:+0", ENV_UNSET, 0, 1},
     {"bad_name", 0, "no-such-device-xyz", ENV_UNSET, 0, 1},
     {"env_used_for_null", 1, NULL, "0:0", 1, 0},
     {"env_used_for_empty", 0, "", "0:0", 1, 0},

@@ -17,6 +17,10 @@
  *                          leaked; clattn_select_device the same; the real name again works.
  *                          Where a real llvmpipe device is present (rusticl with
  *                          RUSTICL_ENABLE=llvmpipe), clattn_create(NULL) must not pick it.
+ *   create/odd_driver_version  a driver version ending in blanks, made of them, or holding control
+ *                          characters: the driver tag clattn-tune writes from it reads back equal
+ *                          to the context's, and a store written with it is used without the
+ *                          "differs" warning.
  *   oom/<row>              device memory exhaustion. A probe call counts the row's calls of
  *                          clCreateBuffer, clEnqueueNDRangeKernel and clEnqueueFillBuffer; then for
  *                          each function, each call index and each of CL_MEM_OBJECT_ALLOCATION_FAILURE
@@ -71,6 +75,7 @@
 #include <unistd.h>
 
 #include "clshim.h"
+#include "internal.h"
 #include "ref.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
@@ -513,6 +518,65 @@ static void test_create_failures(void **state)
             ctx = tu_context(); /* the next one works */
             clattn_release(ctx);
         }
+}
+
+/* A driver version with trailing blanks or control characters (create/odd_driver_version). */
+static void test_odd_driver_version(void **state)
+{
+    (void)state;
+    clattn_release(tu_context()); /* skips without a device */
+    char dir[] = "/tmp/clattn-driver-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    const char *old_dir = getenv("CLATTN_TUNING_DIR");
+    char *saved = old_dir ? strdup(old_dir) : NULL;
+    assert_int_equal(setenv("CLATTN_TUNING_DIR", dir, 1), 0);
+    static const char *const versions[5] = {"3.1+debian ", " ", "\t\t", "1.2\n", "a\r\nb  "};
+    for (int i = 0; i < 5; i++) {
+        clshim_fake_driver_version(versions[i]);
+        clattn_context *ctx = NULL;
+        const clattn_status st = clattn_create(NULL, &ctx);
+        clshim_fake_driver_version(NULL);
+        if (st != CLATTN_SUCCESS)
+            fail_msg("driver version %d: clattn_create: %s", i, clattn_last_error(NULL));
+        /* The tag as clattn-tune writes it, read back, is the driver in use. */
+        clattn_tuning_table tab, back;
+        memset(&tab, 0, sizeof tab);
+        memset(&back, 0, sizeof back);
+        snprintf(tab.device, sizeof tab.device, "%s", ctx->dev.key);
+        snprintf(tab.driver, sizeof tab.driver, "%s", ctx->dev.driver);
+        char *text = clattn__tuning_format(&tab);
+        assert_non_null(text);
+        char err[256] = "";
+        if (clattn__tuning_parse(text, strlen(text), &back, err, sizeof err) != 0)
+            fail_msg("driver version %d: the written store does not parse (%s):\n%s", i, err, text);
+        if (strcmp(back.driver, ctx->dev.driver) != 0)
+            fail_msg("driver version %d: tag \"%s\" reads back as \"%s\"", i, ctx->dev.driver, back.driver);
+        free(text);
+        clattn__tuning_free(&back);
+        /* And a context reading that file takes it as written under its own driver. */
+        char path[1024];
+        assert_int_equal(clattn_tuning_path(ctx, path, sizeof path), CLATTN_SUCCESS);
+        if (clattn__tuning_write(path, &tab, err, sizeof err) != 0)
+            fail_msg("driver version %d: %s", i, err);
+        clattn_release(ctx);
+        clshim_fake_driver_version(versions[i]);
+        ctx = NULL;
+        const clattn_status st2 = clattn_create(NULL, &ctx);
+        clshim_fake_driver_version(NULL);
+        assert_int_equal(st2, CLATTN_SUCCESS);
+        const char *report = clattn_tuning_report(ctx);
+        if (!strstr(report, "user tuning file") || strstr(report, "ignored") || strstr(report, "differs"))
+            fail_msg("driver version %d: the store is not taken as this driver's: %s", i, report);
+        clattn_release(ctx);
+        assert_int_equal(unlink(path), 0);
+    }
+    if (saved) {
+        setenv("CLATTN_TUNING_DIR", saved, 1);
+        free(saved);
+    } else {
+        unsetenv("CLATTN_TUNING_DIR");
+    }
+    assert_int_equal(rmdir(dir), 0);
 }
 
 /* Devices the library passes over: see the header comment (create/llvmpipe_refused). */
@@ -1099,6 +1163,7 @@ int main(void)
     tu_add_test("shim/sees_the_library", NULL, test_shim_sees_library, NULL);
     tu_add_test("create/context_and_queue_refused", NULL, test_create_failures, NULL);
     tu_add_test("create/llvmpipe_refused", NULL, test_llvmpipe_refused, NULL);
+    tu_add_test("create/odd_driver_version", NULL, test_odd_driver_version, NULL);
     TU_ADD_TABLE("oom", test_oom, rows);
     for (size_t i = 0; i < N_OF(rows); ++i)
         if (rows[i].op != OP_HOST) /* clattn_attention_host takes no wait list */
