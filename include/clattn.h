@@ -357,7 +357,8 @@ CLATTN_API clattn_status clattn_get_params(clattn_context *ctx, const clattn_pro
  */
 CLATTN_API const char *clattn_tuning_report(const clattn_context *ctx);
 
-/** Re-reads the user tuning file (after clattn-tune wrote it). Never fails on a bad file. */
+/** Re-reads the user tuning file (after clattn-tune wrote it) and CLATTN_NREG16. Never fails on a
+ * bad file. */
 CLATTN_API clattn_status clattn_reload_tuning(clattn_context *ctx);
 
 /**

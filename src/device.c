@@ -100,6 +100,7 @@ clattn_status clattn__read_devinfo(cl_platform_id p, cl_device_id d, clattn_devi
     if ((info->type & CL_DEVICE_TYPE_CPU) && info->nreg16 == 4)
         info->nreg16 = 8;
 #endif
+    info->nreg16_device = info->nreg16;
     if (info->compute_units == 0)
         info->compute_units = 1;
     /* OpenCL has no query for it, but NVIDIA's driver runs on CUDA grids, whose y and z extents

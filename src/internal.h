@@ -32,6 +32,7 @@ typedef struct clattn_devinfo {
     cl_uint mem_align_bits;
     int has_fma; /* CL_FP_FMA: fma() is a hardware instruction, kernels use it for MAD */
     int nreg16;  /* float16 values the vector registers hold (CPU register tiles): see device.c */
+    int nreg16_device; /* the same as the device reports it, before CLATTN_NREG16 (tuning.c) */
     char key[512];
 } clattn_devinfo;
 

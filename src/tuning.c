@@ -589,6 +589,7 @@ void clattn__tuning_init(clattn_context *ctx)
      * with PoCL compiling for haswell (POCL_LLVM_CPU_NAME=haswell POCL_KERNELLIB_NAME=avx2,
      * where PoCL still reports the host's native width). */
     const char *nreg = getenv("CLATTN_NREG16");
+    ctx->dev.nreg16 = ctx->dev.nreg16_device; /* a reload without the variable undoes it */
     if (nreg && *nreg) {
         if (!(ctx->dev.type & CL_DEVICE_TYPE_CPU))
             report(ctx, "CLATTN_NREG16=\"%.40s\" ignored: the device is not a CPU", nreg);
@@ -694,8 +695,13 @@ clattn_status clattn_reload_tuning(clattn_context *ctx)
     if (!ctx)
         return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_reload_tuning: ctx must not be NULL");
     clattn__clear_error(ctx);
+    const int nreg16 = ctx->dev.nreg16;
     clattn__tuning_release(ctx);
     clattn__tuning_init(ctx);
+    /* Programs are cached by file and operation options; -DNREG16 comes from the context, so
+     * programs built for other register tiles go (no call holds a kernel between calls). */
+    if (ctx->dev.nreg16 != nreg16)
+        clattn__release_programs(ctx);
     return CLATTN_SUCCESS;
 }
 

@@ -2,7 +2,8 @@
  * unsupported version, out-of-range numbers, each with its line number), comments, parsing on
  * several threads at once, lookup order and fallbacks, user files that are no regular file (a FIFO
  * must not block) or sit at the 1 MiB limit, the public override and read-back, a wrong candidate
- * is never chosen by clattn-tune, and concurrent writers leave a valid file. */
+ * is never chosen by clattn-tune, which refuses bad numbers and an unwritable tuning directory up
+ * front and escapes its --json strings, and concurrent writers leave a valid file. */
 #define _POSIX_C_SOURCE 200809L
 #include "internal.h"
 #include "ref.h"
@@ -407,7 +408,24 @@ static void test_env_nreg16(void **state)
             fail_msg("CLATTN_NREG16=\"%s\": tuning report \"%s\"", values[i], clattn_tuning_report(ctx));
         clattn_release(ctx);
     }
+    /* A reload reads the variable again: without it, the device's own value, and programs built
+     * for the other register tiles are dropped (-DNREG16 is not in the program cache's key). */
+    const int other = native == 4 ? 8 : 4;
+    char value[8];
+    snprintf(value, sizeof value, "%d", other);
+    setenv("CLATTN_NREG16", value, 1);
+    ctx = tu_context();
+    const int forced = ctx->dev.nreg16;
+    assert_int_equal(forced, cpu ? other : native);
+    cl_kernel k = NULL;
+    if (clattn__get_kernel(ctx, "merge.cl", "-cl-std=CL1.2 -DDT_OUT=0 -DWG=16", "merge_strided", &k) != CLATTN_SUCCESS)
+        fail_msg("merge.cl: %s", clattn_last_error(ctx));
+    assert_int_equal(ctx->nprograms, 1);
     unsetenv("CLATTN_NREG16");
+    assert_int_equal(clattn_reload_tuning(ctx), CLATTN_SUCCESS);
+    assert_int_equal(ctx->dev.nreg16, native);
+    assert_int_equal(ctx->nprograms, forced != native ? 0 : 1);
+    clattn_release(ctx);
 }
 
 #if defined(CLATTN_TUNE_PATH) || defined(CLATTN_BENCH_PATH) || defined(CLATTN_INFO_PATH)
@@ -1393,6 +1411,283 @@ static void test_tuner_kvlen(void **state)
 #endif
 }
 
+#ifdef CLATTN_TUNE_PATH
+/* A strict reader of JSON text, enough to tell whether a tool's report parses: each function takes
+ * one item at *p, moves *p past it and returns 1, or returns 0 where the text is no JSON. */
+static void json_blanks(const char **p)
+{
+    while (**p == ' ' || **p == '\n' || **p == '\t' || **p == '\r')
+        (*p)++;
+}
+
+/* A string, its decoded bytes (UTF-8) into out (size bytes, cut there) unless out is NULL. Raw
+ * control characters, unknown escapes and bytes that are not UTF-8 are refused. */
+static int json_string_at(const char **p, char *out, size_t size)
+{
+    const unsigned char *s = (const unsigned char *)*p;
+    size_t n = 0;
+    if (*s++ != '"')
+        return 0;
+    for (;;) {
+        unsigned cp = *s++;
+        int more = 0; /* continuation bytes of a raw UTF-8 sequence */
+        if (cp == '"')
+            break;
+        if (cp < 0x20) /* the terminator too: an unclosed string */
+            return 0;
+        if (cp >= 0x80) {
+            more = cp >= 0xC2 && cp <= 0xDF ? 1 : cp >= 0xE0 && cp <= 0xEF ? 2 : cp >= 0xF0 && cp <= 0xF4 ? 3 : -1;
+            for (int i = 0; i < more; i++)
+                if (s[i] < 0x80 || s[i] > 0xBF)
+                    return 0;
+            if (more < 0)
+                return 0;
+        } else if (cp == '\\') {
+            const char *const from = "\"\\/bfnrt", *const to = "\"\\/\b\f\n\r\t";
+            const char *e = *s ? strchr(from, *s) : NULL;
+            if (e) {
+                cp = (unsigned char)to[e - from];
+                s++;
+            } else if (*s == 'u') {
+                char hex[5] = {0}, *end = NULL;
+                memcpy(hex, s + 1, strnlen((const char *)s + 1, 4));
+                cp = (unsigned)strtoul(hex, &end, 16);
+                if (strlen(hex) != 4 || *end || strspn(hex, "0123456789abcdefABCDEF") != 4 ||
+                    (cp >= 0xD800 && cp <= 0xDFFF)) /* no surrogate pairs in these reports */
+                    return 0;
+                s += 5;
+            } else {
+                return 0;
+            }
+        }
+        /* cp as UTF-8: a raw sequence as it is, an escape encoded */
+        unsigned char u[4] = {(unsigned char)cp};
+        size_t len = 1;
+        if (more > 0) {
+            memcpy(u + 1, s, (size_t)more);
+            s += more;
+            len += (size_t)more;
+        } else if (cp >= 0x800) {
+            u[0] = (unsigned char)(0xE0 | cp >> 12);
+            u[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+            u[2] = (unsigned char)(0x80 | (cp & 0x3F));
+            len = 3;
+        } else if (cp >= 0x80) {
+            u[0] = (unsigned char)(0xC0 | cp >> 6);
+            u[1] = (unsigned char)(0x80 | (cp & 0x3F));
+            len = 2;
+        }
+        for (size_t i = 0; i < len && out && n + 1 < size; i++)
+            out[n++] = (char)u[i];
+    }
+    if (out && size)
+        out[n] = '\0';
+    *p = (const char *)s;
+    return 1;
+}
+
+/* Any value, with the blanks around it. */
+static int json_value_at(const char **p)
+{
+    json_blanks(p);
+    const char *s = *p;
+    if (*s == '{' || *s == '[') {
+        const char close = *s == '{' ? '}' : ']';
+        *p = s + 1;
+        json_blanks(p);
+        if (**p == close) {
+            (*p)++;
+        } else {
+            for (;;) {
+                if (close == '}') { /* "key": */
+                    if (!json_string_at(p, NULL, 0))
+                        return 0;
+                    json_blanks(p);
+                    if (*(*p)++ != ':')
+                        return 0;
+                }
+                if (!json_value_at(p))
+                    return 0;
+                const char c = *(*p)++;
+                if (c == close)
+                    break;
+                if (c != ',')
+                    return 0;
+                json_blanks(p);
+            }
+        }
+    } else if (*s == '"') {
+        if (!json_string_at(p, NULL, 0))
+            return 0;
+    } else if (!strncmp(s, "true", 4) || !strncmp(s, "null", 4)) {
+        *p = s + 4;
+    } else if (!strncmp(s, "false", 5)) {
+        *p = s + 5;
+    } else { /* -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
+        s += *s == '-';
+        const size_t lead = strspn(s, "0123456789");
+        if (lead == 0 || (lead > 1 && *s == '0'))
+            return 0;
+        s += lead;
+        if (*s == '.') {
+            const size_t frac = strspn(s + 1, "0123456789");
+            if (frac == 0)
+                return 0;
+            s += 1 + frac;
+        }
+        if (*s == 'e' || *s == 'E') {
+            s += 1 + (s[1] == '+' || s[1] == '-');
+            const size_t exp = strspn(s, "0123456789");
+            if (exp == 0)
+                return 0;
+            s += exp;
+        }
+        *p = s;
+    }
+    json_blanks(p);
+    return 1;
+}
+
+/* 1 when text is one JSON object and nothing else. */
+static int json_parses(const char *text)
+{
+    const char *p = text;
+    json_blanks(&p);
+    return *p == '{' && json_value_at(&p) && *p == '\0';
+}
+
+/* The decoded string value of the report's member "key" into out; the test fails without one. */
+static void json_member(const char *report, const char *key, char *out, size_t size)
+{
+    char head[64];
+    snprintf(head, sizeof head, "\"%s\": ", key);
+    const char *p = strstr(report, head);
+    if (!p)
+        fail_msg("no \"%s\" in the report:\n%s", key, report);
+    p += strlen(head);
+    if (!json_string_at(&p, out, size))
+        fail_msg("\"%s\" is no string in the report:\n%s", key, report);
+}
+#endif
+
+/* clattn-tune --json escapes its strings: a tuning directory with a quote, a backslash, control
+ * characters and a byte that is not UTF-8 (0xE9, a Latin-1 e acute) gives a report that parses (the path and
+ * the device name went out raw, so a quote ended the string early), whose "store" decodes to that
+ * path (the stray byte as U+FFFD) and names the file written there. */
+static void test_tune_json_escape(void **state)
+{
+    (void)state;
+#ifndef CLATTN_TUNE_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    clattn_context *ctx = tu_context(); /* skips (or fails, CLATTN_REQUIRE_DEVICE=1) without a device */
+    char name[sizeof ctx->dev.name];
+    snprintf(name, sizeof name, "%s", ctx->dev.name);
+    clattn_release(ctx);
+    char raw[200], want[220], cmd[1400], log[8192];
+    static char report[1 << 14];
+    snprintf(raw, sizeof raw, "%s/q\"b\\s\tt\001e\351", dir);
+    snprintf(want, sizeof want, "%s/q\"b\\s\tt\001e\357\277\275/", dir);
+    /* single-quoted for the shell, which keeps every byte but ' as it is */
+    snprintf(cmd, sizeof cmd,
+             "%s --dir '%s' --candidates 0 --iters 1 --shape 1,1,1,32,32,4 --ops softmax --json >%s/report.json "
+             "2>%s/tune.log",
+             CLATTN_TUNE_PATH, raw, dir, dir);
+    if (system(cmd) != 0) {
+        read_text("tune.log", log, sizeof log);
+        fail_msg("clattn-tune failed:\n%s", log);
+    }
+    read_text("report.json", report, sizeof report);
+    if (!json_parses(report))
+        fail_msg("clattn-tune --json is no JSON object:\n%s", report);
+    char store[400], device[sizeof name + 64], file[400];
+    json_member(report, "store", store, sizeof store);
+    json_member(report, "device", device, sizeof device);
+    if (strncmp(store, want, strlen(want)) != 0 || strchr(store + strlen(want), '/'))
+        fail_msg("\"store\": \"%s\", expected a file in \"%s\"", store, want);
+    snprintf(file, sizeof file, "%s/%s", raw, store + strlen(want));
+    if (access(file, R_OK) != 0 || !strstr(report, "\"written\": true"))
+        fail_msg("no store %s written:\n%s", file, report);
+    assert_string_equal(device, name);
+#endif
+}
+
+/* clattn-tune with a tuning directory it cannot create (a path through a regular file, or the
+ * file itself) stops at once, naming the directory, before it tunes anything: it used to find out
+ * when it came to write the store, after its whole budget, and then never printed its --json
+ * report. A dry run, which writes nothing, still tunes. */
+static void test_tune_bad_dir(void **state)
+{
+    (void)state;
+#ifndef CLATTN_TUNE_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    clattn_release(tu_context()); /* skips (or fails, CLATTN_REQUIRE_DEVICE=1) without a device */
+    char file[200], bad[2][240], cmd[1400], log[8192];
+    snprintf(file, sizeof file, "%s/file", dir);
+    write_file(file, "x\n", 2);
+    snprintf(bad[0], sizeof bad[0], "%s/sub", file);
+    snprintf(bad[1], sizeof bad[1], "%s", file);
+    for (int i = 0; i < 3; i++) {
+        const int dry = i == 2; /* then bad[0] again */
+        const char *const d = bad[dry ? 0 : i];
+        snprintf(cmd, sizeof cmd,
+                 "%s --dir %s --candidates 0 --iters 1 --shape 1,1,1,32,32,4 --ops softmax --json%s "
+                 ">%s/report.json 2>%s/tune.log",
+                 CLATTN_TUNE_PATH, d, dry ? " --dry-run" : "", dir, dir);
+        const int rc = system(cmd);
+        read_text("tune.log", log, sizeof log);
+        const int status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+        char want[sizeof bad + 32];
+        snprintf(want, sizeof want, "tuning directory %s", d);
+        /* " ms  tuned ": a task's line in the report that follows the search */
+        if (dry ? status != 0 : status != 1 || !strstr(log, want) || strstr(log, " ms  tuned "))
+            fail_msg("clattn-tune --dir %s%s: exit %d, want %s:\n%s", d, dry ? " --dry-run" : "", status,
+                     dry ? "0" : "1 and a message naming it before any tuning", log);
+    }
+#endif
+}
+
+/* clattn-tune's numbers are whole values in range: trailing text, values past the type's range,
+ * nan, inf and negative ones are refused, naming the option and its value, before any device is
+ * opened (a --device that matches none: what passes gets as far as that); a shape whose buffers'
+ * sizes would overflow too. Good values at the ends of the ranges pass. */
+static void test_tune_bad_numbers(void **state)
+{
+    (void)state;
+#ifndef CLATTN_TUNE_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    static const char *const bad[][2] = {
+        {"--iters 5x", "bad --iters 5x"},
+        {"--iters 0", "bad --iters 0"},
+        {"--iters 99999999999999999999", "bad --iters 99999999999999999999"},
+        {"--budget 1e999", "bad --budget 1e999"},
+        {"--budget nan", "bad --budget nan"},
+        {"--budget inf", "bad --budget inf"},
+        {"--budget -5", "bad --budget -5"},
+        {"--budget 10s", "bad --budget 10s"},
+        {"--budget 2e6", "bad --budget 2e6"},
+        {"--seed 12abc", "bad --seed 12abc"},
+        {"--seed -1", "bad --seed -1"},
+        {"--seed 99999999999999999999", "bad --seed 99999999999999999999"},
+        {"--candidates -1", "bad --candidates -1"},
+        {"--shape 99999999999999999999,1,1,64,64,16", "bad --shape"},
+        {"--shape 2147483647,2147483647,1,2147483647,2147483647,16", "bad --shape"},
+        {"--budget .5 --iters 64 --seed 18446744073709551615 --candidates 100000 --shape 1,1,1,1,2147483647,1",
+         "matches no OpenCL device"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char args[200];
+        snprintf(args, sizeof args, "--device no-such-device-anywhere %s", bad[i][0]);
+        tune_refused(args, bad[i][1]);
+    }
+#endif
+}
+
 /* Two tuners writing one store at once: the file ends valid and complete (one of the two). */
 static void test_two_writers(void **state)
 {
@@ -1713,6 +2008,9 @@ int main(void)
     tu_add_test("tools/bench_peak", NULL, test_bench_peak, NULL);
     tu_add_test("tools/bench_masks", NULL, test_bench_masks, NULL);
     tu_add_test("tools/info", NULL, test_info, NULL);
+    tu_add_test("tools/tune_bad_numbers", NULL, test_tune_bad_numbers, NULL);
+    tu_add_test("tools/tune_bad_dir", NULL, test_tune_bad_dir, NULL);
+    tu_add_test("tools/tune_json_escape", NULL, test_tune_json_escape, NULL);
     TU_ADD_TABLE("lookup/bad_user_file", test_bad_user_file, file_rows);
     TU_ADD_TABLE("lookup/odd_user_file", test_odd_user_file, odd_rows);
     TU_ADD_TABLE("lookup/file_size", test_file_size, size_rows);

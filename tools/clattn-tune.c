@@ -29,6 +29,7 @@
 #include "ref.h" /* the tests' float64 reference (tests/ref.c) */
 #include "storage.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -40,6 +41,14 @@
 
 /* Partials a merge task combines; part MERGE_PARTS-1 has LSE -inf on every other row. */
 #define MERGE_PARTS 4
+
+/* The most --budget takes, in seconds (11.6 days): more is a typo, not a plan. */
+#define MAX_BUDGET_S 1000000
+
+/* The most elements one host buffer of a --shape may have (scores: B x H x SQ x SKV): well past
+ * what allocates, which then fails with its own message, but small enough that no size computed
+ * from the shape overflows. */
+#define MAX_SHAPE_ELEMENTS 0x1p60
 
 typedef struct shape {
     long long b, h, hkv, sq, skv, d;
@@ -83,6 +92,99 @@ static void die(const char *fmt, ...)
     fprintf(stderr, "\n");
     va_end(ap);
     exit(1);
+}
+
+/* The value v of option opt as a decimal integer in lo..hi: digits alone (no blank, sign or
+ * trailing text, which strtoll would pass over); anything else exits, naming both. */
+static long long int_arg(const char *opt, const char *v, long long lo, long long hi)
+{
+    char *end = NULL;
+    errno = 0;
+    const long long n = strtoll(v, &end, 10);
+    if (*v < '0' || *v > '9' || *end || errno == ERANGE || n < lo || n > hi)
+        die("bad %s %s (an integer %lld..%lld)", opt, v, lo, hi);
+    return n;
+}
+
+/* The sizes B,H,HKV,SQ,SKV,D that open p (a --shape value), each digits alone and at most
+ * INT32_MAX, the library's limit, into s; returns the rest of p (the flags), or NULL when they
+ * are malformed. */
+static const char *shape_sizes(const char *p, shape *s)
+{
+    long long *const v[6] = {&s->b, &s->h, &s->hkv, &s->sq, &s->skv, &s->d};
+    for (int k = 0; k < 6; k++) {
+        char *end = NULL;
+        errno = 0;
+        *v[k] = strtoll(p, &end, 10);
+        if (*p < '0' || *p > '9' || errno == ERANGE || *v[k] > INT32_MAX || (k < 5 && *end != ','))
+            return NULL;
+        p = k < 5 ? end + 1 : end;
+    }
+    return p;
+}
+
+/* The elements of a shape's largest host buffer, in double: the products of its sizes may not
+ * fit in 64 bits. */
+static double shape_elements(const shape *s)
+{
+    const double q = (double)s->b * (double)s->h * (double)s->sq;
+    const double k = (double)s->b * (double)s->hkv * (double)s->skv;
+    return fmax(fmax(q, k) * (double)s->d, q * (double)s->skv);
+}
+
+/* Creates the tuning directory and makes (and removes) a file there, so that a store that cannot
+ * be written fails before the search has spent its budget, not after. */
+static void check_tuning_dir(const char *dir)
+{
+    errno = 0;
+    if (clattn__make_dirs(dir) != 0) /* errno EEXIST (or none): it is there, but no directory */
+        die("cannot create the tuning directory %s: %s", dir,
+            errno && errno != EEXIST ? strerror(errno) : "not a directory");
+    char tmp[sizeof ctx->tuning_dir + 32];
+    snprintf(tmp, sizeof tmp, "%s/.clattn-tune.XXXXXX", dir);
+    const int fd = mkstemp(tmp);
+    if (fd < 0)
+        die("cannot write to the tuning directory %s: %s", dir, strerror(errno));
+    close(fd);
+    unlink(tmp);
+}
+
+/* Writes s as a JSON string on stdout: quotes, backslashes and control characters escaped, and
+ * bytes that are not UTF-8 (a path, or a driver's device name, may be Latin-1) as U+FFFD, so that
+ * the report always parses. */
+static void json_string(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    putchar('"');
+    while (*p) {
+        const unsigned char c = *p;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", (unsigned)c);
+        else if (c < 0x80)
+            putchar(c);
+        if (c < 0x80) {
+            p++;
+            continue;
+        }
+        /* The lead byte gives the length and the range of the second byte, which rules out
+         * overlong forms, surrogates and code points past U+10FFFF (RFC 3629). */
+        const size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        const unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+        const unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+        int valid = len > 0 && p[1] >= lo && p[1] <= hi;
+        for (size_t i = 2; valid && i < len; i++)
+            valid = p[i] >= 0x80 && p[i] <= 0xBF; /* the terminator fails this: no reading past it */
+        if (valid) {
+            fwrite(p, 1, len, stdout);
+            p += len;
+        } else {
+            fputs("\\ufffd", stdout);
+            p++;
+        }
+    }
+    putchar('"');
 }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -866,33 +968,35 @@ int main(int argc, char **argv)
             for (int k = 0; k < ndtypes; k++)
                 dtypes[k] = (clattn_dtype)idx[k];
         } else if (val && !strcmp(a, "--budget")) {
-            budget = atof(argv[++i]);
-            if (!(budget > 0))
-                die("--budget must be a positive number of seconds");
-        } else if (val && !strcmp(a, "--iters")) {
-            iters = atoi(argv[++i]);
-            if (iters < 1 || iters > 64)
-                die("--iters must be 1..64");
-        } else if (val && !strcmp(a, "--candidates")) {
+            const char *v = argv[++i];
             char *end = NULL;
-            const long n = strtol(argv[++i], &end, 10);
-            if (end == argv[i] || *end || n < 0 || n > 100000)
-                die("--candidates must be 0..100000");
-            max_candidates = (int)n;
+            errno = 0;
+            budget = strtod(v, &end);
+            /* A digit or point first: strtod would take blanks, signs, "inf" and "nan" too. */
+            if ((*v != '.' && (*v < '0' || *v > '9')) || *end || errno == ERANGE ||
+                !(budget > 0 && budget <= MAX_BUDGET_S))
+                die("bad --budget %s (seconds, more than 0 and at most %d)", v, MAX_BUDGET_S);
+        } else if (val && !strcmp(a, "--iters")) {
+            iters = (int)int_arg(a, argv[++i], 1, 64);
+        } else if (val && !strcmp(a, "--candidates")) {
+            max_candidates = (int)int_arg(a, argv[++i], 0, 100000);
         } else if (val && !strcmp(a, "--seed")) {
-            rng_state = strtoull(argv[++i], NULL, 10);
+            const char *v = argv[++i];
+            char *end = NULL;
+            errno = 0;
+            const unsigned long long n = strtoull(v, &end, 10);
+            if (*v < '0' || *v > '9' || *end || errno == ERANGE)
+                die("bad --seed %s (an integer 0..%llu)", v, (unsigned long long)UINT64_MAX);
+            rng_state = (uint64_t)n;
         } else if (val && !strcmp(a, "--dir")) {
             if (setenv("CLATTN_TUNING_DIR", argv[++i], 1) != 0)
                 die("setenv failed");
         } else if (val && !strcmp(a, "--shape")) {
             shape s = {0, 0, 0, 0, 0, 0, 0, 0};
-            int end = -1;
-            const int n = sscanf(argv[++i], "%lld,%lld,%lld,%lld,%lld,%lld%n", &s.b, &s.h, &s.hkv, &s.sq, &s.skv,
-                                 &s.d, &end);
+            const char *flags = shape_sizes(argv[++i], &s);
             /* then ",causal" and ",kvlen", each at most once, in any order */
-            int ok = n == 6 && end > 0;
-            const char *flags = ok ? argv[i] + end : "";
-            if (*flags) {
+            int ok = flags != NULL;
+            if (ok && *flags) {
                 static const char *const names[2] = {"causal", "kvlen"};
                 int idx[2];
                 const int nf = *flags == ',' ? name_list(flags + 1, names, 2, idx) : -1;
@@ -904,6 +1008,8 @@ int main(int argc, char **argv)
                 s.d > CLATTN_MAX_HEAD_DIM || (s.causal && s.sq > s.skv))
                 die("bad --shape %s (B,H,HKV,SQ,SKV,D[,causal][,kvlen] with HKV dividing H, D <= %d)", argv[i],
                     CLATTN_MAX_HEAD_DIM);
+            if (shape_elements(&s) > MAX_SHAPE_ELEMENTS)
+                die("bad --shape %s (a buffer of more than 2^60 elements)", argv[i]);
             if (nshapes == 16)
                 die("at most 16 --shape");
             shapes[nshapes++] = s;
@@ -981,6 +1087,8 @@ int main(int argc, char **argv)
     char path[4200];
     if (clattn_tuning_path(ctx, path, sizeof path) != CLATTN_SUCCESS)
         die("%s", clattn_last_error(ctx));
+    if (!dry)
+        check_tuning_dir(ctx->tuning_dir);
     fprintf(stderr, "clattn-tune: %s, %d task(s), budget %.0f s, store %s\n", ctx->dev.name, nt, budget,
             path);
     const double t_start = now_s();
@@ -1045,17 +1153,25 @@ int main(int argc, char **argv)
         fprintf(stderr, "wrote %s\n", path);
     }
     if (json) {
-        printf("{\"device\": \"%s\", \"store\": \"%s\", \"written\": %s, \"budget_s\": %.1f, \"tasks\": [",
-               ctx->dev.name, path, written ? "true" : "false", budget);
+        /* Every string through json_string: the path and the device name may hold anything. */
+        printf("{\"device\": ");
+        json_string(ctx->dev.name);
+        printf(", \"store\": ");
+        json_string(path);
+        printf(", \"written\": %s, \"budget_s\": %.1f, \"tasks\": [", written ? "true" : "false", budget);
         for (int i = 0; i < nt; i++) {
             const task *t = &tasks[i];
             const int merge = t->op == CLATTN_OPERATION_MERGE; /* no mask, whatever the shape */
-            printf("%s\n  {\"op\": \"%s\", \"dtype\": \"%s\", \"shape\": [%lld, %lld, %lld, %lld, %lld, %lld], "
-                   "\"causal\": %d, \"kv_lengths\": %d, \"default_ms\": %.4f, \"tuned_ms\": %.4f, "
-                   "\"speedup\": %.3f, \"tried\": %d, \"pruned\": %d, \"wrong\": %d, ",
-                   i ? "," : "", clattn_operation_name(t->op), dtype_name(t->timed_dt), t->s.b, t->s.h, t->s.hkv,
-                   t->s.sq, t->s.skv, t->s.d, merge ? 0 : t->s.causal, merge ? 0 : t->s.kvlen, t->default_ms,
-                   t->best_ms, t->default_ms / t->best_ms, t->tried, t->pruned, t->rejected);
+            printf("%s\n  {\"op\": ", i ? "," : "");
+            json_string(clattn_operation_name(t->op));
+            printf(", \"dtype\": ");
+            json_string(dtype_name(t->timed_dt));
+            printf(", \"shape\": [%lld, %lld, %lld, %lld, %lld, %lld], \"causal\": %d, \"kv_lengths\": %d, "
+                   "\"default_ms\": %.4f, \"tuned_ms\": %.4f, \"speedup\": %.3f, \"tried\": %d, \"pruned\": %d, "
+                   "\"wrong\": %d, ",
+                   t->s.b, t->s.h, t->s.hkv, t->s.sq, t->s.skv, t->s.d, merge ? 0 : t->s.causal,
+                   merge ? 0 : t->s.kvlen, t->default_ms, t->best_ms, t->default_ms / t->best_ms, t->tried, t->pruned,
+                   t->rejected);
             if (t->op == CLATTN_OPERATION_MERGE)
                 printf("\"parts\": %d, ", MERGE_PARTS);
             if (t->op == CLATTN_OPERATION_SOFTMAX) /* added for the unfused path's bucket */
