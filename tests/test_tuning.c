@@ -1571,9 +1571,9 @@ static void json_member(const char *report, const char *key, char *out, size_t s
 #endif
 
 /* clattn-tune --json escapes its strings: a tuning directory with a quote, a backslash, control
- * characters and a byte that is not UTF-8 (0xE9, a Latin-1 e acute) gives a report that parses (the path and
- * the device name went out raw, so a quote ended the string early), whose "store" decodes to that
- * path (the stray byte as U+FFFD) and names the file written there. */
+ * characters and a byte that is not UTF-8 (0xE9, a Latin-1 e acute) gives a report that parses
+ * (the path and the device name went out raw, so a quote ended the string early), whose "store"
+ * decodes to that path (the stray byte as U+FFFD) and names the file written there. */
 static void test_tune_json_escape(void **state)
 {
     (void)state;

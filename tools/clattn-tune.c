@@ -27,6 +27,7 @@
 #include "clattn.h"
 #include "internal.h"
 #include "ref.h" /* the tests' float64 reference (tests/ref.c) */
+#include "json.h"
 #include "storage.h"
 
 #include <errno.h>
@@ -149,43 +150,6 @@ static void check_tuning_dir(const char *dir)
     unlink(tmp);
 }
 
-/* Writes s as a JSON string on stdout: quotes, backslashes and control characters escaped, and
- * bytes that are not UTF-8 (a path, or a driver's device name, may be Latin-1) as U+FFFD, so that
- * the report always parses. */
-static void json_string(const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    putchar('"');
-    while (*p) {
-        const unsigned char c = *p;
-        if (c == '"' || c == '\\')
-            printf("\\%c", c);
-        else if (c < 0x20)
-            printf("\\u%04x", (unsigned)c);
-        else if (c < 0x80)
-            putchar(c);
-        if (c < 0x80) {
-            p++;
-            continue;
-        }
-        /* The lead byte gives the length and the range of the second byte, which rules out
-         * overlong forms, surrogates and code points past U+10FFFF (RFC 3629). */
-        const size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-        const unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
-        const unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
-        int valid = len > 0 && p[1] >= lo && p[1] <= hi;
-        for (size_t i = 2; valid && i < len; i++)
-            valid = p[i] >= 0x80 && p[i] <= 0xBF; /* the terminator fails this: no reading past it */
-        if (valid) {
-            fwrite(p, 1, len, stdout);
-            p += len;
-        } else {
-            fputs("\\ufffd", stdout);
-            p++;
-        }
-    }
-    putchar('"');
-}
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint64_t rnd(void)
@@ -1155,17 +1119,17 @@ int main(int argc, char **argv)
     if (json) {
         /* Every string through json_string: the path and the device name may hold anything. */
         printf("{\"device\": ");
-        json_string(ctx->dev.name);
+        json_string(stdout, ctx->dev.name);
         printf(", \"store\": ");
-        json_string(path);
+        json_string(stdout, path);
         printf(", \"written\": %s, \"budget_s\": %.1f, \"tasks\": [", written ? "true" : "false", budget);
         for (int i = 0; i < nt; i++) {
             const task *t = &tasks[i];
             const int merge = t->op == CLATTN_OPERATION_MERGE; /* no mask, whatever the shape */
             printf("%s\n  {\"op\": ", i ? "," : "");
-            json_string(clattn_operation_name(t->op));
+            json_string(stdout, clattn_operation_name(t->op));
             printf(", \"dtype\": ");
-            json_string(dtype_name(t->timed_dt));
+            json_string(stdout, dtype_name(t->timed_dt));
             printf(", \"shape\": [%lld, %lld, %lld, %lld, %lld, %lld], \"causal\": %d, \"kv_lengths\": %d, "
                    "\"default_ms\": %.4f, \"tuned_ms\": %.4f, \"speedup\": %.3f, \"tried\": %d, \"pruned\": %d, "
                    "\"wrong\": %d, ",
