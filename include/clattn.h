@@ -259,7 +259,8 @@ CLATTN_API clattn_status clattn_merge(clattn_context *ctx, int num_parts,
  * Host-memory convenience for small programs: contiguous [B][H][S][D] arrays of `dtype` elements
  * (lse: float, [B][Hq][Sq], may be NULL), copied to the device, computed, read back. Blocks.
  * desc->mask, desc->kv_lengths, desc->lse and desc->probabilities must be NULL (the lse argument
- * here takes the place of desc->lse); use clattn_attention for those.
+ * here takes the place of desc->lse); use clattn_attention for those. Each array becomes one
+ * device buffer: one larger than the device's largest allocation gives CLATTN_UNSUPPORTED.
  */
 CLATTN_API clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_desc *desc,
                                                clattn_dtype dtype, const void *q, const void *k,

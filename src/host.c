@@ -39,6 +39,17 @@ clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_
                             "k %.3g, v %.3g, out %.3g elements)", limit, nq, nk, nv, no);
     const size_t bq = (size_t)nq * es, bk = (size_t)nk * es, bv = (size_t)nv * es, bo = (size_t)no * es,
                  bl = (size_t)nl * 4;
+    /* Each array becomes one device buffer: past the device's largest allocation the driver would
+     * refuse it with an OpenCL error; say what it is. */
+    static const char *const names[5] = {"q", "k", "v", "out", "lse"};
+    const size_t need[5] = {bq, bk, bv, bo, lse ? bl : 0};
+    for (int i = 0; i < 5; i++)
+        if ((uint64_t)need[i] > ctx->dev.max_alloc)
+            return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                                "clattn_attention_host: %s needs %zu bytes in one buffer, more than the "
+                                "device's max allocation of %llu bytes (split the batch or heads, or use "
+                                "clattn_attention on buffers of your own)",
+                                names[i], need[i], (unsigned long long)ctx->dev.max_alloc);
     cl_int err = CL_SUCCESS;
     cl_mem m[5] = {NULL, NULL, NULL, NULL, NULL};
     const size_t sizes[5] = {bq, bk, bv, bo, bl};
