@@ -33,20 +33,38 @@ static void tidy_tag(char *s)
         s[--n] = '\0';
 }
 
-static void get_str(cl_device_id d, cl_device_info what, char *buf, size_t size)
+/* A string query into buf, cut to size - 1 bytes where the value is longer (a driver may report
+ * names of any length; a plain query into a short buffer would fail as a whole). "" on failure. */
+static cl_int read_str(cl_device_id d, cl_platform_id p, cl_uint what, char *buf, size_t size)
 {
     buf[0] = '\0';
-    if (clGetDeviceInfo(d, what, size, buf, NULL) != CL_SUCCESS)
+    size_t n = 0;
+    cl_int err = d ? clGetDeviceInfo(d, what, 0, NULL, &n) : clGetPlatformInfo(p, what, 0, NULL, &n);
+    if (err != CL_SUCCESS)
+        return err;
+    char *tmp = n > size ? malloc(n) : NULL;
+    if (n > size && !tmp)
+        return CL_OUT_OF_HOST_MEMORY;
+    char *dst = tmp ? tmp : buf;
+    const size_t cap = tmp ? n : size;
+    err = d ? clGetDeviceInfo(d, what, cap, dst, NULL) : clGetPlatformInfo(p, what, cap, dst, NULL);
+    if (err == CL_SUCCESS && tmp)
+        snprintf(buf, size, "%.*s", (int)(size - 1), tmp);
+    free(tmp);
+    if (err != CL_SUCCESS)
         buf[0] = '\0';
     buf[size - 1] = '\0';
+    return err;
+}
+
+static void get_str(cl_device_id d, cl_device_info what, char *buf, size_t size)
+{
+    read_str(d, NULL, what, buf, size);
 }
 
 static void get_pstr(cl_platform_id p, cl_platform_info what, char *buf, size_t size)
 {
-    buf[0] = '\0';
-    if (clGetPlatformInfo(p, what, size, buf, NULL) != CL_SUCCESS)
-        buf[0] = '\0';
-    buf[size - 1] = '\0';
+    read_str(NULL, p, what, buf, size);
 }
 
 clattn_status clattn__read_devinfo(cl_platform_id p, cl_device_id d, clattn_devinfo *info)
@@ -117,7 +135,7 @@ clattn_status clattn_device_key(cl_device_id device, char *buf, size_t size)
     char name[256];
     cl_uint vendor = 0, cus = 0;
     cl_ulong local = 0;
-    if (!device || clGetDeviceInfo(device, CL_DEVICE_NAME, sizeof name, name, NULL) != CL_SUCCESS ||
+    if (!device || read_str(device, NULL, CL_DEVICE_NAME, name, sizeof name) != CL_SUCCESS ||
         clGetDeviceInfo(device, CL_DEVICE_VENDOR_ID, sizeof vendor, &vendor, NULL) != CL_SUCCESS ||
         clGetDeviceInfo(device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL) != CL_SUCCESS ||
         clGetDeviceInfo(device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL) != CL_SUCCESS)
@@ -257,7 +275,7 @@ clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, c
     cl_device_id first_d = NULL;
     unsigned first_pi = 0, first_di = 0;
     /* The first device that matched but that clattn does not run on (clattn__device_refusal). */
-    char refused[600] = "";
+    char refused[1024] = "";
     for (cl_uint pi = 0; pi < nplat; pi++) {
         cl_device_id devs[MAX_DEVICES];
         cl_uint ndev = 0;
@@ -296,8 +314,8 @@ clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, c
             }
             if (refusal && (match || kind == ANY)) { /* passed over: another device may match */
                 if (!refused[0])
-                    snprintf(refused, sizeof refused, "%s on %s (%u:%u): %s", dname, pname, (unsigned)pi,
-                             (unsigned)di, refusal);
+                    snprintf(refused, sizeof refused, "%.255s on %.255s (%u:%u): %.400s", dname, pname,
+                             (unsigned)pi, (unsigned)di, refusal);
                 continue;
             }
             if (match) {

@@ -17,10 +17,11 @@
  *                          leaked; clattn_select_device the same; the real name again works.
  *                          Where a real llvmpipe device is present (rusticl with
  *                          RUSTICL_ENABLE=llvmpipe), clattn_create(NULL) must not pick it.
- *   create/odd_driver_version  a driver version ending in blanks, made of them, or holding control
+ *   create/odd_device_strings  a driver version ending in blanks, made of them, or holding control
  *                          characters: the driver tag clattn-tune writes from it reads back equal
  *                          to the context's, and a store written with it is used without the
- *                          "differs" warning.
+ *                          "differs" warning; a device name of 399 bytes is cut to the 255 the
+ *                          context keeps (also in its key) instead of failing clattn_create.
  *   oom/<row>              device memory exhaustion. A probe call counts the row's calls of
  *                          clCreateBuffer, clEnqueueNDRangeKernel and clEnqueueFillBuffer; then for
  *                          each function, each call index and each of CL_MEM_OBJECT_ALLOCATION_FAILURE
@@ -520,8 +521,9 @@ static void test_create_failures(void **state)
         }
 }
 
-/* A driver version with trailing blanks or control characters (create/odd_driver_version). */
-static void test_odd_driver_version(void **state)
+/* A driver version with trailing blanks or control characters, a long device name
+ * (create/odd_device_strings). */
+static void test_odd_device_strings(void **state)
 {
     (void)state;
     clattn_release(tu_context()); /* skips without a device */
@@ -577,6 +579,25 @@ static void test_odd_driver_version(void **state)
         unsetenv("CLATTN_TUNING_DIR");
     }
     assert_int_equal(rmdir(dir), 0);
+
+    /* A device name longer than the context keeps (256 bytes with its terminator): cut, not a
+     * failed query that made clattn_create fail. */
+    static char long_name[400];
+    for (size_t i = 0; i + 1 < sizeof long_name; i++)
+        long_name[i] = (char)('a' + i % 26);
+    clshim_fake_device_name(long_name);
+    clattn_context *ctx = NULL;
+    const clattn_status st = clattn_create(NULL, &ctx);
+    char key[600] = "";
+    const clattn_status kst = st == CLATTN_SUCCESS ? clattn_device_key(clattn_device(ctx), key, sizeof key)
+                                                   : CLATTN_INVALID_ARGUMENT;
+    clshim_fake_device_name(NULL);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("a %zu-byte device name: clattn_create: %s", strlen(long_name), clattn_last_error(NULL));
+    if (kst != CLATTN_SUCCESS || strncmp(ctx->dev.name, long_name, 255) != 0 || strlen(ctx->dev.name) != 255 ||
+        !strstr(key, ctx->dev.name))
+        fail_msg("a %zu-byte device name: name \"%s\", key \"%s\"", strlen(long_name), ctx->dev.name, key);
+    clattn_release(ctx);
 }
 
 /* Devices the library passes over: see the header comment (create/llvmpipe_refused). */
@@ -1163,7 +1184,7 @@ int main(void)
     tu_add_test("shim/sees_the_library", NULL, test_shim_sees_library, NULL);
     tu_add_test("create/context_and_queue_refused", NULL, test_create_failures, NULL);
     tu_add_test("create/llvmpipe_refused", NULL, test_llvmpipe_refused, NULL);
-    tu_add_test("create/odd_driver_version", NULL, test_odd_driver_version, NULL);
+    tu_add_test("create/odd_device_strings", NULL, test_odd_device_strings, NULL);
     TU_ADD_TABLE("oom", test_oom, rows);
     for (size_t i = 0; i < N_OF(rows); ++i)
         if (rows[i].op != OP_HOST) /* clattn_attention_host takes no wait list */
