@@ -49,6 +49,7 @@ typedef struct clattn_program_entry {
     char *file;
     char *options;
     cl_program program;
+    int from_disk; /* loaded from the binary cache, not yet built from source */
     int nkernels;
     char *kernel_names[8];
     cl_kernel kernels[8];

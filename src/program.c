@@ -140,9 +140,13 @@ static void to_disk(clattn_context *ctx, cl_program prog, const char *hex)
     free(bin);
 }
 
-static clattn_status build(clattn_context *ctx, const char *file, const char *op_options,
-                           cl_program *out)
+/* *from_disk (may be NULL) says whether the program came from the binary cache; read_cache 0
+ * builds from source whatever the cache holds (and replaces its file). */
+static clattn_status build(clattn_context *ctx, const char *file, const char *op_options, int read_cache,
+                           cl_program *out, int *from_disk)
 {
+    if (from_disk)
+        *from_disk = 0;
     /* Device-wide definitions every kernel may use (common.cl). */
     char options[2048];
     /* Development: CLATTN_BUILD_OPTIONS adds compiler options (e.g. -cl-nv-verbose), part of the
@@ -169,10 +173,12 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
         return clattn__fail(ctx, CLATTN_BUILD_FAILED, "kernel source \"%s\" is missing", file);
     char hex[33];
     cache_key(ctx, src, options, hex);
-    cl_program prog = ctx->cache_enabled ? from_binary(ctx, hex, options) : NULL;
+    cl_program prog = ctx->cache_enabled && read_cache ? from_binary(ctx, hex, options) : NULL;
     if (prog) {
         free(src);
         *out = prog;
+        if (from_disk)
+            *from_disk = 1;
         return CLATTN_SUCCESS;
     }
     cl_int err;
@@ -295,7 +301,8 @@ clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const ch
             ctx->cap_programs = cap;
         }
         cl_program prog = NULL;
-        clattn_status st = build(ctx, file, options, &prog);
+        int from_disk = 0;
+        clattn_status st = build(ctx, file, options, 1, &prog, &from_disk);
         if (st != CLATTN_SUCCESS)
             return st;
         e = &ctx->programs[ctx->nprograms];
@@ -303,6 +310,7 @@ clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const ch
         e->file = clattn__strdup(file);
         e->options = clattn__strdup(options);
         e->program = prog;
+        e->from_disk = from_disk;
         if (!e->file || !e->options) {
             free(e->file);
             free(e->options);
@@ -322,6 +330,20 @@ clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const ch
         return clattn__fail(ctx, CLATTN_BUILD_FAILED, "too many kernels requested from %s", file);
     cl_int err;
     cl_kernel k = clCreateKernel(e->program, kernel_name, &err);
+    if ((!k || err != CL_SUCCESS) && e->from_disk && e->nkernels == 0) {
+        /* A cached binary the driver loaded but that lacks the kernel is no binary of this source
+         * (a file crafted to pass the checks): build from source, replace the file, try again.
+         * Only before any kernel came from it, so no kernel of the old program is in use. */
+        cl_program prog = NULL;
+        clattn_status st = build(ctx, file, options, 0, &prog, NULL);
+        if (st != CLATTN_SUCCESS)
+            return st;
+        clReleaseProgram(e->program);
+        e->program = prog;
+        e->from_disk = 0;
+        ctx->stats.disk_rejects++;
+        k = clCreateKernel(e->program, kernel_name, &err);
+    }
     if (!k || err != CL_SUCCESS) {
         char what[128];
         snprintf(what, sizeof what, "clCreateKernel(%s)", kernel_name);

@@ -1020,6 +1020,41 @@ static void test_default_dirs(void **state)
     free(saved_home);
 }
 
+/* =============================== a re-stamped binary =============================== */
+
+/* A file whose header, key and payload hash check out but whose payload is another program's
+ * binary (softmax.cl's, stored under merge.cl's key: only someone writing to the directory makes
+ * one). The driver loads it and the kernel is missing: the library builds from source once,
+ * replaces the file, and the next context loads the right binary. */
+#define OPT_MERGE "-cl-std=CL1.2 -DDT_OUT=0 -DWG=16"
+static void test_restamped_other_program(void **state)
+{
+    (void)state;
+    char softmax_key[33], merge_key[33], path[PATH_MAX + 256];
+    const seed *a = get_seed_a();
+    snprintf(softmax_key, sizeof softmax_key, "%.32s", a->file);
+    clattn_context *ctx = new_context();
+    get_kernel_ok(ctx, "merge.cl", OPT_MERGE, "merge_strided");
+    assert_int_equal(count_files(g_dir, ".clbin", path, sizeof path), 1);
+    snprintf(merge_key, sizeof merge_key, "%.32s", strrchr(path, '/') + 1);
+    plant(a, NULL, path, sizeof path);
+    size_t size = 0;
+    unsigned char *bin = clattn__cache_load(ctx, softmax_key, &size);
+    assert_non_null(bin);
+    clattn__cache_store(ctx, merge_key, bin, size);
+    free(bin);
+    clattn_release(ctx);
+    for (int round = 0; round < 2; round++) {
+        ctx = new_context();
+        get_kernel_ok(ctx, "merge.cl", OPT_MERGE, "merge_strided");
+        print_stats(round ? "next context" : "re-stamped file", ctx);
+        assert_int_equal(ctx->stats.disk_hits, 1);
+        assert_int_equal(ctx->stats.builds, round ? 0 : 1);
+        assert_int_equal(ctx->stats.disk_rejects, round ? 0 : 1);
+        clattn_release(ctx);
+    }
+}
+
 /* =============================== development variables =============================== */
 
 /* CLATTN_BUILD_OPTIONS too long for the options the library passes: a clear BUILD_FAILED naming
@@ -1098,6 +1133,7 @@ int main(int argc, char **argv)
     tu_add_test("hit/miss_then_disk_then_memory", NULL, test_miss_then_hit, NULL);
     TU_ADD_TABLE("damaged", test_damaged, damage_rows);
     tu_add_test("damaged/huge_payload_size_no_allocation", NULL, test_huge_payload_no_allocation, NULL);
+    tu_add_test("damaged/restamped_other_program", NULL, test_restamped_other_program, NULL);
     tu_add_test("off/no_file_written_none_read", NULL, test_cache_off, NULL);
     TU_ADD_TABLE("off/env_flag", test_env_flag, flag_rows);
     TU_ADD_TABLE("unwritable", test_unwritable, unwritable_rows);
