@@ -85,22 +85,22 @@ static int ceil_div(int a, int b) { return (a - 1) / b + 1; }
 #define MAX_SPLIT_KEYS (1 << 16)
 #define MAX_SPLITS 32768
 
-/* Key splits (flash-decoding): enough work-groups of wg_items work-items to fill the device
- * (CPUs: 4 per compute unit; GPUs: about 2048 work-items per compute unit, 4 to 32 work-groups,
- * the occupancy a GPU needs to hide memory latency), each split keeping at least 4 key blocks of
- * bn and at most MAX_SPLIT_KEYS keys, and the partials within a modest workspace (which wins
- * over the key limit). split_len is a multiple of bn. */
+/* Key splits (flash-decoding): `requested` (DECODE's SPLITS), or with 0 enough work-groups of
+ * wg_items work-items to fill the device (CPUs: 4 per compute unit; GPUs: about 2048 work-items
+ * per compute unit, 4 to 32 work-groups, the occupancy a GPU needs to hide memory latency); then
+ * each split keeps at least 4 key blocks of bn and at most MAX_SPLIT_KEYS keys, and the partials
+ * stay within a modest workspace (which wins over the key limit). split_len is a multiple of bn. */
 static int choose_splits(const clattn_context *ctx, const clattn_problem *p, long long tiles, int bn,
                          int wg_items, int requested, int *split_len)
 {
-    int splits = requested;
+    int splits = requested > 0 ? requested : 1;
     int per_cu = 4;
     if (!(ctx->dev.type & CL_DEVICE_TYPE_CPU) && wg_items > 0) {
         per_cu = 2048 / wg_items;
         per_cu = per_cu < 4 ? 4 : per_cu > 32 ? 32 : per_cu;
     }
     const long long target = (long long)per_cu * ctx->dev.compute_units;
-    if (splits == 1 && tiles < target)
+    if (requested <= 0 && tiles < target)
         splits = (int)((target + tiles - 1) / tiles);
     const long long max_by_len = (p->seq_kv + 4LL * bn - 1) / (4LL * bn);
     if (splits > max_by_len)
@@ -110,12 +110,13 @@ static int choose_splits(const clattn_context *ctx, const clattn_problem *p, lon
     const long long by_keys = (p->seq_kv + MAX_SPLIT_KEYS - 1) / MAX_SPLIT_KEYS;
     if (splits < by_keys)
         splits = by_keys < MAX_SPLITS ? (int)by_keys : MAX_SPLITS;
-    const size_t part_rows = (size_t)(p->batch * p->heads_q * p->seq_q);
-    const size_t part_bytes = part_rows * (size_t)(p->head_dim_v + 1) * 4;
+    /* In 64 bits whatever size_t is (a 32-bit host): the products must not wrap. */
+    const uint64_t part_rows = (uint64_t)p->batch * (uint64_t)p->heads_q * (uint64_t)p->seq_q;
+    const uint64_t part_bytes = clattn__mul_sat(part_rows, (uint64_t)(p->head_dim_v + 1) * 4);
     /* 256 MiB, or half the largest buffer the device allows (the workspace is one buffer). */
-    const size_t part_cap = ctx->dev.max_alloc / 2 < ((size_t)256 << 20) ? (size_t)(ctx->dev.max_alloc / 2)
-                                                                          : ((size_t)256 << 20);
-    while (splits > 1 && (size_t)splits * part_bytes > part_cap)
+    const uint64_t part_cap = ctx->dev.max_alloc / 2 < ((uint64_t)256 << 20) ? ctx->dev.max_alloc / 2
+                                                                              : ((uint64_t)256 << 20);
+    while (splits > 1 && clattn__mul_sat((uint64_t)splits, part_bytes) > part_cap)
         splits /= 2;
     if (splits < 1)
         splits = 1;
@@ -508,7 +509,7 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
      * The split is the slowest grid dimension within a head, so consecutive work-groups (row
      * blocks) stream the same chunk while it is in cache instead of each sweeping all keys from
      * memory; the partials are then merged. */
-    int want = decode && pp->v[5] > 0 ? pp->v[5] : 1;
+    int want = decode ? pp->v[5] : 0;
     if (!in_place && ctx->dev.cache_size) {
         const uint64_t chunk = ctx->dev.cache_size / 4 / (4u * ((uint64_t)p->head_dim + vp_ss));
         if (chunk >= 16u * (uint64_t)bn && (uint64_t)p->seq_kv > chunk)
@@ -693,7 +694,7 @@ static clattn_status run_rows(clattn_context *ctx, const clattn_problem *p, cons
      * are in flight to hide memory latency (H100, B16 H32 kv8192 d128: 5 splits 1.47 TB/s,
      * 16 splits 1.68 TB/s). */
     const int splits =
-        choose_splits(ctx, p, tiles, bn, bn / 2 > 0 ? bn / 2 : 1, pp->v[5] > 0 ? pp->v[5] : 1, &split_len);
+        choose_splits(ctx, p, tiles, bn, bn / 2 > 0 ? bn / 2 : 1, pp->v[5], &split_len);
 
     /* PTX group barriers: NVIDIA GPUs only, groups of whole warps or within whole warps. */
     const int gsync = group_sync && (ctx->dev.type & CL_DEVICE_TYPE_GPU) && ctx->dev.vendor_id == 0x10de &&
@@ -769,7 +770,7 @@ static clattn_status run_lanes(clattn_context *ctx, const clattn_problem *p, con
     int split_len;
     /* Few registers and no local tiles, as decode_rows: counted as half-size work-groups. */
     const int splits =
-        choose_splits(ctx, p, tiles, bn, wg / 2 > 0 ? wg / 2 : 1, pp->v[5] > 0 ? pp->v[5] : 1, &split_len);
+        choose_splits(ctx, p, tiles, bn, wg / 2 > 0 ? wg / 2 : 1, pp->v[5], &split_len);
 
     char opts[256];
     snprintf(opts, sizeof opts,
@@ -803,7 +804,7 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
 
     int split_len;
     const int splits = choose_splits(ctx, p, tiles, bn, c->wgx * c->wgy,
-                                     pp->v[5] > 0 && decode ? pp->v[5] : 1, &split_len);
+                                     decode ? pp->v[5] : 0, &split_len);
     /* Workspace: the partials, then the mask's flags (bytes). */
     const uint64_t part_bytes = splits > 1 ? (uint64_t)splits * part_floats(p) * 4 : 0;
     mask_flags mf;

@@ -19,8 +19,10 @@
  *                head_dim + head_dim_v <= 128), K and V are read in place as by DECODE
  *                DIRECT 1 with RM 0, and RM/NS are unused too)
  *   DECODE     : WGX, WGY, RM, NS, VW, SPLITS, DIRECT  (fused.cl with key splits; RM 0 = cover the
- *                packed rows (up to 16), SPLITS 0 = automatic; DIRECT 1: fused_direct reading K
- *                and V in place, one work-item per RM rows and key split, 16-key blocks (RM 0:
+ *                packed rows (up to 16), SPLITS 0 = automatic, N = N key splits (1: none;
+ *                fitted to at least 4 key blocks and at most 65536 keys a split); DIRECT 1:
+ *                fused_direct reading K and V in place, one work-item per RM rows and key
+ *                split, 16-key blocks (RM 0:
  *                up to 10 rows in one block; more go to fused_lanes, the rows in the lanes of
  *                float16 vectors, in as few blocks of at most 64 as there can be),
  *                WGX/WGY/NS/VW unused; DIRECT 2: decode_rows (decode.cl), WGY key groups of

@@ -428,6 +428,63 @@ static void test_env_nreg16(void **state)
     clattn_release(ctx);
 }
 
+/* DECODE's SPLITS: 0 lets the library split the keys to fill the device, any other count is taken
+ * (then fitted: at least 4 key blocks a split, at most 65536 keys, the partials' workspace).
+ * SPLITS 1 is one split, no partials and no merge (it meant "automatic" as 0 did); 4 gives four
+ * splits' partials. Each result matches a float64 reference. */
+static void test_decode_splits(void **state)
+{
+    (void)state;
+    enum { SKV = 5000, D = 64 };
+    static float q[D], k[SKV * D], v[SKV * D], out[D];
+    double want[D], s[SKV], mx = -INFINITY, sum = 0;
+    for (int i = 0; i < D; i++)
+        q[i] = (float)((i * 37 % 19) - 9) / 16.0f;
+    for (int i = 0; i < SKV * D; i++) {
+        k[i] = (float)((i * 53 % 29) - 14) / 32.0f;
+        v[i] = (float)((i * 71 % 23) - 11) / 8.0f;
+    }
+    for (int j = 0; j < SKV; j++) {
+        s[j] = 0;
+        for (int d = 0; d < D; d++)
+            s[j] += (double)q[d] * k[j * D + d];
+        s[j] /= sqrt((double)D);
+        mx = s[j] > mx ? s[j] : mx;
+    }
+    for (int d = 0; d < D; d++)
+        want[d] = 0;
+    for (int j = 0; j < SKV; j++) {
+        const double e = exp(s[j] - mx);
+        sum += e;
+        for (int d = 0; d < D; d++)
+            want[d] += e * v[j * D + d];
+    }
+    static const int splits[3] = {1, 0, 4};
+    for (int i = 0; i < 3; i++) {
+        clattn_context *ctx = tu_context(); /* fresh: its workspace says what the call needed */
+        const int vals[7] = {1, 1, 0, 4, 16, splits[i], 1}; /* fused_direct reading K and V in place */
+        assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, vals, 7), CLATTN_SUCCESS);
+        clattn_attention_desc desc;
+        memset(&desc, 0, sizeof desc);
+        desc.batch = desc.heads_q = desc.heads_kv = desc.seq_q = 1;
+        desc.seq_kv = SKV;
+        desc.head_dim = D;
+        if (clattn_attention_host(ctx, &desc, CLATTN_F32, q, k, v, out, NULL) != CLATTN_SUCCESS)
+            fail_msg("SPLITS %d: %s", splits[i], clattn_last_error(ctx));
+        for (int d = 0; d < D; d++)
+            if (fabs(out[d] - want[d] / sum) > 2e-5 + 1e-4 * fabs(want[d] / sum))
+                fail_msg("SPLITS %d: out[%d] %.9g, expected %.9g", splits[i], d, out[d], want[d] / sum);
+        const size_t partials = (size_t)(D + 1) * 4; /* one split's O row and LSE */
+        print_message("SPLITS %d: workspace %zu bytes\n", splits[i], ctx->workspace_size);
+        if (splits[i] == 1 && ctx->workspace_size != 0)
+            fail_msg("SPLITS 1: a workspace of %zu bytes (partials of split keys)", ctx->workspace_size);
+        if (splits[i] != 1 && ctx->workspace_size < (splits[i] ? (size_t)splits[i] : 2) * partials)
+            fail_msg("SPLITS %d: a workspace of %zu bytes, too small for its partials", splits[i],
+                     ctx->workspace_size);
+        clattn_release(ctx);
+    }
+}
+
 #if defined(CLATTN_TUNE_PATH) || defined(CLATTN_BENCH_PATH) || defined(CLATTN_INFO_PATH)
 /* The file `name` of the test directory (a tool's output), NUL-terminated, cut at size - 1. */
 static void read_text(const char *name, char *buf, size_t size)
@@ -2004,6 +2061,7 @@ int main(void)
     tu_add_test("lookup/order", NULL, test_lookup_order, NULL);
     TU_ADD_TABLE("lookup/bad_env", test_bad_env, env_rows);
     tu_add_test("lookup/env_nreg16", NULL, test_env_nreg16, NULL);
+    tu_add_test("lookup/decode_splits", NULL, test_decode_splits, NULL);
     tu_add_test("tools/bench_env", NULL, test_bench_env, NULL);
     tu_add_test("tools/bench_peak", NULL, test_bench_peak, NULL);
     tu_add_test("tools/bench_masks", NULL, test_bench_masks, NULL);
