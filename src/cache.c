@@ -8,6 +8,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -56,6 +57,30 @@ FILE *clattn__create_temp(const char *tmp)
         remove(tmp);
     }
     return f;
+}
+
+void clattn__sweep_temps(const char *dir)
+{
+    /* Temporary files of writers that died between create and rename (cache entries, tuning
+     * stores): ours by their name, and left alone for an hour, which no live writer takes. */
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    const time_t old = time(NULL) - 3600;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        const size_t n = strlen(e->d_name);
+        if (n < 4 || strcmp(e->d_name + n - 4, ".tmp") != 0 ||
+            (!strstr(e->d_name, ".clbin.") && !strstr(e->d_name, ".tuning.")))
+            continue;
+        char path[4400];
+        struct stat st;
+        const int len = snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (len > 0 && (size_t)len < sizeof path && lstat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+            st.st_mtime < old)
+            unlink(path);
+    }
+    closedir(d);
 }
 
 /* mkdir -p; returns 0 when the directory exists afterwards. */
@@ -178,4 +203,5 @@ void clattn__cache_store(clattn_context *ctx, const char *hex, const unsigned ch
         ctx->stats.disk_writes++;
     else
         remove(tmp);
+    clattn__sweep_temps(ctx->cache_dir);
 }

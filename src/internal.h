@@ -226,6 +226,8 @@ void clattn__cache_init(clattn_context *ctx);
 int clattn__make_dirs(const char *path); /* mkdir -p; 0 when the directory exists */
 /* A new file at `tmp` for writing (fails if the name exists), not inherited by exec'd children. */
 FILE *clattn__create_temp(const char *tmp);
+/* Removes this library's temporary files in dir that are more than an hour old. */
+void clattn__sweep_temps(const char *dir);
 /* Returns a malloc'ed binary for the key or NULL (missing, corrupt, foreign: never fatal). */
 unsigned char *clattn__cache_load(clattn_context *ctx, const char *hex, size_t *size);
 void clattn__cache_store(clattn_context *ctx, const char *hex, const unsigned char *bin, size_t size);

@@ -391,5 +391,11 @@ int clattn__tuning_write(const char *path, const clattn_tuning_table *t, char *e
     if (!ok)
         snprintf(err, errsz, "cannot write %s: %s", path, strerror(errno));
     free(text);
+    char dir[4200];
+    const char *slash = strrchr(path, '/');
+    if (slash && (size_t)(slash - path) < sizeof dir) {
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+        clattn__sweep_temps(slash == path ? "/" : dir);
+    }
     return ok ? 0 : -1;
 }

@@ -1055,6 +1055,41 @@ static void test_restamped_other_program(void **state)
     }
 }
 
+/* =============================== temporary files left behind =============================== */
+
+/* A writer that died between creating its temporary file and renaming it leaves the file: the
+ * next store removes such files of ours once they are an hour old, and leaves a fresh one (a live
+ * writer's) and files that are not ours alone. */
+static void test_stale_temps_swept(void **state)
+{
+    (void)state;
+    static const char *const names[4] = {
+        "0123456789abcdef0123456789abcdef.clbin.4242.7f00.1234.0.tmp", /* ours, 2 hours old */
+        "0123456789abcdef.tuning.4242.7f00.1234.0.tmp",                 /* ours, 2 hours old */
+        "fedcba9876543210fedcba9876543210.clbin.4243.7f00.99.1.tmp",    /* ours, fresh */
+        "notes.tmp",                                                    /* not ours, 2 hours old */
+    };
+    char path[PATH_MAX + 128];
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", g_dir, names[i]);
+        write_whole(path, (const unsigned char *)"partial", 7);
+        if (i != 2) {
+            const struct timespec times[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
+            assert_int_equal(utimensat(AT_FDCWD, path, times, 0), 0);
+        }
+    }
+    clattn_context *ctx = new_context();
+    get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax"); /* builds and stores an entry */
+    assert_int_equal(ctx->stats.disk_writes, 1);
+    clattn_release(ctx);
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", g_dir, names[i]);
+        const int gone = access(path, F_OK) != 0;
+        if (gone != (i < 2))
+            fail_msg("%s was %s", names[i], gone ? "removed" : "left");
+    }
+}
+
 /* =============================== development variables =============================== */
 
 /* CLATTN_BUILD_OPTIONS too long for the options the library passes: a clear BUILD_FAILED naming
@@ -1134,6 +1169,7 @@ int main(int argc, char **argv)
     TU_ADD_TABLE("damaged", test_damaged, damage_rows);
     tu_add_test("damaged/huge_payload_size_no_allocation", NULL, test_huge_payload_no_allocation, NULL);
     tu_add_test("damaged/restamped_other_program", NULL, test_restamped_other_program, NULL);
+    tu_add_test("damaged/stale_temporary_files_swept", NULL, test_stale_temps_swept, NULL);
     tu_add_test("off/no_file_written_none_read", NULL, test_cache_off, NULL);
     TU_ADD_TABLE("off/env_flag", test_env_flag, flag_rows);
     TU_ADD_TABLE("unwritable", test_unwritable, unwritable_rows);
