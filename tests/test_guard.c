@@ -15,6 +15,7 @@
  * decode_lanes, work-group softmax and merge), whose edge tiles are the ones GPUs run. Shapes have
  * tails everywhere: keys, rows and head dims that are not multiples of any tile or vector width.
  * Every result is compared with the float64 reference (tests/ref.c) on the stored inputs.
+ * sweep/random_shapes then runs CLATTN_GUARD_SWEEP (default 16) random shapes the same way.
  *
  * Whether the device uses the host memory directly is probed first (a kernel's write must show in
  * the host array with no map or read); where it does not (a GPU copies), the guards are not reached
@@ -187,7 +188,7 @@ typedef struct gcase {
     int at_start; /* the tensors begin right after a guard page (else they end right before one) */
     int tiled;    /* 1: the generic GPU parameters instead of the device's defaults; 2: those
                    * with decode_rows (DECODE DIRECT 2) for decode shapes */
-    char name[96];
+    char name[256];
 } gcase;
 
 static gcase g_cases[N_OF(rows) * 6];
@@ -497,6 +498,59 @@ static void test_guard(void **state)
         fail_msg("%d check(s) failed", tu_failures);
 }
 
+/* Random shapes (CLATTN_GUARD_SWEEP of them, default 16; 150 ran clean when this was written)
+ * from a few head dims, so that kernel builds stay few: each runs as a table row would, with a
+ * random end and parameter mode, its shape printed first. */
+static void test_sweep(void **state)
+{
+    (void)state;
+    const int n = tu_getenv_int("CLATTN_GUARD_SWEEP", 16);
+    static const int dims[4] = {16, 59, 64, 128};
+    static const clattn_dtype dts[3] = {F32, F16, BF16};
+    tu_rng rng;
+    tu_seed(&rng, tu_seed_of("sweep"));
+    for (int it = 0; it < n; it++) {
+        grow r;
+        memset(&r, 0, sizeof r);
+        r.name = "sweep";
+        const double pick = tu_uniform(&rng, 0, 1);
+        r.op = pick < 0.7 ? G_FUSED : pick < 0.85 ? G_UNFUSED : pick < 0.93 ? G_SOFTMAX : G_MERGE;
+        r.Hkv = 1 + (int)tu_uniform(&rng, 0, 3);
+        r.Hq = r.Hkv * (1 + (int)tu_uniform(&rng, 0, tu_uniform(&rng, 0, 1) < 0.3 ? 16 : 3));
+        r.B = 1 + (int)tu_uniform(&rng, 0, 3);
+        r.Sq = tu_uniform(&rng, 0, 1) < 0.5 ? 1 + (int)tu_uniform(&rng, 0, 16) : 17 + (int)tu_uniform(&rng, 0, 120);
+        r.Skv = 1 + (int)tu_uniform(&rng, 0, tu_uniform(&rng, 0, 1) < 0.2 ? 3000 : 300);
+        r.D = dims[(int)tu_uniform(&rng, 0, 4)];
+        r.Dv = tu_uniform(&rng, 0, 1) < 0.7 ? r.D : dims[(int)tu_uniform(&rng, 0, 4)];
+        r.dt = r.op == G_FUSED || r.op == G_UNFUSED ? dts[(int)tu_uniform(&rng, 0, 3)] : F32;
+        r.causal = tu_uniform(&rng, 0, 1) < 0.4;
+        r.mask = tu_uniform(&rng, 0, 1) < 0.3;
+        r.kvlen = r.B <= 4 && tu_uniform(&rng, 0, 1) < 0.3;
+        r.lse = tu_uniform(&rng, 0, 1) < 0.7;
+        r.probs = r.op == G_UNFUSED && tu_uniform(&rng, 0, 1) < 0.7;
+        r.probs_dt = tu_uniform(&rng, 0, 1) < 0.5 ? F32 : F16;
+        r.parts = 1 + (int)tu_uniform(&rng, 0, 3);
+        if (r.op == G_MERGE)
+            r.Hkv = r.Hq;
+        gcase c;
+        memset(&c, 0, sizeof c);
+        c.r = &r;
+        c.at_start = tu_uniform(&rng, 0, 1) < 0.5;
+        c.tiled = (int)tu_uniform(&rng, 0, 3);
+        snprintf(c.name, sizeof c.name, "sweep %d: op %d B%d Hq%d Hkv%d Sq%d Skv%d D%d Dv%d dt %d causal %d mask %d "
+                 "kvlen %d lse %d probs %d/%d parts %d %s mode %d", it, (int)r.op, r.B, r.Hq, r.Hkv, r.Sq, r.Skv,
+                 r.D, r.Dv, (int)r.dt, r.causal, r.mask, r.kvlen, r.lse, r.probs, (int)r.probs_dt, r.parts,
+                 c.at_start ? "start" : "end", c.tiled);
+        print_message("%s\n", c.name);
+        void *st = &c;
+        test_guard(&st);
+        tu_finish(tu_ctx);
+        release_guarded();
+        force_tiled(0);
+        tu_teardown(NULL); /* this shape's host arrays */
+    }
+}
+
 int main(void)
 {
     tu_set_fixtures(NULL, teardown_guard);
@@ -514,6 +568,7 @@ int main(void)
                 snprintf(c->name, sizeof c->name, "%s_%s/%s", modes[tiled], at_start ? "start" : "end", rows[i].name);
                 tu_add_test(c->name, NULL, test_guard, c);
             }
+    tu_add_test("sweep/random_shapes", NULL, test_sweep, NULL);
     const int failed = tu_run_tests("guard");
     clattn_release(tu_ctx);
     return failed;
