@@ -248,6 +248,29 @@ static void tolerances(clattn_dtype dt, double *atol, double *rtol)
     *rtol = dt == F16 ? 0x1p-11 : dt == BF16 ? 0x1p-8 : 1e-4;
 }
 
+/* The call and its float64 reference for a row's shape (no mask, lse or key lengths yet). */
+static void describe(const grow *r, clattn_attention_desc *desc, ref_attn *a)
+{
+    memset(desc, 0, sizeof *desc);
+    desc->batch = r->B;
+    desc->heads_q = r->Hq;
+    desc->heads_kv = r->Hkv;
+    desc->seq_q = r->Sq;
+    desc->seq_kv = r->Skv;
+    desc->head_dim = r->D;
+    desc->head_dim_v = r->Dv;
+    desc->causal = r->causal;
+    memset(a, 0, sizeof *a);
+    a->batch = r->B;
+    a->heads_q = r->Hq;
+    a->heads_kv = r->Hkv;
+    a->seq_q = r->Sq;
+    a->seq_kv = r->Skv;
+    a->head_dim = r->D;
+    a->head_dim_v = r->Dv;
+    a->causal = r->causal;
+}
+
 static void run_attention(const gcase *c, tu_rng *rng)
 {
     const grow *r = c->r;
@@ -265,26 +288,9 @@ static void run_attention(const gcase *c, tu_rng *rng)
     void *zeros = tu_xalloc((np > no ? np : no) * 4 + 4 * (size_t)r->B);
     cl_mem mo = guard_buffer("out", zeros, no * es, s);
     clattn_attention_desc desc;
-    memset(&desc, 0, sizeof desc);
-    desc.batch = r->B;
-    desc.heads_q = r->Hq;
-    desc.heads_kv = r->Hkv;
-    desc.seq_q = r->Sq;
-    desc.seq_kv = r->Skv;
-    desc.head_dim = r->D;
-    desc.head_dim_v = r->Dv;
-    desc.causal = r->causal;
-    desc.algorithm = r->op == G_UNFUSED ? CLATTN_ALGORITHM_UNFUSED : CLATTN_ALGORITHM_FUSED;
     ref_attn a;
-    memset(&a, 0, sizeof a);
-    a.batch = r->B;
-    a.heads_q = r->Hq;
-    a.heads_kv = r->Hkv;
-    a.seq_q = r->Sq;
-    a.seq_kv = r->Skv;
-    a.head_dim = r->D;
-    a.head_dim_v = r->Dv;
-    a.causal = r->causal;
+    describe(r, &desc, &a);
+    desc.algorithm = r->op == G_UNFUSED ? CLATTN_ALGORITHM_UNFUSED : CLATTN_ALGORITHM_FUSED;
     clattn_tensor tmask, tlse, tprobs;
     if (r->mask) { /* [1][1][Sq][Skv], a tenth of the keys hidden but the first */
         float *m = fill(rng, F32, nm, -2, 2, &xm);
@@ -347,14 +353,8 @@ static void run_scores(const gcase *c, tu_rng *rng)
     for (int b = 0; b < r->B; b++)
         kvl[b] = b == 0 ? r->Skv / 2 : r->Skv;
     clattn_attention_desc desc;
-    memset(&desc, 0, sizeof desc);
-    desc.batch = r->B;
-    desc.heads_q = r->Hq;
-    desc.heads_kv = r->Hkv;
-    desc.seq_q = r->Sq;
-    desc.seq_kv = r->Skv;
-    desc.head_dim = r->D;
-    desc.causal = r->causal;
+    ref_attn a;
+    describe(r, &desc, &a);
     clattn_tensor tmask = clattn_tensor_bhsd(guard_buffer("mask", m, nm * 4, s), F32, 1, 1, r->Sq, r->Skv);
     desc.mask = &tmask;
     desc.kv_lengths = guard_buffer("kv_lengths", kvl, 4 * (size_t)r->B, s);
@@ -365,15 +365,6 @@ static void run_scores(const gcase *c, tu_rng *rng)
     if (clattn_scores(tu_ctx, &desc, &tq, &tk, &ts, 0, NULL, NULL) != CLATTN_SUCCESS)
         fail_msg("clattn_scores: %s", clattn_last_error(tu_ctx));
     tu_finish(tu_ctx);
-    ref_attn a;
-    memset(&a, 0, sizeof a);
-    a.batch = r->B;
-    a.heads_q = r->Hq;
-    a.heads_kv = r->Hkv;
-    a.seq_q = r->Sq;
-    a.seq_kv = r->Skv;
-    a.head_dim = r->D;
-    a.causal = r->causal;
     a.mask = xm;
     a.mask_shape[0] = a.mask_shape[1] = 1;
     a.mask_shape[2] = r->Sq;
