@@ -73,6 +73,57 @@ static void test_round_trip(void **state)
     clattn__tuning_free(&u);
 }
 
+/* A file with thousands of entries, many of them for the same bucket, reads as the table that
+ * clattn__tuning_put (a linear scan: the independent check) makes of the same entries in the same
+ * order: one entry a bucket, where the bucket first appeared, holding its last values. The
+ * parser indexes buckets by hash; this row covers its collisions, growth and replacements. */
+static void test_many_entries(void **state)
+{
+    (void)state;
+    static const int dims[5] = {-1, 1, 64, 128, 256};
+    static const int logs[4] = {-1, 0, 10, 30};
+    clattn_tuning_table want;
+    memset(&want, 0, sizeof want);
+    const size_t cap = 64 + 6000 * 160;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    size_t len = (size_t)snprintf(text, cap, "clattn-tuning 1\ndevice x\n");
+    uint32_t seed = 12345;
+    for (int k = 0; k < 6000; k++) {
+        uint32_t r[8];
+        for (int i = 0; i < 8; i++)
+            r[i] = (seed = seed * 1664525u + 1013904223u) >> 8;
+        clattn_tuning_entry e;
+        memset(&e, 0, sizeof e);
+        e.op = (clattn_op)(r[0] % CLATTN_OP_COUNT);
+        e.dtype = (int)(r[1] % 4) - 1;
+        e.head_dim = dims[r[2] % 5];
+        e.mask_kind = (int)(r[3] % 4) - 1;
+        e.sq_class = (int)(r[4] % 5) - 1;
+        e.log2_skv = logs[r[5] % 4];
+        e.n = clattn__param_count(e.op);
+        for (int i = 0; i < e.n; i++)
+            e.v[i] = (int)((r[6] >> i) % ((uint32_t)clattn__param_max(e.op, i) + 1));
+        assert_int_equal(clattn__tuning_put(&want, &e), 0);
+        char line[160];
+        clattn__tuning_entry_text(&e, line, sizeof line);
+        len += (size_t)snprintf(text + len, cap - len, "%s\n", line);
+        assert_true(len < cap);
+    }
+    /* 6 ops x 4 x 5 x 4 x 5 x 4 buckets: the 6000 lines repeat some and miss others. */
+    assert_true(want.n > 2000 && want.n < 5000);
+    clattn_tuning_table got;
+    char err[200] = "";
+    if (clattn__tuning_parse(text, len, &got, err, sizeof err) != 0)
+        fail_msg("parse: %s", err);
+    assert_int_equal(got.n, want.n);
+    for (int i = 0; i < got.n; i++)
+        assert_memory_equal(&got.e[i], &want.e[i], sizeof got.e[i]);
+    free(text);
+    clattn__tuning_free(&want);
+    clattn__tuning_free(&got);
+}
+
 typedef struct bad_row {
     const char *name;
     const char *text;
@@ -2054,6 +2105,7 @@ static void test_decode_kernel_choice(void **state)
 int main(void)
 {
     tu_add_test("format/round_trip", NULL, test_round_trip, NULL);
+    tu_add_test("format/many_entries", NULL, test_many_entries, NULL);
     TU_ADD_TABLE("format/bad", test_bad_file, bad_rows);
     tu_add_test("format/comments", NULL, test_comments, NULL);
     tu_add_test("format/nul_long_random", NULL, test_nul_and_long_lines, NULL);
