@@ -10,13 +10,13 @@
 # Needs root (or sudo) and network access to deb.debian.org for the first run. Without them it
 # says why and exits 0 (tools/test.sh runs it as an optional step); CLATTN_REQUIRE_32=1 makes that
 # a failure. A failing test always fails. CTEST_REGEX picks the tests (default: the validation,
-# size, failure, limit, tuning, cache, device and softmax suites, about 5 minutes with a cold kernel
-# cache).
+# size, failure, limit, tuning, cache, device and softmax suites and the guard-page one, about 12
+# minutes with a cold kernel cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
 root=$src/build-i386/root
-tests=${1:-'^test_(status|reference|bad_input|failures|limits|limits_rows|tuning|cache|device|softmax)$'}
+tests=${1:-'^test_(status|reference|bad_input|failures|limits|limits_rows|tuning|cache|device|softmax|guard)$'}
 
 unavailable() {
   echo "test32: skipped: $1"
