@@ -186,7 +186,8 @@ CLATTN_API void clattn_release(clattn_context *ctx);
  * @return the one-line message of the last failure on `ctx` (with the build log appended after a
  * newline for CLATTN_BUILD_FAILED), valid until the next call on `ctx`; "" when the last call
  * succeeded. With ctx NULL: the last failure on this thread of a call that has no context
- * (clattn_create, clattn_create_from_queue, clattn_select_device, clattn_device_key) or was given none.
+ * (clattn_create, clattn_create_from_queue, clattn_select_device, clattn_device_key) or was given none;
+ * a later success does not clear it.
  */
 CLATTN_API const char *clattn_last_error(const clattn_context *ctx);
 /** @return the raw cl_int of the last failing OpenCL call on `ctx` (CL_SUCCESS if none). */

@@ -2,6 +2,7 @@
 #include "internal.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,6 +212,26 @@ const char *clattn__device_refusal(const char *name)
     return NULL;
 }
 
+/* OpenCL's first use in a process, once, before any thread's own queries. PoCL 3.1 initialises its
+ * devices on the first clGetPlatformIDs or clGetDeviceIDs without a lock: threads that get there
+ * at once see no device (CL_DEVICE_NOT_FOUND) or crash in its device setup (SIGSEGV). Measured
+ * here: four threads creating their first contexts together failed in 20 of 20 processes, with
+ * this in none. Other implementations do the same work once for nothing. */
+static pthread_once_t opencl_first_use = PTHREAD_ONCE_INIT;
+
+static void opencl_start(void)
+{
+    cl_platform_id plats[MAX_PLATFORMS];
+    cl_uint nplat = 0;
+    if (clGetPlatformIDs(MAX_PLATFORMS, plats, &nplat) != CL_SUCCESS)
+        return;
+    for (cl_uint pi = 0; pi < nplat && pi < MAX_PLATFORMS; pi++) {
+        cl_device_id devs[MAX_DEVICES];
+        cl_uint ndev = 0;
+        (void)clGetDeviceIDs(plats[pi], CL_DEVICE_TYPE_ALL, MAX_DEVICES, devs, &ndev);
+    }
+}
+
 static void say(char *why, size_t size, const char *fmt, const char *a, const char *b,
                 unsigned p, unsigned d)
 {
@@ -239,6 +260,7 @@ clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, c
             spec = NULL;
     }
 
+    pthread_once(&opencl_first_use, opencl_start);
     cl_platform_id plats[MAX_PLATFORMS];
     cl_uint nplat = 0;
     cl_int err = clGetPlatformIDs(MAX_PLATFORMS, plats, &nplat);
@@ -276,11 +298,19 @@ clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, c
     unsigned first_pi = 0, first_di = 0;
     /* The first device that matched but that clattn does not run on (clattn__device_refusal). */
     char refused[1024] = "";
+    /* The first platform whose devices could not be listed, for a message if nothing matches (a
+     * platform without devices answers CL_DEVICE_NOT_FOUND, which is no error). */
+    char unlisted[160] = "";
     for (cl_uint pi = 0; pi < nplat; pi++) {
         cl_device_id devs[MAX_DEVICES];
         cl_uint ndev = 0;
-        if (clGetDeviceIDs(plats[pi], CL_DEVICE_TYPE_ALL, MAX_DEVICES, devs, &ndev) != CL_SUCCESS)
+        err = clGetDeviceIDs(plats[pi], CL_DEVICE_TYPE_ALL, MAX_DEVICES, devs, &ndev);
+        if (err != CL_SUCCESS) {
+            if (err != CL_DEVICE_NOT_FOUND && !unlisted[0])
+                snprintf(unlisted, sizeof unlisted, "; listing the devices of platform %u failed (clGetDeviceIDs: %s)",
+                         (unsigned)pi, clattn__cl_error_name(err));
             continue;
+        }
         if (ndev > MAX_DEVICES)
             ndev = MAX_DEVICES;
         char pname[256];
@@ -342,11 +372,11 @@ clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, c
         return CLATTN_SUCCESS;
     }
     if (refused[0])
-        return clattn__fail(NULL, CLATTN_UNSUPPORTED, "%s device clattn can run on: %s",
-                            spec ? "the device spec matches no" : "no", refused);
+        return clattn__fail(NULL, CLATTN_UNSUPPORTED, "%s device clattn can run on: %s%s",
+                            spec ? "the device spec matches no" : "no", refused, unlisted);
     if (kind == ANY)
-        return clattn__fail(NULL, CLATTN_NO_DEVICE, "no OpenCL device found on %u platform(s)",
-                            (unsigned)nplat);
-    return clattn__fail(NULL, CLATTN_NO_DEVICE, "device spec \"%s\" (from %s) matches no OpenCL device",
-                        spec, source);
+        return clattn__fail(NULL, CLATTN_NO_DEVICE, "no OpenCL device found on %u platform(s)%s",
+                            (unsigned)nplat, unlisted);
+    return clattn__fail(NULL, CLATTN_NO_DEVICE, "device spec \"%s\" (from %s) matches no OpenCL device%s",
+                        spec, source, unlisted);
 }

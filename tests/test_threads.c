@@ -18,6 +18,12 @@
  *   threads/create_errors          clattn_create failing in every thread at once: each thread's
  *                                  clattn_last_error(NULL) names its own spec (the message without
  *                                  a context is per thread).
+ *   processes/first_create         OpenCL's first use in a process from several threads at once: in
+ *                                  each of PROCESSES fresh processes (fork + exec, nothing of
+ *                                  OpenCL touched before), THREADS threads call clattn_create at
+ *                                  the same moment; every one must succeed (PoCL 3.1 set up its
+ *                                  devices unlocked: the threads saw no device, or it crashed), and
+ *                                  each context then runs a problem that matches the reference.
  *   processes/shared_cache_dir     two processes (fork + exec of this binary, so each starts OpenCL
  *                                  from scratch) share one fresh cache directory, start together,
  *                                  both build, both check their results against the reference; the
@@ -446,6 +452,74 @@ static void test_shared_cache_dir(void **state)
     tu_remove_tree(dir);
 }
 
+/* ---- processes/first_create ---- */
+
+typedef struct creator {
+    pthread_barrier_t *start;
+    clattn_context *ctx;
+    clattn_status status;
+    char why[512];
+} creator;
+
+static void *first_create_worker(void *arg)
+{
+    creator *c = arg;
+    pthread_barrier_wait(c->start);
+    c->status = clattn_create(NULL, &c->ctx);
+    if (c->status != CLATTN_SUCCESS)
+        snprintf(c->why, sizeof c->why, "%s", clattn_last_error(NULL));
+    return NULL;
+}
+
+/* Child mode: wait for the start, then THREADS threads create this process's first contexts at
+ * once; then, one context at a time (the PoCL 3.1 launch bug in the header of this file), each
+ * runs a problem. Exit status 0 when every creation succeeded and every result matched. */
+static int first_create_child_main(int ready_fd, int start_fd)
+{
+    if (tu_child_ready_then_wait(ready_fd, start_fd))
+        return 3;
+    pthread_barrier_t start;
+    if (pthread_barrier_init(&start, NULL, THREADS) != 0)
+        return 4;
+    creator c[THREADS];
+    memset(c, 0, sizeof c);
+    pthread_t tid[THREADS];
+    for (int i = 0; i < THREADS; ++i) {
+        c[i].start = &start;
+        if (pthread_create(&tid[i], NULL, first_create_worker, &c[i]) != 0) {
+            fprintf(stderr, "child %ld: pthread_create failed\n", (long)getpid());
+            _exit(5); /* the threads already started wait at the barrier for ever */
+        }
+    }
+    for (int i = 0; i < THREADS; ++i)
+        pthread_join(tid[i], NULL);
+    pthread_barrier_destroy(&start);
+    int failed = 0;
+    for (int i = 0; i < THREADS; ++i) {
+        char why[512] = "";
+        if (c[i].status != CLATTN_SUCCESS) {
+            fprintf(stderr, "child %ld thread %d: clattn_create: %s: %s\n", (long)getpid(), i,
+                    clattn_status_name(c[i].status), c[i].why);
+            failed = 1;
+        } else if (run_process_shapes(c[i].ctx, (size_t)i, why, sizeof why) != 0) {
+            fprintf(stderr, "child %ld thread %d: %s\n", (long)getpid(), i, why);
+            failed = 1;
+        }
+        clattn_release(c[i].ctx);
+    }
+    return failed;
+}
+
+static void test_first_create(void **state)
+{
+    (void)state;
+    clattn_release(tu_context()); /* skip here, not in the children, without a device */
+    int forked = 0, got = 0;
+    const int failures = tu_run_children("test_threads", "--first-create-child", PROCESSES, &forked, &got);
+    if (forked != PROCESSES || got != PROCESSES || failures != 0)
+        fail_msg("forked %d of %d, %d ready, %d failed", forked, PROCESSES, got, failures);
+}
+
 /* ---- processes/shared_tuning_dir ---- */
 
 /* Process k's result of round r: its own operation (fused, or decode with its seventh value),
@@ -732,6 +806,8 @@ int main(int argc, char **argv)
 {
     if (argc == 4 && strcmp(argv[1], "--process-child") == 0)
         return child_main(atoi(argv[2]), atoi(argv[3]));
+    if (argc == 4 && strcmp(argv[1], "--first-create-child") == 0)
+        return first_create_child_main(atoi(argv[2]), atoi(argv[3]));
     if (argc == 4 && strcmp(argv[1], "--tuning-child") == 0)
         return tuning_child_main(atoi(argv[2]), atoi(argv[3]));
     const char *e = getenv("CLATTN_CACHE_DIR");
@@ -743,6 +819,7 @@ int main(int argc, char **argv)
     tu_add_test("threads/fresh_cache_dir", NULL, test_fresh_cache_dir, NULL);
     tu_add_test("threads/shared_queue", NULL, test_shared_queue, NULL);
     tu_add_test("threads/create_errors", NULL, test_create_errors, NULL);
+    tu_add_test("processes/first_create", NULL, test_first_create, NULL);
     tu_add_test("processes/shared_cache_dir", NULL, test_shared_cache_dir, NULL);
     tu_add_test("processes/shared_tuning_dir", NULL, test_shared_tuning_dir, NULL);
     const int failed = tu_run_tests("threads");
