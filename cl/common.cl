@@ -432,6 +432,24 @@ inline void store4_row(__global T_OUT *p, int col, float4 x, int n)
 }
 #endif
 
+/* O from its accumulator, which every kernel that sums weights·V keeps at half scale: the
+ * weights, rounded, can sum to a few ulp over 1, and V rows at ±FLT_MAX (all of one sign) then
+ * overflowed to ±Inf (or NaN, Inf - Inf, in a later rescaling) where the exact result is a
+ * convex combination of V rows, at most FLT_MAX. At half scale the sums stay finite; doubling is
+ * exact, and where only the doubling overflows (the half was finite, so every V was) the result
+ * is ±FLT_MAX. An Inf in a visible V row made the half Inf already, and stays Inf; NaN stays. */
+#define O_WEIGHT 0.5f
+#define DEFINE_O_FROM_HALF(NAME, FT)                                                             \
+    inline FT NAME(FT h)                                                                         \
+    {                                                                                            \
+        const FT o = h + h;                                                                      \
+        return select(o, copysign((FT)(FLT_MAX), h), isinf(o) & isfinite(h));                    \
+    }
+DEFINE_O_FROM_HALF(o_from_half, float)
+DEFINE_O_FROM_HALF(o_from_half4, float4)
+DEFINE_O_FROM_HALF(o_from_half8, float8)
+DEFINE_O_FROM_HALF(o_from_half16, float16)
+
 /* The weight p of a key whose score is -inf (hidden by the mask, the key length or causality): -0,
  * which P·V skips (IS_HIDDEN) so that NaN or Inf in the key's V never reach O. A visible key whose
  * weight underflows to +0 is multiplied like any other: NaN in its V makes the row NaN, as in

@@ -293,7 +293,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
                 if (n0 + e >= nk)
                     break;
                 for (int i = 0; i < RM; i++) {
-                    const float p = Pr(g, i, n0 + e) * inv[i];
+                    const float p = Pr(g, i, n0 + e) * (O_WEIGHT * inv[i]); /* o at half scale */
                     if (!IS_HIDDEN(p))
                         o[i] = MAD((float4)(p), v[e], o[i]);
                 }
@@ -339,7 +339,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
         /* No visible key: exactly 0 and LSE -inf; all-NaN scores leave m = -inf but l = NaN. */
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
-        store4_row(orow, c, empty ? (float4)(0.0f) : o[i], DV);
+        store4_row(orow, c, empty ? (float4)(0.0f) : o_from_half4(o[i]), DV);
         if (has_lse && j == 0)
             LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] =
                 empty ? NEG_INF : m[i] + log(l[i]);

@@ -329,7 +329,7 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
                 o[i][c] *= keep;
 #pragma unroll
             for (int u = 0; u < KU; u++) {
-                const float p = s[i][u] * inv;
+                const float p = s[i][u] * (O_WEIGHT * inv); /* o at half scale */
                 if (!IS_HIDDEN(p)) {
 #pragma unroll
                     for (int c = 0; c < CVN; c++)
@@ -387,7 +387,7 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
 #pragma unroll
         for (int c = 0; c < CVN; c++)
-            store4_row(orow, 4 * (j + LANES * c), empty ? (float4)(0.0f) : o[i][c], DV);
+            store4_row(orow, 4 * (j + LANES * c), empty ? (float4)(0.0f) : o_from_half4(o[i][c]), DV);
         if (has_lse && j == 0)
             LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = empty ? NEG_INF : m[i] + log(l[i]);
     }

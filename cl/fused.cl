@@ -20,8 +20,8 @@
  * computed. The scale multiplies the dot products (as in the unfused path), and the row maximum
  * is subtracted before the multiplication by log2(e) that exp2 needs, so any finite logit works.
  * O is kept normalised after every tile, o' = o·(l·α/l') + Σ (p/l')·v with the tile's row sums
- * reduced before P·V: a convex combination of V rows, which cannot overflow whatever seq_kv and
- * |V| are. */
+ * reduced before P·V: a convex combination of V rows, kept at half scale (O_WEIGHT, common.cl)
+ * so that rounding cannot take it past FLT_MAX whatever seq_kv and |V| are. */
 
 #ifndef WGX
 #define WGX 8 /* work-items across keys (S) and across head_dim_v (O) */
@@ -341,7 +341,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
                  group, seq_q, R, r0, D);
 
     /* Per-row state of this work-item's rows: running max m and sum l of e^(s - m);
-     * o is kept normalised (a convex combination of V rows: it cannot overflow). */
+     * o is kept normalised (a convex combination of V rows, at half scale: it cannot overflow). */
     float m[RM], l[RM], keep[RM];
     int rend[RM]; /* one past the last key the row may see */
     ulong mrow[RM];
@@ -513,8 +513,9 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
-        /* New sum l' = l·alpha + Σ p; o' = o·(l·alpha/l') + Σ (p/l')·v. l' is 0 while the row has
-         * seen no key (o stays 0) and NaN once a score was NaN. */
+        /* New sum l' = l·alpha + Σ p; o' = o·(l·alpha/l') + Σ (p/l')·v, o at half scale (the
+         * weights times O_WEIGHT, o_from_half4 at the store). l' is 0 while the row has seen no
+         * key (o stays 0) and NaN once a score was NaN. */
         float inv[RM];
         for (int i = 0; i < RM; i++) {
             float ts = rsum[ty * RM + i][0];
@@ -537,7 +538,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
             for (int n = 0; n < nkeys4; n += 4) {
                 float p[RM][4];
                 for (int i = 0; i < RM; i++)
-                    vstore4(vload4(0, &Ps[ty * RM + i][n]) * inv[i], 0, p[i]);
+                    vstore4(vload4(0, &Ps[ty * RM + i][n]) * (O_WEIGHT * inv[i]), 0, p[i]);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     floatV vv[NV];
@@ -555,7 +556,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
             for (int n = 0; n < BN; n += 4) {
                 float p[RM][4];
                 for (int i = 0; i < RM; i++)
-                    vstore4(vload4(0, &Ps[ty * RM + i][n]) * inv[i], 0, p[i]);
+                    vstore4(vload4(0, &Ps[ty * RM + i][n]) * (O_WEIGHT * inv[i]), 0, p[i]);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     floatV vv[NV];
@@ -585,7 +586,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
             float t[VW];
             vstoreV(empty ? (floatV)(0.0f) : o[i][c], 0, t);
             for (int q = 0; q < VW; q += 4)
-                store4_row(orow, VW * (tx + WGX * c) + q, vload4(0, t + q), DV);
+                store4_row(orow, VW * (tx + WGX * c) + q, o_from_half4(vload4(0, t + q)), DV);
         }
         if (has_lse && tx == 0)
             LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] =
@@ -625,7 +626,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
  * Numerics: the scale and mask are applied in natural units and the maximum is subtracted before
  * the multiplication by log2(e), so any finite logit works (no overflow near FLT_MAX). O is kept
  * normalised after every block, o' = o·(l·α/l') + Σ (p/l')·v, a convex combination of V rows
- * that cannot overflow whatever seq_kv and |V| are. The reference m is not always the running
+ * at half scale (O_WEIGHT) that cannot overflow whatever seq_kv and |V| are. The reference m is not always the running
  * maximum: it moves only when a score passes it by more than REF_SLACK, so most blocks skip the
  * row maximum and the exponential of the rescaling; p <= 2^8 in between, and the result is the
  * same since the reference cancels. Hidden keys get s = -inf, p = -0, and are skipped in P·V so
@@ -976,7 +977,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         for (int v = 0; v < nv; v++) {
             ROWS_LOOP
             for (int i = 0; i < RM; i++)
-                sb[i].v[v] *= inv[i];
+                sb[i].v[v] *= O_WEIGHT * inv[i]; /* o at half scale: o_from_half16 at the store */
         }
 
         /* P·V: the keys of 16-key vectors in which no row hides a key go without a check, those
@@ -1119,7 +1120,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         float ob[16 * DV16];
 #pragma unroll
         for (int c = 0; c < DV16; c++) {
-            const float16 x = empty ? (float16)(0.0f) : o[i][c];
+            const float16 x = empty ? (float16)(0.0f) : o_from_half16(o[i][c]);
 #if DT_OUT == 0
             if (16 * c + 15 < DV) {
                 vstore16(x, 0, orow + 16 * c);
@@ -1612,8 +1613,8 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
             const float16 keep = select(lo * alpha * inv, lnew, isnan(lnew));
             for (int c = 0; c < DV; c++)
                 ot[c * LANES + lv].v *= keep;
-            for (int n = 0; n < nkeys; n++)
-                sbk[n * LANES + lv].v *= inv;
+            for (int n = 0; n < nkeys; n++) /* o at half scale: o_from_half at the store */
+                sbk[n * LANES + lv].v *= O_WEIGHT * inv;
             m[lv].v = select(mo, mx, up);
             l[lv].v = lnew;
         }
@@ -1662,7 +1663,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         const int empty = mi == NEG_INF && !isnan(li);
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
         for (int c = 0; c < DV; c++)
-            ST_OUT(orow, c, empty ? 0.0f : ot[c * LANES + lv].f[e]);
+            ST_OUT(orow, c, empty ? 0.0f : o_from_half(ot[c * LANES + lv].f[e]));
         if (has_lse)
             LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = empty ? NEG_INF : mi + log(li);
     }

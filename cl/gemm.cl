@@ -5,7 +5,8 @@
  *   Kᵀ [D][Skv] (f32, written once per call by transpose_k) and loads like P·V's B: no
  *   element-wise transposition per tile, which on CPUs costs as much as the tile's arithmetic.
  * MODE 1 (P·V):    A = P [Sq][Skv], B = V [Skv][Dv], C = out [Sq][Dv]; the key loop stops at the
- *   last key any row of the tile can see, and hidden keys never touch C (0·NaN would).
+ *   last key any row of the tile can see, and hidden keys never touch C (0·NaN would); C is
+ *   summed at half scale (P times O_WEIGHT) and doubled at the store (o_from_half, common.cl).
  *
  * z = GROUP_ID(2) = b·heads + h; B is read from kv head h / group.
  * A work-group computes a TM x TN tile of C; work-item (tx, ty) owns rows ty·RM .. ty·RM+RM-1 and
@@ -117,6 +118,9 @@ gemm(GEMM_KERNEL_ARGS(T_IN))
                     x = (float4)(k < kend ? LD_A(src, 0) : 0.0f, k + 1 < kend ? LD_A(src, 1) : 0.0f,
                                  k + 2 < kend ? LD_A(src, 2) : 0.0f, 0.0f);
             }
+#if MODE == 1 /* C at half scale (common.cl, o_from_half): -0 stays -0 */
+            x *= O_WEIGHT;
+#endif
             vstore4(x, 0, &As[r][c]);
         }
 #if MODE == 0 && !KT
@@ -232,12 +236,14 @@ gemm(GEMM_KERNEL_ARGS(T_IN))
                     ST_OUT(Cb, (ulong)m * c_ss + n + e, n + e < cend ? y : NEG_INF);
                 }
 #else
+                const float4 x = o_from_half4(vload4(0, v + q));
                 if (n + 3 < N) {
-                    ST4_OUT(Cb, (ulong)m * c_ss + n, vload4(0, v + q));
+                    ST4_OUT(Cb, (ulong)m * c_ss + n, x);
                     continue;
                 }
+                const float xs[4] = {x.s0, x.s1, x.s2, x.s3};
                 for (int e = 0; e < 4 && n + e < N; e++)
-                    ST_OUT(Cb, (ulong)m * c_ss + n + e, v[q + e]);
+                    ST_OUT(Cb, (ulong)m * c_ss + n + e, xs[e]);
 #endif
             }
         }
@@ -387,11 +393,12 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void widen_v(WIDEN_ARGS)
     const int L = keys_of_batch(kvlen, b, seq_kv);                                               \
     __global const T_A *Ab = A + a_off + (ulong)b * a_sb + (ulong)h * a_sh
 
-/* acc[i][s] += A[row i][k] · bv[s] over a direct kernel's RM x NS register tile (arow: the
- * rows of A); a macro, so that acc stays in registers whatever the compiler inlines. */
-#define MAD_TILE(acc, arow, k, bv)                                                               \
+/* acc[i][s] += w·A[row i][k] · bv[s] over a direct kernel's RM x NS register tile (arow: the
+ * rows of A, w 1 or O_WEIGHT); a macro, so that acc stays in registers whatever the compiler
+ * inlines. */
+#define MAD_TILE(acc, arow, k, bv, w)                                                            \
     _Pragma("unroll") for (int i_ = 0; i_ < RM; i_++) {                                          \
-        const float a_ = LD_A((arow)[i_], (k));                                                  \
+        const float a_ = LD_A((arow)[i_], (k)) * (w);                                            \
         _Pragma("unroll") for (int s_ = 0; s_ < NS; s_++)                                        \
             (acc)[i_][s_] = MAD((float16)(a_), (bv)[s_], (acc)[i_][s_]);                         \
     }
@@ -505,7 +512,7 @@ scores_direct(GEMM_KERNEL_ARGS(float))
 #pragma unroll
         for (int s = 0; s < NS; s++)
             bv[s] = vload16(0, Bb + (ulong)k * b_ss + 16 * s);
-        MAD_TILE(acc, arow, k, bv)
+        MAD_TILE(acc, arow, k, bv, 1.0f)
     }
 #else
     /* f16 and bf16 Q, where the scratch had no room for widen_q's f32 copy (src/scores.c):
@@ -603,7 +610,7 @@ __attribute__((always_inline)) inline void load_v16s(__global const T_IN *vr, in
 
 /* P·V on CPUs (P·V DIRECT 1): one work-item per RM rows x 16·NS columns of O over every key its
  * rows see, no local memory, no barrier: V rows read in place as float16 vectors, P's values
- * broadcast, the accumulators in registers. Keys some row of the block hides are checked row by
+ * broadcast, the accumulators in registers, at half scale (o_from_half16 at the store). Keys some row of the block hides are checked row by
  * row (IS_HIDDEN, see gemm's MODE 1) so that NaN or Inf in their V never reach O. Rows past M
  * compute on a copy of row M - 1 and are not stored. Grid x = ceil(N / (16·NS)),
  * y = ceil(M / RM), z = batch·heads (work-group 1x1x1). */
@@ -628,7 +635,7 @@ pv_direct(GEMM_KERNEL_ARGS(T_IN))
     for (; k < kfull; k++) {
         float16 bv[NS];
         load_v16s(Bb + (ulong)k * b_ss, ncols, bv);
-        MAD_TILE(acc, arow, k, bv)
+        MAD_TILE(acc, arow, k, bv, O_WEIGHT)
     }
     /* The rest 16 keys at a time: 16 keys that no row hides (with a mask of finite values, all
      * of them) go unchecked, the others key by key. Measured on PoCL (2-core Intel Xeon,
@@ -644,7 +651,7 @@ pv_direct(GEMM_KERNEL_ARGS(T_IN))
                 for (const int stop = k + 16; k < stop; k++) {
                     float16 bv[NS];
                     load_v16s(Bb + (ulong)k * b_ss, ncols, bv);
-                    MAD_TILE(acc, arow, k, bv)
+                    MAD_TILE(acc, arow, k, bv, O_WEIGHT)
                 }
                 continue;
             }
@@ -654,7 +661,7 @@ pv_direct(GEMM_KERNEL_ARGS(T_IN))
             int seen = 0;
 #pragma unroll
             for (int i = 0; i < RM; i++) {
-                a[i] = LD_A(arow[i], k);
+                a[i] = LD_A(arow[i], k) * O_WEIGHT; /* -0 stays -0 */
                 seen |= !IS_HIDDEN(a[i]);
             }
             if (!seen)
@@ -675,10 +682,11 @@ pv_direct(GEMM_KERNEL_ARGS(T_IN))
 #pragma unroll
         for (int s = 0; s < NS; s++) {
             const int n = n0 + 16 * s;
-            store4_row(crow, n, acc[i][s].s0123, N);
-            store4_row(crow, n + 4, acc[i][s].s4567, N);
-            store4_row(crow, n + 8, acc[i][s].s89ab, N);
-            store4_row(crow, n + 12, acc[i][s].scdef, N);
+            const float16 x = o_from_half16(acc[i][s]);
+            store4_row(crow, n, x.s0123, N);
+            store4_row(crow, n + 4, x.s4567, N);
+            store4_row(crow, n + 8, x.s89ab, N);
+            store4_row(crow, n + 12, x.scdef, N);
         }
     }
 }

@@ -53,8 +53,9 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
                 sum = t;
             }
         }
-        /* Normalised weights: out is a convex combination of the parts and cannot overflow. */
-        const float inv = 1.0f / sum;
+        /* Normalised weights: out is a convex combination of the parts, summed at half scale
+         * (O_WEIGHT, o_from_half at the store) so that parts at ±FLT_MAX cannot overflow. */
+        const float inv = O_WEIGHT / sum;
         for (int p = 0; p < parts && c < DV; p++) {
             const float lp = PL[lrow + p * pl_split];
             if (lp != NEG_INF) {
@@ -66,7 +67,7 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
     }
     if (c < DV)
         ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)i * o_ss + c,
-               mx == NEG_INF ? 0.0f : acc);
+               mx == NEG_INF ? 0.0f : o_from_half(acc));
     if (has_lse && c == 0)
         LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] =
             mx == NEG_INF ? NEG_INF : mx + log(sum);
@@ -98,7 +99,7 @@ merge_pair(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_s
         wx = lx == NEG_INF ? 0.0f : exp(lx - mx);
         wy = ly == NEG_INF ? 0.0f : exp(ly - mx);
         lse = mx + log(wx + wy);
-        const float inv = 1.0f / (wx + wy);
+        const float inv = O_WEIGHT / (wx + wy); /* half scale: o_from_half at the store */
         wx *= inv;
         wy *= inv;
     }
@@ -112,7 +113,7 @@ merge_pair(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_s
             x += wx * LD_A(X, x_off + (ulong)b * x_sb + (ulong)h * x_sh + (ulong)i * x_ss + c);
         if (ly != NEG_INF)
             x += wy * LD_IN(Y, y_off + (ulong)b * y_sb + (ulong)h * y_sh + (ulong)i * y_ss + c);
-        ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)i * o_ss + c, x);
+        ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)i * o_ss + c, o_from_half(x));
     }
     if (has_lse && c == 0)
         LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] = lse;

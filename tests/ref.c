@@ -221,7 +221,9 @@ void ref_merge(int parts, int rows, int dv, const double *const *part_out,
         for (int p = 0; p < parts; ++p) {
             if (part_lse[p][r] == -INFINITY)
                 continue; /* contributes nothing, whatever its out holds (0·NaN would leak) */
-            const double w = exp(part_lse[p][r] - total);
+            /* exp(lse_i - m) / sum, not exp(lse_i - total): where the LSEs are large (3e38),
+             * m + log(sum) rounds back to m, and equal parts would each get weight 1. */
+            const double w = exp(part_lse[p][r] - m) / sum;
             for (int d = 0; d < dv; ++d)
                 o[d] += w * part_out[p][(size_t)r * (size_t)dv + (size_t)d];
         }

@@ -10,6 +10,14 @@
  * (1e-36..1e-35, still normal) while the other is near 3e38. An f16 mask at -65504, its lowest finite
  * value, must act as a large finite penalty (the key stays visible), not as -inf.
  *
+ * f32 rows put V at FLT_MAX itself: every element +FLT_MAX (G_ALL_MAX) or -FLT_MAX (G_ALL_LOW),
+ * or random among the 9 largest floats with one sign per column (G_TOP). The exact output, a
+ * convex combination of a column of V, stays within FLT_MAX (exactly ±FLT_MAX where the column
+ * is), but softmax weights rounded to fp32 add up to 1 + a few ulps, and O summed at full scale
+ * rounds past FLT_MAX to inf (then NaN where inf - inf meets across key splits). Small shapes,
+ * prefill (seq_q > 16, head_dim 16 and 64: fused_direct and unfused on CPUs) and decode (seq_q 1
+ * and 4 against 600 and 20000 keys: key splits merged on the device).
+ *
  * Each row runs fused and unfused. Tolerances scale test_attention.c's with the magnitudes:
  *   out: atol M·(2e-5 + s) + 2·e·M, rtol r, with M = max|V|, storage terms (s, r) = (0, 1e-4) for
  *        f32, (2^-10, 2^-11) for f16, (2^-7, 2^-8) for bf16, and e the largest fp32 error of one
@@ -17,15 +25,22 @@
  *        for the scaling and the mask (a perturbation e of every logit moves the softmax weights by
  *        at most a factor e^{±2e}, and the output, a convex combination of V, by 2·e·M);
  *   lse: atol 1e-5 + 2·e, rtol 4e-6.
- * An output the reference has finite must not be inf or NaN (tu_close never matches them).
+ * An output the reference has finite must not be inf or NaN (tu_close never matches them); at
+ * M = FLT_MAX the allowance, about 2e-5·FLT_MAX + 1e-4·|out|, is finite in float64.
  * Softmax rows feed f16/bf16 values near the maxima straight in (scale 1) and scaled down to ordinary
  * logits; the tolerance of p_j is 1e-6 + 1e-5·p_j + p_j·(δ_j + Σ_k p_k·δ_k), δ_k the fp32 error of
  * logit k minus the row's largest (0 for ties), which the storage spacing makes 0 or irrelevant
  * for unscaled values near the maxima.
+ * Merge rows hand clattn_merge parts whose outputs sit at FLT_MAX (G_ALL_MAX, G_ALL_LOW, G_TOP)
+ * with finite LSEs (equal, spread over 1 to 3 units, or all 3e38) and compare with ref_merge: the
+ * merged output is a convex combination of the parts, finite, exactly ±FLT_MAX for equal parts.
+ * Tolerances as test_decode.c's merge alone with atol scaled by M = max|part|: out atol 1e-6·M,
+ * rtol 1e-6; lse atol and rtol 1e-6.
  * Former limits, now rows of the table: the fused kernels keep O normalised (a convex combination
  * of V rows), so V near FLT_MAX with many keys stays finite (G_LIMIT rows put V at
- * FLT_MAX/(2·seq_kv), the *_near_max rows at the maximum itself); every kernel subtracts the row
- * maximum before multiplying by log2(e), so logits near FLT_MAX work (softmax bf16_near_max).
+ * FLT_MAX/(2·seq_kv), the bf16 *_near_max rows up to bf16's maximum, 0.4% below FLT_MAX, and the
+ * f32 rows at FLT_MAX itself); every kernel subtracts the row maximum before multiplying by
+ * log2(e), so logits near FLT_MAX work (softmax bf16_near_max).
  */
 #include "testutil.h"
 
@@ -47,12 +62,21 @@
 #define BF16_MAX 3.3895313892515355e38 /* 0x7F7F */
 
 typedef enum gen {
-    G_NORMAL,   /* uniform in [-1, 1] */
-    G_NEAR_MAX, /* magnitude uniform in [max/2, max], random sign */
-    G_ALL_MAX,  /* every element exactly +max */
-    G_TINY,     /* magnitude uniform in [1e-36, 1e-35], random sign (bf16) */
-    G_LIMIT     /* magnitude uniform in [limit/2, limit], random sign: the row's documented limit */
+    G_NORMAL,     /* uniform in [-1, 1] */
+    G_NEAR_MAX,   /* magnitude uniform in [max/2, max], random sign */
+    G_ALL_MAX,    /* every element exactly +max */
+    G_ALL_LOW,    /* every element exactly -max, the lowest finite value */
+    G_TOP,        /* magnitude uniform in [max·(1 - TOP_SPAN), max], the sign of the column (the
+                   * index in the last dimension): + for even columns, - for odd ones */
+    G_TINY,       /* magnitude uniform in [1e-36, 1e-35], random sign (bf16) */
+    G_LIMIT       /* magnitude uniform in [limit/2, limit], random sign: the row's documented limit */
 } gen;
+
+/* G_TOP's span below the maximum: for f32, the 9 largest floats (FLT_MAX·2^-21 is 8 ulps). A
+ * column of V with one sign then has a weighted average within 8 ulps of FLT_MAX, which the
+ * rounded softmax weights (summing to 1 + a few ulps) must not push past it. Wider spans leave
+ * room: with 2^-10 no row catches an accumulator without headroom, with 2^-19 only some do. */
+#define TOP_SPAN 0x1p-21
 
 static double dtype_max(clattn_dtype dt)
 {
@@ -68,6 +92,8 @@ static double typical(gen g, clattn_dtype dt)
     case G_NEAR_MAX:
         return 0.75 * dtype_max(dt);
     case G_ALL_MAX:
+    case G_ALL_LOW:
+    case G_TOP:
         return dtype_max(dt);
     case G_TINY:
         return 5e-36;
@@ -77,7 +103,9 @@ static double typical(gen g, clattn_dtype dt)
     return 1.0;
 }
 
-static void generate(tu_rng *rng, gen g, clattn_dtype dt, double limit, void *typed, double *x, size_t n)
+/* n elements whose last dimension has `cols` of them. */
+static void generate(tu_rng *rng, gen g, clattn_dtype dt, double limit, int cols, void *typed, double *x,
+                     size_t n)
 {
     const double m = dtype_max(dt);
     for (size_t i = 0; i < n; ++i) {
@@ -92,6 +120,12 @@ static void generate(tu_rng *rng, gen g, clattn_dtype dt, double limit, void *ty
             break;
         case G_ALL_MAX:
             v = m;
+            break;
+        case G_ALL_LOW:
+            v = -m;
+            break;
+        case G_TOP:
+            v = (i % (size_t)cols % 2 == 0 ? 1.0 : -1.0) * tu_uniform(rng, m * (1.0 - TOP_SPAN), m);
             break;
         case G_TINY:
             v = sign * tu_uniform(rng, 1e-36, 1e-35);
@@ -117,27 +151,42 @@ typedef struct att_row {
 
 /* clang-format off */
 static const att_row att_rows[] = {
-    /* name                               B  Hq Hkv Sq Skv  D   dt    q           k           v           causal mask */
-    {"f16_qk_near_max",                   1, 2, 1,  5, 37,  16, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NORMAL,   0,     0},
-    {"f16_v_near_max",                    1, 2, 1,  5, 37,  16, F16,  G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 1,     0},
-    {"f16_v_all_max",                     1, 2, 2,  5, 37,  16, F16,  G_NORMAL,   G_NORMAL,   G_ALL_MAX,  0,     0},
-    {"f16_all_near_max",                  2, 2, 2,  6, 29,  16, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NEAR_MAX, 1,     0},
-    {"f16_decode_all_near_max",           1, 4, 1,  1, 600, 32, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NEAR_MAX, 0,     0},
-    {"f16_mask_lowest_finite",            1, 2, 2,  5, 37,  16, F16,  G_NORMAL,   G_NORMAL,   G_NORMAL,   0,     1},
-    {"bf16_q_near_max",                   1, 2, 1,  5, 37,  16, BF16, G_NEAR_MAX, G_TINY,     G_NORMAL,   0,     0},
-    {"bf16_k_near_max",                   1, 2, 1,  5, 37,  16, BF16, G_TINY,     G_NEAR_MAX, G_NORMAL,   1,     0},
-    {"bf16_v_at_accumulator_limit",       1, 2, 1,  5, 37,  16, BF16, G_NORMAL,   G_NORMAL,   G_LIMIT,    0,     0},
-    {"bf16_qv_at_accumulator_limit",      2, 2, 2,  6, 29,  16, BF16, G_NEAR_MAX, G_TINY,     G_LIMIT,    1,     0},
-    {"bf16_decode_v_at_accumulator_limit",1, 4, 1,  1, 600, 32, BF16, G_NORMAL,   G_NORMAL,   G_LIMIT,    0,     0},
+    /* name                               B  Hq Hkv Sq  Skv    D   dt    q           k           v          causal mask */
+    {"f16_qk_near_max",                   1, 2, 1,  5,  37,    16, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NORMAL,   0,     0},
+    {"f16_v_near_max",                    1, 2, 1,  5,  37,    16, F16,  G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 1,     0},
+    {"f16_v_all_max",                     1, 2, 2,  5,  37,    16, F16,  G_NORMAL,   G_NORMAL,   G_ALL_MAX,  0,     0},
+    {"f16_all_near_max",                  2, 2, 2,  6,  29,    16, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NEAR_MAX, 1,     0},
+    {"f16_decode_all_near_max",           1, 4, 1,  1,  600,   32, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NEAR_MAX, 0,     0},
+    {"f16_mask_lowest_finite",            1, 2, 2,  5,  37,    16, F16,  G_NORMAL,   G_NORMAL,   G_NORMAL,   0,     1},
+    {"bf16_q_near_max",                   1, 2, 1,  5,  37,    16, BF16, G_NEAR_MAX, G_TINY,     G_NORMAL,   0,     0},
+    {"bf16_k_near_max",                   1, 2, 1,  5,  37,    16, BF16, G_TINY,     G_NEAR_MAX, G_NORMAL,   1,     0},
+    {"bf16_v_at_accumulator_limit",       1, 2, 1,  5,  37,    16, BF16, G_NORMAL,   G_NORMAL,   G_LIMIT,    0,     0},
+    {"bf16_qv_at_accumulator_limit",      2, 2, 2,  6,  29,    16, BF16, G_NEAR_MAX, G_TINY,     G_LIMIT,    1,     0},
+    {"bf16_decode_v_at_accumulator_limit",1, 4, 1,  1,  600,   32, BF16, G_NORMAL,   G_NORMAL,   G_LIMIT,    0,     0},
     /* V at the maximum: an unnormalised accumulator Σ e^(s-m)·v would overflow fp32 where the exact
      * result is near -2e38. */
-    {"bf16_v_near_max",                   1, 2, 1,  5, 37,  16, BF16, G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 0,     0},
-    {"bf16_qv_near_max",                  2, 2, 2,  6, 29,  16, BF16, G_NEAR_MAX, G_TINY,     G_NEAR_MAX, 1,     0},
-    {"bf16_decode_v_near_max",            1, 4, 1,  1, 600, 32, BF16, G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 0,     0},
+    {"bf16_v_near_max",                   1, 2, 1,  5,  37,    16, BF16, G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 0,     0},
+    {"bf16_qv_near_max",                  2, 2, 2,  6,  29,    16, BF16, G_NEAR_MAX, G_TINY,     G_NEAR_MAX, 1,     0},
+    {"bf16_decode_v_near_max",            1, 4, 1,  1,  600,   32, BF16, G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 0,     0},
     /* Prefill shapes (seq_q > 16): the kernels that CPUs use for prefill (fused_direct, unfused). */
-    {"f16_prefill_all_near_max",          1, 2, 1,  40, 70, 16, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NEAR_MAX, 1,     0},
-    {"bf16_prefill_v_near_max",           1, 2, 2,  33, 90, 24, BF16, G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 0,     0},
-    {"bf16_prefill_qv_near_max",          1, 4, 2,  20, 41, 16, BF16, G_NEAR_MAX, G_TINY,     G_NEAR_MAX, 1,     1},
+    {"f16_prefill_all_near_max",          1, 2, 1,  40, 70,    16, F16,  G_NEAR_MAX, G_NEAR_MAX, G_NEAR_MAX, 1,     0},
+    {"bf16_prefill_v_near_max",           1, 2, 2,  33, 90,    24, BF16, G_NORMAL,   G_NORMAL,   G_NEAR_MAX, 0,     0},
+    {"bf16_prefill_qv_near_max",          1, 4, 2,  20, 41,    16, BF16, G_NEAR_MAX, G_TINY,     G_NEAR_MAX, 1,     1},
+    /* f32 V at FLT_MAX itself, one sign down each column: the exact output is a convex combination
+     * of the column, at most FLT_MAX in magnitude, but softmax weights rounded to fp32 add up to
+     * 1 + a few ulps, so Σ p_j·v_j rounds past FLT_MAX unless the accumulator has headroom.
+     * Small shapes, prefill (seq_q > 16: fused_direct, unfused), and decode against 600 and 20000
+     * keys (seq_q 1 and 4: key splits, whose partials merge.cl combines). */
+    {"f32_v_all_max",                     1, 2, 1,  5,  37,    16, F32,  G_NORMAL,   G_NORMAL,   G_ALL_MAX,  0,     0},
+    {"f32_v_all_lowest",                  1, 2, 2,  5,  37,    16, F32,  G_NORMAL,   G_NORMAL,   G_ALL_LOW,  1,     0},
+    {"f32_v_top",                         2, 2, 2,  5,  29,    16, F32,  G_NORMAL,   G_NORMAL,   G_TOP,      1,     0},
+    {"f32_prefill_v_all_max",             1, 2, 1,  40, 70,    16, F32,  G_NORMAL,   G_NORMAL,   G_ALL_MAX,  1,     0},
+    {"f32_prefill_hd64_v_all_lowest",     1, 2, 2,  33, 300,   64, F32,  G_NORMAL,   G_NORMAL,   G_ALL_LOW,  0,     0},
+    {"f32_prefill_hd64_v_top",            1, 4, 2,  24, 300,   64, F32,  G_NORMAL,   G_NORMAL,   G_TOP,      0,     0},
+    {"f32_decode_v_all_max",              1, 4, 1,  1,  600,   32, F32,  G_NORMAL,   G_NORMAL,   G_ALL_MAX,  0,     0},
+    {"f32_decode_q4_v_all_lowest",        1, 2, 2,  4,  600,   32, F32,  G_NORMAL,   G_NORMAL,   G_ALL_LOW,  0,     0},
+    {"f32_decode_kv20000_v_all_max",      1, 4, 1,  1,  20000, 32, F32,  G_NORMAL,   G_NORMAL,   G_ALL_MAX,  0,     0},
+    {"f32_decode_q4_kv20000_v_top",       1, 2, 2,  4,  20000, 32, F32,  G_NORMAL,   G_NORMAL,   G_TOP,      0,     0},
 };
 /* clang-format on */
 
@@ -176,9 +225,9 @@ static void test_attention_edge(void **state)
     const size_t esz = clattn_dtype_size(r->dt);
     void *tq = tu_xalloc(nq * esz), *tk = tu_xalloc(nk * esz), *tv = tu_xalloc(nk * esz);
     double *xq = tu_xdoubles(nq), *xk = tu_xdoubles(nk), *xv = tu_xdoubles(nk);
-    generate(&rng, r->q, r->dt, 0.0, tq, xq, nq);
-    generate(&rng, r->k, r->dt, 0.0, tk, xk, nk);
-    generate(&rng, r->v, r->dt, (double)FLT_MAX / (2.0 * r->Skv), tv, xv, nk);
+    generate(&rng, r->q, r->dt, 0.0, r->D, tq, xq, nq);
+    generate(&rng, r->k, r->dt, 0.0, r->D, tk, xk, nk);
+    generate(&rng, r->v, r->dt, (double)FLT_MAX / (2.0 * r->Skv), r->D, tv, xv, nk);
     double *xm = NULL;
     cl_mem mbuf = NULL;
     clattn_tensor mask;
@@ -301,7 +350,7 @@ static void test_softmax_edge(void **state)
     const size_t n = (size_t)r->B * r->H * r->R * r->C, esz = clattn_dtype_size(r->dt);
     void *tin = tu_xalloc(n * esz);
     double *x = tu_xdoubles(n), *want = tu_xdoubles(n), *got = tu_xdoubles(n);
-    generate(&rng, r->in, r->dt, (double)FLT_MAX / 2.0, tin, x, n);
+    generate(&rng, r->in, r->dt, (double)FLT_MAX / 2.0, r->C, tin, x, n);
     const ref_softmax s = {r->B, r->H, r->R, r->C, (double)r->scale, 0, NULL, {0, 0, 0, 0}, NULL};
     ref_softmax_rows(&s, x, want);
     /* Per element: p_j·(δ_j + Σ_k p_k·δ_k) for the fp32 error δ_k of the difference between logit k
@@ -355,6 +404,85 @@ static void test_softmax_edge(void **state)
                  first, got[first], want[first], allowed[first], bad, n);
 }
 
+/* =============================== merge =============================== */
+
+typedef struct merge_row {
+    const char *name;
+    int P, B, H, S, D; /* P parts of [B][H][S][D] f32, merged into f32 */
+    gen out;           /* the parts' outputs */
+    double lse_lo;     /* each part's lse: uniform in [lse_lo, lse_lo + lse_spread], rounded to float */
+    double lse_spread;
+} merge_row;
+
+/* clang-format off */
+static const merge_row merge_rows[] = {
+    /* name                         P  B  H  S   D   out         lse_lo  spread */
+    {"f32_parts_all_max",           2, 1, 2, 5,  16, G_ALL_MAX,  0.5,    0.0},
+    {"f32_parts_all_lowest",        2, 1, 4, 16, 16, G_ALL_LOW,  0.5,    2.0},
+    {"f32_parts_all_max_three",     3, 1, 2, 5,  16, G_ALL_MAX,  -1.0,   3.0},
+    {"f32_parts_all_lowest_three",  3, 2, 1, 7,  16, G_ALL_LOW,  2.0,    1.0},
+    {"f32_parts_top_eight",         8, 1, 2, 5,  32, G_TOP,      -1.0,   3.0},
+    {"f32_parts_all_max_big_lse",   4, 1, 2, 3,  16, G_ALL_MAX,  3e38,   0.0},
+};
+/* clang-format on */
+
+/* Parts whose outputs sit at ±FLT_MAX with finite LSEs: the merged output is a convex combination
+ * of them, finite, exactly FLT_MAX in magnitude where the parts are equal. Normalised weights
+ * rounded to fp32 may add up to 1 + a few ulps; the merge must not round past FLT_MAX. Tolerance
+ * as test_decode.c's merge alone (atol and rtol 1e-6), atol scaled by M = max|part|. */
+static void test_merge_edge(void **state)
+{
+    const merge_row *r = *state;
+    tu_ctx_get();
+    tu_failures = 0;
+    tu_rng rng;
+    tu_seed(&rng, tu_seed_of(r->name));
+    const size_t nrow = (size_t)r->B * r->H * r->S, nout = nrow * (size_t)r->D;
+    float *tout = tu_xalloc((size_t)r->P * nout * 4), *tlse = tu_xalloc((size_t)r->P * nrow * 4);
+    double *xout = tu_xdoubles((size_t)r->P * nout), *xlse = tu_xdoubles((size_t)r->P * nrow);
+    generate(&rng, r->out, F32, 0.0, r->D, tout, xout, (size_t)r->P * nout);
+    for (size_t i = 0; i < (size_t)r->P * nrow; ++i)
+        tu_put(F32, tlse, xlse, i, r->lse_lo + tu_uniform(&rng, 0.0, r->lse_spread));
+    const double *po[8], *pl[8];
+    clattn_tensor part_out[8], part_lse[8];
+    assert_true(r->P >= 1 && r->P <= 8);
+    cl_mem bo = tu_xbuffer((size_t)r->P * nout * 4, tout), bl = tu_xbuffer((size_t)r->P * nrow * 4, tlse);
+    for (int p = 0; p < r->P; ++p) {
+        po[p] = xout + (size_t)p * nout;
+        pl[p] = xlse + (size_t)p * nrow;
+        part_out[p] = clattn_tensor_bhsd(bo, F32, r->B, r->H, r->S, r->D);
+        part_out[p].offset = (int64_t)((size_t)p * nout);
+        part_lse[p] = clattn_tensor_bhsd(bl, F32, r->B, r->H, r->S, 1);
+        part_lse[p].offset = (int64_t)((size_t)p * nrow);
+    }
+    double *want = tu_xdoubles(nout), *want_lse = tu_xdoubles(nrow);
+    ref_merge(r->P, (int)nrow, r->D, po, pl, want, want_lse);
+    double vmax = 0.0;
+    for (size_t i = 0; i < (size_t)r->P * nout; ++i)
+        vmax = fabs(xout[i]) > vmax ? fabs(xout[i]) : vmax;
+    for (size_t i = 0; i < nout; ++i) /* within max|part|, but for float64 rounding */
+        assert_true(isfinite(want[i]) && fabs(want[i]) <= vmax * (1.0 + 0x1p-40));
+
+    cl_mem bm = tu_xbuffer(nout * 4, NULL), bml = tu_xbuffer(nrow * 4, NULL);
+    const clattn_tensor out = clattn_tensor_bhsd(bm, F32, r->B, r->H, r->S, r->D);
+    const clattn_tensor lse = clattn_tensor_bhsd(bml, F32, r->B, r->H, r->S, 1);
+    const clattn_status st = clattn_merge(tu_ctx, r->P, part_out, part_lse, &out, &lse, 0, NULL, NULL);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("clattn_merge: %s: %s", clattn_status_name(st), clattn_last_error(tu_ctx));
+    float *img = tu_xalloc(nout * 4), *lse_img = tu_xalloc(nrow * 4);
+    tu_read(tu_ctx, bm, nout * 4, img);
+    tu_read(tu_ctx, bml, nrow * 4, lse_img);
+    double *got = tu_xdoubles(nout), *got_lse = tu_xdoubles(nrow);
+    for (size_t i = 0; i < nout; ++i)
+        got[i] = img[i];
+    for (size_t i = 0; i < nrow; ++i)
+        got_lse[i] = lse_img[i];
+    tu_check_close("merged out", got, want, nout, 1e-6 * vmax, 1e-6);
+    tu_check_close("merged lse", got_lse, want_lse, nrow, 1e-6, 1e-6);
+    if (tu_failures != 0)
+        fail_msg("%d check(s) failed", tu_failures);
+}
+
 /* =============================== registration =============================== */
 
 int main(void)
@@ -364,6 +492,8 @@ int main(void)
         tu_add_test("attention", att_rows[i].name, test_attention_edge, &att_rows[i]);
     for (size_t i = 0; i < N_OF(sm_rows); ++i)
         tu_add_test("softmax", sm_rows[i].name, test_softmax_edge, &sm_rows[i]);
+    for (size_t i = 0; i < N_OF(merge_rows); ++i)
+        tu_add_test("merge", merge_rows[i].name, test_merge_edge, &merge_rows[i]);
     const int failed = tu_run_tests("robust");
     clattn_release(tu_ctx);
     return failed;
