@@ -270,6 +270,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
             const float lnew = l[i] * keep[i] + ts;
             inv[i] = lnew > 0.0f ? 1.0f / lnew : 0.0f;
             keep[i] = isnan(lnew) ? lnew : l[i] * keep[i] * inv[i];
+            inv[i] *= O_WEIGHT; /* the weights of P·V below: o at half scale */
             l[i] = lnew;
             o[i] *= keep[i];
         }
@@ -293,7 +294,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
                 if (n0 + e >= nk)
                     break;
                 for (int i = 0; i < RM; i++) {
-                    const float p = Pr(g, i, n0 + e) * (O_WEIGHT * inv[i]); /* o at half scale */
+                    const float p = Pr(g, i, n0 + e) * inv[i];
                     if (!IS_HIDDEN(p))
                         o[i] = MAD((float4)(p), v[e], o[i]);
                 }

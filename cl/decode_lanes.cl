@@ -323,13 +323,14 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
             const float lnew = l[i] * keep + ts;
             const float inv = lnew > 0.0f ? 1.0f / lnew : 0.0f;
             keep = isnan(lnew) ? lnew : l[i] * keep * inv;
+            const float w = inv * O_WEIGHT; /* the weights of P·V below: o at half scale */
             l[i] = lnew;
 #pragma unroll
             for (int c = 0; c < CVN; c++)
                 o[i][c] *= keep;
 #pragma unroll
             for (int u = 0; u < KU; u++) {
-                const float p = s[i][u] * (O_WEIGHT * inv); /* o at half scale */
+                const float p = s[i][u] * w;
                 if (!IS_HIDDEN(p)) {
 #pragma unroll
                     for (int c = 0; c < CVN; c++)

@@ -524,6 +524,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
             const float lnew = l[i] * keep[i] + ts;
             inv[i] = lnew > 0.0f ? 1.0f / lnew : 0.0f;
             keep[i] = isnan(lnew) ? lnew : l[i] * keep[i] * inv[i];
+            inv[i] *= O_WEIGHT; /* the weights of P·V below: o at half scale */
             l[i] = lnew;
             for (int c = 0; c < NV; c++)
                 o[i][c] *= keep[i];
@@ -538,7 +539,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
             for (int n = 0; n < nkeys4; n += 4) {
                 float p[RM][4];
                 for (int i = 0; i < RM; i++)
-                    vstore4(vload4(0, &Ps[ty * RM + i][n]) * (O_WEIGHT * inv[i]), 0, p[i]);
+                    vstore4(vload4(0, &Ps[ty * RM + i][n]) * inv[i], 0, p[i]);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     floatV vv[NV];
@@ -556,7 +557,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
             for (int n = 0; n < BN; n += 4) {
                 float p[RM][4];
                 for (int i = 0; i < RM; i++)
-                    vstore4(vload4(0, &Ps[ty * RM + i][n]) * (O_WEIGHT * inv[i]), 0, p[i]);
+                    vstore4(vload4(0, &Ps[ty * RM + i][n]) * inv[i], 0, p[i]);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     floatV vv[NV];
@@ -626,10 +627,10 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
  * Numerics: the scale and mask are applied in natural units and the maximum is subtracted before
  * the multiplication by log2(e), so any finite logit works (no overflow near FLT_MAX). O is kept
  * normalised after every block, o' = o·(l·α/l') + Σ (p/l')·v, a convex combination of V rows
- * at half scale (O_WEIGHT) that cannot overflow whatever seq_kv and |V| are. The reference m is not always the running
- * maximum: it moves only when a score passes it by more than REF_SLACK, so most blocks skip the
- * row maximum and the exponential of the rescaling; p <= 2^8 in between, and the result is the
- * same since the reference cancels. Hidden keys get s = -inf, p = -0, and are skipped in P·V so
+ * at half scale (O_WEIGHT) that cannot overflow whatever seq_kv and |V| are. The reference m is
+ * not always the running maximum: it moves only when a score passes it by more than REF_SLACK,
+ * so most blocks skip the row maximum and the exponential of the rescaling; p <= 2^8 in between,
+ * and the result is the same since the reference cancels. Hidden keys get s = -inf, p = -0, and are skipped in P·V so
  * NaN/Inf in their K/V never reach O; a visible key whose p underflows to +0 is not skipped. */
 
 /* Only the direct programs, whose options always define IN_PLACE (0 or 1), compile what follows:
@@ -969,6 +970,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
             /* lnew is 0 while the row has seen no key (o stays 0), NaN once a score was NaN. */
             inv[i] = lnew > 0.0f ? 1.0f / lnew : 0.0f;
             const float keep = isnan(lnew) ? lnew : l[i] * alpha[i] * inv[i];
+            inv[i] *= O_WEIGHT; /* the weights of P·V: o at half scale (o_from_half16 at the store) */
 #pragma unroll
             for (int c = 0; c < DV16; c++)
                 o[i][c] *= keep;
@@ -977,7 +979,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         for (int v = 0; v < nv; v++) {
             ROWS_LOOP
             for (int i = 0; i < RM; i++)
-                sb[i].v[v] *= O_WEIGHT * inv[i]; /* o at half scale: o_from_half16 at the store */
+                sb[i].v[v] *= inv[i];
         }
 
         /* P·V: the keys of 16-key vectors in which no row hides a key go without a check, those
@@ -1611,10 +1613,11 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
             const float16 lnew = lo * alpha + ps;
             const float16 inv = select((float16)(0.0f), (float16)(1.0f) / lnew, lnew > (float16)(0.0f));
             const float16 keep = select(lo * alpha * inv, lnew, isnan(lnew));
+            const float16 w = inv * O_WEIGHT; /* o at half scale: o_from_half at the store */
             for (int c = 0; c < DV; c++)
                 ot[c * LANES + lv].v *= keep;
-            for (int n = 0; n < nkeys; n++) /* o at half scale: o_from_half at the store */
-                sbk[n * LANES + lv].v *= O_WEIGHT * inv;
+            for (int n = 0; n < nkeys; n++)
+                sbk[n * LANES + lv].v *= w;
             m[lv].v = select(mo, mx, up);
             l[lv].v = lnew;
         }

@@ -610,10 +610,62 @@ __attribute__((always_inline)) inline void load_v16s(__global const T_IN *vr, in
 
 /* P·V on CPUs (P·V DIRECT 1): one work-item per RM rows x 16·NS columns of O over every key its
  * rows see, no local memory, no barrier: V rows read in place as float16 vectors, P's values
- * broadcast, the accumulators in registers, at half scale (o_from_half16 at the store). Keys some row of the block hides are checked row by
+ * broadcast, the accumulators in registers. Keys some row of the block hides are checked row by
  * row (IS_HIDDEN, see gemm's MODE 1) so that NaN or Inf in their V never reach O. Rows past M
  * compute on a copy of row M - 1 and are not stored. Grid x = ceil(N / (16·NS)),
- * y = ceil(M / RM), z = batch·heads (work-group 1x1x1). */
+ * y = ceil(M / RM), z = batch·heads (work-group 1x1x1).
+ * O is summed at full scale, and again at half scale (o_from_half16, common.cl) only where the
+ * first sum came out Inf or NaN somewhere in the tile: Inf or NaN in a visible V row (the second
+ * sum gives them again), or V rows near ±FLT_MAX that the rounded weights took past it. Halving
+ * the weights in the one sum costs a multiply per row and key, a fourth as many as the
+ * multiply-adds: measured on PoCL (2-core Xeon, AVX-512, B1 H8 S1024 d64 f32, minima of 6 runs
+ * alternating with the kernel before; a noisy machine) unfused took 13.5 ms against 11.4, and
+ * 13.2 against 13.6 with the second sum instead. */
+#define PV_DIRECT_SUM(W)                                                                         \
+    {                                                                                            \
+        _Pragma("unroll") for (int i = 0; i < RM; i++)                                           \
+            _Pragma("unroll") for (int s = 0; s < NS; s++) acc[i][s] = (float16)(0.0f);          \
+        int k = 0;                                                                               \
+        for (; k < kfull; k++) {                                                                 \
+            float16 bv[NS];                                                                      \
+            load_v16s(Bb + (ulong)k * b_ss, ncols, bv);                                          \
+            MAD_TILE(acc, arow, k, bv, W)                                                        \
+        }                                                                                        \
+        /* The rest 16 keys at a time: 16 keys that no row hides (with a mask of finite values, \
+         * all of them) go unchecked, the others key by key. Measured on PoCL (2-core Intel    \
+         * Xeon, AVX-512, B1 H8 S1024 d64 f32, a finite [1][1][S][S] f32 mask, medians, 2 runs  \
+         * alternating): unfused 16.4-17.4 ms against 22.6-25.8 when every key was checked. */  \
+        while (k < kend) {                                                                       \
+            if (k + 16 <= kend) {                                                                \
+                int16 hid = (int16)(0);                                                          \
+                _Pragma("unroll") for (int i = 0; i < RM; i++) hid |= IS_HIDDEN16(LD16_A(arow[i], k)); \
+                if (!any(hid)) {                                                                 \
+                    for (const int stop = k + 16; k < stop; k++) {                               \
+                        float16 bv[NS];                                                          \
+                        load_v16s(Bb + (ulong)k * b_ss, ncols, bv);                              \
+                        MAD_TILE(acc, arow, k, bv, W)                                            \
+                    }                                                                            \
+                    continue;                                                                    \
+                }                                                                                \
+            }                                                                                    \
+            for (const int stop = min(k + 16, kend); k < stop; k++) {                            \
+                float a[RM];                                                                     \
+                int seen = 0;                                                                    \
+                _Pragma("unroll") for (int i = 0; i < RM; i++) {                                 \
+                    a[i] = LD_A(arow[i], k) * (W); /* -0 stays -0 */                             \
+                    seen |= !IS_HIDDEN(a[i]);                                                    \
+                }                                                                                \
+                if (!seen)                                                                       \
+                    continue;                                                                    \
+                float16 bv[NS];                                                                  \
+                load_v16s(Bb + (ulong)k * b_ss, ncols, bv);                                      \
+                _Pragma("unroll") for (int i = 0; i < RM; i++) if (!IS_HIDDEN(a[i]))             \
+                    _Pragma("unroll") for (int s = 0; s < NS; s++)                               \
+                        acc[i][s] = MAD((float16)(a[i]), bv[s], acc[i][s]);                      \
+            }                                                                                    \
+        }                                                                                        \
+    }
+
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 pv_direct(GEMM_KERNEL_ARGS(T_IN))
 {
@@ -622,59 +674,25 @@ pv_direct(GEMM_KERNEL_ARGS(T_IN))
     const int kfull = min(kend, has_mask ? 0 : causal_end(causal, m0, seq_q, L)); /* all rows see k < kfull */
     __global const T_IN *Bb = B + b_off + (ulong)b * b_sb + (ulong)hk * b_sh + n0;
     __global const T_A *arow[RM];
-    float16 acc[RM][NS];
 #pragma unroll
-    for (int i = 0; i < RM; i++) {
+    for (int i = 0; i < RM; i++)
         arow[i] = Ab + (ulong)min(m0 + i, M - 1) * a_ss;
+    const int ncols = N - n0; /* columns of this block's V rows that exist */
+    float16 acc[RM][NS];
+    PV_DIRECT_SUM(1.0f)
+    int16 odd = (int16)(0);
+#pragma unroll
+    for (int i = 0; i < RM; i++)
 #pragma unroll
         for (int s = 0; s < NS; s++)
-            acc[i][s] = (float16)(0.0f);
-    }
-    const int ncols = N - n0; /* columns of this block's V rows that exist */
-    int k = 0;
-    for (; k < kfull; k++) {
-        float16 bv[NS];
-        load_v16s(Bb + (ulong)k * b_ss, ncols, bv);
-        MAD_TILE(acc, arow, k, bv, O_WEIGHT)
-    }
-    /* The rest 16 keys at a time: 16 keys that no row hides (with a mask of finite values, all
-     * of them) go unchecked, the others key by key. Measured on PoCL (2-core Intel Xeon,
-     * AVX-512, B1 H8 S1024 d64 f32, a finite [1][1][S][S] f32 mask, medians, 2 runs alternating):
-     * unfused 16.4-17.4 ms against 22.6-25.8 when every key was checked. */
-    while (k < kend) {
-        if (k + 16 <= kend) {
-            int16 hid = (int16)(0);
+            odd |= isinf(acc[i][s]) | isnan(acc[i][s]);
+    if (any(odd)) {
+        PV_DIRECT_SUM(O_WEIGHT)
 #pragma unroll
-            for (int i = 0; i < RM; i++)
-                hid |= IS_HIDDEN16(LD16_A(arow[i], k));
-            if (!any(hid)) {
-                for (const int stop = k + 16; k < stop; k++) {
-                    float16 bv[NS];
-                    load_v16s(Bb + (ulong)k * b_ss, ncols, bv);
-                    MAD_TILE(acc, arow, k, bv, O_WEIGHT)
-                }
-                continue;
-            }
-        }
-        for (const int stop = min(k + 16, kend); k < stop; k++) {
-            float a[RM];
-            int seen = 0;
+        for (int i = 0; i < RM; i++)
 #pragma unroll
-            for (int i = 0; i < RM; i++) {
-                a[i] = LD_A(arow[i], k) * O_WEIGHT; /* -0 stays -0 */
-                seen |= !IS_HIDDEN(a[i]);
-            }
-            if (!seen)
-                continue;
-            float16 bv[NS];
-            load_v16s(Bb + (ulong)k * b_ss, ncols, bv);
-#pragma unroll
-            for (int i = 0; i < RM; i++)
-                if (!IS_HIDDEN(a[i]))
-#pragma unroll
-                    for (int s = 0; s < NS; s++)
-                        acc[i][s] = MAD((float16)(a[i]), bv[s], acc[i][s]);
-        }
+            for (int s = 0; s < NS; s++)
+                acc[i][s] = o_from_half16(acc[i][s]);
     }
     __global T_OUT *Cb = C + c_off + (ulong)b * c_sb + (ulong)h * c_sh;
     for (int i = 0; i < RM && m0 + i < M; i++) {
@@ -682,12 +700,12 @@ pv_direct(GEMM_KERNEL_ARGS(T_IN))
 #pragma unroll
         for (int s = 0; s < NS; s++) {
             const int n = n0 + 16 * s;
-            const float16 x = o_from_half16(acc[i][s]);
-            store4_row(crow, n, x.s0123, N);
-            store4_row(crow, n + 4, x.s4567, N);
-            store4_row(crow, n + 8, x.s89ab, N);
-            store4_row(crow, n + 12, x.scdef, N);
+            store4_row(crow, n, acc[i][s].s0123, N);
+            store4_row(crow, n + 4, acc[i][s].s4567, N);
+            store4_row(crow, n + 8, acc[i][s].s89ab, N);
+            store4_row(crow, n + 12, acc[i][s].scdef, N);
         }
     }
 }
+#undef PV_DIRECT_SUM
 #endif
