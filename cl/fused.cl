@@ -630,8 +630,9 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
  * at half scale (O_WEIGHT) that cannot overflow whatever seq_kv and |V| are. The reference m is
  * not always the running maximum: it moves only when a score passes it by more than REF_SLACK,
  * so most blocks skip the row maximum and the exponential of the rescaling; p <= 2^8 in between,
- * and the result is the same since the reference cancels. Hidden keys get s = -inf, p = -0, and are skipped in P·V so
- * NaN/Inf in their K/V never reach O; a visible key whose p underflows to +0 is not skipped. */
+ * and the result is the same since the reference cancels. Hidden keys get s = -inf, p = -0, and
+ * are skipped in P·V so NaN/Inf in their K/V never reach O; a visible key whose p underflows to
+ * +0 is not skipped. */
 
 /* Only the direct programs, whose options always define IN_PLACE (0 or 1), compile what follows:
  * the tiled programs (GPUs) leave it out, which saves a GPU compiler seconds per variant. The
