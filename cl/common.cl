@@ -27,6 +27,16 @@
 #endif
 #define LN2 0.6931471805599453f
 
+/* Which kernels of a file a program holds. The host builds with -DKSEL=1 and -DK_<name>=1 for each
+ * kernel it will create from that program (K_mask for fused.cl's three mask kernels, K_widen for
+ * gemm.cl's two widen kernels): every kernel a program holds is compiled, PoCL's for the binary
+ * the library caches (all of them, each for any work-group size), a GPU driver's at
+ * clBuildProgram, and most of the kernels in fused.cl and gemm.cl serve other paths. Without KSEL
+ * a program holds every kernel of its file (tests/ptx_check.sh, builds by hand). */
+#ifndef KSEL
+#define KSEL 0
+#endif
+
 /* Work-group index in grid y or z. A launch with more work-groups there than the device takes
  * (NVIDIA: 65535) runs in chunks with a global offset (clattn__enqueue, util.c): get_global_id
  * counts the offset, get_group_id does not. Grid x is never chunked. */

@@ -218,6 +218,7 @@ inline int flags_hide_block(int rows, const int *rend, const ulong *frow, int kt
 /* One work-item per 16-key chunk (x), mask row (y) and mask slice (z = b·nh + h, b < nb, h <
  * nh: the batches and heads the mask does not broadcast over): flag byte
  * f_off + (z·rows + y)·nchunks + x is 1 when every key of the chunk below seq_kv is -inf. */
+#if !KSEL || K_mask
 __kernel void mask_flags(__global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh,
                          ulong m_ss, int nh, int rows, int nchunks, int seq_kv,
                          __global uchar *flags, ulong f_off)
@@ -237,6 +238,7 @@ __kernel void mask_flags(__global const T_MASK *mask, ulong m_off, ulong m_sb, u
     }
     flags[f_off + ((ulong)z * rows + y) * nchunks + c] = (uchar)hidden;
 }
+#endif
 
 /* The work-group's hull of its work-items' [lo, hi) (lo the least, hi the greatest) at dst[0]
  * and dst[1], written by work-item 0; lo_s and hi_s hold one int per work-item (mask_spans and
@@ -263,6 +265,7 @@ inline void store_hull(int lo, int hi, __local int *lo_s, __local int *hi_s, __g
  * range to their rows' spans (NARROW_KEYS), so the blocks before a sliding window or after a
  * row's last visible key cost nothing, not even a test of their flags. The work-items take
  * neighbouring bytes; at most 64 of them. */
+#if !KSEL || K_mask
 __kernel void mask_spans(__global const uchar *flags, ulong f_off, int nchunks, __global int *spans,
                          ulong s_off)
 {
@@ -278,6 +281,7 @@ __kernel void mask_spans(__global const uchar *flags, ulong f_off, int nchunks, 
         }
     store_hull(lo, hi, lo_s, hi_s, spans + s_off + 2 * y);
 }
+#endif
 
 /* One work-group per kv head z = b·heads_kv + hk (get_global_id(1)): the hull of the spans of
  * its query rows' flag rows (heads hk·group + j, positions 0..seq_q-1; flag row b·rb + hq·rh +
@@ -286,6 +290,7 @@ __kernel void mask_spans(__global const uchar *flags, ulong f_off, int nchunks, 
  * V copies (transpose_k in gemm.cl, pack_v) then write only the panels that meet it: with a
  * window over a long key cache (seq_q < seq_kv) most keys are seen by no row. The work-items take
  * rows in turn; at most 64 of them. */
+#if !KSEL || K_mask
 __kernel void mask_union(__global int *spans, ulong s_off, ulong u_off, ulong rb, ulong rh, ulong rs,
                          int heads_kv, int group, int seq_q, int nchunks)
 {
@@ -301,7 +306,9 @@ __kernel void mask_union(__global int *spans, ulong s_off, ulong u_off, ulong rb
     }
     store_hull(lo, hi, lo_s, hi_s, spans + u_off + 2 * (ulong)z);
 }
+#endif
 
+#if !KSEL || K_fused
 __kernel __attribute__((reqd_work_group_size(WGX, WGY, 1))) void
 fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
 {
@@ -594,6 +601,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
                 empty ? NEG_INF : m[i] + log(l[i]);
     }
 }
+#endif
 #undef Ks
 #undef Vs
 
@@ -635,8 +643,8 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
  * +0 is not skipped. */
 
 /* Only the direct programs, whose options always define IN_PLACE (0 or 1), compile what follows:
- * the tiled programs (GPUs) leave it out, which saves a GPU compiler seconds per variant. The
- * direct programs compile the tiled kernel above too, unused. */
+ * the tiled programs (GPUs) leave it out, which saves a GPU compiler seconds per variant (and the
+ * direct programs leave the tiled kernel out: KSEL, common.cl). */
 #ifdef IN_PLACE
 #ifndef DV16
 #define DV16 4 /* O columns in float16 blocks: 16·DV16 >= head_dim_v */
@@ -767,6 +775,7 @@ inline float hsum16(float16 v)
  * transpose_k in gemm.cl) only the keys of the DBN-key chunks that meet kv head z's span are
  * written, and with kvlen only those of the chunks that start below the batch's key length:
  * the chunks fused_direct reads; NULL: every key. One work-item per key. */
+#if !KSEL || K_pack_v
 __kernel void pack_v(__global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,
                      __global float *Vp, ulong vp_off, ulong vp_sz, int N, int DV, int heads_kv,
                      __global const int *kspan, ulong ks_off, __global const int *kvlen)
@@ -788,6 +797,7 @@ __kernel void pack_v(__global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh
         vstore16(16 * c + 16 <= DV ? LD16_IN(src, 16 * c) : ld16_tail(src, 16 * c, DV), 0,
                  dst + (ulong)c * (vp_sz / DV16));
 }
+#endif
 
 #if NB > 512
 #error "fused_direct keeps a bit per 16-key vector of a block in a uint: NB <= 512"
@@ -802,6 +812,7 @@ inline int run_end(uint vhid, int n, int nkeys)
     return min(nkeys, n + 16 * (31 - (int)clz(rest & (0u - rest)))); /* its lowest set bit */
 }
 
+#if !KSEL || K_fused_direct
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 {
@@ -1140,6 +1151,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
                 empty ? NEG_INF : m[i] + log(l[i]);
     }
 }
+#endif
 
 #if IN_PLACE && defined(LANES)
 /* ---- CPUs: fused_lanes (in place, 11 or more packed rows per kv head) ----
@@ -1399,6 +1411,7 @@ __attribute__((always_inline)) inline void lanes_vrow_f32(const float *vp, int c
 DEFINE_LANES_PV(lanes_pv, __global const T_KV *, lanes_vrow)
 DEFINE_LANES_PV(lanes_pv_f32, const float *, lanes_vrow_f32)
 
+#if !KSEL || K_fused_lanes
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 {
@@ -1672,5 +1685,6 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
             LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = empty ? NEG_INF : mi + log(li);
     }
 }
+#endif
 #endif /* fused_lanes */
 #endif /* IN_PLACE: the CPU kernels */

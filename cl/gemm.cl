@@ -63,6 +63,7 @@
         ulong m_sh, ulong m_ss, __global const int *kvlen, int M, int N, int K, int heads,       \
         int group, int seq_q, int seq_kv, int causal, int has_mask, float alpha
 
+#if !KSEL || K_gemm
 __kernel __attribute__((reqd_work_group_size(WGX, WGY, 1))) void
 gemm(GEMM_KERNEL_ARGS(T_IN))
 {
@@ -249,6 +250,7 @@ gemm(GEMM_KERNEL_ARGS(T_IN))
         }
     }
 }
+#endif
 
 /* Whether the panel of KT_PANEL keys (16 without panels) holding key n of kv head z (batch
  * z / heads_kv) is copied (transpose_k below): it starts below the batch's key length (kvlen,
@@ -275,6 +277,7 @@ inline int panel_seen(__global const int *kspan, ulong ks_off, __global const in
  * lengths) only the panels that start below batch b's length. Those are the only panels
  * fused_direct reads; NULL: every key. One work-item per key: neighbouring work-items write
  * neighbouring words. Grid x = N rounded up, y = batch·heads_kv. */
+#if !KSEL || K_transpose_k
 __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
                           __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D,
                           int heads_kv, __global const int *kspan, ulong ks_off, __global const int *kvlen)
@@ -294,6 +297,7 @@ __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong
     for (int d = 0; d < D; d++)
         dst[(ulong)d * kt_ss] = LD_IN(src, d);
 }
+#endif
 
 /* transpose_k for CPUs, same arguments and output (kspan and kvlen too): one work-item per 16 keys
  * (x) and kv head (y). A 16x16 block (16 key rows, 16 of their elements) is loaded as float16 rows,
@@ -303,6 +307,7 @@ __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong
  * covers. Each of the four rounds takes the even lanes of rows 2k and 2k+1 into row k and their odd
  * lanes into row k + 8: with (row, lane) as the 8 bits r3..r0 c3..c0 of the element's index, a
  * round rotates them right by one, so four rounds swap row and lane. */
+#if !KSEL || K_transpose_k16
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
               __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D, int heads_kv,
@@ -347,6 +352,7 @@ transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong
                 vstore16(a[e], 0, dst + (ulong)(d0 + e) * kt_ss);
     }
 }
+#endif
 
 /* An f16 or bf16 tensor as f32 rows for the CPU kernels (Q for scores_direct, V for pv_direct):
  * Xf[z][n][c] = X[b][h][n][c] in rows of xf_ss floats (z = b·heads + h, head blocks of N·xf_ss
@@ -374,14 +380,18 @@ __attribute__((always_inline)) inline void widen_rows(WIDEN_ARGS)
     }
 }
 /* One name per tensor, so that profiles and tests tell them apart. */
+#if !KSEL || K_widen
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void widen_q(WIDEN_ARGS)
 {
     widen_rows(X, x_off, x_sb, x_sh, x_ss, Xf, xf_off, xf_ss, N, C, heads);
 }
+#endif
+#if !KSEL || K_widen
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void widen_v(WIDEN_ARGS)
 {
     widen_rows(X, x_off, x_sb, x_sh, x_ss, Xf, xf_off, xf_ss, N, C, heads);
 }
+#endif
 
 /* The direct kernels' indices: z = b·heads + h (kv head hk), rows from m0, keys (or O columns)
  * from n0 in blocks of NB_, L keys in batch b, Ab the head's rows of A. */
@@ -478,6 +488,7 @@ __attribute__((always_inline)) inline void store_scores16(__global T_OUT *Cb, ul
  * d128 seq_q 512 seq_kv 8192 58.8-60.4 against 97.7-98.3. The accumulators stay in registers.
  * Rows beyond M and keys beyond N are computed from clamped/padded data and never stored. Grid
  * x = ceil(N / (16·NS)), y = ceil(M / RM), z = batch·heads (work-group 1x1x1). */
+#if !KSEL || K_scores_direct
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 scores_direct(GEMM_KERNEL_ARGS(float))
 {
@@ -547,6 +558,7 @@ scores_direct(GEMM_KERNEL_ARGS(float))
             store_scores16(Cb, c_ss, Mb, m_ss, m, n0 + 16 * s, N, cend, has_mask, acc[i][s] * alpha);
     }
 }
+#endif
 
 #if defined(DP16)
 /* Scores on CPUs with K read in place (DIRECT 1 with KT 0, or with few query rows: see
@@ -555,6 +567,7 @@ scores_direct(GEMM_KERNEL_ARGS(float))
  * copy's write and second read of K cost more than the horizontal sums of in-place dot
  * products. Grid x = ceil(N / 256), y = ceil(M / RM), z = batch·heads (work-group 1x1x1). */
 #define SIP_KEYS 256
+#if !KSEL || K_scores_in_place
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 scores_in_place(GEMM_KERNEL_ARGS(T_IN))
 {
@@ -597,6 +610,7 @@ scores_in_place(GEMM_KERNEL_ARGS(T_IN))
         }
     }
 }
+#endif
 #endif
 
 #if MODE == 1
@@ -666,6 +680,7 @@ __attribute__((always_inline)) inline void load_v16s(__global const T_IN *vr, in
         }                                                                                        \
     }
 
+#if !KSEL || K_pv_direct
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 pv_direct(GEMM_KERNEL_ARGS(T_IN))
 {
@@ -707,5 +722,6 @@ pv_direct(GEMM_KERNEL_ARGS(T_IN))
         }
     }
 }
+#endif
 #undef PV_DIRECT_SUM
 #endif

@@ -14,6 +14,7 @@
 #define WG 64
 #endif
 
+#if !KSEL || K_merge_strided
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
 merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulong p_ss,
               __global const float *PL, ulong pl_off, ulong pl_sb, ulong pl_sh, ulong pl_ss,
@@ -72,8 +73,10 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
         LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] =
             mx == NEG_INF ? NEG_INF : mx + log(sum);
 }
+#endif
 
 #if defined(DT_A) && defined(DT_IN) /* merge_pair is built with its own storage types */
+#if !KSEL || K_merge_pair
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
 merge_pair(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
            __global const float *XL, ulong xl_off, ulong xl_sb, ulong xl_sh, ulong xl_ss,
@@ -118,4 +121,5 @@ merge_pair(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_s
     if (has_lse && c == 0)
         LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] = lse;
 }
+#endif
 #endif

@@ -44,6 +44,7 @@ inline float4 row4(__global const T_A *x, __global const T_MASK *mk, int j, int 
     return v;
 }
 
+#if !KSEL || K_softmax
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
 softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
         __global T_OUT *Y, ulong y_off, ulong y_sb, ulong y_sh, ulong y_ss,
@@ -112,6 +113,7 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
         LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] =
             S == 0.0f ? NEG_INF : ref + log(S);
 }
+#endif
 
 /* CPU variant: one work-item walks ROWS whole rows alone, 16 columns at a time, with no local
  * memory and no barrier (PoCL pays for every barrier region and every work-group). Same three
@@ -155,6 +157,7 @@ inline float col1(__global const T_A *x, __global const T_MASK *mk, int j, int c
     return mv == NEG_INF ? NEG_INF : LD_A(x, j) * sc + mv;
 }
 
+#if !KSEL || K_softmax_rows
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
              __global T_OUT *Y, ulong y_off, ulong y_sb, ulong y_sh, ulong y_ss,
@@ -239,4 +242,5 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
                 S == 0.0f ? NEG_INF : ref + log(S);
     }
 }
+#endif
 #endif

@@ -540,13 +540,16 @@ static clattn_status run_direct(clattn_context *ctx, const clattn_problem *p, co
     if (lanes)
         snprintf(lanes_opt, sizeof lanes_opt, " -DLANES=%d -DLPF=%d", lanes,
                  (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0);
-    char opts[320];
+    /* The program holds the kernels taken from it below and no others (KSEL, common.cl). */
+    char opts[400];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=1 -DWGY=1 "
-             "-DRM=%d -DNS=%d -DVW=16 -DNV=1 -DDP=%d -DDV16=%d -DEXP2_POLY=1 -DIN_PLACE=%d -DKV_FULL=%d%s%s%s",
+             "-DRM=%d -DNS=%d -DVW=16 -DNV=1 -DDP=%d -DDV16=%d -DEXP2_POLY=1 -DIN_PLACE=%d -DKV_FULL=%d%s%s%s"
+             " -DKSEL=1 -DK_%s=1%s%s",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
              p->has_mask ? (int)p->mask.dtype : 0, rm, ns, dp, dv16, in_place, kv_full,
-             dp16, lanes_opt, mf.on ? " -DMFLAGS=1" : "");
+             dp16, lanes_opt, mf.on ? " -DMFLAGS=1" : "", lanes ? "fused_lanes" : "fused_direct",
+             in_place ? "" : " -DK_pack_v=1", mf.on ? " -DK_mask=1" : "");
     cl_kernel kpack = NULL, kdirect;
     clattn_status st;
     if ((!in_place && (st = clattn__get_kernel(ctx, "fused.cl", opts, "pack_v", &kpack))) ||
@@ -812,13 +815,14 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
     if (mf.on && clattn__add_sat(part_bytes, mf.bytes) > ctx->dev.max_alloc)
         mf.on = 0; /* the kernel scans the mask itself */
 
-    char opts[320];
+    char opts[360];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=%d -DWGY=%d -DRM=%d -DNS=%d "
-             "-DVW=%d -DNV=%d -DDP=%d -DEXP2_POLY=%d%s",
+             "-DVW=%d -DNV=%d -DDP=%d -DEXP2_POLY=%d%s -DKSEL=1 -DK_fused=1%s",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
              p->has_mask ? (int)p->mask.dtype : 0, c->wgx, c->wgy, c->rm, c->ns, c->vw, c->nv, c->dp,
-             (ctx->dev.type & CL_DEVICE_TYPE_CPU) ? 1 : 0, mf.on ? " -DMFLAGS=1" : "");
+             (ctx->dev.type & CL_DEVICE_TYPE_CPU) ? 1 : 0, mf.on ? " -DMFLAGS=1" : "",
+             mf.on ? " -DK_mask=1" : "");
     cl_kernel k;
     clattn_status st;
     if ((st = get_mask_kernels(ctx, opts, &mf)) ||

@@ -18,8 +18,8 @@ static clattn_status merge_kernel(clattn_context *ctx, const char *name, const c
     for (size_t cap = ctx->dev.max_wg;;) {
         if ((size_t)*wg > cap)
             *wg = (int)cap;
-        char all[192];
-        snprintf(all, sizeof all, "%s -DWG=%d", opts, *wg);
+        char all[240];
+        snprintf(all, sizeof all, "%s -DWG=%d -DKSEL=1 -DK_%s=1", opts, *wg, name);
         const clattn_status st = clattn__get_kernel(ctx, "merge.cl", all, name, k);
         if (!st)
             return st;

@@ -147,8 +147,9 @@ static clattn_status widen(clattn_context *ctx, const char *name, const clattn_v
                            int64_t heads, int64_t rows, int64_t cols, cl_mem scratch, uint64_t off,
                            clattn_view *out, cl_uint num_wait, const cl_event *wait)
 {
-    char opts[96];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0", (int)x->dtype);
+    char opts[128]; /* one program for widen_q and widen_v (KSEL, common.cl) */
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DKSEL=1 -DK_widen=1",
+             (int)x->dtype);
     cl_kernel k;
     clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, name, &k);
     if (st)
@@ -234,13 +235,14 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
                 v[4] = (int)tk;
             }
         }
-        char opts[256];
+        char opts[320];
         snprintf(opts, sizeof opts,
                  "-cl-std=CL1.2 -cl-mad-enable -DMODE=%d -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d "
-                 "-DWGX=%d -DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d -DKFULL=%d -DKT=%d -DDIRECT=%d -DKT_PANEL=%d%s",
+                 "-DWGX=%d -DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d -DKFULL=%d -DKT=%d -DDIRECT=%d -DKT_PANEL=%d%s"
+                 " -DKSEL=1 -DK_%s=1",
                  mode, (int)a->dtype, (int)bm->dtype, (int)c->dtype,
                  p->has_mask ? (int)p->mask.dtype : 0, v[0], v[1], v[2], v[3], v[4], v[5], kfull, kt,
-                 direct, kt ? kt_panel(v) : 0, dp16);
+                 direct, kt ? kt_panel(v) : 0, dp16, kname);
         const clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, kname, &k);
         if (!st)
             break;
@@ -288,12 +290,12 @@ clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem 
                                       cl_ulong ks_off, cl_mem kvlen, cl_uint num_wait,
                                       const cl_event *wait)
 {
-    char opts[128];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DKT_PANEL=%d",
-             (int)p->k.dtype, panel);
     /* CPUs: transpose_k16 (16x16 blocks in registers); elsewhere one work-item per key. */
     const int cpu = (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0;
     const char *name = cpu ? "transpose_k16" : "transpose_k";
+    char opts[160];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DKT_PANEL=%d -DKSEL=1 -DK_%s=1",
+             (int)p->k.dtype, panel, name);
     cl_kernel k;
     clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, name, &k);
     if (st)

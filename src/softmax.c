@@ -31,10 +31,11 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
             wg *= 2;
         char opts[200];
         if (per_wi)
-            snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_OUT=%d -DDT_MASK=%d -DWG=1 -DROWS=%d",
+            snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_OUT=%d -DDT_MASK=%d -DWG=1 -DROWS=%d "
+                     "-DKSEL=1 -DK_softmax_rows=1",
                      (int)in->dtype, (int)out->dtype, mask ? (int)mask->dtype : 0, per_wi);
         else
-            snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_OUT=%d -DDT_MASK=%d -DWG=%d",
+            snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_OUT=%d -DDT_MASK=%d -DWG=%d -DKSEL=1 -DK_softmax=1",
                      (int)in->dtype, (int)out->dtype, mask ? (int)mask->dtype : 0, wg);
         const clattn_status st =
             clattn__get_kernel(ctx, "softmax.cl", opts, per_wi ? "softmax_rows" : "softmax", &k);
