@@ -40,9 +40,9 @@
 
 /* The softmax kernel clattn_softmax itself builds for f32 on a CPU (WG 16; forced on other devices
  * through CLATTN_PARAMS_SOFTMAX), so a public call can prove a cached binary computes correctly. */
-#define OPT_A "-cl-std=CL1.2 -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DWG=16"
+#define OPT_A "-cl-std=CL1.2 -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DWG=16 -DKSEL=1 -DK_softmax=1"
 /* The same source with other options: a different cache key, for the "foreign file" case. */
-#define OPT_B "-cl-std=CL1.2 -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DWG=32"
+#define OPT_B "-cl-std=CL1.2 -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DWG=32 -DKSEL=1 -DK_softmax=1"
 #define OPT_FUSED \
     "-cl-std=CL1.2 -DDT_IN=0 -DDT_OUT=0 -DDT_MASK=0 -DWGX=4 -DWGY=4 -DRM=8 -DNS=2 -DNV=4 -DDP=64"
 
