@@ -10,7 +10,8 @@
 #   tools/intel-cpu-check.sh [STEPS [CTEST_REGEX]]
 #
 # STEPS: a comma list of tests, bench (default tests). CTEST_REGEX picks the tests (default: all;
-# on 2 cores with a cold kernel cache test_attention alone takes 13 minutes, test_scores 3).
+# on 2 cores with a cold kernel cache test_attention alone took 13 minutes, test_scores 3, before
+# programs held only their own kernels: KSEL, cl/common.cl).
 # CLATTN_INTEL_BUILD names a configured build folder to reuse (test.sh passes build-test; default
 # build-intel, configured here), CLATTN_INTEL_TIMEOUT caps the tests' wall time in seconds
 # (default 1800). Exits 0 with a message, testing nothing, where the wheels cannot be fetched or

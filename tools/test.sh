@@ -52,7 +52,8 @@ if [ "${CLATTN_VALGRIND:-1}" != 0 ]; then
   # The warm-up runs a process per core at a time, test_failures (the most kernels: 15 of the
   # 22 minutes the warm-up took one process at a time on 2 cores) split among 2 per core
   # (CLATTN_TEST_SHARD, tests/testutil.h), the longest first: 14 minutes there, the step 17
-  # instead of 26. Two that need the same kernel may both compile it; the cache keeps one.
+  # instead of 26; since programs hold only their own kernels (KSEL, cl/common.cl) the step took
+  # 306 s (2026-12-02). Two that need the same kernel may both compile it; the cache keeps one.
   vg_tests="test_soak test_failures test_bad_input test_status test_reference" # longest first
   export CLATTN_CACHE_DIR="$cache" CLATTN_SOAK_CALLS=2000
   shards=$((2 * jobs))
@@ -128,14 +129,14 @@ if [ "$fuzz_seconds" != 0 ]; then
 fi
 if [ "${CLATTN_INTEL_CPU:-1}" != 0 ]; then
   step "a second OpenCL implementation, Intel's CPU runtime: part of the suite (tools/intel-cpu-check.sh)"
-  # Intel's compiler takes 4 to 27 s a kernel variant (fused_lanes the longest), so a cold kernel
-  # cache costs test_attention's 172 cases about 13 minutes there. This step runs test_decode,
+  # Intel's compiler took 4 to 27 s a kernel variant (fused_lanes the longest) while every program
+  # held all the kernels of its file, and test_attention's 172 cases about 13 minutes cold; with
+  # KSEL (cl/common.cl) this whole step took 68 s cold (2026-12-02). This step runs test_decode,
   # test_scores, test_softmax and test_bad_input whole and a sample of test_attention that still
   # takes every kernel a CPU's defaults run (prefill and decode, f32/f16/bf16, masks, windows, key
-  # lengths, NaN rules, the unfused path): about 10 minutes cold on 2 cores, plus a 260 MB
-  # download. Left out when the run is already past 60 minutes, and its tests stopped (a failure)
-  # past 15, so that CI stays well inside its time; skipped with a message where the runtime
-  # cannot be had.
+  # lengths, NaN rules, the unfused path), plus a 260 MB download. Left out when the run is
+  # already past 60 minutes, and its tests stopped (a failure) past 15, so that CI stays well
+  # inside its time; skipped with a message where the runtime cannot be had.
   if [ $SECONDS -gt $((60 * 60)) ]; then
     echo "   skipped: the run is past 60 minutes ($((SECONDS / 60)) min); run tools/intel-cpu-check.sh alone"
   else
