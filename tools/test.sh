@@ -33,11 +33,9 @@ cmake --build build-asan -j"$jobs"
 # LeakSanitizer's exit-time tracer crashes (SIGSEGV) while PoCL's worker threads are alive, so
 # leaks are not checked here; test_device checks that create/release cycles do not grow memory,
 # test_soak that calls do not, and the valgrind step below checks leaks in the library's own code.
-# use_sigaltstack=0: LLVM inside PoCL gives a thread that builds a program an alternate signal stack
-# from malloc, which ASan unmaps as its own when the thread ends (tests/testutil.c, where the tests
-# default to it; said here for the fuzz harnesses too).
-asan_common="abort_on_error=0:strict_string_checks=1:use_sigaltstack=0"
-export ASAN_OPTIONS="detect_leaks=0:$asan_common"
+# The tests and the fuzz harnesses that run kernels also take use_sigaltstack=0 from their own
+# defaults (tests/testutil.c: LLVM's alternate signal stacks inside PoCL).
+export ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:strict_string_checks=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 (cd build-asan && ctest --output-on-failure -j"$jobs" -E consumer)
 step_done
@@ -113,7 +111,7 @@ if [ "$fuzz_seconds" != 0 ]; then
     leaks=0
     [[ "$leak_checked" == *" $name "* ]] && leaks=1
     mkdir -p "build-fuzz/corpus/$name" "tests/fuzz/corpus/$name"
-    if ! CLATTN_CACHE_DIR="$cache" ASAN_OPTIONS="detect_leaks=$leaks:$asan_common" \
+    if ! CLATTN_CACHE_DIR="$cache" ASAN_OPTIONS="detect_leaks=$leaks:strict_string_checks=1" \
          "$exe" -max_total_time="$fuzz_seconds" -timeout=120 \
          -rss_limit_mb=4096 -detect_leaks=$leaks -print_final_stats=1 \
          -artifact_prefix="build-fuzz/artifacts/$name-" \
