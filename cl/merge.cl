@@ -5,7 +5,10 @@
  *
  * merge_strided: the parts lie in one f32 buffer at a fixed stride (flash-decoding splits).
  * merge_pair:    folds one more part (any storage type) into an accumulator; clattn_merge chains
- *                it over the caller's parts, which may live in separate buffers.
+ *                it over the caller's parts, which may live in separate buffers. The accumulator
+ *                keeps its row maximum m and weight sum s = Σ exp(lse_p - m) apart, not an LSE
+ *                m + log s: from |lse| = 2^24 on, m + log 2 rounds back to m in fp32, and chained
+ *                LSEs would weigh equal parts 1/2, 1/4, 1/8, ...
  * One work-item per (row, column); grid x = ceil(DV / WG)·WG, rows = batch·heads·seq in y and z
  * (row = y + ny·z, ny = min(rows, 32768)): some drivers (CUDA-based ones) cap a grid dimension
  * other than x at 65535 work-groups, and clattn__enqueue splits a longer z into chunks. */
@@ -84,25 +87,28 @@ merge_pair(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_s
            __global const float *YL, ulong yl_off, ulong yl_sb, ulong yl_sh, ulong yl_ss,
            __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,
            __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
-           int rows, int ny, int heads, int seq, int DV, int has_lse)
+           ulong xs_delta, ulong os_delta, int rows, int ny, int heads, int seq, int DV, int has_lse)
 {
+    /* xs_delta > 0: X is the accumulator, XL holds its m and XL[+xs_delta] its s; 0: X is a part,
+     * XL its lse (s = 1). os_delta > 0: write m to LSE and s to LSE[+os_delta]; 0: the lse. */
     const int c = get_global_id(0);
     const long grow = (long)get_global_id(1) + (long)ny * (long)get_global_id(2);
     if (grow >= rows)
         return;
     const int row = (int)grow;
     const int i = row % seq, bh = row / seq, h = bh % heads, b = bh / heads;
-    const float lx = XL[xl_off + (ulong)b * xl_sb + (ulong)h * xl_sh + (ulong)i * xl_ss];
+    const ulong xl_at = xl_off + (ulong)b * xl_sb + (ulong)h * xl_sh + (ulong)i * xl_ss;
+    const float lx = XL[xl_at], sx = xs_delta ? XL[xl_at + xs_delta] : 1.0f;
     const float ly = YL[yl_off + (ulong)b * yl_sb + (ulong)h * yl_sh + (ulong)i * yl_ss];
-    const float mx = fmax(lx, ly);
-    float wx = 0.0f, wy = 0.0f, lse = NEG_INF;
+    float mx = fmax(lx, ly), wx = 0.0f, wy = 0.0f, sum = 0.0f;
     if (isnan(lx) || isnan(ly)) {
-        wx = wy = lse = NAN; /* fmax would skip the NaN part */
+        mx = wx = wy = sum = NAN; /* fmax would skip the NaN part */
     } else if (mx != NEG_INF) {
-        wx = lx == NEG_INF ? 0.0f : exp(lx - mx);
+        /* sx >= 1 (it counts the maximum's own exp(0)) and at most the number of parts */
+        wx = lx == NEG_INF ? 0.0f : sx * exp(lx - mx);
         wy = ly == NEG_INF ? 0.0f : exp(ly - mx);
-        lse = mx + log(wx + wy);
-        const float inv = O_WEIGHT / (wx + wy); /* half scale: o_from_half at the store */
+        sum = wx + wy;
+        const float inv = O_WEIGHT / sum; /* half scale: o_from_half at the store */
         wx *= inv;
         wy *= inv;
     }
@@ -118,8 +124,15 @@ merge_pair(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_s
             x += wy * LD_IN(Y, y_off + (ulong)b * y_sb + (ulong)h * y_sh + (ulong)i * y_ss + c);
         ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)i * o_ss + c, o_from_half(x));
     }
-    if (has_lse && c == 0)
-        LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] = lse;
+    if (has_lse && c == 0) {
+        const ulong l_at = l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss;
+        if (os_delta) {
+            LSE[l_at] = mx;
+            LSE[l_at + os_delta] = sum;
+        } else {
+            LSE[l_at] = mx == NEG_INF ? NEG_INF : mx + log(sum);
+        }
+    }
 }
 #endif
 #endif

@@ -83,8 +83,9 @@ clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, i
 
 static clattn_status merge_pair(clattn_context *ctx, const clattn_view *x, const clattn_view *xl,
                                 const clattn_view *y, const clattn_view *yl, const clattn_view *o,
-                                const clattn_view *ol, int64_t batch, int64_t heads, int64_t seq,
-                                int64_t dv, cl_uint num_wait, const cl_event *wait, cl_event *done)
+                                const clattn_view *ol, cl_ulong xs_delta, cl_ulong os_delta,
+                                int64_t batch, int64_t heads, int64_t seq, int64_t dv,
+                                cl_uint num_wait, const cl_event *wait, cl_event *done)
 {
     char opts[160];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d", (int)x->dtype,
@@ -105,6 +106,8 @@ static clattn_status merge_pair(clattn_context *ctx, const clattn_view *x, const
     clattn__arg_view(&a, yl);
     clattn__arg_view(&a, o);
     clattn__arg_view(&a, ol);
+    clattn__arg(&a, sizeof(cl_ulong), &xs_delta);
+    clattn__arg(&a, sizeof(cl_ulong), &os_delta);
     clattn__arg(&a, sizeof(int), &nrows);
     clattn__arg(&a, sizeof(int), &ny);
     clattn__arg(&a, sizeof(int), &h);
@@ -183,16 +186,18 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
         return st;
     }
 
-    /* Fold the parts pairwise into an f32 accumulator; the LSE accumulator alternates between two
-     * slots because merge_pair must not overwrite an LSE other work-groups still read. One part
-     * needs only an LSE slot (below), two parts none. */
+    /* Fold the parts pairwise into an f32 accumulator: its output (normalised), and per row its
+     * maximum m and weight sum s (merge.cl), which alternate between two slots [m0 m1 s0 s1]
+     * because merge_pair must not overwrite a row's m or s that other work-groups still read.
+     * One part needs only an LSE slot (below), two parts none. */
     const cl_ulong rows = (cl_ulong)(B * H * S);
     const cl_ulong dv = (cl_ulong)DV;
     const cl_ulong acc_floats = num_parts == 1 ? 0 : rows * dv;
+    const cl_ulong s_delta = 2 * rows; /* from slot i's m to its s */
     cl_mem ws = NULL;
     if (num_parts != 2) {
         st = clattn__workspace(
-            ctx, clattn__mul_sat(clattn__add_sat(acc_floats, (num_parts == 1 ? 1u : 2u) * rows), 4), &ws);
+            ctx, clattn__mul_sat(clattn__add_sat(acc_floats, (num_parts == 1 ? 1u : 4u) * rows), 4), &ws);
         if (st) {
             free(vpo);
             return st;
@@ -212,8 +217,8 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
             free(vpo);
             return clattn__cl_fail(ctx, err, "clEnqueueFillBuffer(merge)");
         }
-        st = merge_pair(ctx, &vpo[0], &vpl[0], &vpo[0], &accl[0], &vo, lse ? &vl : NULL, B, H, S,
-                        DV, 0, NULL, done);
+        st = merge_pair(ctx, &vpo[0], &vpl[0], &vpo[0], &accl[0], &vo, lse ? &vl : NULL, 0, 0, B,
+                        H, S, DV, 0, NULL, done);
         free(vpo);
         return st;
     }
@@ -222,7 +227,8 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
         const int last = i == num_parts - 1;
         const clattn_view *o = last ? &vo : &acc;
         const clattn_view *ol = last ? (lse ? &vl : NULL) : &accl[i % 2];
-        st = merge_pair(ctx, x, xl, &vpo[i], &vpl[i], o, ol, B, H, S, DV, i == 1 ? num_wait : 0,
+        st = merge_pair(ctx, x, xl, &vpo[i], &vpl[i], o, ol, i == 1 ? 0 : s_delta,
+                        last ? 0 : s_delta, B, H, S, DV, i == 1 ? num_wait : 0,
                         i == 1 ? wait : NULL, last ? done : NULL);
         x = &acc;
         xl = &accl[i % 2];

@@ -34,6 +34,8 @@
  * Merge rows hand clattn_merge parts whose outputs sit at FLT_MAX (G_ALL_MAX, G_ALL_LOW, G_TOP)
  * with finite LSEs (equal, spread over 1 to 3 units, or all 3e38) and compare with ref_merge: the
  * merged output is a convex combination of the parts, finite, exactly ±FLT_MAX for equal parts.
+ * Rows with ordinary outputs and LSEs of 2^24 to 3e38 check the weights where an fp32 LSE can no
+ * longer hold lse + log 2 (a merge chained through one would weigh equal parts 1/2, 1/4, ...).
  * Tolerances as test_decode.c's merge alone with atol scaled by M = max|part|: out atol 1e-6·M,
  * rtol 1e-6; lse atol and rtol 1e-6.
  * Former limits, now rows of the table: the fused kernels keep O normalised (a convex combination
@@ -416,13 +418,20 @@ typedef struct merge_row {
 
 /* clang-format off */
 static const merge_row merge_rows[] = {
-    /* name                         P  B  H  S   D   out         lse_lo  spread */
-    {"f32_parts_all_max",           2, 1, 2, 5,  16, G_ALL_MAX,  0.5,    0.0},
-    {"f32_parts_all_lowest",        2, 1, 4, 16, 16, G_ALL_LOW,  0.5,    2.0},
-    {"f32_parts_all_max_three",     3, 1, 2, 5,  16, G_ALL_MAX,  -1.0,   3.0},
-    {"f32_parts_all_lowest_three",  3, 2, 1, 7,  16, G_ALL_LOW,  2.0,    1.0},
-    {"f32_parts_top_eight",         8, 1, 2, 5,  32, G_TOP,      -1.0,   3.0},
-    {"f32_parts_all_max_big_lse",   4, 1, 2, 3,  16, G_ALL_MAX,  3e38,   0.0},
+    /* name                             P  B  H  S   D   out         lse_lo      spread */
+    {"f32_parts_all_max",             2, 1, 2, 5,  16, G_ALL_MAX,  0.5,        0.0},
+    {"f32_parts_all_lowest",          2, 1, 4, 16, 16, G_ALL_LOW,  0.5,        2.0},
+    {"f32_parts_all_max_three",       3, 1, 2, 5,  16, G_ALL_MAX,  -1.0,       3.0},
+    {"f32_parts_all_lowest_three",    3, 2, 1, 7,  16, G_ALL_LOW,  2.0,        1.0},
+    {"f32_parts_top_eight",           8, 1, 2, 5,  32, G_TOP,      -1.0,       3.0},
+    {"f32_parts_all_max_big_lse",     4, 1, 2, 3,  16, G_ALL_MAX,  3e38,       0.0},
+    /* LSEs from 2^24 on, where lse + log 2 rounds back to lse: with equal or near parts, the
+     * weights are still exp(lse_i - m) / Σ exp(lse_j - m) (fp32 LSEs at 2^25 lie 4 apart) */
+    {"f32_parts_equal_big_lse_three", 3, 1, 2, 3,  16, G_NORMAL,   1e30,       0.0},
+    {"f32_parts_equal_big_lse_four",  4, 2, 1, 3,  16, G_NORMAL,   3e38,       0.0},
+    {"f32_parts_equal_big_lse_eight", 8, 1, 2, 5,  32, G_NORMAL,   1e30,       0.0},
+    {"f32_parts_lse_2p24_three",      3, 1, 2, 5,  16, G_NORMAL,   16777216.0, 3.0},
+    {"f32_parts_lse_2p25_eight",      8, 1, 2, 5,  32, G_NORMAL,   33554432.0, 16.0},
 };
 /* clang-format on */
 
