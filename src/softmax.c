@@ -29,6 +29,10 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
         wg = 1;
         while (wg * 2 <= pp.v[0] && (size_t)(wg * 2) <= cap)
             wg *= 2;
+        /* The work-group kernel's grid is rows·WG work-items in x, which a 32-bit size_t cannot
+         * hold from 2^32 on (rows >= 2^22 at WG 1024): one row a work-item there instead. */
+        if (!per_wi && (uint64_t)rows * (uint64_t)wg > SIZE_MAX)
+            per_wi = 1;
         char opts[200];
         if (per_wi)
             snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_A=%d -DDT_OUT=%d -DDT_MASK=%d -DWG=1 -DROWS=%d "

@@ -26,6 +26,9 @@
  * launches; each operation, running work-group kernels chosen by a user tuning file, must refit
  * and match the float64 reference (test_kernel_wg), and values the application or environment set
  * must be refused instead (test_kernel_wg_strict).
+ *
+ * The last limit is the host's: a grid past 2^32 work-items in x does not fit a 32-bit size_t
+ * (test_softmax_grid_32, run by tools/test32.sh).
  */
 #define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
 
@@ -804,13 +807,68 @@ static void test_kernel_local(void **state)
     }
 }
 
+/* ---- a 32-bit host's grid ---- */
+
+/* clattn_softmax's work-group kernel runs rows·WG work-items in grid x. Where size_t has 32 bits
+ * that product passes 2^32 from rows = 2^32 / WG on (2^22 rows at WG 1024), and a wrapped grid
+ * would run a few work-groups and leave the other rows unwritten (the library takes one row a
+ * work-item there instead). With WG set as large as the device allows and ROWS 0, 2^32 / WG + 3
+ * rows of 2 columns, the output filled with NaN beforehand, must all match the float64 softmax
+ * (to 1e-6). Skipped where size_t has 64 bits: the product cannot wrap, and the launch would take
+ * minutes on a CPU. tools/test32.sh runs it. */
+static void test_softmax_grid_32(void **state)
+{
+    (void)state;
+    if (sizeof(size_t) > 4)
+        skip();
+    clattn_context *ctx = tu_context_sharing(tu_ctx_get());
+    const int pmax = clattn_param_max(CLATTN_OPERATION_SOFTMAX, 0);
+    int wg = 1;
+    while (wg * 2 <= pmax && (size_t)(wg * 2) <= ctx->dev.max_wg)
+        wg *= 2;
+    const int values[2] = {wg, 0};
+    assert_int_equal(clattn_param_count(CLATTN_OPERATION_SOFTMAX), 2);
+    if (clattn_set_params(ctx, CLATTN_OPERATION_SOFTMAX, values, 2) != CLATTN_SUCCESS)
+        fail_msg("clattn_set_params: %s", clattn_last_error(ctx));
+    const uint64_t rows = (((uint64_t)1 << 32) / (uint64_t)wg) + 3;
+    const size_t n = (size_t)rows * 2;
+    float *in = tu_xalloc(n * 4), *out = tu_xalloc(n * 4);
+    tu_rng rng;
+    tu_seed(&rng, tu_seed_of("softmax_grid_32"));
+    for (size_t i = 0; i < n; i++) {
+        in[i] = (float)tu_uniform(&rng, -4.0, 4.0);
+        out[i] = NAN;
+    }
+    cl_mem bi = tu_xbuffer(n * 4, in), bo = tu_xbuffer(n * 4, out);
+    const clattn_softmax_desc sd = {1, 1, (int64_t)rows, 2, 1.0f, 0, NULL, NULL};
+    const clattn_tensor ti = clattn_tensor_bhsd(bi, CLATTN_F32, 1, 1, (int64_t)rows, 2);
+    const clattn_tensor to = clattn_tensor_bhsd(bo, CLATTN_F32, 1, 1, (int64_t)rows, 2);
+    const clattn_status st = clattn_softmax(ctx, &sd, &ti, &to, 0, NULL, NULL);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("clattn_softmax (WG %d, %llu rows): %s: %s", wg, (unsigned long long)rows,
+                 clattn_status_name(st), clattn_last_error(ctx));
+    tu_read(ctx, bo, n * 4, out);
+    size_t bad = 0, first = 0;
+    for (size_t r = 0; r < (size_t)rows; r++) {
+        const double a = in[2 * r], b = in[2 * r + 1];
+        const double p0 = 1.0 / (1.0 + exp(b - a)), p1 = 1.0 / (1.0 + exp(a - b));
+        if (!(fabs(out[2 * r] - p0) <= 1e-6) || !(fabs(out[2 * r + 1] - p1) <= 1e-6))
+            if (bad++ == 0)
+                first = r;
+    }
+    clattn_release(ctx);
+    if (bad)
+        fail_msg("WG %d, %llu rows: %zu rows wrong, the first %zu (got %g %g)", wg,
+                 (unsigned long long)rows, bad, first, (double)out[2 * first], (double)out[2 * first + 1]);
+}
+
 int main(void)
 {
     static char names[N_OF(rows)][80];
     static char wg_names[N_OF(rows)][80];
     static char strict_names[N_OF(rows)][80];
     static char local_names[N_OF(rows)][80];
-    struct CMUnitTest tests[5 * N_OF(rows)];
+    struct CMUnitTest tests[5 * N_OF(rows) + 1];
     size_t n = 0;
     for (size_t i = 0; i < N_OF(rows); i++)
         tests[n++] = (struct CMUnitTest){rows[i].name, test_chunks, NULL, tu_teardown, (void *)&rows[i]};
@@ -840,6 +898,8 @@ int main(void)
             tests[n++] = (struct CMUnitTest){local_names[i], test_kernel_local, NULL, tu_teardown,
                                              (void *)&rows[i]};
         }
+    tests[n++] = (struct CMUnitTest){"softmax past a 32-bit grid", test_softmax_grid_32, NULL,
+                                     tu_teardown, NULL};
     n = tu_filter_tests("limits", tests, n);
     const int failed = _cmocka_run_group_tests("limits", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
