@@ -163,6 +163,12 @@ static inline uint64_t clattn__add_sat(uint64_t a, uint64_t b)
     uint64_t r;
     return clattn__add_ok(a, b, &r) ? r : UINT64_MAX;
 }
+/* ceil(a / b) for b > 0 without forming a + b - 1, which wraps a 32-bit size_t for grids past
+ * 2^31 work-items (clattn__enqueue's chunk count). */
+static inline size_t clattn__ceil_div(size_t a, size_t b)
+{
+    return a / b + (a % b != 0);
+}
 
 /* ---- hashing (hash.c): 128-bit FNV-1a style digest for cache keys ---- */
 typedef struct clattn_hash {

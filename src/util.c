@@ -162,7 +162,7 @@ clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims,
         full[i] = step[i] = global[i];
         if (i > 0 && local && ctx->dev.max_groups_yz && global[i] / local[i] > ctx->dev.max_groups_yz)
             step[i] = ctx->dev.max_groups_yz * local[i];
-        count *= (global[i] + step[i] - 1) / step[i];
+        count *= clattn__ceil_div(global[i], step[i]);
     }
     if (ctx->rehearse)
         return CLATTN_SUCCESS;

@@ -28,7 +28,8 @@
  * must be refused instead (test_kernel_wg_strict).
  *
  * The last limit is the host's: a grid past 2^32 work-items in x does not fit a 32-bit size_t
- * (test_softmax_grid_32, run by tools/test32.sh).
+ * (test_softmax_grid_32, run by tools/test32.sh), and one past 2^31 must still count as one
+ * launch (test_ceil_div).
  */
 #define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
 
@@ -862,13 +863,40 @@ static void test_softmax_grid_32(void **state)
                  (unsigned long long)rows, bad, first, (double)out[2 * first], (double)out[2 * first + 1]);
 }
 
+/* clattn__enqueue counts the chunks of each grid dimension with clattn__ceil_div: the usual
+ * (g + step - 1) / step wraps a 32-bit size_t once g passes 2^31 (the softmax work-group kernel's
+ * grid reaches 2^32 - 1 work-items in x), and a count of 0 left `done` without the last launch's
+ * event. The values below are where that formula fails with 32 bits. */
+static void test_ceil_div(void **state)
+{
+    (void)state;
+    static const struct {
+        size_t a, b, want;
+    } cases[] = {
+        {1, 1, 1},
+        {7, 2, 4},
+        {8, 2, 4},
+        {3221225472u, 3221225472u, 1}, /* 12582912 rows x WG 256: one grid, one launch */
+        {0xffffffffu, 0xffffffffu, 1},
+        {0xffffffffu, 0x80000000u, 2},
+        {0x80000001u, 0x80000000u, 2},
+        {0xffffffffu, 1, 0xffffffffu},
+        {0xfffffffeu, 0x10000u, 0x10000u},
+    };
+    for (size_t i = 0; i < N_OF(cases); i++) {
+        const size_t got = clattn__ceil_div(cases[i].a, cases[i].b);
+        if (got != cases[i].want)
+            fail_msg("ceil(%zu / %zu): got %zu, want %zu", cases[i].a, cases[i].b, got, cases[i].want);
+    }
+}
+
 int main(void)
 {
     static char names[N_OF(rows)][80];
     static char wg_names[N_OF(rows)][80];
     static char strict_names[N_OF(rows)][80];
     static char local_names[N_OF(rows)][80];
-    struct CMUnitTest tests[5 * N_OF(rows) + 1];
+    struct CMUnitTest tests[5 * N_OF(rows) + 2];
     size_t n = 0;
     for (size_t i = 0; i < N_OF(rows); i++)
         tests[n++] = (struct CMUnitTest){rows[i].name, test_chunks, NULL, tu_teardown, (void *)&rows[i]};
@@ -900,6 +928,7 @@ int main(void)
         }
     tests[n++] = (struct CMUnitTest){"softmax past a 32-bit grid", test_softmax_grid_32, NULL,
                                      tu_teardown, NULL};
+    tests[n++] = (struct CMUnitTest){"grid chunk count past 2^31 work-items", test_ceil_div, NULL, NULL, NULL};
     n = tu_filter_tests("limits", tests, n);
     const int failed = _cmocka_run_group_tests("limits", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
