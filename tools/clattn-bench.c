@@ -167,6 +167,15 @@ static void *xmalloc(size_t n)
     return p;
 }
 
+/* n elements of `size` bytes, n counted in 64 bits: past a 32-bit size_t it is out of memory,
+ * not a wrapped (small) allocation. */
+static void *xmalloc_n(uint64_t n, size_t size)
+{
+    if (n > SIZE_MAX / size)
+        die(EXIT_ERROR, "out of host memory (%llu elements of %zu bytes)", (unsigned long long)n, size);
+    return xmalloc((size_t)n * size);
+}
+
 static void *stage(bench *bn, size_t bytes)
 {
     if (bytes > bn->stage_size) {
@@ -206,21 +215,22 @@ static size_t esize(clattn_dtype dt)
     return clattn_dtype_size(dt);
 }
 
-/* @return a buffer of `bytes`, or NULL (reason printed) when it exceeds the device's limit. */
-static cl_mem make_buffer(bench *bn, const char *op, size_t bytes)
+/* @return a buffer of `bytes`, or NULL (reason printed) when it exceeds the device's limit or,
+ * on a 32-bit host, size_t. */
+static cl_mem make_buffer(bench *bn, const char *op, uint64_t bytes)
 {
-    if ((cl_ulong)bytes > bn->max_alloc) {
-        fprintf(stderr, "%s: skipped: needs a %zu-byte buffer, more than the device's max allocation "
-                        "of %llu bytes\n",
-                op, bytes, (unsigned long long)bn->max_alloc);
+    if (bytes > bn->max_alloc || bytes > SIZE_MAX) {
+        fprintf(stderr, "%s: skipped: needs a %llu-byte buffer, more than the %s of %llu bytes\n",
+                op, (unsigned long long)bytes, bytes > SIZE_MAX ? "host's size_t" : "device's max allocation",
+                bytes > SIZE_MAX ? (unsigned long long)SIZE_MAX : (unsigned long long)bn->max_alloc);
         return NULL;
     }
     cl_int err;
-    cl_mem m = clCreateBuffer(bn->clctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    cl_mem m = clCreateBuffer(bn->clctx, CL_MEM_READ_WRITE, (size_t)bytes, NULL, &err);
     if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES ||
         err == CL_OUT_OF_HOST_MEMORY || err == CL_INVALID_BUFFER_SIZE) {
-        fprintf(stderr, "%s: skipped: clCreateBuffer of %zu bytes failed (OpenCL error %d)\n", op,
-                bytes, (int)err);
+        fprintf(stderr, "%s: skipped: clCreateBuffer of %llu bytes failed (OpenCL error %d)\n", op,
+                (unsigned long long)bytes, (int)err);
         return NULL;
     }
     check_cl(err, "clCreateBuffer");
@@ -296,12 +306,12 @@ static int make_masks(bench *bn, const char *op, const shape *s, cl_mem *mask, c
         upload_values(bn, *mask, count, mask_dtype(s), mask_value, s);
     }
     if (s->kv_lens) {
-        if (!(*lens = make_buffer(bn, op, (size_t)s->b * sizeof(cl_int)))) {
+        if (!(*lens = make_buffer(bn, op, (uint64_t)s->b * sizeof(cl_int)))) {
             release(mask, 1);
             *mask = NULL;
             return OP_SKIPPED;
         }
-        cl_int *v = xmalloc((size_t)s->b * sizeof *v);
+        cl_int *v = xmalloc_n((uint64_t)s->b, sizeof *v);
         for (long long b = 0; b < s->b; b++)
             v[b] = (cl_int)bn->opt.kv_len[b % bn->opt.n_kv_len];
         check_cl(clEnqueueWriteBuffer(bn->queue, *lens, CL_TRUE, 0, (size_t)s->b * sizeof *v, v, 0, NULL,
@@ -337,7 +347,7 @@ static rowpick *pick_rows(long long B, long long H, long long S, double cost, si
     const int all = cost <= FULL_CHECK_COST;
     const long long per = all || S <= SAMPLE_ROWS ? S : SAMPLE_ROWS;
     const long long heads = all ? B * H : H + (B > 1);
-    rowpick *r = xmalloc((size_t)(heads * per) * sizeof *r);
+    rowpick *r = xmalloc_n((uint64_t)(heads * per), sizeof *r);
     size_t k = 0;
     for (long long hh = 0; hh < heads; hh++) {
         const long long b = all ? hh / H : hh < H ? 0 : B - 1, h = all ? hh % H : hh < H ? hh : H - 1;
@@ -446,11 +456,11 @@ static double check_attention(bench *bn, const shape *s, cl_mem out, int scores)
     const double cost = (double)B * Hq * Sq * Skv * (scores ? D : D + Dv);
     size_t n;
     rowpick *rows = pick_rows(B, Hq, Sq, cost, &n);
-    double *kh = xmalloc((size_t)(Skv * D) * sizeof *kh);
-    double *vh = scores ? NULL : xmalloc((size_t)(Skv * Dv) * sizeof *vh);
-    double *q = xmalloc((size_t)D * sizeof *q), *sc = xmalloc((size_t)Skv * sizeof *sc);
+    double *kh = xmalloc_n((uint64_t)(Skv * D), sizeof *kh);
+    double *vh = scores ? NULL : xmalloc_n((uint64_t)(Skv * Dv), sizeof *vh);
+    double *q = xmalloc_n((uint64_t)D, sizeof *q), *sc = xmalloc_n((uint64_t)Skv, sizeof *sc);
     const long long width = scores ? Skv : Dv;
-    double *got = xmalloc((size_t)width * sizeof *got), *want = xmalloc((size_t)width * sizeof *want);
+    double *got = xmalloc_n((uint64_t)width, sizeof *got), *want = xmalloc_n((uint64_t)width, sizeof *want);
     long long cached_b = -1, cached_kvh = -1;
     double worst = 0.0;
     for (size_t r = 0; r < n; r++) {
@@ -525,7 +535,7 @@ static double check_softmax(bench *bn, const shape *s, cl_mem out)
     const long long cols = s->skv;
     size_t n;
     rowpick *rows = pick_rows(s->b, s->hq, s->sq, (double)s->b * s->hq * s->sq * cols, &n);
-    double *got = xmalloc((size_t)cols * sizeof *got), *want = xmalloc((size_t)cols * sizeof *want);
+    double *got = xmalloc_n((uint64_t)cols, sizeof *got), *want = xmalloc_n((uint64_t)cols, sizeof *want);
     double worst = 0.0;
     for (size_t r = 0; r < n; r++) {
         const uint64_t row = (uint64_t)((rows[r].b * s->hq + rows[r].h) * s->sq + rows[r].i);

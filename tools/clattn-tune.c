@@ -48,8 +48,9 @@
 
 /* The most elements one host buffer of a --shape may have (scores: B x H x SQ x SKV): well past
  * what allocates, which then fails with its own message, but small enough that no size computed
- * from the shape overflows. */
-#define MAX_SHAPE_ELEMENTS 0x1p60
+ * from the shape overflows, in bytes either: at most 2^60, and on a 32-bit host SIZE_MAX over the
+ * largest bytes per element any array takes (MERGE_PARTS floats, or a double). */
+#define MAX_SHAPE_ELEMENTS fmin(0x1p60, (double)SIZE_MAX / (8.0 * MERGE_PARTS))
 
 typedef struct shape {
     long long b, h, hkv, sq, skv, d;
@@ -973,7 +974,8 @@ int main(int argc, char **argv)
                 die("bad --shape %s (B,H,HKV,SQ,SKV,D[,causal][,kvlen] with HKV dividing H, D <= %d)", argv[i],
                     CLATTN_MAX_HEAD_DIM);
             if (shape_elements(&s) > MAX_SHAPE_ELEMENTS)
-                die("bad --shape %s (a buffer of more than 2^60 elements)", argv[i]);
+                die("bad --shape %s (a buffer of more than %.4g elements, the most this host's sizes hold)",
+                    argv[i], MAX_SHAPE_ELEMENTS);
             if (nshapes == 16)
                 die("at most 16 --shape");
             shapes[nshapes++] = s;
