@@ -1761,7 +1761,8 @@ static void test_tune_bad_dir(void **state)
 /* clattn-tune's numbers are whole values in range: trailing text, values past the type's range,
  * nan, inf and negative ones are refused, naming the option and its value, before any device is
  * opened (a --device that matches none: what passes gets as far as that); a shape whose buffers'
- * sizes would overflow too. Good values at the ends of the ranges pass. */
+ * sizes would overflow too, which on a 32-bit host is one of more than SIZE_MAX / 32 elements
+ * (2^27: 4 merge parts of floats, or doubles). Good values at the ends of the ranges pass. */
 static void test_tune_bad_numbers(void **state)
 {
     (void)state;
@@ -1769,7 +1770,7 @@ static void test_tune_bad_numbers(void **state)
     skip(); /* built without the tools */
 #else
     make_dir();
-    static const char *const bad[][2] = {
+    const char *const bad[][2] = {
         {"--iters 5x", "bad --iters 5x"},
         {"--iters 0", "bad --iters 0"},
         {"--iters 99999999999999999999", "bad --iters 99999999999999999999"},
@@ -1785,8 +1786,16 @@ static void test_tune_bad_numbers(void **state)
         {"--candidates -1", "bad --candidates -1"},
         {"--shape 99999999999999999999,1,1,64,64,16", "bad --shape"},
         {"--shape 2147483647,2147483647,1,2147483647,2147483647,16", "bad --shape"},
-        {"--budget .5 --iters 64 --seed 18446744073709551615 --candidates 100000 --shape 1,1,1,1,2147483647,1",
+        {sizeof(size_t) > 4 ? "--budget .5 --iters 64 --seed 18446744073709551615 --candidates 100000 "
+                              "--shape 1,1,1,1,2147483647,1"
+                            : "--budget .5 --iters 64 --seed 18446744073709551615 --candidates 100000 "
+                              "--shape 1,1,1,1,134217727,1",
          "matches no OpenCL device"},
+        /* just under and over the limit: 2^59 elements with 64 bits (SIZE_MAX / 32), 2^27 with 32 */
+        {sizeof(size_t) > 4 ? "--shape 268435456,1,1,2147483647,1,1" : "--shape 1,1,1,1,134217727,1",
+         "matches no OpenCL device"},
+        {sizeof(size_t) > 4 ? "--shape 268435456,1,1,2147483647,2,1" : "--shape 1,1,1,1,134217728,1",
+         "bad --shape"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char args[200];
