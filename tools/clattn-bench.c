@@ -219,10 +219,11 @@ static size_t esize(clattn_dtype dt)
  * on a 32-bit host, size_t. */
 static cl_mem make_buffer(bench *bn, const char *op, uint64_t bytes)
 {
-    if (bytes > bn->max_alloc || bytes > SIZE_MAX) {
-        fprintf(stderr, "%s: skipped: needs a %llu-byte buffer, more than the %s of %llu bytes\n",
-                op, (unsigned long long)bytes, bytes > SIZE_MAX ? "host's size_t" : "device's max allocation",
-                bytes > SIZE_MAX ? (unsigned long long)SIZE_MAX : (unsigned long long)bn->max_alloc);
+    const int host = bytes > SIZE_MAX;
+    if (host || bytes > bn->max_alloc) {
+        fprintf(stderr, "%s: skipped: needs a %llu-byte buffer, more than the %s of %llu bytes\n", op,
+                (unsigned long long)bytes, host ? "host's size_t" : "device's max allocation",
+                host ? (unsigned long long)SIZE_MAX : (unsigned long long)bn->max_alloc);
         return NULL;
     }
     cl_int err;

@@ -48,9 +48,9 @@
 
 /* The most elements one host buffer of a --shape may have (scores: B x H x SQ x SKV): well past
  * what allocates, which then fails with its own message, but small enough that no size computed
- * from the shape overflows, in bytes either: at most 2^60, and on a 32-bit host SIZE_MAX over the
- * largest bytes per element any array takes (MERGE_PARTS floats, or a double). */
-#define MAX_SHAPE_ELEMENTS fmin(0x1p60, (double)SIZE_MAX / (8.0 * MERGE_PARTS))
+ * from the shape overflows, in bytes either: SIZE_MAX over the largest bytes per element any array
+ * takes (MERGE_PARTS floats, or a double), 2^59 with a 64-bit size_t and 2^27 with a 32-bit one. */
+#define MAX_SHAPE_ELEMENTS ((double)SIZE_MAX / (8.0 * MERGE_PARTS))
 
 typedef struct shape {
     long long b, h, hkv, sq, skv, d;

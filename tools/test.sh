@@ -35,7 +35,8 @@ cmake --build build-asan -j"$jobs"
 # test_soak that calls do not, and the valgrind step below checks leaks in the library's own code.
 # The tests and the fuzz harnesses that run kernels also take use_sigaltstack=0 from their own
 # defaults (tests/testutil.c: LLVM's alternate signal stacks inside PoCL).
-export ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:strict_string_checks=1"
+asan_common="abort_on_error=0:strict_string_checks=1"
+export ASAN_OPTIONS="detect_leaks=0:$asan_common"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 (cd build-asan && ctest --output-on-failure -j"$jobs" -E consumer)
 step_done
@@ -111,7 +112,7 @@ if [ "$fuzz_seconds" != 0 ]; then
     leaks=0
     [[ "$leak_checked" == *" $name "* ]] && leaks=1
     mkdir -p "build-fuzz/corpus/$name" "tests/fuzz/corpus/$name"
-    if ! CLATTN_CACHE_DIR="$cache" ASAN_OPTIONS="detect_leaks=$leaks:strict_string_checks=1" \
+    if ! CLATTN_CACHE_DIR="$cache" ASAN_OPTIONS="detect_leaks=$leaks:$asan_common" \
          "$exe" -max_total_time="$fuzz_seconds" -timeout=120 \
          -rss_limit_mb=4096 -detect_leaks=$leaks -print_final_stats=1 \
          -artifact_prefix="build-fuzz/artifacts/$name-" \
