@@ -28,14 +28,18 @@
 #define LN2 0.6931471805599453f
 
 /* Which kernels of a file a program holds. The host builds with -DKSEL=1 and -DK_<name>=1 for each
- * kernel it will create from that program (K_mask for fused.cl's three mask kernels, K_widen for
- * gemm.cl's two widen kernels): every kernel a program holds is compiled, PoCL's for the binary
+ * kernel it will create from that program (K_mask for mask_pass.cl's three kernels, K_widen for
+ * layout.cl's two widen kernels): every kernel a program holds is compiled, PoCL's for the binary
  * the library caches (all of them, each for any work-group size), a GPU driver's at
- * clBuildProgram, and most of the kernels in fused.cl and gemm.cl serve other paths. Without KSEL
+ * clBuildProgram, and the kernels of a file often serve different paths. Without KSEL
  * a program holds every kernel of its file (tests/ptx_check.sh, builds by hand). */
 #ifndef KSEL
 #define KSEL 0
 #endif
+
+/* Token pasting after macro expansion: CAT(float, VW) is float4 with VW 4. */
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
 
 /* Work-group index in grid y or z. A launch with more work-groups there than the device takes
  * (NVIDIA: 65535) runs in chunks with a global offset (clattn__enqueue, util.c): get_global_id
@@ -46,19 +50,13 @@
 /* The CPU kernels that reuse a head's K or V across work-groups (fused_direct, fused_lanes,
  * scores_direct, scores_in_place, pv_direct: one work-item a work-group) run on a grid
  * flattened into x, its fastest dimension first: work-item x of a grid of tiles nx x ny x nz
- * takes tile (x % nx, x / nx % ny, x / (nx·ny)). Consecutive work-groups then share a head and
- * its K and V wherever the runtime runs them in order of x. On a 3D grid Intel's CPU runtime
- * does not run them in that order but interleaves the heads, whose K and V then leave the
- * cache: measured on its 2026.2 (2-core Intel Xeon, AVX-512, 2 MiB L2 a core, B1 d64 f32
- * Skv1024, minima of 10 runs, 2 runs each), fused attention over H8 Sq1024 took 10.3-10.4 ms
- * against H1 Sq8192's 8.3-8.4 (the same work), scores 5.1 against 4.4; PoCL, which runs them
- * in order, 8.4-8.5 against 8.1-8.3 and 5.4-5.5 against 5.1-5.2. A grid with more than one
- * work-group in y or z, or a chunk of one with an offset there (clattn__enqueue), is the 3D one
- * (the host keeps it past INT_MAX work-groups), whose indices these return too.
- * The flat index is get_group_id(0), the same number as get_global_id(0) with one work-item a
- * work-group and x never chunked; built from get_global_id(0), which Intel's compiler seems to
- * take as different in every work-item even with reqd_work_group_size(1, 1, 1), gemm.cl for
- * scores_direct with bf16 Q and 32 rows a tile took 430 s on its 2026.2 (2-core Xeon), not 14. */
+ * takes tile (x % nx, x / nx % ny, x / (nx·ny)). A grid with more than one work-group in y or z,
+ * or a chunk of one with an offset there (clattn__enqueue), is the 3D one (the host keeps it past
+ * INT_MAX work-groups), whose indices these return too.
+ * Flat, so that consecutive work-groups share a head's K and V in cache: Intel's CPU runtime
+ * interleaves the heads of a 3D grid (fused H8 Sq1024 10.3 ms against 8.3 for the same work).
+ * The index is get_group_id(0): from get_global_id(0) Intel's compiler took 430 s, not 14.
+ * See docs/measurements.md#flat-grid. */
 #define FLAT_GRID()                                                                              \
     (get_global_size(1) == 1 && get_global_size(2) == 1 && get_global_offset(1) == 0 &&          \
      get_global_offset(2) == 0)
@@ -151,13 +149,14 @@ inline float16 ld16_tail(__global const T_IN *p, int col, int n)
 }
 
 #if defined(DP16)
-/* Scores with K read in place, on CPUs (fused_direct with IN_PLACE in fused.cl, scores_in_place
- * in gemm.cl): a query row is held as DP16 = 16·ceil(head_dim / 16) floats, zero past head_dim,
- * so that a key's dot product is a sum of float16 products whose 16 lanes are added at the end
- * (hsum16x16, for 16 keys at once). KV_FULL 1 when head_dim (and head_dim_v) are multiples of 16:
- * no tail loads. qk16_row and qk16_tile are always inlined: PoCL 3.1 left qk16_row a call, in
- * which vload_half16 of a K row of odd head_dim (not 16-byte aligned) became an aligned load
- * that faulted; inlined, the loads are unaligned ones, as in the kernels. */
+/* Scores with K read in place, on CPUs (fused_direct with IN_PLACE in fused_direct.cl,
+ * scores_in_place in gemm_direct.cl): a query row is held as DP16 = 16·ceil(head_dim / 16)
+ * floats, zero past head_dim, so that a key's dot product is a sum of float16 products whose 16
+ * lanes are added at the end (hsum16x16, for 16 keys at once). KV_FULL 1 when head_dim (and
+ * head_dim_v) are multiples of 16: no tail loads. qk16_row and qk16_tile are always inlined:
+ * PoCL 3.1 left qk16_row a call, in which vload_half16 of a K row of odd head_dim (not 16-byte
+ * aligned) became an aligned load that faulted; inlined, the loads are unaligned ones, as in the
+ * kernels. */
 typedef union qrow {
     float f[DP16];
     float16 v[DP16 / 16];
@@ -222,9 +221,8 @@ __attribute__((always_inline)) inline float16 qk16_row(const qrow *q, __global c
 #endif
 /* Whether rm query rows (a constant) take qk16_tile, in tiles of QT_R rows, rather than qk16_row
  * row by row: several rows read each K row (grouped-query heads, prefill rows) and QT_R divides
- * them; with 32 float16 registers from 8 rows (two tiles), with 8 (AVX2) from 2: decode on
- * PoCL (2-core AMD EPYC, AVX2, B1 seq_kv 8192 d128 over 8 kv heads, minima of 3 x 30 runs)
- * 2 rows 2.55 ms against 2.91 with qk16_row. */
+ * them; with 32 float16 registers from 8 rows (two tiles), with 8 (AVX2) from 2 (AVX2 decode of
+ * 2 rows: 2.55 ms against 2.91 with qk16_row). See docs/measurements.md#qk-tile-for. */
 #if NREG16 >= 32
 #define QK_TILE_FOR(rm) ((rm) >= 8 && (rm) % 4 == 0)
 #else
@@ -336,91 +334,6 @@ inline int causal_end(int causal, int i, int seq_q, int L)
     return causal ? min(L, i + 1 + (L - seq_q)) : L;
 }
 
-/* 1 when key is visible to one of the nr rows whose ends (causal range, key length; 0 for a row
- * past the block) are rend[] and whose mask rows start at mask[mrow[]]: the key lies before the
- * row's end and its mask entry is not -inf. The GPU decode kernels read the K and V rows of such
- * keys only, so that a sliding window's hidden past costs a mask entry per row, not its K and V
- * rows. */
-inline int key_seen(__global const T_MASK *mask, const ulong *mrow, const int *rend, int nr, int key)
-{
-    for (int i = 0; i < nr; i++)
-        if (key < rend[i] && LD_MASK(mask, mrow[i] + key) != NEG_INF)
-            return 1;
-    return 0;
-}
-
-#if defined(DT_IN)
-/* Shared by the attention kernels (fused.cl, decode.cl). */
-/* Loads 4 consecutive elements starting at index i < n of a row, zero beyond n. */
-inline float4 row_load4(__global const T_IN *p, int i, int n)
-{
-    if (i + 3 < n)
-        return LD4_IN(p, i);
-    return (float4)(i < n ? LD_IN(p, i) : 0.0f, i + 1 < n ? LD_IN(p, i + 1) : 0.0f,
-                    i + 2 < n ? LD_IN(p, i + 2) : 0.0f, 0.0f);
-}
-
-/* The argument list of the attention kernels (fused, fused_direct in fused.cl, decode_rows in
- * decode.cl), set in this order by launch() in src/fused.c; TKV is the element type of K and V. */
-#define ATTN_KERNEL_ARGS(TKV)                                                                   \
-    __global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,                    \
-        __global const TKV *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,                 \
-        __global const TKV *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,                 \
-        __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,                     \
-        __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,                   \
-        __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,           \
-        __global const int *kvlen, ulong o_split, ulong l_split, int seq_q, int seq_kv,         \
-        int heads_kv, int group, int D, int DV, int causal, int has_mask, int has_lse,          \
-        int splits, int split_len, float scale
-
-/* Copies the nr packed query rows r0.. of kv head (b, hk) to local memory, row r at
- * dst + r·pitch (pitch a multiple of 4 floats, dst 16-byte aligned), as dp / 4 float4 each:
- * zero past head_dim D and for rows at or past R = group·seq_q. Qb = Q + q_off + b·q_sb; the
- * nwi work-items of the group share the copy (lid their index); the caller's barrier follows. */
-inline void stage_q_rows(__local float *dst, int pitch, int nr, int dp, int lid, int nwi,
-                         __global const T_IN *Qb, ulong q_sh, ulong q_ss, int hk, int group,
-                         int seq_q, int R, int r0, int D)
-{
-    for (int e = lid; e < nr * (dp / 4); e += nwi) {
-        const int r = e / (dp / 4), d = 4 * (e % (dp / 4));
-        const int row = r0 + r;
-        float4 x = (float4)(0.0f);
-        if (row < R) {
-            const int hq = hk * group + row / seq_q, i = row % seq_q;
-            x = row_load4(Qb + (ulong)hq * q_sh + (ulong)i * q_ss, d, D);
-        }
-        vstore4(x, 0, dst + r * pitch + d);
-    }
-}
-
-/* What one work-group covers: grid z = (batch·heads_kv + kv head)·splits + split, packed rows
- * r0..r1, and the keys [k_lo, k_hi) of its split that those rows may see (causal: the positions
- * of the first and last rows bound the range of all), every row seeing keys below k_all. */
-typedef struct work_range {
-    int split, z, b, hk, L, k_lo, k_hi, k_all;
-} work_range;
-
-inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv, int seq_q,
-                                int seq_kv, int causal, __global const int *kvlen, int r0, int r1)
-{
-    work_range w;
-    w.split = zz % splits;
-    w.z = zz / splits;
-    w.b = w.z / heads_kv;
-    w.hk = w.z % heads_kv;
-    w.L = keys_of_batch(kvlen, w.b, seq_kv);
-    const int spans = (r0 / seq_q) != (r1 / seq_q);
-    const int i_min = spans ? 0 : r0 % seq_q;
-    const int i_max = spans ? seq_q - 1 : r1 % seq_q;
-    w.k_lo = w.split * split_len; /* below seq_kv: the host makes (splits - 1)·split_len < seq_kv */
-    /* k_lo + split_len may pass INT_MAX for the last split of a long range: compare instead. */
-    const int end = split_len >= w.L - w.k_lo ? w.L : w.k_lo + split_len;
-    w.k_hi = min(end, causal_end(causal, i_max, seq_q, w.L));
-    w.k_all = min(w.k_hi, causal_end(causal, i_min, seq_q, w.L));
-    return w;
-}
-#endif
-
 #if defined(DT_OUT)
 #if DT_OUT == 0
 #define ST4_OUT(p, i, x) vstore4((x), 0, (p) + (i))
@@ -468,31 +381,6 @@ DEFINE_O_FROM_HALF(o_from_half16, float16)
 #define IS_HIDDEN(p) (as_uint(p) == 0x80000000u)
 #define IS_HIDDEN16(p) (as_uint16(p) == (uint16)(0x80000000u)) /* lane by lane: -1 where hidden */
 
-/* Two softmax states (running maximum m, sum l of exp(score - m)) over disjoint keys, made one:
- * the union's m and l, and the weights of the two normalised outputs, o = k1·o1 + k2·o2. A state
- * without keys (l 0, has1/has2 0) is skipped, so nothing in its o can leak; any other is
- * multiplied even when its weight underflows to 0 (NaN in its o stays NaN, as a visible key's
- * does). A NaN sum (NaN scores) makes both weights NaN; an empty union gives weights 0. */
-typedef struct state_merge {
-    float m, l, k1, k2;
-    int has1, has2;
-} state_merge;
-
-inline state_merge merge_states(float m1, float l1, float m2, float l2)
-{
-    state_merge r;
-    r.m = fmax(m1, m2);
-    const float mref = r.m == NEG_INF ? 0.0f : r.m;
-    const float w1 = l1 * exp2((m1 - mref) * LOG2E), w2 = l2 * exp2((m2 - mref) * LOG2E);
-    r.l = w1 + w2;
-    const float inv = r.l > 0.0f ? 1.0f / r.l : 0.0f;
-    r.k1 = isnan(r.l) ? r.l : w1 * inv;
-    r.k2 = isnan(r.l) ? r.l : w2 * inv;
-    r.has1 = l1 != 0.0f; /* NaN too */
-    r.has2 = l2 != 0.0f;
-    return r;
-}
-
 /* 2^x for x <= 8 (every caller passes a score minus a running reference: the row maximum, or
  * in fused_direct a reference that trails it by at most 8 in log2 units), in a form that
  * vectorises: PoCL (without fast-math, which masks cannot use: they need -inf) turns the
@@ -500,18 +388,12 @@ inline state_merge merge_states(float m1, float l1, float m2, float l2)
  * integer next to x: k = (int)(x + 127.5) is n + 127, the biased exponent of 2^n, so shifted
  * into the exponent field it gives 2^n, and f = x - n, exact, is within [-1/2, 1/2] (a few
  * 2^-17 past it where the sum rounds up to an integer). 2^f is a degree-6 polynomial fitted for
- * relative error on [-1/2, 1/2] (2e-9), evaluated with MAD. Measured against exp2 in double on
- * every float in [-126, 8] with fmaf: at most 1.04 ulp (0.95 with the form below, whose results
- * differ on 267 of those floats, next to half-integers). Below -126.5 (and at -inf) k
- * is 0, so the result is exactly 0, as masked keys need. NaN stays NaN: the clamp is a select
- * that lets it through, and f is NaN whatever the conversion makes of it. 15 vector operations
- * (the previous Taylor form with rint and range selects took about 35; PoCL's rint on float16
- * alone made fused prefill 12% slower). x up to 127 still works; nothing guards larger ones.
- * n used to come from adding 1.5·2^23 and subtracting it again, which rounds x to an integer in
- * the low mantissa bits. That needs every float operation rounded to float, as OpenCL requires,
- * and PoCL on 32-bit x86 does not: it computes on the x87 stack in wider precision, so the sum
- * kept x's fraction, f came out 0, every exp2p was 2^n, off by up to 41%, and fused attention
- * was wrong by a few percent there. The conversion truncates whatever the precision. */
+ * relative error on [-1/2, 1/2] (2e-9), evaluated with MAD: at most 1.04 ulp on [-126, 8].
+ * Below -126.5 (and at -inf) k is 0, so the result is exactly 0, as masked keys need. NaN stays
+ * NaN: the clamp is a select that lets it through, and f is NaN whatever the conversion makes of
+ * it. x up to 127 still works; nothing guards larger ones. n comes from a conversion, which
+ * truncates whatever the precision (PoCL on 32-bit x86 computes in x87 precision).
+ * See docs/measurements.md#exp2p. */
 #define DEFINE_EXP2(NAME, FT, IT, CONVERT_INT, CONVERT_FLOAT, AS_UINT, AS_FLOAT)      \
     inline FT NAME(FT x)                                                              \
     {                                                                                 \

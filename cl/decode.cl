@@ -1,8 +1,8 @@
 /* Decode on GPUs (DECODE DIRECT 2): a few query rows against a long key/value cache, bound by
  * the memory traffic of K and V, which must be streamed once at the device's bandwidth.
  *
- * The tiled kernel (fused.cl) transposes each K tile through local memory and gives a work-item
- * a few keys of every tile; with one query row that leaves tiny work-groups (48 KiB of local
+ * The tiled kernel (fused_tiled.cl) transposes each K tile through local memory and gives a
+ * work-item a few keys of every tile; with one query row that leaves tiny work-groups (48 KiB of local
  * memory hold few keys at head_dim 128) and little memory traffic in flight. Here a work-group
  * of KG key groups of W = ceil(head_dim_v / 4) work-items reads K and V straight from global
  * memory, with no K/V tile in local memory:
@@ -21,7 +21,7 @@
  * through local memory (a tree of KG/2, KG/4, ... 1), and split partials (flash-decoding) by
  * merge.cl as for the tiled kernel. Same arguments, grid meaning, numerics and rules (masks,
  * key lengths, causal range, NaN, empty rows, convex O) as the tiled kernel `fused`. With a mask,
- * the K and V rows of keys that no row of the block sees are not read (key_seen, common.cl).
+ * the K and V rows of keys that no row of the block sees are not read (key_seen, attn_common.cl).
  *
  * Everything a step shares through local memory (Pt, Sc, Pr, Sv) belongs to one key group, so the
  * step's three synchronisations need only cover the group. With GSYNC 1 (DECODE DIRECT 3 on

@@ -25,20 +25,15 @@
  * (flash-decoding) by merge.cl. Same arguments, grid meaning, numerics and rules (masks, key
  * lengths, causal range, NaN, empty rows, O kept a convex combination of V rows) as decode_rows
  * and the tiled kernel `fused`. With a mask, the K and V rows of keys that no row of the block
- * sees are not read (key_seen, common.cl).
+ * sees are not read (key_seen, attn_common.cl).
  *
- * MASKED 1 (a mask is passed; src/fused.c sets it, so that the program without a mask stays the
- * kernel measured before, with no visibility test at all: every key up to k_hi is read). Until
- * d44d30f that program still held the key_seen scan behind a test of has_mask; an H200 then took
- * 0.783 ms for f16 decode, B16 H32 Skv8192 d128 (2.74 TB/s), where 3.3 TB/s (about 0.65 ms) had
- * been measured before the scan came in, f32 being even (4.44 TB/s against 4.27-4.30). Whether the
- * scan was the cause is not measured yet. With SHFL the lanes of a group share the step's mask
- * reads, a load a lane where every lane read all RM·KU entries one after another (key_seen stops at
- * a row that sees the key), and a warp skips a step that none of its rows sees; the softmax reads
- * no mask entry of a key hidden from every row. Measured on an H200 (OpenCL 3.0 CUDA, driver 580),
- * B16 Sq1 Skv8192 d128 f32, `clattn-bench --check`, medians of 10, two runs alternating with the
- * kernel before: 32/8 heads window:1024 0.162-0.164 ms against 0.529, 32/32 heads window:1024
- * 0.224-0.226 against 0.567-0.569, 32/8 heads bias 0.547-0.550 against 0.558-0.559. */
+ * MASKED 1 (a mask is passed; src/fused_gpu.c sets it): without a mask the program holds no
+ * visibility test at all, every key up to k_hi is read (an H200 ran f16 decode at 2.74 TB/s, not
+ * 3.3, while that program held the scan behind has_mask). With SHFL the lanes of a group share
+ * the step's mask reads, a load a lane where every lane read all RM·KU entries one after another
+ * (key_seen stops at a row that sees the key), and a warp skips a step that none of its rows sees;
+ * the softmax reads no mask entry of a key hidden from every row (H200, window 1024: 0.162 ms
+ * against 0.529). See docs/measurements.md#masked. */
 
 #ifndef KG
 #define KG 4 /* key groups per work-group (a power of 2) */

@@ -12,7 +12,7 @@
  * NULL, receives the event of the last enqueued command (the caller releases it). Invalid
  * arguments are refused before anything is enqueued. On any failure nothing the caller owns is
  * modified (an OpenCL or build failure midway leaves commands that wrote only the library's
- * workspace; README "Guarantees" lists the two launch failures that are exceptions), `*done` is
+ * workspace; docs/guarantees.md lists the two launch failures that are exceptions), `*done` is
  * set to NULL and clattn_last_error() names the argument and the value.
  *
  * Tensors are [batch][heads][seq][dim] views on a cl_mem: element offset, shape and element
@@ -87,6 +87,8 @@ typedef enum clattn_dtype {
 
 /** @return bytes per element of `dtype`, or 0 for an unknown value. */
 CLATTN_API size_t clattn_dtype_size(clattn_dtype dtype);
+/** @return "f32", "f16" or "bf16"; NULL for an unknown value. */
+CLATTN_API const char *clattn_dtype_name(clattn_dtype dtype);
 
 typedef enum clattn_algorithm {
     CLATTN_ALGORITHM_AUTO = 0,    /* fused whenever valid; unfused when probabilities are asked for */
@@ -212,6 +214,24 @@ CLATTN_API clattn_status clattn_select_device(const char *spec, cl_platform_id *
 CLATTN_API clattn_status clattn_device_key(cl_device_id device, char *buf, size_t size);
 
 CLATTN_API cl_command_queue clattn_queue(const clattn_context *ctx);
+
+/** What getting this context's kernel programs has cost so far (for benchmarks and tools). */
+typedef struct clattn_program_stats {
+    unsigned memory_hits;      /* programs found already built in this context */
+    unsigned disk_hits;        /* loaded from the binary cache */
+    unsigned disk_rejects;     /* cache files ignored (corrupt, truncated, foreign, untrusted) and rebuilt */
+    unsigned disk_writes;      /* binaries written to the cache */
+    unsigned builds;           /* built from source */
+    double build_seconds;      /* wall time of those builds (clBuildProgram), in all */
+    double build_seconds_max;  /* and of the longest */
+    char build_slowest[1100];  /* the longest build's kernel file and options */
+    unsigned disk_untrusted;   /* of those, entries not trusted: owned by another user, writable by group or
+                                  others, a symbolic link, or in such a directory (docs/guarantees.md) */
+    unsigned reserved[7];      /* zero; room for later counters */
+} clattn_program_stats;
+
+/** Fills *out (zeroed first). @return INVALID_ARGUMENT for a NULL ctx or out. */
+CLATTN_API clattn_status clattn_get_program_stats(const clattn_context *ctx, clattn_program_stats *out);
 CLATTN_API cl_context clattn_cl_context(const clattn_context *ctx);
 CLATTN_API cl_device_id clattn_device(const clattn_context *ctx);
 
@@ -272,9 +292,13 @@ CLATTN_API clattn_status clattn_attention_host(clattn_context *ctx, const clattn
  * chosen per device and per problem class (operation, dtype, head_dim, mask kind, seq_q class,
  * log2 seq_kv). For each call the library takes the first that applies of:
  *   1. an override set with clattn_set_params on this context,
- *   2. the environment variable CLATTN_PARAMS_<OP> ("16,16,4,1,16,4,0,0,0"; for experiments; a
- *      list that is not 1 to N integers, each in [0, clattn_param_max], is not used: the origin
- *      says so, and the tuning report of a context created with it),
+ *   2. the environment variable CLATTN_PARAMS_<OP>, for experiments: values by name in any order,
+ *      "kernel=lanes,KG=8,KU=16", or positional, "32,8,0,0,16,0,4" (the leading ones); the names
+ *      are the kernels' own -D names (clattn_param_name; decode's kernels also call WGY, NS and VW
+ *      KG, KL or LANES, LC or KU), the kernel choice DIRECT also takes "kernel" and a kernel's
+ *      name (tiled, direct, rows, rows_sync, lanes, lanes_local: docs/tuning.md). A list that does
+ *      not parse, or holds a value outside [0, clattn_param_max], is not used: the origin says so,
+ *      and the tuning report of a context created with it),
  *   3. the user tuning file of this device, written by clattn-tune into CLATTN_TUNING_DIR
  *      (default: <cache dir>/tuning),
  *   4. entries built into the library for known devices (tuning/ in the source tree),
@@ -336,6 +360,13 @@ CLATTN_API const char *clattn_param_name(clattn_operation op, int index);
  * largest choice, e.g. 5 for decode's DIRECT. -1 for an invalid op or index.
  */
 CLATTN_API int clattn_param_max(clattn_operation op, int index);
+/**
+ * The name of value `value` of parameter `index` of `op` where that parameter chooses the kernel
+ * (DIRECT): "tiled", "direct", and for decode also "rows", "rows_sync", "lanes", "lanes_local"
+ * (docs/tuning.md); NULL for another parameter or value. CLATTN_PARAMS_<OP> and tuning files take
+ * these names ("kernel=lanes").
+ */
+CLATTN_API const char *clattn_param_value_name(clattn_operation op, int index, int value);
 CLATTN_API const char *clattn_params_source_name(clattn_params_source source);
 
 /**
@@ -349,6 +380,15 @@ CLATTN_API clattn_status clattn_set_params(clattn_context *ctx, clattn_operation
 /** The parameters a call of class `pc` would use now, and where they come from. */
 CLATTN_API clattn_status clattn_get_params(clattn_context *ctx, const clattn_problem_class *pc,
                                            clattn_kernel_params *out);
+/**
+ * The parameters an attention call of class `pc` with these head counts would run: as
+ * clattn_get_params, except that decode answers for (heads_q / heads_kv)·seq_q packed query rows
+ * per kv head, from which GPUs' defaults run the tiled kernel (docs/architecture.md); origin then
+ * says so. heads_kv must divide heads_q; head_dim_v 0 means pc->head_dim.
+ */
+CLATTN_API clattn_status clattn_get_call_params(clattn_context *ctx, const clattn_problem_class *pc,
+                                                int64_t heads_q, int64_t heads_kv, int64_t head_dim_v,
+                                                clattn_kernel_params *out);
 
 /**
  * What reading the tuning store found for this context's device: the user file's path and entry
@@ -358,6 +398,14 @@ CLATTN_API clattn_status clattn_get_params(clattn_context *ctx, const clattn_pro
  * is invalid. Valid until clattn_reload_tuning or clattn_release.
  */
 CLATTN_API const char *clattn_tuning_report(const clattn_context *ctx);
+
+/**
+ * One line on this context's kernel binary cache: its directory and whether clattn trusts it
+ * (docs/guarantees.md: the directory and each entry must be the user's), or why there is none;
+ * then the last entry it ignored as not trusted, with the reason. Valid until the next call on
+ * ctx. "" for a NULL ctx.
+ */
+CLATTN_API const char *clattn_cache_report(const clattn_context *ctx);
 
 /** Re-reads the user tuning file (after clattn-tune wrote it) and CLATTN_NREG16. Never fails on a
  * bad file. */

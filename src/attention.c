@@ -75,7 +75,7 @@ static clattn_status unfused_launches(clattn_context *ctx, const clattn_problem 
     /* A CL_MEM_WRITE_ONLY probabilities buffer must not be read back by P·V either. Such a
      * buffer, or an f16/bf16 one, takes a softmax of its own before the in-place one P·V reads;
      * that first softmax writes lse too, so that the caller's outputs are all written by one
-     * launch and a refused launch after it leaves them written together (README "Guarantees"). */
+     * launch and a refused launch after it leaves them written together (docs/guarantees.md). */
     if (p->probs.buffer && p->probs.dtype == CLATTN_F32 && !(pf & CL_MEM_WRITE_ONLY)) {
         probs = &p->probs;
     } else if (p->probs.buffer) {

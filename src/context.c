@@ -145,3 +145,25 @@ const char *clattn_last_build_log(const clattn_context *ctx)
 cl_command_queue clattn_queue(const clattn_context *ctx) { return ctx ? ctx->queue : NULL; }
 cl_context clattn_cl_context(const clattn_context *ctx) { return ctx ? ctx->context : NULL; }
 cl_device_id clattn_device(const clattn_context *ctx) { return ctx ? ctx->device : NULL; }
+
+clattn_status clattn_get_program_stats(const clattn_context *ctx, clattn_program_stats *out)
+{
+    if (!ctx || !out) {
+        if (ctx)
+            clattn__clear_error((clattn_context *)ctx);
+        return clattn__fail((clattn_context *)ctx, CLATTN_INVALID_ARGUMENT, "clattn_get_program_stats: %s is NULL",
+                            ctx ? "out" : "ctx");
+    }
+    clattn__clear_error((clattn_context *)ctx); /* const only because no setting changes */
+    memset(out, 0, sizeof *out);
+    out->memory_hits = ctx->stats.memory_hits;
+    out->disk_hits = ctx->stats.disk_hits;
+    out->disk_rejects = ctx->stats.disk_rejects;
+    out->disk_untrusted = ctx->stats.disk_untrusted;
+    out->disk_writes = ctx->stats.disk_writes;
+    out->builds = ctx->stats.builds;
+    out->build_seconds = ctx->build_seconds;
+    out->build_seconds_max = ctx->build_seconds_max;
+    snprintf(out->build_slowest, sizeof out->build_slowest, "%s", ctx->build_slowest);
+    return CLATTN_SUCCESS;
+}

@@ -60,9 +60,10 @@ typedef struct clattn_program_entry {
 typedef struct clattn_cache_stats {
     unsigned memory_hits;
     unsigned disk_hits;
-    unsigned disk_rejects; /* corrupt, truncated or foreign cache files ignored */
+    unsigned disk_rejects; /* corrupt, truncated or foreign cache files ignored, untrusted ones too */
     unsigned disk_writes;
     unsigned builds;
+    unsigned disk_untrusted; /* of those, entries not trusted: owner, permissions, a symbolic link */
 } clattn_cache_stats;
 
 struct clattn_context {
@@ -90,6 +91,10 @@ struct clattn_context {
 
     int cache_enabled;
     char cache_dir[4096];
+    /* Why the cache last ignored an entry it does not trust, or refused to write into a directory
+     * it does not trust ("" if never): "<entry or directory>: <reason>". */
+    char cache_untrusted[600];
+    char cache_report[4096 + 1000]; /* clattn_cache_report's text */
 
     cl_mem workspace;
     size_t workspace_size;
@@ -229,11 +234,35 @@ const char *clattn__device_refusal(const char *name);
 char *clattn__load_source(const char *file, size_t *len);
 void clattn__release_programs(clattn_context *ctx);
 void clattn__cache_init(clattn_context *ctx);
-int clattn__make_dirs(const char *path); /* mkdir -p; 0 when the directory exists */
-/* A new file at `tmp` for writing (fails if the name exists), not inherited by exec'd children. */
-FILE *clattn__create_temp(const char *tmp);
-/* Removes this library's temporary files in dir that are more than an hour old. */
-void clattn__sweep_temps(const char *dir);
+/* mkdir -p, directories it makes 0700 whatever the umask; 0 when the directory exists. */
+int clattn__make_dirs(const char *path);
+
+/* Cache and tuning files are read only when the user owns them (docs/guarantees.md): the
+ * directory is owned by the effective user or root and not writable by group or others, or is
+ * root-owned with the sticky bit; the file is a regular file (no symbolic link is followed), owned
+ * by the effective user (or by root, in a root-owned directory no one else can write) and not
+ * writable by group or others. Checked on the open descriptors, never on the path again. */
+struct stat;
+typedef enum clattn_entry_status {
+    CLATTN_ENTRY_OK,        /* *fd is open for reading on a trusted regular file, *st its fstat */
+    CLATTN_ENTRY_ABSENT,    /* no such entry, or no directory to read it from */
+    CLATTN_ENTRY_NOT_FILE,  /* a FIFO, a directory, a device: why says "not a regular file" */
+    CLATTN_ENTRY_UNTRUSTED  /* owner, permissions, a symbolic link, or the directory's: why says which */
+} clattn_entry_status;
+clattn_entry_status clattn__open_entry(const char *dir, const char *name, int *fd, struct stat *st, char *why,
+                                       size_t why_size);
+/* The existing directory `dir` opened for writing entries into (a descriptor), when it passes the
+ * directory rule; else -1, with why (may be NULL) saying what is wrong, "" when it is missing. */
+int clattn__open_dir_for_write(const char *dir, char *why, size_t why_size);
+/* A new file `name` in the directory open on dfd, for writing: mode 0600 whatever the umask,
+ * never through a symbolic link, failing if the name exists, not inherited by exec'd children. */
+FILE *clattn__create_temp(int dfd, const char *name);
+/* Removes this library's temporary files in the directory open on dfd that are more than an
+ * hour old and owned by the effective user. */
+void clattn__sweep_temps(int dfd);
+/* Tests only: called with the directory's path once clattn__open_entry has opened and checked it,
+ * before the entry is opened (a test renames directories there). NULL outside tests. */
+extern void (*clattn__entry_dir_hook)(const char *dir);
 /* Returns a malloc'ed binary for the key or NULL (missing, corrupt, foreign: never fatal). */
 unsigned char *clattn__cache_load(clattn_context *ctx, const char *hex, size_t *size);
 void clattn__cache_store(clattn_context *ctx, const char *hex, const unsigned char *bin, size_t size);
@@ -330,11 +359,8 @@ typedef enum clattn_op {
     CLATTN_OP_COUNT
 } clattn_op;
 
-/* Integer parameters of one kernel launch; meaning depends on the op (see tuning.c). */
-#define CLATTN_MAX_PARAMS 12
-typedef struct clattn_params {
-    int v[CLATTN_MAX_PARAMS];
-} clattn_params;
+/* Integer parameters of one kernel launch, named per op: params.h (the schema), params.c. */
+#include "params.h"
 
 typedef struct clattn_bucket {
     clattn_op op;
@@ -346,11 +372,34 @@ typedef struct clattn_bucket {
 } clattn_bucket;
 
 int clattn__mask_kind(int causal, int masked);
+
+/* ---- the parameter schema (params.c) ---- */
+const char *clattn__op_name(clattn_op op);
 int clattn__param_count(clattn_op op);
-/* Parameter values are integers in [0, CLATTN_PARAM_MAX]; a choice (DIRECT, KF, KT) at most its
- * largest variant. clattn__param_max: that bound, -1 for a parameter op does not have. */
-#define CLATTN_PARAM_MAX 4096
+/* Parameter i's name, its one-line meaning (NULL past the count) and largest value: a choice's
+ * (DIRECT, KF, KT) largest variant, CLATTN_PARAM_MAX for a size; -1 for a parameter op does not have. */
+const char *clattn__param_name(clattn_op op, int i);
+const char *clattn__param_meaning(clattn_op op, int i);
 int clattn__param_max(clattn_op op, int i);
+/* The slot of op's kernel choice (DIRECT), or -1; the name of one of its values, or NULL. */
+int clattn__param_choice_slot(clattn_op op);
+const char *clattn__kernel_choice_name(clattn_op op, int value);
+/* Reads "a,b,c" (leading values in order) or "NAME=value,..." (any order and case; "kernel" for
+ * DIRECT, whose value may be a kernel name: tiled, direct, rows, ...; decode also takes KG, KL,
+ * LANES, LC and KU) into p, which keeps what the text does not set. named_only refuses the
+ * positional form. Returns 1, with *count the values set (negative: named); or 0 with the reason
+ * in err and p untouched. */
+int clattn__params_parse(clattn_op op, const char *text, int named_only, clattn_params *p, int *count,
+                         char *err, size_t errsz);
+/* The build options of parameters first .. first + count - 1 of p: "-DWGX=8 -DWGY=4 ...", each
+ * under its kernel's own -D name (params.h). Returns 0 when buf is too small. */
+int clattn__params_defines(clattn_op op, const clattn_params *p, int first, int count, char *buf, size_t size);
+/* "WGX=8,WGY=4,...,DIRECT=lanes": the first `count` values of p by name. */
+void clattn__params_format(clattn_op op, const clattn_params *p, int count, char *buf, size_t size);
+/* The last sources (defaults.c): generic defaults, and vendor defaults by device class (0 when the
+ * device has none; *what names them). */
+void clattn__generic_defaults(clattn_op op, clattn_params *p);
+int clattn__vendor_defaults(const clattn_devinfo *d, clattn_op op, clattn_params *p, const char **what);
 /* Parameters for a bucket: override -> CLATTN_PARAMS_<OP> -> user tuning file -> built-in
  * entries -> vendor defaults -> generic defaults. Unset trailing values are 0. */
 void clattn__params_for(const clattn_context *ctx, const clattn_bucket *b, clattn_params *p,
@@ -393,12 +442,11 @@ void clattn__tuning_init(clattn_context *ctx);
 int clattn__is_builtin_table(const char *name);
 void clattn__tuning_release(clattn_context *ctx);
 int clattn__tuning_file(const clattn_context *ctx, char *buf, size_t size);
-const char *clattn__op_name(clattn_op op);
 int clattn__seq_q_class(int64_t seq_q);
 int clattn__log2_ceil(int64_t x);
 
 /* ---- operations ---- */
-/* Scores (gemm.cl). `scratch` (may be NULL) from element `scratch_off` holds
+/* Scores (gemm_tiled.cl, gemm_direct.cl). `scratch` (may be NULL) from element `scratch_off` holds
  * clattn__scores_scratch() bytes for the transposed K of the KT variant: 0 (no scratch, K read
  * tile by tile) when the variant does not run or its copy needs more than `room` bytes. */
 uint64_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p, uint64_t room);
@@ -406,7 +454,7 @@ uint64_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p, ui
  * batch·heads_kv): rows of pitch floats with panel 0 (KT scores), else panels of `panel` keys
  * (a multiple of 16), Kt[z][n / panel][d][n % panel] (fused_direct). kspan non-NULL: only the
  * panels that meet head z's keys [16·kspan[ks_off + 2z], 16·kspan[ks_off + 2z + 1]) (ints; a
- * shared mask's hull of spans, mask_union in fused.cl) are written; kvlen non-NULL (the
+ * shared mask's hull of spans, mask_union in mask_pass.cl) are written; kvlen non-NULL (the
  * problem's kv_lengths): only the panels that start below their batch's key length. */
 clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem *p, cl_mem scratch,
                                       uint64_t off, uint64_t pitch, int panel, cl_mem kspan,
@@ -420,7 +468,7 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
                                   const clattn_view *mask, cl_mem kvlen, const clattn_view *in,
                                   const clattn_view *out, const clattn_view *lse, clattn_dtype in_dt,
                                   cl_uint num_wait, const cl_event *wait, cl_event *done);
-/* P·V (gemm.cl) of probs and v: the problem's V, or the f32 copy of an f16/bf16 one. Where
+/* P·V (gemm_tiled.cl, gemm_direct.cl) of probs and v: the problem's V, or the f32 copy of an f16/bf16 one. Where
  * pv_direct (CPUs) would read f16 or bf16 V, clattn__pv_scratch() bytes (else 0) of a scratch
  * take that copy, written by clattn__run_widen_v from element `off` (widen_v), *vf its view. */
 uint64_t clattn__pv_scratch(clattn_context *ctx, const clattn_problem *p);
@@ -440,7 +488,7 @@ void clattn__fit_register_tile(const clattn_context *ctx, int *rm, int *ns);
 void clattn__fit_gemm_tile(const clattn_context *ctx, clattn_op op, int *v);
 /* fused_direct's scores tile S[rm][ns] over the Kᵀ copy from the parameters RM and NS: rm in 1..32,
  * ns in 1..4, then fitted as above, and rm fewer where the rows' O accumulators for head_dim_v
- * would nearly fill the registers (src/fused.c; clattn-tune compares candidates by it). */
+ * would nearly fill the registers (src/scores.c; clattn-tune compares candidates by it). */
 void clattn__fit_fused_tile(const clattn_context *ctx, int64_t head_dim_v, int *rm, int *ns);
 /* Whether fused_direct (CPUs) reads K and V in place for this problem (decode, few packed rows
  * per kv head, or long K and V, by the context's vector registers), rather than from a Kᵀ copy:
@@ -449,7 +497,7 @@ int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq
                             int64_t dk_plus_dv);
 /* GPU decode with the vendor or generic defaults (decode_lanes) and 16 or more packed rows per kv
  * head (head_dim and head_dim_v up to 128): the tiled kernel instead, WGX 8, RM 4, the row tile
- * covering the rows up to 64, the defaults' SPLITS (src/fused.c). v: DECODE's values (at least
+ * covering the rows up to 64, the defaults' SPLITS (src/defaults.c). v: DECODE's values (at least
  * 7), changed in place; returns whether they changed. */
 int clattn__decode_tiled_default(const clattn_context *ctx, int64_t rows, int64_t head_dim,
                                  int64_t head_dim_v, clattn_params_source source, int *v);

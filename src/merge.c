@@ -14,7 +14,7 @@ static clattn_status merge_kernel(clattn_context *ctx, const char *name, const c
     clattn_bucket b = {CLATTN_OP_MERGE, CLATTN_F32, 0, 0, 0, 0};
     clattn_params pp;
     const clattn_params_source source = clattn__default_params(ctx, &b, &pp);
-    *wg = pp.v[0] > 0 ? pp.v[0] : 64;
+    *wg = pp.merge.WG > 0 ? pp.merge.WG : 64;
     for (size_t cap = ctx->dev.max_wg;;) {
         if ((size_t)*wg > cap)
             *wg = (int)cap;

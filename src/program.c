@@ -1,4 +1,5 @@
-/* Program assembly (common.cl + the operation's file), build, in-memory program/kernel cache. */
+/* Program assembly (the shared files a kernel file needs, then the file), build, in-memory
+ * program/kernel cache. */
 #define _POSIX_C_SOURCE 200809L
 #include "internal.h"
 
@@ -50,25 +51,90 @@ char *clattn__load_source(const char *file, size_t *len)
     return NULL;
 }
 
-/* "#line 1" markers make build-log lines point into the right file. */
-static char *assemble(const char *file)
+/* The files a program of each kernel file is assembled from, in order, before the file itself:
+ * one kernel family a file, the rules several families share in files of their own. A file not
+ * listed takes common.cl alone (a file added through CLATTN_KERNEL_DIR); common.cl takes nothing. */
+#define MAX_SHARED 3
+static const struct {
+    const char *file;
+    const char *shared[MAX_SHARED]; /* NULL-terminated when shorter */
+} program_parts[] = {
+    {"common.cl", {NULL}},
+    {"softmax.cl", {"common.cl"}},
+    {"merge.cl", {"common.cl"}},
+    {"mask_pass.cl", {"common.cl"}},
+    {"layout.cl", {"common.cl", "gemm_common.cl"}},
+    {"gemm_tiled.cl", {"common.cl", "gemm_common.cl"}},
+    {"gemm_direct.cl", {"common.cl", "gemm_common.cl"}},
+    {"fused_tiled.cl", {"common.cl", "attn_common.cl"}},
+    {"fused_direct.cl", {"common.cl", "attn_common.cl", "fused_cpu_common.cl"}},
+    {"fused_lanes.cl", {"common.cl", "attn_common.cl", "fused_cpu_common.cl"}},
+    {"decode.cl", {"common.cl", "attn_common.cl"}},
+    {"decode_lanes.cl", {"common.cl", "attn_common.cl"}},
+};
+static const char *const default_parts[MAX_SHARED] = {"common.cl"};
+
+/* The shared files of `file` (at most MAX_SHARED, NULL past the last). */
+static const char *const *shared_parts(const char *file)
 {
-    size_t nc = 0, nf = 0;
-    char *common = clattn__load_source("common.cl", &nc);
-    char *body = strcmp(file, "common.cl") == 0 ? NULL : clattn__load_source(file, &nf);
-    if (!common || (!body && strcmp(file, "common.cl") != 0)) {
-        free(common);
-        free(body);
-        return NULL;
+    for (size_t i = 0; i < sizeof program_parts / sizeof program_parts[0]; i++)
+        if (strcmp(program_parts[i].file, file) == 0)
+            return program_parts[i].shared;
+    return default_parts;
+}
+
+/* The program text of `file`: each shared file, then the file, each after a "#line 1" marker so
+ * that build-log lines point into the right file. NULL when a file is missing (*missing names it)
+ * or memory is short (*missing NULL). */
+static char *assemble(const char *file, const char **missing)
+{
+    const char *const *shared = shared_parts(file);
+    const char *names[MAX_SHARED + 1];
+    char *texts[MAX_SHARED + 1] = {NULL};
+    size_t lens[MAX_SHARED + 1], cap = 1;
+    int n = 0;
+    for (int i = 0; i < MAX_SHARED && shared[i]; i++)
+        names[n++] = shared[i];
+    names[n++] = file;
+    char *src = NULL;
+    *missing = NULL;
+    for (int i = 0; i < n; i++) {
+        texts[i] = clattn__load_source(names[i], &lens[i]);
+        if (!texts[i]) {
+            *missing = names[i];
+            goto done;
+        }
+        cap += lens[i] + strlen(names[i]) + 16;
     }
-    size_t cap = nc + nf + strlen(file) + 64;
-    char *src = malloc(cap);
-    if (src)
-        snprintf(src, cap, "#line 1 \"common.cl\"\n%s\n#line 1 \"%s\"\n%s", common, file,
-                 body ? body : "");
-    free(common);
-    free(body);
+    src = malloc(cap);
+    if (src) {
+        size_t at = 0;
+        for (int i = 0; i < n; i++)
+            at += (size_t)snprintf(src + at, cap - at, "#line 1 \"%s\"\n%s\n", names[i], texts[i]);
+    }
+done:
+    for (int i = 0; i < n; i++)
+        free(texts[i]);
     return src;
+}
+
+/* " (after a.cl, b.cl)" naming the shared files of `file` besides common.cl, which every program
+ * starts with (empty without), for messages: a build that fails in a shared file says so. */
+static void parts_note(const char *file, char *buf, size_t size)
+{
+    const char *const *shared = shared_parts(file);
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < MAX_SHARED && shared[i] && at < size; i++) {
+        if (strcmp(shared[i], "common.cl") == 0)
+            continue;
+        const int k = snprintf(buf + at, size - at, "%s%s", at ? ", " : " (after ", shared[i]);
+        if (k < 0)
+            break;
+        at += (size_t)k;
+    }
+    if (at > 0 && at < size)
+        snprintf(buf + at, size - at, ")");
 }
 
 static void cache_key(const clattn_context *ctx, const char *src, const char *options, char hex[33])
@@ -168,7 +234,11 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
                             "building %s: CLATTN_BUILD_OPTIONS (%zu bytes) makes the options longer "
                             "than the %zu bytes this library passes to clBuildProgram",
                             file, extra ? strlen(extra) : (size_t)0, sizeof options - 1);
-    char *src = assemble(file);
+    const char *missing = NULL;
+    char *src = assemble(file, &missing);
+    if (!src && missing && strcmp(missing, file) != 0)
+        return clattn__fail(ctx, CLATTN_BUILD_FAILED, "kernel source \"%s\" (needed by %s) is missing",
+                            missing, file);
     if (!src)
         return clattn__fail(ctx, CLATTN_BUILD_FAILED, "kernel source \"%s\" is missing", file);
     char hex[33];
@@ -203,8 +273,10 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
         keep_build_log(ctx, prog);
         clReleaseProgram(prog);
         ctx->cl_error = err;
-        return clattn__fail(ctx, CLATTN_BUILD_FAILED, "building %s with \"%s\" failed: %s (%d)",
-                            file, options, clattn__cl_error_name(err), (int)err);
+        char parts[128];
+        parts_note(file, parts, sizeof parts);
+        return clattn__fail(ctx, CLATTN_BUILD_FAILED, "building %s%s with \"%s\" failed: %s (%d)",
+                            file, parts, options, clattn__cl_error_name(err), (int)err);
     }
     if (show_log) {
         keep_build_log(ctx, prog);

@@ -1,4 +1,5 @@
-/* The unfused path's two GEMMs (gemm.cl): scale·QKᵀ with masks, and P·V. */
+/* The unfused path's two GEMMs (gemm_tiled.cl on GPUs, gemm_direct.cl on CPUs) and their layout
+ * copies (layout.cl): scale·QKᵀ with masks, and P·V. */
 #include "internal.h"
 
 #include <stdio.h>
@@ -8,40 +9,38 @@
  * (the device's largest, or what a kernel compiled with more allowed). */
 static void sane_gemm(const clattn_context *ctx, clattn_params *pp, size_t cap)
 {
-    int *v = pp->v;
-    for (int i = 0; i < 5; i++) /* v[5] (VW) is checked below */
-        if (v[i] <= 0)
-            v[i] = 1;
+    int *const sizes[5] = {&pp->gemm.WGX, &pp->gemm.WGY, &pp->gemm.RM, &pp->gemm.NS, &pp->gemm.TK};
+    for (int i = 0; i < 5; i++) /* VW is checked below */
+        if (*sizes[i] <= 0)
+            *sizes[i] = 1;
     /* Register blocks and the unrolled k loop beyond the tuner's range (RM 16, NS 4, TK 64) only
      * spill, and can keep a kernel compiler busy for minutes. */
-    v[2] = v[2] > 16 ? 16 : v[2];
-    v[3] = v[3] > 4 ? 4 : v[3];
-    v[4] = v[4] > 64 ? 64 : v[4];
-    v[4] = (v[4] + 3) / 4 * 4; /* tiles are loaded as float4 along k */
-    if (v[5] != 8 && v[5] != 16)
-        v[5] = 4;
-    while ((size_t)v[0] * (size_t)v[1] > cap && v[1] > 1)
-        v[1] /= 2;
-    while ((size_t)v[0] * (size_t)v[1] > cap && v[0] > 1)
-        v[0] /= 2;
+    int *const wgx = &pp->gemm.WGX, *const wgy = &pp->gemm.WGY, *const rm = &pp->gemm.RM, *const ns = &pp->gemm.NS,
+              *const tk = &pp->gemm.TK, *const vw = &pp->gemm.VW;
+    *rm = *rm > 16 ? 16 : *rm;
+    *ns = *ns > 4 ? 4 : *ns;
+    *tk = *tk > 64 ? 64 : *tk;
+    *tk = (*tk + 3) / 4 * 4; /* tiles are loaded as float4 along k */
+    if (*vw != 8 && *vw != 16)
+        *vw = 4;
+    while ((size_t)*wgx * (size_t)*wgy > cap && *wgy > 1)
+        *wgy /= 2;
+    while ((size_t)*wgx * (size_t)*wgy > cap && *wgx > 1)
+        *wgx /= 2;
     /* Local memory: As[TK][TM] + Bs[TK][TN] floats. */
     for (;;) {
-        size_t bytes = 4u * ((size_t)(v[4] + 4) * v[1] * v[2] + (size_t)v[4] * v[0] * v[5] * v[3]);
-        if (clattn__local_fits(ctx, bytes) || v[4] <= 4)
+        size_t bytes = 4u * ((size_t)(*tk + 4) * *wgy * *rm + (size_t)*tk * *wgx * *vw * *ns);
+        if (clattn__local_fits(ctx, bytes) || *tk <= 4)
             break;
-        v[4] = (v[4] / 2 + 3) / 4 * 4;
+        *tk = (*tk / 2 + 3) / 4 * 4;
     }
 }
 
 /* The register tile: rm x ns float16 accumulators, with ns float16 of B (K, V) and a broadcast
  * value of A beside them, in NREG16 float16 values (device.c): rm·ns at most three quarters of
- * them and ns·(rm + 1) all but one, ns giving way first. With AVX-512 (32) that allows the
- * 6 x 64, 8 x 48, 12 x 32 and 24 x 16 tiles; with AVX2 (8) 6 x 16 or 2 x 32, where the AVX-512
- * 6 x 64 tile spills every accumulator at every k. Measured on PoCL, 2-core AMD EPYC with AVX2
- * only (B1 H8 S1024 d64 f32, min ms of 3-5 alternating runs): scores 6 x 64 21.2, 6 x 16 11.5,
- * 4 x 16 13.4, 8 x 16 16.5, 12 x 16 19.5, 2 x 32 19.5, 6 x 32 18.5, 3 x 32 27.8; unfused with
- * scores 6 x 16, P·V 6 x 64 31.2, 6 x 16 22.2, 4 x 16 21.4, 2 x 32 22.4, 3 x 32 29.8, 2 x 16
- * 25.2. fused_direct's scores tile is the same (src/fused.c). */
+ * them and ns·(rm + 1) all but one, ns giving way first. AVX-512 (32) allows 6 x 64, AVX2 (8)
+ * 6 x 16, where 6 x 64 spills at every k (scores, B1 H8 S1024 d64 on AVX2: 21.2 ms against 11.5).
+ * fused_direct's scores tile is the same. Journal: docs/measurements.md#fit-register-tile */
 void clattn__fit_register_tile(const clattn_context *ctx, int *rm, int *ns)
 {
     const int n = ctx->dev.nreg16;
@@ -57,17 +56,19 @@ void clattn__fit_register_tile(const clattn_context *ctx, int *rm, int *ns)
 
 void clattn__fit_gemm_tile(const clattn_context *ctx, clattn_op op, int *v)
 {
-    if (v[8] > 0 && (op == CLATTN_OP_PV || v[7] > 0)) /* in place: rows tiled in common.cl */
-        clattn__fit_register_tile(ctx, &v[2], &v[3]);
+    clattn_params p;
+    memcpy(p.v, v, sizeof p.gemm); /* v holds SCORES' or PV's values */
+    if (p.gemm.DIRECT == CLATTN_KERNEL_DIRECT && (op == CLATTN_OP_PV || p.gemm.KT > 0)) {
+        /* in place: rows tiled in common.cl */
+        clattn__fit_register_tile(ctx, &p.gemm.RM, &p.gemm.NS);
+        memcpy(v, p.v, sizeof p.gemm);
+    }
 }
 
 /* fused_direct keeps a row block's O, rm x dv16 float16 vectors, in registers through P·V when
- * they fit (rm·dv16 <= NREG16, fused.cl's PV_TILE 0), beside a V vector and a broadcast; past
- * three quarters of the registers that spills: on PoCL (2-core Intel Xeon, AVX-512, B1 H8 S1024
- * f32, minima of 2-3 runs alternating, ms) head_dim 80 (dv16 5) took 11.3-11.5 with RM 6 (30
- * vectors) against 10.0-10.4 with RM 4, and head_dim 64 (dv16 4) 10.2-10.5 with RM 8 (32)
- * against 7.9-8.2 with RM 6. Such rm gives way to the most rows that keep O within three
- * quarters; larger row blocks tile O (PV_TILE 1) and are left as they are. */
+ * they fit (PV_TILE 0); past three quarters of the registers that spills (d64 with RM 8: 10.2 ms
+ * against 7.9 with RM 6), so rm gives way to the most rows that keep O within three quarters;
+ * larger blocks tile O (PV_TILE 1). Journal: docs/measurements.md#fit-fused-tile */
 void clattn__fit_fused_tile(const clattn_context *ctx, int64_t head_dim_v, int *rm, int *ns)
 {
     *rm = *rm < 1 ? 1 : *rm > 32 ? 32 : *rm;
@@ -90,24 +91,24 @@ static clattn_params_source gemm_params(clattn_context *ctx, int mode, const cla
     const clattn_params_source source = clattn__default_params(ctx, &bucket, pp);
     sane_gemm(ctx, pp, ctx->dev.max_wg);
     if (mode != 0)
-        pp->v[6] = pp->v[7] = 0; /* KF and KT are scores-only */
+        pp->gemm.KF = pp->gemm.KT = 0; /* scores-only */
     clattn__fit_gemm_tile(ctx, mode == 0 ? CLATTN_OP_SCORES : CLATTN_OP_PV, pp->v);
     return source;
 }
 
 /* Scores with at most 16 query rows per head, or 32 when the heads' K exceed a quarter of the
  * device's cache (or its size is unknown), read K in place (scores_in_place) where DIRECT would
- * read a Kᵀ copy: the copy costs a read and a write of K before the kernel reads it again, which
- * few rows do not repay (as in fused.c). Measured on PoCL (2-core Zen 4, B1 H8 d64 f32, min ms,
- * runs alternating with the copy): seq_kv 16384, seq_q 8: 2.6-3.3 in place against 8.2-11.2;
- * seq_kv 8192, seq_q 17: 3.0-3.6 against 4.8-4.9; seq_q 32: 4.6-6.3 against 5.0-5.7; seq_kv
- * 1024 (K in cache), seq_q 32: 0.73 against 0.61. */
+ * read a Kᵀ copy, which few rows do not repay (seq_kv 16384, seq_q 8: 2.6 ms against 8.2).
+ * Journal: docs/measurements.md#scores-in-place-rows */
 #define SCORES_IN_PLACE_ROWS 16
 
 int clattn__scores_in_place(const clattn_context *ctx, const int *v, int64_t seq_q, uint64_t k_bytes)
 {
-    return v[8] > 0 && (v[7] <= 0 || seq_q <= SCORES_IN_PLACE_ROWS ||
-                        (seq_q <= 2 * SCORES_IN_PLACE_ROWS && k_bytes > ctx->dev.cache_size / 4));
+    clattn_params p;
+    memcpy(p.v, v, sizeof p.gemm); /* v holds SCORES' values */
+    return p.gemm.DIRECT == CLATTN_KERNEL_DIRECT &&
+           (p.gemm.KT <= 0 || seq_q <= SCORES_IN_PLACE_ROWS ||
+            (seq_q <= 2 * SCORES_IN_PLACE_ROWS && k_bytes > ctx->dev.cache_size / 4));
 }
 
 static int scores_in_place(const clattn_context *ctx, const clattn_params *pp, const clattn_problem *p)
@@ -123,11 +124,14 @@ static int scores_in_place(const clattn_context *ctx, const clattn_params *pp, c
  * all fall into one L1 set), panels of 16·NS keys for scores_direct (which reads whole panels:
  * the pitch covers them). */
 /* The keys of a Kᵀ panel: the tile's 16·NS for scores_direct (DIRECT), 0 (rows) for gemm. */
-static int kt_panel(const int *v) { return v[8] > 0 ? 16 * v[3] : 0; }
+static int kt_panel(const clattn_params *pp)
+{
+    return pp->gemm.DIRECT == CLATTN_KERNEL_DIRECT ? 16 * pp->gemm.NS : 0;
+}
 
 static uint64_t kt_pitch(const clattn_problem *p, const clattn_params *pp)
 {
-    const uint64_t tn = 16u * (uint64_t)(pp->v[3] > 0 ? pp->v[3] : 1);
+    const uint64_t tn = 16u * (uint64_t)(pp->gemm.NS > 0 ? pp->gemm.NS : 1);
     return ((uint64_t)p->seq_kv + tn - 1) / tn * tn + 16;
 }
 
@@ -142,7 +146,7 @@ static uint64_t widen_bytes(int64_t batch, int64_t heads, int64_t rows, int64_t 
 }
 
 /* The f16/bf16 tensor x (batch x heads x rows x cols) as f32 rows into scratch from element
- * `off` (kernel `name`: widen_q or widen_v, gemm.cl), and *out its view. */
+ * `off` (kernel `name`: widen_q or widen_v, layout.cl), and *out its view. */
 static clattn_status widen(clattn_context *ctx, const char *name, const clattn_view *x, int64_t batch,
                            int64_t heads, int64_t rows, int64_t cols, cl_mem scratch, uint64_t off,
                            clattn_view *out, cl_uint num_wait, const cl_event *wait)
@@ -151,7 +155,7 @@ static clattn_status widen(clattn_context *ctx, const char *name, const clattn_v
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DKSEL=1 -DK_widen=1",
              (int)x->dtype);
     cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, name, &k);
+    clattn_status st = clattn__get_kernel(ctx, "layout.cl", opts, name, &k);
     if (st)
         return st;
     const cl_ulong pitch = widen_pitch(cols), xf_off = off;
@@ -175,7 +179,7 @@ static clattn_status widen(clattn_context *ctx, const char *name, const clattn_v
  * can start at a multiple of 16 floats; 0 for f32 Q or another kernel. */
 static uint64_t q_copy_bytes(const clattn_problem *p, const clattn_params *pp)
 {
-    if (p->q.dtype == CLATTN_F32 || pp->v[8] <= 0)
+    if (p->q.dtype == CLATTN_F32 || pp->gemm.DIRECT != CLATTN_KERNEL_DIRECT)
         return 0;
     return clattn__add_sat(widen_bytes(p->batch, p->heads_q, p->seq_q, p->head_dim), 64);
 }
@@ -191,7 +195,7 @@ uint64_t clattn__scores_scratch(clattn_context *ctx, const clattn_problem *p, ui
 {
     clattn_params pp;
     gemm_params(ctx, 0, p, &pp);
-    if (pp.v[7] <= 0 || scores_in_place(ctx, &pp, p))
+    if (pp.gemm.KT <= 0 || scores_in_place(ctx, &pp, p))
         return 0;
     const uint64_t bytes = kt_bytes(p, &pp);
     if (bytes > room)
@@ -207,9 +211,10 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
                           const clattn_view *c, int M, int N, int K, cl_uint num_wait,
                           const cl_event *wait, cl_event *done)
 {
-    int *v = pp->v;
-    const int kt = mode == 0 && v[7] > 0;
-    const int direct = v[8] > 0;
+    int *const wgx = &pp->gemm.WGX, *const wgy = &pp->gemm.WGY, *const rm = &pp->gemm.RM, *const ns = &pp->gemm.NS,
+              *const tk = &pp->gemm.TK, *const vw = &pp->gemm.VW;
+    const int kt = mode == 0 && pp->gemm.KT > 0;
+    const int direct = pp->gemm.DIRECT == CLATTN_KERNEL_DIRECT;
     /* The direct kernels: P·V (pv_direct) RM x 16·NS tiles as fitted (gemm_params), RM no more
      * rows than there are; scores in place (scores_in_place) RM rows (all of them up to 16,
      * up to 32 in one block rounded to a multiple of 4 for the 4 x 4 register tiles, else RM);
@@ -218,40 +223,41 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
                                   : (direct ? (kt ? "scores_direct" : "scores_in_place") : "gemm");
     char dp16[48] = "";
     if (direct && mode == 1) {
-        v[2] = v[2] > M ? M : v[2];
+        *rm = *rm > M ? M : *rm;
     } else if (direct && !kt) {
-        v[2] = M <= 16 ? M : M <= 32 ? (M + 3) / 4 * 4 : v[2];
+        *rm = M <= 16 ? M : M <= 32 ? (M + 3) / 4 * 4 : *rm;
         snprintf(dp16, sizeof dp16, " -DDP16=%d -DKV_FULL=%d", (K + 15) / 16 * 16, K % 16 == 0);
     }
     cl_kernel k;
     for (size_t cap = ctx->dev.max_wg;;) {
         /* KF: scores stage the whole head_dim at once when it fits in local memory. */
         int kfull = 0;
-        if (mode == 0 && v[6] > 0) {
-            const size_t tk = (size_t)(K + 3) / 4 * 4;
-            const size_t bytes = 4u * ((tk + 4) * (size_t)v[1] * v[2] + tk * (size_t)v[0] * v[5] * v[3]);
+        if (mode == 0 && pp->gemm.KF > 0) {
+            const size_t tkf = (size_t)(K + 3) / 4 * 4;
+            const size_t bytes = 4u * ((tkf + 4) * (size_t)*wgy * *rm + tkf * (size_t)*wgx * *vw * *ns);
             if (clattn__local_fits(ctx, bytes)) {
                 kfull = 1;
-                v[4] = (int)tk;
+                *tk = (int)tkf;
             }
         }
+        /* The tile under the parameters' own names (WGX WGY RM NS TK VW), then the derived flags. */
+        char tile[128];
+        clattn__params_defines(mode == 0 ? CLATTN_OP_SCORES : CLATTN_OP_PV, pp, 0, 6, tile, sizeof tile);
         char opts[320];
         snprintf(opts, sizeof opts,
                  "-cl-std=CL1.2 -cl-mad-enable -DMODE=%d -DDT_A=%d -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d "
-                 "-DWGX=%d -DWGY=%d -DRM=%d -DNS=%d -DTK=%d -DVW=%d -DKFULL=%d -DKT=%d -DDIRECT=%d -DKT_PANEL=%d%s"
-                 " -DKSEL=1 -DK_%s=1",
+                 "%s -DKFULL=%d -DKT=%d -DDIRECT=%d -DKT_PANEL=%d%s -DKSEL=1 -DK_%s=1",
                  mode, (int)a->dtype, (int)bm->dtype, (int)c->dtype,
-                 p->has_mask ? (int)p->mask.dtype : 0, v[0], v[1], v[2], v[3], v[4], v[5], kfull, kt,
-                 direct, kt ? kt_panel(v) : 0, dp16, kname);
-        const clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, kname, &k);
+                 p->has_mask ? (int)p->mask.dtype : 0, tile, kfull, kt,
+                 direct, kt ? kt_panel(pp) : 0, dp16, kname);
+        const clattn_status st = clattn__get_kernel(ctx, direct ? "gemm_direct.cl" : "gemm_tiled.cl", opts, kname, &k);
         if (!st)
             break;
         if (!(cap = clattn__retry_cap(ctx, st, source, cap)))
             return st;
         sane_gemm(ctx, pp, cap);
     }
-    const int tm = direct ? v[2] : v[1] * v[2],
-              tn = !direct ? v[0] * v[5] * v[3] : mode == 0 && !kt ? 256 : 16 * v[3];
+    const int tm = direct ? *rm : *wgy * *rm, tn = !direct ? *wgx * *vw * *ns : mode == 0 && !kt ? 256 : 16 * *ns;
     const int heads = (int)p->heads_q, group = (int)(p->heads_q / p->heads_kv);
     const int seq_q = (int)p->seq_q, seq_kv = (int)p->seq_kv, causal = p->causal,
               has_mask = p->has_mask; /* P·V: forces the NaN-safe path where P has masked zeros */
@@ -272,7 +278,7 @@ static clattn_status gemm(clattn_context *ctx, int mode, const clattn_problem *p
     clattn__arg(&args, sizeof(int), &causal);
     clattn__arg(&args, sizeof(int), &has_mask);
     clattn__arg(&args, sizeof(float), &alpha);
-    const size_t local[3] = {direct ? 1 : (size_t)v[0], direct ? 1 : (size_t)v[1], 1};
+    const size_t local[3] = {direct ? 1 : (size_t)*wgx, direct ? 1 : (size_t)*wgy, 1};
     size_t global[3] = {(size_t)((N + tn - 1) / tn) * local[0], (size_t)((M + tm - 1) / tm) * local[1],
                         (size_t)(p->batch * p->heads_q)};
     if (direct) /* tiles of keys (or O columns) fastest */
@@ -297,7 +303,7 @@ clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem 
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_IN=%d -DDT_A=0 -DDT_OUT=0 -DDT_MASK=0 -DKT_PANEL=%d -DKSEL=1 -DK_%s=1",
              (int)p->k.dtype, panel, name);
     cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "gemm.cl", opts, name, &k);
+    clattn_status st = clattn__get_kernel(ctx, "layout.cl", opts, name, &k);
     if (st)
         return st;
     const cl_ulong kt_sz = (cl_ulong)p->head_dim * pitch, kt_ss = pitch, kt_off = off;
@@ -329,8 +335,8 @@ clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, c
     clattn_params pp;
     const clattn_params_source source = gemm_params(ctx, 0, p, &pp);
     if (!scratch || scores_in_place(ctx, &pp, p))
-        pp.v[7] = 0;
-    if (pp.v[7] <= 0)
+        pp.gemm.KT = 0;
+    if (pp.gemm.KT <= 0)
         return gemm(ctx, 0, p, &pp, source, &p->q, &p->k, dst, (int)p->seq_q, (int)p->seq_kv,
                     (int)p->head_dim, num_wait, wait, done);
 
@@ -340,7 +346,7 @@ clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, c
     const uint64_t pitch = kt_pitch(p, &pp), hsz = (uint64_t)p->head_dim * pitch;
     const uint64_t kt = kt_bytes(p, &pp), q_bytes = q_copy_bytes(p, &pp);
     clattn_status st = clattn__run_transpose_k(ctx, p, scratch, scratch_off, pitch,
-                                               kt_panel(pp.v), NULL, 0, NULL, num_wait, wait);
+                                               kt_panel(&pp), NULL, 0, NULL, num_wait, wait);
     if (st)
         return st;
     const clattn_view ktv = {scratch, CLATTN_F32, scratch_off,
@@ -360,7 +366,7 @@ uint64_t clattn__pv_scratch(clattn_context *ctx, const clattn_problem *p)
         return 0;
     clattn_params pp;
     gemm_params(ctx, 1, p, &pp);
-    return pp.v[8] > 0 ? widen_bytes(p->batch, p->heads_kv, p->seq_kv, p->head_dim_v) : 0;
+    return pp.gemm.DIRECT == CLATTN_KERNEL_DIRECT ? widen_bytes(p->batch, p->heads_kv, p->seq_kv, p->head_dim_v) : 0;
 }
 
 clattn_status clattn__run_widen_v(clattn_context *ctx, const clattn_problem *p, cl_mem scratch, uint64_t off,

@@ -17,7 +17,7 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
     const clattn_params_source source = clattn__default_params(ctx, &bucket, &pp);
     /* ROWS > 0: one work-item per ROWS rows (softmax_rows), used while that still gives every
      * compute unit several work-groups; long rows of few heads go to the work-group kernel. */
-    int per_wi = pp.v[1] > 0 ? pp.v[1] : 0;
+    int per_wi = pp.softmax.ROWS > 0 ? pp.softmax.ROWS : 0;
     if (per_wi && (uint64_t)(rows + per_wi - 1) / per_wi * (uint64_t)(batch * heads) <
                       4u * ctx->dev.compute_units)
         per_wi = 0;
@@ -27,7 +27,7 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
         /* The local reduction halves the group: keep it a power of two the device (and, when one
          * was refused, the kernel compiled for a larger group) accepts. */
         wg = 1;
-        while (wg * 2 <= pp.v[0] && (size_t)(wg * 2) <= cap)
+        while (wg * 2 <= pp.softmax.WG && (size_t)(wg * 2) <= cap)
             wg *= 2;
         /* The work-group kernel's grid is rows·WG work-items in x, which a 32-bit size_t cannot
          * hold from 2^32 on (rows >= 2^22 at WG 1024): one row a work-item there instead. */

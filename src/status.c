@@ -40,3 +40,16 @@ size_t clattn_dtype_size(clattn_dtype dtype)
     }
     return 0;
 }
+
+const char *clattn_dtype_name(clattn_dtype dtype)
+{
+    switch (dtype) {
+    case CLATTN_F32:
+        return "f32";
+    case CLATTN_F16:
+        return "f16";
+    case CLATTN_BF16:
+        return "bf16";
+    }
+    return NULL;
+}

@@ -1,22 +1,28 @@
 /* The tuning store's text format: parse, format, atomic write.
  *
- *   clattn-tuning 1
+ *   clattn-tuning 2
  *   device 10de:NVIDIA H100 80GB HBM3:132:233472    (user files: the exact device key)
  *   match pthread                                   (built-in files: a device-name substring)
  *   driver 550.54.15                                (a tag: a new driver re-checks, not a miss)
  *   # op  dtype head_dim mask seq_q log2_seq_kv = parameters
- *   fused f32   64       none >128  10          = 1,4,16,1,16
+ *   fused f32   64       none >128  10          = WGX=1,WGY=1,RM=6,NS=4,VW=16,DIRECT=direct
  *   softmax *   *        *    *     *           = 16,2
  *
+ * Values are either every parameter of the operation by name (params.h; the kernel choice DIRECT
+ * by kernel name or number; what the library writes) or, as version 1 wrote them, the operation's
+ * count of integers in the positional order of clattn_param_name. Version 1 and 2 files are both
+ * read; the library writes version 2.
  * Every field but op may be "*". mask: none, causal, masked (an additive mask or key lengths,
  * with or without causal). seq_q: 1, <=16, <=128, >128. Lines are at most 1023 bytes (a device
  * value 511, a driver tag 255); '#' starts a comment, on a line of its own or after an entry
  * (device and driver values are taken whole: a device name may hold a '#'). Numbers are plain
  * decimal digits. Any other line makes the whole file malformed: a store is used whole or not at
  * all. */
+#define _POSIX_C_SOURCE 200809L /* renameat, unlinkat: the store is written through its directory's descriptor */
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,29 +192,9 @@ static int split_fields(char *s, char **field, int max)
     }
 }
 
-static int parse_entry(char *line, clattn_tuning_entry *e, const char **why)
+/* The six bucket fields: op dtype head_dim mask seq_q log2_seq_kv. */
+static int parse_bucket(char **tok, clattn_tuning_entry *e, const char **why)
 {
-    memset(e, 0, sizeof *e);
-    /* The comment goes first: an '=' in it ("# was =32") is no separator. */
-    char *hash = strchr(line, '#');
-    if (hash)
-        *hash = '\0';
-    char *eq = strrchr(line, '='); /* the last one: "<=16" holds one too */
-    if (!eq) {
-        *why = "no '='";
-        return 0;
-    }
-    *eq = '\0';
-    char *tok[6];
-    const int nt = split_fields(line, tok, 6);
-    if (nt > 6) {
-        *why = "too many fields before '='";
-        return 0;
-    }
-    if (nt != 6) {
-        *why = "expected: op dtype head_dim mask seq_q log2_seq_kv = values";
-        return 0;
-    }
     int op = -1;
     for (int i = 0; i < CLATTN_OP_COUNT; i++)
         if (strcmp(tok[0], clattn__op_name((clattn_op)i)) == 0)
@@ -224,10 +210,73 @@ static int parse_entry(char *line, clattn_tuning_entry *e, const char **why)
         *why = "bad dtype, head_dim, mask, seq_q or log2_seq_kv field";
         return 0;
     }
+    return 1;
+}
+
+/* Values by name (what version 2 writes): "NAME=value,..." naming each of the operation's
+ * parameters once, in any order, blanks allowed between pairs, a kernel choice by name or number. */
+static int parse_named_values(const char *text, clattn_tuning_entry *e, const char **why)
+{
+    static _Thread_local char msg[200];
+    char values[1024];
+    size_t len = 0;
+    for (const char *c = text; *c && len + 1 < sizeof values; c++)
+        if (*c != ' ' && *c != '\t')
+            values[len++] = *c;
+    values[len] = '\0';
+    clattn_params p;
+    memset(&p, 0, sizeof p);
+    int count = 0;
+    char err[160];
+    if (!clattn__params_parse(e->op, values, 1, &p, &count, err, sizeof err)) {
+        snprintf(msg, sizeof msg, "values: %s", err);
+        *why = msg;
+        return 0;
+    }
+    if (-count != clattn__param_count(e->op)) {
+        *why = "wrong number of values for the operation (each parameter named once)";
+        return 0;
+    }
+    e->n = -count;
+    memcpy(e->v, p.v, sizeof e->v);
+    return 1;
+}
+
+static int parse_entry(char *line, clattn_tuning_entry *e, const char **why)
+{
+    memset(e, 0, sizeof *e);
+    /* The comment goes first: an '=' in it ("# was =32") is no separator. */
+    char *hash = strchr(line, '#');
+    if (hash)
+        *hash = '\0';
+    /* The separator: the first '=' that is not part of a seq_q class ("<=16"); values named
+     * "NAME=value" hold more. */
+    char *eq = strchr(line, '=');
+    while (eq && eq > line && eq[-1] == '<')
+        eq = strchr(eq + 1, '=');
+    if (!eq) {
+        *why = "no '='";
+        return 0;
+    }
+    *eq = '\0';
+    char *tok[6];
+    const int nt = split_fields(line, tok, 6);
+    if (nt > 6) {
+        *why = "too many fields before '='";
+        return 0;
+    }
+    if (nt != 6) {
+        *why = "expected: op dtype head_dim mask seq_q log2_seq_kv = values";
+        return 0;
+    }
+    if (!parse_bucket(tok, e, why))
+        return 0;
     /* Values: exactly the operation's count of integers in [0, 4096], choices at most their largest
-     * value. */
+     * value; or (version 2) each parameter by name. */
     const int want = clattn__param_count(e->op);
     const char *s = eq + 1;
+    if (strchr(s, '='))
+        return parse_named_values(s, e, why);
     for (;;) {
         while (*s == ' ' || *s == '\t')
             s++;
@@ -304,8 +353,8 @@ int clattn__tuning_parse(const char *text, size_t len, clattn_tuning_table *t, c
                 why = "not a clattn tuning file (first line must be \"clattn-tuning 1\")";
                 goto bad;
             }
-            if (strcmp(s + 14, "1") != 0) {
-                why = "unsupported format version (this library reads version 1)";
+            if (strcmp(s + 14, "1") != 0 && strcmp(s + 14, "2") != 0) {
+                why = "unsupported format version (this library reads versions 1 and 2)";
                 goto bad;
             }
             have_header = 1;
@@ -387,26 +436,29 @@ void clattn__tuning_entry_text(const clattn_tuning_entry *e, char *buf, size_t s
     put_field(f[2], sizeof f[2], e->mask_kind, mask_names);
     put_field(f[3], sizeof f[3], e->sq_class, sq_names);
     put_field(f[4], sizeof f[4], e->log2_skv, NULL);
-    int n = snprintf(buf, size, "%-7s %-4s %-3s %-6s %-5s %-2s =", clattn__op_name(e->op), f[0], f[1],
+    int n = snprintf(buf, size, "%-7s %-4s %-3s %-6s %-5s %-2s = ", clattn__op_name(e->op), f[0], f[1],
                      f[2], f[3], f[4]);
-    for (int i = 0; i < e->n && n > 0 && (size_t)n < size; i++)
-        n += snprintf(buf + n, size - (size_t)n, "%s%d", i ? "," : " ", e->v[i]);
+    if (n > 0 && (size_t)n < size) {
+        clattn_params p;
+        memcpy(p.v, e->v, sizeof p.v);
+        clattn__params_format(e->op, &p, e->n, buf + n, size - (size_t)n);
+    }
 }
 
 char *clattn__tuning_format(const clattn_tuning_table *t)
 {
-    size_t cap = 1024 + (size_t)t->n * 160, n = 0;
+    size_t cap = 1024 + (size_t)t->n * 240, n = 0;
     char *out = malloc(cap);
     if (!out)
         return NULL;
-    n += (size_t)snprintf(out + n, cap - n, "clattn-tuning 1\n%s %s\n", t->device_is_pattern ? "match" : "device",
+    n += (size_t)snprintf(out + n, cap - n, "clattn-tuning 2\n%s %s\n", t->device_is_pattern ? "match" : "device",
                           t->device);
     if (t->driver[0])
         n += (size_t)snprintf(out + n, cap - n, "driver %s\n", t->driver);
     n += (size_t)snprintf(out + n, cap - n,
-                          "# op     dtype hd mask   seq_q log2_seq_kv = parameters (names per op: clattn-info)\n");
+                          "# op     dtype hd mask   seq_q log2_seq_kv = parameters by name (clattn-info lists them)\n");
     for (int i = 0; i < t->n && n < cap; i++) {
-        char line[160];
+        char line[240];
         clattn__tuning_entry_text(&t->e[i], line, sizeof line);
         n += (size_t)snprintf(out + n, cap - n, "%s\n", line);
     }
@@ -419,8 +471,29 @@ char *clattn__tuning_format(const clattn_tuning_table *t)
 
 int clattn__tuning_write(const char *path, const clattn_tuning_table *t, char *err, size_t errsz)
 {
+    /* Through the directory's descriptor, checked once (cache.c): written only where the library
+     * will read it back (docs/guarantees.md), and a directory renamed into its place meanwhile
+     * changes nothing. */
+    char dir[4200], why[300];
+    const char *slash = strrchr(path, '/');
+    const char *name = slash ? slash + 1 : path;
+    const size_t dn = !slash ? 0 : slash == path ? 1 : (size_t)(slash - path); /* "/name": "/" */
+    if (!*name || dn >= sizeof dir) {
+        snprintf(err, errsz, "cannot write %s: not a file name", path);
+        return -1;
+    }
+    snprintf(dir, sizeof dir, "%.*s", (int)(dn ? dn : 1), dn ? path : ".");
+    const int dfd = clattn__open_dir_for_write(dir, why, sizeof why);
+    if (dfd < 0) {
+        if (why[0])
+            snprintf(err, errsz, "cannot write %s: its directory is not trusted: %s (docs/guarantees.md)", path, why);
+        else
+            snprintf(err, errsz, "cannot write %s: %s", path, strerror(errno));
+        return -1;
+    }
     char *text = clattn__tuning_format(t);
     if (!text) {
+        close(dfd);
         snprintf(err, errsz, "out of host memory");
         return -1;
     }
@@ -430,26 +503,23 @@ int clattn__tuning_write(const char *path, const clattn_tuning_table *t, char *e
     struct timespec ts;
     timespec_get(&ts, TIME_UTC);
     char tmp[4400];
-    snprintf(tmp, sizeof tmp, "%s.%ld.%lx.%lx.%u.tmp", path, (long)getpid(),
+    snprintf(tmp, sizeof tmp, "%s.%ld.%lx.%lx.%u.tmp", name, (long)getpid(),
              (unsigned long)(uintptr_t)&counter, (unsigned long)ts.tv_nsec, counter++);
-    FILE *f = clattn__create_temp(tmp);
-    int ok = f != NULL;
+    FILE *f = clattn__create_temp(dfd, tmp);
+    int ok = f != NULL, saved = errno;
     if (ok) {
         const size_t len = strlen(text);
         ok = fwrite(text, 1, len, f) == len;
         ok = (fclose(f) == 0) && ok;
-        ok = ok && rename(tmp, path) == 0;
+        ok = ok && renameat(dfd, tmp, dfd, name) == 0;
+        saved = errno;
         if (!ok)
-            remove(tmp);
+            unlinkat(dfd, tmp, 0);
     }
     if (!ok)
-        snprintf(err, errsz, "cannot write %s: %s", path, strerror(errno));
+        snprintf(err, errsz, "cannot write %s: %s", path, strerror(saved));
     free(text);
-    char dir[4200];
-    const char *slash = strrchr(path, '/');
-    if (slash && (size_t)(slash - path) < sizeof dir) {
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-        clattn__sweep_temps(slash == path ? "/" : dir);
-    }
+    clattn__sweep_temps(dfd);
+    close(dfd);
     return ok ? 0 : -1;
 }

@@ -1,48 +1,8 @@
-/* Kernel parameters per operation and problem bucket, and where they come from.
- *
- * Meaning of clattn_params.v[] per operation (all are compile-time -D values of the kernel):
- *   SCORES, PV : WGX, WGY, RM, NS, TK, VW, KF, KT, DIRECT
- *                (gemm.cl: tile TM = WGY·RM rows, TN = WGX·VW·NS cols; scores only: KF 1 stages
- *                all of head_dim at once, KT 1 reads a Kᵀ copy written by transpose_k; DIRECT 1
- *                (CPUs: one work-item, no local memory, WGX/WGY/TK/VW unused): scores with KT
- *                scores_direct, RM x 16·NS tiles over the Kᵀ copy, but for few query rows
- *                (scores.c: SCORES_IN_PLACE_ROWS) and without KT scores_in_place, RM rows x 256
- *                keys reading K in place (RM automatic up to 32 rows); P·V pv_direct, RM x 16·NS
- *                tiles of O reading V in place (at most 24 accumulators); P·V ignores KF and KT)
- *   SOFTMAX    : WG, ROWS  (softmax.cl: work-items per row; ROWS > 0: one work-item per ROWS rows)
- *   FUSED      : WGX, WGY, RM, NS, VW, DIRECT  (fused.cl: BM = WGY·RM rows, BN = WGX·VW·NS keys;
- *                DIRECT 1: fused_direct, one work-item per RM rows, 16·NS-key register chunks
- *                of 256-key softmax blocks, reading copies of Kᵀ and of V (zero-padded), both
- *                in panels (fused.cl), WGX/WGY/VW unused; with few rows per kv head (fused.c:
- *                LANES_ROWS), or long K and V (fused.c: clattn__direct_in_place: with AVX-512
- *                any dtype past 2 MiB of f32, with AVX2 any dtype from 8 MiB of f32 and
- *                head_dim + head_dim_v <= 128), K and V are read in place as by DECODE
- *                DIRECT 1 with RM 0, and RM/NS are unused too)
- *   DECODE     : WGX, WGY, RM, NS, VW, SPLITS, DIRECT  (fused.cl with key splits; RM 0 = cover the
- *                packed rows (up to 16), SPLITS 0 = automatic, N = N key splits (1: none;
- *                fitted to at least 4 key blocks and at most 65536 keys a split); DIRECT 1:
- *                fused_direct reading K and V in place, one work-item per RM rows and key
- *                split, 16-key blocks (RM 0:
- *                up to 10 rows in one block; more go to fused_lanes, the rows in the lanes of
- *                float16 vectors, in as few blocks of at most 64 as there can be),
- *                WGX/WGY/NS/VW unused; DIRECT 2: decode_rows (decode.cl), WGY key groups of
- *                ceil(head_dim_v / 4) work-items reading K and V from global memory, RM rows
- *                (0: all packed rows, up to 16), NS lanes reading one key row together for
- *                the scores (1: each lane its own key's row), VW loads in flight per
- *                work-item (4, 8 or 16), WGX unused; DIRECT 3: decode_rows with W rounded up
- *                so that each key group synchronises alone, through PTX barriers on NVIDIA
- *                GPUs; DIRECT 4: decode_lanes (decode_lanes.cl), WGY key groups of NS lanes
- *                (0: one per 16-byte chunk of a row, up to 32) that read every key row
- *                together, VW keys a step whose K and V rows are loaded before use, partial
- *                scores summed by PTX shuffles on NVIDIA GPUs, WGX unused; DIRECT 5:
- *                decode_lanes without PTX, the partial scores summed through local memory
- *                everywhere (on other devices the same as DIRECT 4); on a GPU, decode_lanes
- *                from the vendor or generic defaults gives way to the tiled kernel (DIRECT 0)
- *                from 16 packed rows per kv head: fused.c, clattn__decode_tiled_default)
- *   MERGE      : WG  (merge.cl)
- * Lookup order: clattn_set_params override, CLATTN_PARAMS_<OP>, the user tuning file of the
- * device, built-in tables (tuning/ in the source tree, embedded), vendor defaults, generic defaults. */
-#define _POSIX_C_SOURCE 200809L /* open, fstat, O_CLOEXEC: the user file is read as cache.c reads */
+/* Which kernel parameters a call uses, and where they come from. Lookup order: clattn_set_params
+ * override, CLATTN_PARAMS_<OP>, the user tuning file of the device, built-in tables (tuning/ in
+ * the source tree, embedded), vendor defaults, generic defaults (defaults.c). What each parameter
+ * means, per operation and kernel: params.h and docs/tuning.md. */
+#define _POSIX_C_SOURCE 200809L /* read, struct stat: the user file is opened as cache.c opens entries */
 #include "internal.h"
 
 #include <ctype.h>
@@ -55,79 +15,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char *const op_names[CLATTN_OP_COUNT] = {"scores", "pv", "softmax", "fused", "decode",
-                                                      "merge"};
-
-typedef struct op_space {
-    int count;
-    const char *names[CLATTN_MAX_PARAMS];
-    int ncand[CLATTN_MAX_PARAMS];
-    int cand[CLATTN_MAX_PARAMS][8];
-    unsigned choices; /* bit i: parameter i picks a kernel or a variant; cand[i] lists every value */
-} op_space;
-
-/* Parameter names and the values clattn-tune tries (constraints are checked when a candidate is
- * built and run: each op clamps to the device, and the tuner drops what fails). Sizes are hints
- * that each op fits to the device; choices (DIRECT, KF, KT) accept only the values listed. */
-static const op_space spaces[CLATTN_OP_COUNT] = {
-    /* SCORES */
-    {9,
-     {"WGX", "WGY", "RM", "NS", "TK", "VW", "KF", "KT", "DIRECT"},
-     {5, 5, 6, 4, 4, 3, 2, 2, 2},
-     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4, 6, 8, 16}, {1, 2, 3, 4}, {8, 16, 32, 64},
-      {4, 8, 16}, {0, 1}, {0, 1}, {0, 1}},
-     0x1c0},
-    /* PV: KF and KT are the scores kernel's; DIRECT 1 is pv_direct */
-    {9,
-     {"WGX", "WGY", "RM", "NS", "TK", "VW", "KF", "KT", "DIRECT"},
-     {5, 5, 5, 3, 4, 3, 1, 1, 2},
-     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 4}, {8, 16, 32, 64}, {4, 8, 16},
-      {0}, {0}, {0, 1}},
-     0x1c0},
-    /* SOFTMAX */
-    {2, {"WG", "ROWS"}, {8, 5}, {{1, 4, 8, 16, 32, 64, 128, 256}, {0, 1, 2, 4, 8}}, 0},
-    /* FUSED */
-    {6,
-     {"WGX", "WGY", "RM", "NS", "VW", "DIRECT"},
-     {5, 5, 7, 3, 3, 2},
-     {{1, 2, 4, 8, 16}, {1, 2, 4, 8, 16}, {1, 2, 3, 4, 6, 8, 16}, {1, 2, 4}, {4, 8, 16}, {0, 1}},
-     0x20},
-    /* DECODE */
-    {7,
-     {"WGX", "WGY", "RM", "NS", "VW", "SPLITS", "DIRECT"},
-     {5, 4, 4, 6, 3, 5, 6},
-     {{1, 2, 8, 16, 32}, {1, 2, 4, 8}, {0, 1, 4, 16}, {1, 2, 4, 8, 16, 32}, {4, 8, 16}, {0, 2, 8, 32, 128},
-      {0, 1, 2, 3, 4, 5}},
-     0x40},
-    /* MERGE */
-    {1, {"WG"}, {5}, {{16, 32, 64, 128, 256}}, 0},
-};
-
-const char *clattn__op_name(clattn_op op) { return op < CLATTN_OP_COUNT ? op_names[op] : "?"; }
-
-int clattn__param_count(clattn_op op) { return op < CLATTN_OP_COUNT ? spaces[op].count : 0; }
-
-int clattn__param_candidates(clattn_op op, int i, const int **vals)
-{
-    if (op >= CLATTN_OP_COUNT || i < 0 || i >= spaces[op].count)
-        return 0;
-    *vals = spaces[op].cand[i];
-    return spaces[op].ncand[i];
-}
-
-/* The largest value of parameter i (< sp->count): a choice's last candidate, else any size. */
-static int space_max(const op_space *sp, int i)
-{
-    return sp->choices >> i & 1 ? sp->cand[i][sp->ncand[i] - 1] : CLATTN_PARAM_MAX;
-}
-
-int clattn__param_max(clattn_op op, int i)
-{
-    if (op >= CLATTN_OP_COUNT || i < 0 || i >= spaces[op].count)
-        return -1;
-    return space_max(&spaces[op], i);
-}
-
 int clattn__seq_q_class(int64_t seq_q) { return seq_q <= 1 ? 0 : seq_q <= 16 ? 1 : seq_q <= 128 ? 2 : 3; }
 
 int clattn__mask_kind(int causal, int masked) { return masked ? 2 : causal ? 1 : 0; }
@@ -138,76 +25,6 @@ int clattn__log2_ceil(int64_t x)
     while (l < 62 && ((int64_t)1 << l) < x)
         l++;
     return l;
-}
-
-/* ---- defaults ---- */
-
-/* Generic: modest tiles any OpenCL 1.2 GPU runs (work-groups <= 256, little local memory). */
-static void generic_defaults(clattn_op op, clattn_params *p)
-{
-    static const int v[CLATTN_OP_COUNT][CLATTN_MAX_PARAMS] = {
-        {16, 16, 4, 1, 16, 4, 0, 0, 0}, /* scores */
-        {16, 16, 4, 1, 16, 4, 0, 0, 0}, /* pv */
-        {256, 0},                       /* softmax */
-        {8, 8, 4, 1, 4, 0},             /* fused */
-        {32, 4, 0, 0, 8, 0, 4},         /* decode: decode_lanes, 4 key groups, 8 keys a step */
-        {64},                           /* merge */
-    };
-    memcpy(p->v, v[op], sizeof v[op]);
-}
-
-/* Vendor defaults: CPUs (PoCL, Intel's CPU runtime) want one work-item doing a lot with wide
- * vectors and no barriers; measured on PoCL, AVX-512. Returns 0 when there is no vendor table. */
-static int vendor_defaults(const clattn_devinfo *d, clattn_op op, clattn_params *p, const char **what)
-{
-    if (d->type & CL_DEVICE_TYPE_CPU) {
-        static const int v[CLATTN_OP_COUNT][CLATTN_MAX_PARAMS] = {
-            {1, 1, 6, 4, 16, 16, 1, 1, 1}, /* scores: direct, 6 x 64 register tile */
-            {1, 1, 6, 4, 16, 16, 0, 0, 1}, /* pv: direct, 6 x 64 register tile */
-            {16, 2},                       /* softmax: one work-item per 2 rows */
-            {1, 1, 6, 4, 16, 1},           /* fused: direct, 6 rows x 64-key chunks */
-            {1, 1, 0, 4, 16, 0, 1},        /* decode: direct, K and V read in place */
-            {16},                          /* merge */
-        };
-        memcpy(p->v, v[op], sizeof v[op]);
-        /* fused: the 6 x 64 score tile (24 accumulators) keeps both of an Intel core's 512-bit
-         * FMA units busy, where 6 x 16 (6 accumulators, 7 loads for 6 multiply-adds) waits on
-         * their latency and on the loads. PoCL, 2-core Intel Xeon (AVX-512), B1 H8 S1024 f32
-         * unless noted, minima of 2-4 runs alternating, ms, 6 x 64 against 6 x 16 and 4 x 32:
-         * d64 7.6-8.4 against 9.3-9.5; d64 f16 8.4-8.5 against 9.9-10.2 and 8.9-9.0; d32
-         * 4.8-5.1 against 5.4-5.7 and 5.4-5.5; d128 14.7 against 17.5-17.8 and 17.8-18.6; d256
-         * (H4) 18.5-19.4 against 20.8-21.3 and 21.7-21.9; d64 seq_kv 4096 38.4-39.7 against
-         * 43.3-44.5 and 47.3-48.5. With fewer vector registers (AVX2, NREG16 8; device.c) the
-         * fitted tile (src/scores.c) is 6 x 16, which AVX2 favours (2-core AMD EPYC, B1 H8
-         * S1024 d128 f32: 34.1 ms against 42.0 for 4 x 32, causal 18.2 against 23.3). At
-         * head_dim_v 65 to 80 the fit takes 4 rows (O's accumulators, src/scores.c). */
-        *what = "vendor defaults (CPU devices)";
-        return 1;
-    }
-    if ((d->type & CL_DEVICE_TYPE_GPU) && d->vendor_id == 0x10de) {
-        /* Measured on an H100 (OpenCL 3.0 CUDA, driver 580): fused 4,16,4,1,4 (64 rows x 16 keys,
-         * 64 work-items) 21.4 TFLOP/s at B4 H16 S4096 d64 f32 against 15.2 for the generic
-         * 8,8,4,1,4 and 20.3 for 8,16,4,1,4; with 16 other tilings in one run (2026-11-27, --check)
-         * none faster beyond noise: 21.29 against 21.37 for 4,16,8,1,4 (128 rows) and 21.33 for
-         * 8,16,8,1,4, 19.7 for 8,16,4,1,4, 4,16,4,2,4 and 16,16,4,1,4, 12.8-19.3 for the rest; d128
-         * (H8) 13.29 against 13.25-13.28 (8,16,4,1,4; 4,16,4,2,4) and 10.6-11.7. Decode (the
-         * generic decode_lanes with PTX shuffles, 4 key groups of 32 lanes, 8 keys a step), on an
-         * H200 (driver 580), GB/s of Q+K+V+O, median of 30, against decode_rows (32,4,0,1,8,0,2,
-         * the default before) in the same session: B16 H32 kv8192 d128 f32 4296 against 1717 (our
-         * device copy 3602-3693; 2 key groups 4321, 8 groups 4368, without PTX 4078); f16 3315
-         * against 906; 32/8 heads 2525 against 1508; 32/8 heads seq_q 4 511 against 494 (8 groups
-         * 579). From 16 packed rows per kv head the tiled kernel runs instead (src/fused.c:
-         * clattn__decode_tiled_default, with H100 measurements). The other operations keep the
-         * generic values. */
-        generic_defaults(op, p);
-        if (op == CLATTN_OP_FUSED) {
-            static const int f[6] = {4, 16, 4, 1, 4, 0};
-            memcpy(p->v, f, sizeof f);
-        }
-        *what = "vendor defaults (NVIDIA GPUs)";
-        return 1;
-    }
-    return 0;
 }
 
 /* ---- matching a table ---- */
@@ -250,36 +67,6 @@ static const clattn_tuning_entry *best_entry(const clattn_tuning_table *t, const
     return best;
 }
 
-/* "a,b,c" -> 1 to op's count of integers, each in [0, clattn__param_max]; returns 1 only for a
- * fully valid list. */
-static int parse_list(const char *s, clattn_op op, clattn_params *p)
-{
-    const int want = spaces[op].count;
-    clattn_params t;
-    memset(&t, 0, sizeof t);
-    int n = 0;
-    while (*s && n < CLATTN_MAX_PARAMS) {
-        char *end;
-        if (!isdigit((unsigned char)*s)) /* no sign, no blank, no empty field */
-            return 0;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < 0 || n >= want || v > space_max(&spaces[op], n))
-            return 0;
-        t.v[n++] = (int)v;
-        s = end;
-        if (*s == ',' && s[1])
-            s++;
-        else if (*s)
-            return 0;
-    }
-    if (*s || n == 0 || n > want)
-        return 0;
-    /* A shorter list sets the leading parameters and keeps the rest. */
-    for (int i = 0; i < n; i++)
-        p->v[i] = t.v[i];
-    return 1;
-}
-
 /* The environment variable of an op: CLATTN_PARAMS_<OP>. */
 static const char *env_name(clattn_op op, char *buf, size_t size)
 {
@@ -290,20 +77,25 @@ static const char *env_name(clattn_op op, char *buf, size_t size)
 }
 
 /* What is wrong with the list `env` of op's variable, for the origin and the tuning report: the
- * form, and each choice's largest value ("DIRECT<=4"). */
+ * reason, and the names with each choice's largest value ("DIRECT<=5"). */
 static void env_problem(clattn_op op, const char *env, char *buf, size_t size)
 {
-    char name[64];
-    snprintf(buf, size, "%s=\"%.60s%s\" ignored: not 1 to %d comma-separated integers in [0, %d] (",
-             env_name(op, name, sizeof name), env, strlen(env) > 60 ? "..." : "", spaces[op].count,
-             CLATTN_PARAM_MAX);
-    for (int i = 0; i < spaces[op].count; i++) {
+    char name[64], why[160];
+    clattn_params t;
+    memset(&t, 0, sizeof t);
+    if (clattn__params_parse(op, env, 0, &t, NULL, why, sizeof why))
+        why[0] = '\0';
+    snprintf(buf, size,
+             "%s=\"%.60s%s\" ignored: %s%snot 1 to %d comma-separated integers in [0, %d] or NAME=value pairs (",
+             env_name(op, name, sizeof name), env, strlen(env) > 60 ? "..." : "", why, why[0] ? "; " : "",
+             clattn__param_count(op), CLATTN_PARAM_MAX);
+    for (int i = 0; i < clattn__param_count(op); i++) {
         const size_t n = strlen(buf);
-        const int hi = space_max(&spaces[op], i);
+        const int hi = clattn__param_max(op, i);
         if (hi < CLATTN_PARAM_MAX)
-            snprintf(buf + n, size - n, "%s%s<=%d", i ? "," : "", spaces[op].names[i], hi);
+            snprintf(buf + n, size - n, "%s%s<=%d", i ? "," : "", clattn__param_name(op, i), hi);
         else
-            snprintf(buf + n, size - n, "%s%s", i ? "," : "", spaces[op].names[i]);
+            snprintf(buf + n, size - n, "%s%s", i ? "," : "", clattn__param_name(op, i));
     }
     const size_t n = strlen(buf);
     snprintf(buf + n, size - n, ")");
@@ -323,8 +115,8 @@ void clattn__params_for(const clattn_context *ctx, const clattn_bucket *b, clatt
     const char *env = getenv(env_name(b->op, name, sizeof name));
     memset(p, 0, sizeof *p);
     /* Defaults first: a shorter environment list keeps the trailing values of what it replaces. */
-    generic_defaults(b->op, p);
-    const int has_vendor = vendor_defaults(&ctx->dev, b->op, p, &vendor);
+    clattn__generic_defaults(b->op, p);
+    const int has_vendor = clattn__vendor_defaults(&ctx->dev, b->op, p, &vendor);
     if (ctx->override_n[b->op] > 0) {
         memcpy(p->v, ctx->override_v[b->op], sizeof p->v);
         src = CLATTN_SOURCE_OVERRIDE;
@@ -343,7 +135,8 @@ void clattn__params_for(const clattn_context *ctx, const clattn_bucket *b, clatt
      * used; the origin says so (and clattn_tuning_report, when the context was created). */
     int env_bad = 0;
     if (src != CLATTN_SOURCE_OVERRIDE && env && *env) {
-        if (parse_list(env, b->op, p))
+        char why[160];
+        if (clattn__params_parse(b->op, env, 0, p, NULL, why, sizeof why))
             src = CLATTN_SOURCE_ENVIRONMENT;
         else
             env_bad = 1;
@@ -492,21 +285,30 @@ static void load_user(clattn_context *ctx)
         report(ctx, "no user tuning directory (set CLATTN_TUNING_DIR)");
         return;
     }
-    /* Only a regular file is read, as in the binary cache (cache.c): opening a FIFO planted under
-     * the file's name would block clattn_create for ever, and a directory or a device is no
-     * tuning file either. O_NONBLOCK keeps the open of a FIFO from waiting for a writer. */
-    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        report(ctx, "no user tuning file %.400s", path);
-        return;
-    }
+    /* Only a trusted regular file is read, as in the binary cache (cache.c, clattn__open_entry):
+     * opening a FIFO planted under the file's name would block clattn_create for ever, a directory
+     * or a device is no tuning file either, and one that anyone but the user (or root) could have
+     * written would steer which kernels run. */
     struct stat st;
     const char *why = NULL;
+    char untrusted[300];
+    int fd = -1;
+    switch (clattn__open_entry(ctx->tuning_dir, strrchr(path, '/') + 1, &fd, &st, untrusted, sizeof untrusted)) {
+    case CLATTN_ENTRY_ABSENT:
+        report(ctx, "no user tuning file %.400s", path);
+        return;
+    case CLATTN_ENTRY_NOT_FILE:
+        report(ctx, "ignored user tuning file %.400s: %s", path, untrusted);
+        return;
+    case CLATTN_ENTRY_UNTRUSTED:
+        report(ctx, "ignored user tuning file %.400s: not trusted: %s (docs/guarantees.md)", path, untrusted);
+        return;
+    case CLATTN_ENTRY_OK:
+        break;
+    }
     char *buf = NULL;
     size_t len = 0;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        why = "not a regular file";
-    } else if (st.st_size > MAX_FILE) {
+    if (st.st_size > MAX_FILE) {
         why = "larger than 1 MiB";
     } else if ((buf = malloc((size_t)st.st_size + 1)) != NULL) {
         /* One byte more than fstat said: a file that grew meanwhile is being rewritten in place. */
@@ -581,7 +383,8 @@ void clattn__tuning_init(clattn_context *ctx)
         char name[64], why[256];
         const char *env = getenv(env_name((clattn_op)op, name, sizeof name));
         clattn_params p;
-        if (env && *env && !parse_list(env, (clattn_op)op, &p)) {
+        memset(&p, 0, sizeof p);
+        if (env && *env && !clattn__params_parse((clattn_op)op, env, 0, &p, NULL, why, sizeof why)) {
             env_problem((clattn_op)op, env, why, sizeof why);
             report(ctx, "%s", why);
         }
@@ -608,24 +411,29 @@ void clattn__tuning_init(clattn_context *ctx)
 
 const char *clattn_operation_name(clattn_operation op)
 {
-    return (unsigned)op < CLATTN_OP_COUNT ? op_names[op] : NULL;
+    return (unsigned)op < CLATTN_OP_COUNT ? clattn__op_name((clattn_op)op) : NULL;
 }
 
 int clattn_param_count(clattn_operation op)
 {
-    return (unsigned)op < CLATTN_OP_COUNT ? spaces[op].count : 0;
+    return (unsigned)op < CLATTN_OP_COUNT ? clattn__param_count((clattn_op)op) : 0;
 }
 
 const char *clattn_param_name(clattn_operation op, int index)
 {
-    if ((unsigned)op >= CLATTN_OP_COUNT || index < 0 || index >= spaces[op].count)
-        return NULL;
-    return spaces[op].names[index];
+    return (unsigned)op < CLATTN_OP_COUNT ? clattn__param_name((clattn_op)op, index) : NULL;
 }
 
 int clattn_param_max(clattn_operation op, int index)
 {
     return (unsigned)op < CLATTN_OP_COUNT ? clattn__param_max((clattn_op)op, index) : -1;
+}
+
+const char *clattn_param_value_name(clattn_operation op, int index, int value)
+{
+    if ((unsigned)op >= CLATTN_OP_COUNT || index < 0 || index != clattn__param_choice_slot((clattn_op)op))
+        return NULL;
+    return clattn__kernel_choice_name((clattn_op)op, value);
 }
 
 const char *clattn_params_source_name(clattn_params_source source)
@@ -648,13 +456,14 @@ clattn_status clattn_set_params(clattn_context *ctx, clattn_operation op, const 
     }
     if (!values)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "values is NULL but count is %d", count);
-    if (count != spaces[op].count)
+    const clattn_op o = (clattn_op)op;
+    if (count != clattn__param_count(o))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "count is %d; %s takes %d parameters", count,
-                            op_names[op], spaces[op].count);
+                            clattn__op_name(o), clattn__param_count(o));
     for (int i = 0; i < count; i++)
-        if (values[i] < 0 || values[i] > space_max(&spaces[op], i))
+        if (values[i] < 0 || values[i] > clattn__param_max(o, i))
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "values[%d] (%s) is %d, not in [0, %d]", i,
-                                spaces[op].names[i], values[i], space_max(&spaces[op], i));
+                                clattn__param_name(o, i), values[i], clattn__param_max(o, i));
     memset(ctx->override_v[op], 0, sizeof ctx->override_v[op]);
     memcpy(ctx->override_v[op], values, (size_t)count * sizeof *values);
     ctx->override_n[op] = count;
@@ -685,8 +494,37 @@ clattn_status clattn_get_params(clattn_context *ctx, const clattn_problem_class 
     clattn_params p;
     memset(out, 0, sizeof *out);
     clattn__params_for(ctx, &b, &p, &out->source, out->origin, sizeof out->origin);
-    out->count = spaces[pc->operation].count;
+    out->count = clattn__param_count((clattn_op)pc->operation);
     memcpy(out->values, p.v, sizeof out->values);
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn_get_call_params(clattn_context *ctx, const clattn_problem_class *pc, int64_t heads_q,
+                                     int64_t heads_kv, int64_t head_dim_v, clattn_kernel_params *out)
+{
+    if (!ctx)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_get_call_params: ctx must not be NULL");
+    if (heads_q < 1 || heads_kv < 1 || heads_q % heads_kv != 0 || head_dim_v < 0 ||
+        head_dim_v > CLATTN_MAX_HEAD_DIM) {
+        clattn__clear_error(ctx);
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "heads_q %lld, heads_kv %lld, head_dim_v %lld: heads must be positive, heads_kv "
+                            "dividing heads_q, head_dim_v in [0, %d]",
+                            (long long)heads_q, (long long)heads_kv, (long long)head_dim_v, CLATTN_MAX_HEAD_DIM);
+    }
+    const clattn_status st = clattn_get_params(ctx, pc, out);
+    if (st != CLATTN_SUCCESS)
+        return st;
+    /* GPUs' defaults run the tiled kernel for decode with many query rows per kv head
+     * (defaults.c): what the call runs, which a problem class alone does not say. */
+    const int64_t rows = heads_q / heads_kv * (pc->seq_q > 0 ? pc->seq_q : 1);
+    if (pc->operation == CLATTN_OPERATION_DECODE &&
+        clattn__decode_tiled_default(ctx, rows, pc->head_dim, head_dim_v > 0 ? head_dim_v : pc->head_dim,
+                                     out->source, out->values)) {
+        const size_t len = strlen(out->origin);
+        snprintf(out->origin + len, sizeof out->origin - len,
+                 "; the tiled kernel for %lld query rows per kv head", (long long)rows);
+    }
     return CLATTN_SUCCESS;
 }
 

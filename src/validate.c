@@ -6,19 +6,12 @@
 #include <stdio.h>
 #include <string.h>
 
+/* Messages name an out-of-range dtype too. */
 static const char *dtype_name(clattn_dtype d)
 {
-    switch (d) {
-    case CLATTN_F32:
-        return "f32";
-    case CLATTN_F16:
-        return "f16";
-    case CLATTN_BF16:
-        return "bf16";
-    }
-    return "unknown";
+    const char *name = clattn_dtype_name(d);
+    return name ? name : "unknown";
 }
-
 
 /* Highest element index the view touches, or 0 with *ok = 0 on overflow. */
 static uint64_t last_index(const clattn_tensor *t, const int64_t shape[4], int *ok)

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ref.h"
+#include "clattn_ref.h"
 #include "testutil.h"
 
 #define SENTINEL 777.0

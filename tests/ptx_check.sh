@@ -22,7 +22,8 @@ fail=0
 check() {
   local file=$1 insn=$2 want=$3
   shift 3
-  cat "$cl/common.cl" "$cl/$file" >"$tmp/src.cl"
+  # As src/program.c assembles the attention families: common.cl, attn_common.cl, the file.
+  cat "$cl/common.cl" "$cl/attn_common.cl" "$cl/$file" >"$tmp/src.cl"
   if ! "$clang" -x cl -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -Xclang -finclude-default-header -O2 \
        -Dasm=__asm__ -DHAS_FMA=1 -DDT_OUT=0 -DDT_MASK=0 "$@" -S -o "$tmp/out.ptx" "$tmp/src.cl" \
        >"$tmp/log" 2>&1; then

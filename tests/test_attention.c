@@ -1,5 +1,5 @@
 /*
- * clattn_attention against the float64 reference (ref.c), fused and unfused paths.
+ * clattn_attention against the float64 reference (ref/clattn_ref.c), fused and unfused paths.
  *
  * One table row is one problem (shapes, dtype, masks, layout, special inputs). The row runs with
  * every algorithm it names (FUSED and UNFUSED by default, AUTO where asked), each compared with the
@@ -35,7 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ref.h"
+#include "clattn_ref.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -76,7 +76,7 @@ typedef enum special_kind {
 
 enum { ALG_FUSED = 1, ALG_UNFUSED = 2, ALG_AUTO = 4 };
 
-/* How a CPU's fused call reads K and V (src/fused.c: clattn__direct_in_place): PATH_ANY, not
+/* How a CPU's fused call reads K and V (src/fused_cpu.c: clattn__direct_in_place): PATH_ANY, not
  * checked; in place; over fused_direct's Kᵀ/V copies (pack_v); over the copies in key chunks
  * whose partials are merged (merge_strided); in place with AVX-512's register tiles and over the
  * copies with AVX2's or SSE's. */
@@ -288,7 +288,7 @@ static const att_case cases[] = {
      .bias = 1, .window = 1, .has_kv = 1, .kv = {327, 328, 329, 330}, .special = SP_POISON_HIDDEN},
     /* windows that move from one mask slice to the next, in masks shared by heads or batches:
      * the fused kernels (the CPUs' and the tiled one) then test blocks on flags the library
-     * derives from the mask (mask_flags, fused.cl), one slice per batch or head, and reading the
+     * derives from the mask (mask_flags, mask_pass.cl), one slice per batch or head, and reading the
      * wrong slice's or row's flags would skip keys the row sees. Prefill over 80 packed rows of two heads each, fused_lanes
      * (16 rows, f16), decode with a head stride of 0 and key lengths. */
     {"window_shift_heads_gqa2_sq40", 2, 4, 2, 40, 900, 64, 0, F32, .mask = MASK_BATCH, .mask_dt = F32,
@@ -442,12 +442,12 @@ static const att_case cases[] = {
      .path = PATH_CHUNKS},
     {"long_72x40000_f16", 1, 1, 1, 72, 40000, 64, 0, F16, .algos = ALG_FUSED, .path = PATH_IN_PLACE},
     /* windows over the copies, so also in 48-key panels (test_attention_ns3): the first block
-     * starts on a panel edge below the window (NARROW_KEYS, fused.cl); causal with key lengths
+     * starts on a panel edge below the window (NARROW_KEYS, attn_common.cl); causal with key lengths
      * that leave some heads' windows past their batch's keys; a window that moves by batch in a
      * mask shared by the heads; a 1000-key window at the end of 4096 keys, in the key chunks of
      * a 2 MiB cache (the first two chunks hidden), and one of 3000 keys at the end of 40000, in
      * place. The copies cover only the panels some row of a kv head sees
-     * (mask_union, fused.cl), and the fused call runs on copies left NaN by an earlier call
+     * (mask_union, mask_pass.cl), and the fused call runs on copies left NaN by an earlier call
      * (stale_workspace below), so a panel read but not copied shows where it reaches the
      * output. */
     {"copies_window_shift_causal_kvlen_gqa2", 2, 4, 2, 40, 1500, 64, 0, F32, .causal = 1, .mask = MASK_BATCH,
@@ -914,7 +914,7 @@ static tu_plan case_plan(const att_case *c)
 /* SP_POISON_HIDDEN cases, before the fused call: the same problem once with every K and V
  * element NaN, a mask of zeros (hiding nothing) and every key length Skv, so that the
  * workspace's K and V copies (fused_direct's, which cover only the panels below the batch's
- * key length and, under a shared mask, those some row of a kv head sees: mask_union, fused.cl)
+ * key length and, under a shared mask, those some row of a kv head sees: mask_union, mask_pass.cl)
  * hold NaN in every panel. A panel the real call reads without writing it first then shows as
  * NaN in its output wherever its values count (hidden keys' do not). */
 static void stale_workspace(const problem *p)
@@ -1029,8 +1029,8 @@ enum { COPY_PANEL_MAX = 64 };
 
 /* The most keys of kv head (b, hk) that fused_direct's K/V copies may write (run_direct,
  * src/fused.c): the panels that start below the batch's key length and, under a mask that
- * batches, heads or rows share (plan_mask_flags), meet the hull of the 16-key chunks the kv
- * head's rows see (mask_union, cl/fused.cl). Those lie within the hull widened by a panel less
+ * batches, heads or rows share (clattn__plan_mask_flags), meet the hull of the 16-key chunks the kv
+ * head's rows see (mask_union, cl/mask_pass.cl). Those lie within the hull widened by a panel less
  * one key below, and within the key length (or the hull's end, if lower) plus a panel less one
  * key above. */
 static int copied_keys_max(const problem *p, int b, int hk)
@@ -1117,7 +1117,7 @@ static void copies_skip(const problem *p)
 }
 
 /* After a fused call: where the CPU kernels ran (fused_direct or fused_lanes launched), the call
- * took the case's path, so that a change of the rules (src/fused.c: clattn__direct_in_place)
+ * took the case's path, so that a change of the rules (src/fused_cpu.c: clattn__direct_in_place)
  * cannot leave a path without its cases while they still pass on another. */
 static void check_cpu_path(const att_case *c)
 {

@@ -4,7 +4,11 @@
  * a directory, a device) and healed, CLATTN_CACHE=0 and its other spellings, directories that
  * cannot be written or read or whose path is too long (then no tuning directory is derived either),
  * several processes writing one entry at once, kernels that fail to compile, and the time a warm
- * cache saves (printed, not asserted), and that a build writes nothing to stderr.
+ * cache saves (printed, not asserted), and that a build writes nothing to stderr. Entries and
+ * directories the user does not own, or that group or others can write, a symbolic link as an
+ * entry and a directory swapped after it was opened are not trusted (rows that give files to
+ * another user need root, as in CI, and skip otherwise); files are written 0600 and directories
+ * 0700 whatever the umask.
  *
  * Every test gets a fresh mkdtemp directory as CLATTN_CACHE_DIR, set before clattn_create (the
  * context reads it once, at creation), and reads the context's private counters (ctx->stats) to tell
@@ -34,7 +38,7 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "ref.h"
+#include "clattn_ref.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -60,6 +64,21 @@ static void restore_env(const char *name, const char *saved)
         setenv(name, saved, 1);
     else
         unsetenv(name);
+}
+
+/* TRUST_DIR_REPLACED: g_dir is renamed to replaced_old and replaced_new to g_dir when the
+ * library has opened g_dir to read an entry, before it opens the entry. */
+static char replaced_old[PATH_MAX + 16], replaced_new[PATH_MAX + 16];
+static int replaced; /* 1 once done, -1 if a rename failed */
+
+/* Leftovers of a failed TRUST_DIR_REPLACED row (setup) or of this one (the row itself). */
+static void remove_replaced_dirs(void)
+{
+    if (replaced_old[0] != '\0')
+        tu_remove_tree(replaced_old);
+    if (replaced_new[0] != '\0')
+        tu_remove_tree(replaced_new);
+    replaced_old[0] = replaced_new[0] = '\0';
 }
 
 static void make_tmpdir(char *out, size_t size)
@@ -161,6 +180,7 @@ static int setup_dir(void **state)
     /* cmocka 1.1.5 skips the teardown of a test that failed or skipped: clean up after it here. */
     if (g_dir[0] != '\0')
         tu_remove_tree(g_dir);
+    remove_replaced_dirs(); /* trust/dir_replaced_after_open's, when it failed */
     const char *base = getenv("TMPDIR");
     if (base == NULL || *base == '\0')
         base = "/tmp";
@@ -191,7 +211,7 @@ static int teardown_dir(void **state)
 static clattn_context *new_context(void)
 {
     clattn_context *ctx = tu_context();
-    const clattn_cache_stats zero = {0, 0, 0, 0, 0};
+    const clattn_cache_stats zero = {0, 0, 0, 0, 0, 0};
     assert_memory_equal(&ctx->stats, &zero, sizeof zero);
     assert_true(ctx->build_seconds == 0 && ctx->build_seconds_max == 0);
     assert_string_equal(ctx->build_slowest, "");
@@ -216,8 +236,8 @@ static cl_kernel get_kernel_ok(clattn_context *ctx, const char *file, const char
 static void print_stats(const char *what, const clattn_context *ctx)
 {
     const clattn_cache_stats *s = &ctx->stats;
-    print_message("%s: memory_hits %u disk_hits %u disk_rejects %u disk_writes %u builds %u\n", what,
-                  s->memory_hits, s->disk_hits, s->disk_rejects, s->disk_writes, s->builds);
+    print_message("%s: memory_hits %u disk_hits %u disk_rejects %u disk_writes %u builds %u disk_untrusted %u\n",
+                  what, s->memory_hits, s->disk_hits, s->disk_rejects, s->disk_writes, s->builds, s->disk_untrusted);
 }
 
 /* clattn_softmax on a small f32 problem, checked against the float64 reference: proves the kernel
@@ -915,7 +935,7 @@ static void test_cold_warm(void **state)
     clattn_release(tu_context()); /* the platform's one-time start-up is not part of either time */
     double t0 = now_ms();
     clattn_context *ctx = new_context();
-    get_kernel_ok(ctx, "fused.cl", OPT_FUSED, "fused");
+    get_kernel_ok(ctx, "fused_tiled.cl", OPT_FUSED, "fused");
     const double cold = now_ms() - t0;
     assert_int_equal(ctx->stats.builds, 1);
     assert_int_equal(ctx->stats.disk_writes, 1);
@@ -923,7 +943,7 @@ static void test_cold_warm(void **state)
 
     t0 = now_ms();
     ctx = new_context();
-    get_kernel_ok(ctx, "fused.cl", OPT_FUSED, "fused");
+    get_kernel_ok(ctx, "fused_tiled.cl", OPT_FUSED, "fused");
     const double warm = now_ms() - t0;
     assert_int_equal(ctx->stats.builds, 0);
     assert_int_equal(ctx->stats.disk_hits, 1);
@@ -955,7 +975,7 @@ static void test_quiet_build(void **state)
     assert_true(dup2(fd, 2) == 2);
     close(fd);
     cl_kernel k = NULL;
-    const clattn_status st = clattn__get_kernel(ctx, "fused.cl", opt, "fused", &k);
+    const clattn_status st = clattn__get_kernel(ctx, "fused_tiled.cl", opt, "fused", &k);
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
@@ -1146,6 +1166,391 @@ static void test_kernel_dir_not_a_file(void **state)
     assert_int_equal(rmdir(kdir), 0);
 }
 
+/* =============================== trust: only entries the user owns =============================== */
+
+/* Another user for the rows that need one: nobody. CI runs as root, which can give files away. */
+enum { OTHER_UID = 65534 };
+
+/* A row that needs a file or directory of another owner cannot be staged without root: skipped
+ * with the reason, which is no missing device (CLATTN_REQUIRE_DEVICE=1 does not fail it). */
+static void need_root(const char *row)
+{
+    if (geteuid() != 0) {
+        print_message("skipping %s: needs root to make a file or directory another user owns "
+                      "(running as uid %ld)\n",
+                      row, (long)geteuid());
+        skip();
+    }
+}
+
+typedef enum trust_kind {
+    TRUST_FILE_OTHER_OWNER,           /* the entry owned by uid 65534 */
+    TRUST_FILE_GROUP_WRITABLE,        /* mode 0664 */
+    TRUST_FILE_OTHER_WRITABLE,        /* mode 0646 */
+    TRUST_DIR_WORLD_WRITABLE,         /* the directory 0777, no sticky bit */
+    TRUST_DIR_GROUP_WRITABLE,         /* the directory 0770 */
+    TRUST_DIR_OTHER_OWNER,            /* the directory owned by uid 65534 */
+    TRUST_DIR_ROOT_STICKY,            /* root-owned 01777 (as /tmp) holding a good file: accepted */
+    TRUST_DIR_ROOT_STICKY_OTHER_FILE, /* the same, the file owned by uid 65534 */
+    TRUST_SYMLINK_OTHER_FILE,         /* the entry a symbolic link to a valid file of uid 65534 */
+    TRUST_DIR_REPLACED                /* a 0777 directory with a valid entry renamed into the cache
+                                         directory's place once the library has opened it */
+} trust_kind;
+
+typedef struct trust_row {
+    const char *name;
+    trust_kind kind;
+    int needs_root;  /* stages a file or directory of another owner */
+    const char *why; /* expected in the context's reason (ctx->cache_untrusted); NULL: accepted */
+    int rewritten;   /* the directory is trusted: the rebuilt binary replaces the entry */
+} trust_row;
+
+static const trust_row trust_rows[] = {
+    {"file_other_owner", TRUST_FILE_OTHER_OWNER, 1, "owned by uid 65534, not by this user", 1},
+    {"file_group_writable", TRUST_FILE_GROUP_WRITABLE, 0, "writable by group or others (mode 0664)", 1},
+    {"file_other_writable", TRUST_FILE_OTHER_WRITABLE, 0, "writable by group or others (mode 0646)", 1},
+    {"dir_world_writable_no_sticky", TRUST_DIR_WORLD_WRITABLE, 0,
+     "the directory is writable by group or others (mode 0777", 0},
+    {"dir_group_writable", TRUST_DIR_GROUP_WRITABLE, 0, "the directory is writable by group or others (mode 0770", 0},
+    {"dir_other_owner", TRUST_DIR_OTHER_OWNER, 1, "the directory is owned by uid 65534", 0},
+    {"dir_root_sticky_good_file_accepted", TRUST_DIR_ROOT_STICKY, 1, NULL, 0},
+    {"dir_root_sticky_other_owner_file", TRUST_DIR_ROOT_STICKY_OTHER_FILE, 1, "owned by uid 65534, not by this user",
+     1},
+    {"symlink_to_other_users_file", TRUST_SYMLINK_OTHER_FILE, 0, "a symbolic link, not a regular file", 1},
+    {"dir_replaced_after_open", TRUST_DIR_REPLACED, 0, "the directory is writable by group or others (mode 0777", 0},
+};
+
+static void replace_dir_hook(const char *dir)
+{
+    if (replaced != 0 || strcmp(dir, g_dir) != 0)
+        return;
+    replaced = rename(g_dir, replaced_old) == 0 && rename(replaced_new, g_dir) == 0 ? 1 : -1;
+}
+
+static void test_trust(void **state)
+{
+    const trust_row *r = *state;
+    if (r->needs_root)
+        need_root(r->name);
+    const seed *a = get_seed_a();
+    char path[PATH_MAX + 256], other[PATH_MAX], target[PATH_MAX + 256];
+    other[0] = '\0';
+    snprintf(path, sizeof path, "%s/%s", g_dir, a->file);
+    if (r->kind != TRUST_SYMLINK_OTHER_FILE && r->kind != TRUST_DIR_REPLACED)
+        plant(a, NULL, path, sizeof path);
+    switch (r->kind) {
+    case TRUST_FILE_OTHER_OWNER:
+        assert_int_equal(chown(path, OTHER_UID, OTHER_UID), 0);
+        break;
+    case TRUST_FILE_GROUP_WRITABLE:
+        assert_int_equal(chmod(path, 0664), 0);
+        break;
+    case TRUST_FILE_OTHER_WRITABLE:
+        assert_int_equal(chmod(path, 0646), 0);
+        break;
+    case TRUST_DIR_WORLD_WRITABLE:
+        assert_int_equal(chmod(g_dir, 0777), 0);
+        break;
+    case TRUST_DIR_GROUP_WRITABLE:
+        assert_int_equal(chmod(g_dir, 0770), 0);
+        break;
+    case TRUST_DIR_OTHER_OWNER:
+        assert_int_equal(chown(g_dir, OTHER_UID, OTHER_UID), 0);
+        break;
+    case TRUST_DIR_ROOT_STICKY:
+        assert_int_equal(chmod(g_dir, 01777), 0); /* g_dir is root's: the test runs as root */
+        break;
+    case TRUST_DIR_ROOT_STICKY_OTHER_FILE:
+        assert_int_equal(chown(path, OTHER_UID, OTHER_UID), 0);
+        assert_int_equal(chmod(g_dir, 01777), 0);
+        break;
+    case TRUST_SYMLINK_OTHER_FILE:
+        /* A valid entry elsewhere, which the link would make a disk hit if it were followed. */
+        make_tmpdir(other, sizeof other);
+        snprintf(target, sizeof target, "%s/%s", other, a->file);
+        write_whole(target, a->content.data, a->content.size);
+        if (geteuid() == 0)
+            assert_int_equal(chown(target, OTHER_UID, OTHER_UID), 0);
+        else
+            print_message("not root: the link's target stays this user's; the link alone is refused\n");
+        assert_int_equal(symlink(target, path), 0);
+        break;
+    case TRUST_DIR_REPLACED:
+        remove_replaced_dirs();
+        snprintf(replaced_old, sizeof replaced_old, "%s-old", g_dir);
+        snprintf(replaced_new, sizeof replaced_new, "%s-new", g_dir);
+        assert_int_equal(mkdir(replaced_new, 0700), 0);
+        assert_int_equal(chmod(replaced_new, 0777), 0);
+        snprintf(target, sizeof target, "%s/%s", replaced_new, a->file);
+        write_whole(target, a->content.data, a->content.size);
+        break;
+    }
+
+    clattn_context *ctx = new_context();
+    if (r->kind == TRUST_DIR_REPLACED) {
+        replaced = 0;
+        clattn__entry_dir_hook = replace_dir_hook;
+    }
+    get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+    clattn__entry_dir_hook = NULL;
+    print_stats(r->name, ctx);
+    print_message("reason: \"%s\"\n", ctx->cache_untrusted);
+    clattn_program_stats ps;
+    assert_int_equal(clattn_get_program_stats(ctx, &ps), CLATTN_SUCCESS);
+    assert_int_equal(ps.disk_untrusted, ctx->stats.disk_untrusted);
+    if (r->why == NULL) {
+        assert_int_equal(ctx->stats.disk_hits, 1);
+        assert_int_equal(ctx->stats.builds, 0);
+        assert_int_equal(ctx->stats.disk_rejects, 0);
+        assert_int_equal(ctx->stats.disk_untrusted, 0);
+        assert_string_equal(ctx->cache_untrusted, "");
+    } else {
+        /* The planted entry of a replacing directory is never looked at: the library reads
+         * through the directory it opened, which has none; it then writes nothing into the
+         * replacement, which it does not trust (and says why). */
+        const unsigned seen = r->kind == TRUST_DIR_REPLACED ? 0 : 1;
+        if (r->kind == TRUST_DIR_REPLACED)
+            assert_int_equal(replaced, 1);
+        assert_int_equal(ctx->stats.builds, 1);
+        assert_int_equal(ctx->stats.disk_hits, 0);
+        assert_int_equal(ctx->stats.disk_untrusted, seen);
+        assert_int_equal(ctx->stats.disk_rejects, seen); /* untrusted entries are rejected ones too */
+        assert_int_equal(ctx->stats.disk_writes, r->rewritten ? 1 : 0);
+        if (!strstr(ctx->cache_untrusted, r->why))
+            fail_msg("reason \"%s\" lacks \"%s\"", ctx->cache_untrusted, r->why);
+        /* The public report names it too (clattn-info prints it). */
+        const char *rep = clattn_cache_report(ctx);
+        if (!strstr(rep, r->why) || !strstr(rep, "not trusted"))
+            fail_msg("clattn_cache_report \"%s\" lacks \"%s\"", rep, r->why);
+    }
+    if (r->why == NULL && strstr(clattn_cache_report(ctx), "not trusted"))
+        fail_msg("clattn_cache_report of a trusted cache: \"%s\"", clattn_cache_report(ctx));
+    check_softmax_runs(ctx);
+    clattn_release(ctx);
+    assert_int_equal(count_files(g_dir, ".tmp", NULL, 0), 0);
+
+    struct stat st;
+    switch (r->kind) {
+    case TRUST_SYMLINK_OTHER_FILE: {
+        /* The rebuilt binary replaced the link, not the file it named. */
+        assert_int_equal(lstat(path, &st), 0);
+        assert_true(S_ISREG(st.st_mode));
+        blob t = read_whole(target);
+        assert_int_equal(t.size, a->content.size);
+        assert_memory_equal(t.data, a->content.data, t.size);
+        free(t.data);
+        assert_int_equal(stat(target, &st), 0);
+        if (geteuid() == 0)
+            assert_int_equal(st.st_uid, OTHER_UID);
+        tu_remove_tree(other);
+        expect_disk_hit();
+        break;
+    }
+    case TRUST_DIR_REPLACED:
+        /* Nothing was written into either directory; a context that opens the replacement from
+         * the start finds its entry and does not trust it either. */
+        assert_int_equal(count_files(replaced_old, ".clbin", NULL, 0), 0);
+        assert_int_equal(count_files(g_dir, ".clbin", NULL, 0), 1);
+        ctx = new_context();
+        get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+        print_stats("next context, on the replacement", ctx);
+        assert_int_equal(ctx->stats.disk_untrusted, 1);
+        assert_int_equal(ctx->stats.disk_hits, 0);
+        if (!strstr(ctx->cache_untrusted, r->why))
+            fail_msg("reason \"%s\" lacks \"%s\"", ctx->cache_untrusted, r->why);
+        clattn_release(ctx);
+        remove_replaced_dirs();
+        break;
+    default:
+        if (r->rewritten) {
+            /* Replaced by this user's file, mode 0600, which the next context uses. */
+            assert_int_equal(lstat(path, &st), 0);
+            assert_int_equal(st.st_uid, geteuid());
+            assert_int_equal(st.st_mode & 07777, 0600);
+            expect_disk_hit();
+        } else if (r->why != NULL) {
+            /* Left as it was: the directory is not written into, and the next context ignores
+             * the entry again. */
+            assert_int_equal(count_entries(g_dir), 1);
+            ctx = new_context();
+            get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax");
+            assert_int_equal(ctx->stats.disk_untrusted, 1);
+            assert_int_equal(ctx->stats.disk_writes, 0);
+            clattn_release(ctx);
+        }
+        break;
+    }
+}
+
+/* The rule for another effective user than root, which CI (root) cannot be itself: a child
+ * process becomes uid 65534 and asks clattn__open_entry about a directory and a file of the owners
+ * and modes of the row. The first rows are the documented way to share a cache read-only: a
+ * root-owned directory that only root can write, filled by an administrator with root-owned files
+ * (docs/guarantees.md). */
+typedef struct rule_row {
+    const char *name;
+    unsigned dir_mode;
+    unsigned dir_uid;
+    unsigned file_mode;
+    unsigned file_uid;
+    clattn_entry_status want;
+    const char *why; /* in the reason; NULL: none */
+} rule_row;
+
+static const rule_row rule_rows[] = {
+    {"shared_root_dir_root_file", 0755, 0, 0644, 0, CLATTN_ENTRY_OK, NULL},
+    {"root_dir_own_file", 0755, 0, 0644, OTHER_UID, CLATTN_ENTRY_OK, NULL},
+    {"root_sticky_dir_own_file", 01777, 0, 0600, OTHER_UID, CLATTN_ENTRY_OK, NULL},
+    {"root_sticky_dir_root_file", 01777, 0, 0644, 0, CLATTN_ENTRY_UNTRUSTED,
+     "owned by uid 0, not by this user (uid 65534); root's files are trusted only in a root-owned directory"},
+    {"root_group_writable_dir_root_file", 0775, 0, 0644, 0, CLATTN_ENTRY_UNTRUSTED,
+     "the directory is writable by group or others (mode 0775, root-owned without the sticky bit)"},
+    {"own_dir_root_file", 0755, OTHER_UID, 0644, 0, CLATTN_ENTRY_UNTRUSTED, "owned by uid 0, not by this user"},
+    {"own_sticky_world_writable_dir", 01777, OTHER_UID, 0600, OTHER_UID, CLATTN_ENTRY_UNTRUSTED,
+     "the directory is writable by group or others (mode 1777)"},
+    {"third_user_dir", 0755, 1, 0644, OTHER_UID, CLATTN_ENTRY_UNTRUSTED,
+     "the directory is owned by uid 1, neither this user (uid 65534) nor root"},
+    {"own_dir_third_user_file", 0755, OTHER_UID, 0644, 1, CLATTN_ENTRY_UNTRUSTED,
+     "owned by uid 1, not by this user (uid 65534)"},
+};
+
+static void test_rule_as_other_user(void **state)
+{
+    const rule_row *r = *state;
+    need_root(r->name);
+    char dir[PATH_MAX + 16], file[PATH_MAX + 32];
+    assert_int_equal(chmod(g_dir, 0755), 0); /* the child must reach dir */
+    snprintf(dir, sizeof dir, "%s/d", g_dir);
+    snprintf(file, sizeof file, "%s/x.clbin", dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    write_whole(file, "entry", 5);
+    assert_int_equal(chown(file, r->file_uid, r->file_uid), 0);
+    assert_int_equal(chmod(file, r->file_mode), 0);
+    assert_int_equal(chown(dir, r->dir_uid, r->dir_uid), 0);
+    assert_int_equal(chmod(dir, r->dir_mode), 0);
+    fflush(stderr);
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (setgid(OTHER_UID) != 0 || setuid(OTHER_UID) != 0 || geteuid() != OTHER_UID)
+            _exit(3);
+        int fd = -1;
+        struct stat st;
+        char why[300];
+        const clattn_entry_status got = clattn__open_entry(dir, "x.clbin", &fd, &st, why, sizeof why);
+        fprintf(stderr, "as uid %ld: status %d (want %d), reason \"%s\"\n", (long)geteuid(), (int)got, (int)r->want,
+                why);
+        const int ok = got == r->want && (r->why ? strstr(why, r->why) != NULL : why[0] == '\0') &&
+                       (got == CLATTN_ENTRY_OK) == (fd >= 0);
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 3)
+        fail_msg("the child could not become uid %d", OTHER_UID);
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* Files the library writes are 0600 and the directories it makes 0700, whatever the umask: an
+ * entry stored under a cache directory that does not exist yet (two levels made), and a
+ * temporary file. Only the library's file calls run under the umask, no build (the OpenCL
+ * driver's own files are none of this test's business). The entry then loads as trusted. */
+typedef struct mode_row {
+    const char *name;
+    unsigned umask;
+} mode_row;
+
+static const mode_row mode_rows[] = {
+    {"umask_000", 0},
+    {"umask_022", 022},
+    {"umask_077", 077},
+    {"umask_277", 0277}, /* takes the owner's write bit too: the library puts it back */
+};
+
+static void assert_mode(const char *path, int dir, unsigned want)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        fail_msg("lstat %s: %s", path, strerror(errno));
+    if ((dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) || (st.st_mode & 07777) != want ||
+        st.st_uid != geteuid())
+        fail_msg("%s: mode %o, uid %ld; want a %s of mode %o owned by uid %ld", path, (unsigned)st.st_mode,
+                 (long)st.st_uid, dir ? "directory" : "regular file", want, (long)geteuid());
+}
+
+static void test_written_modes(void **state)
+{
+    const mode_row *r = *state;
+    const seed *a = get_seed_a();
+    char made[PATH_MAX + 16], cache[PATH_MAX + 32], path[PATH_MAX + 256], hex[33];
+    snprintf(made, sizeof made, "%s/made", g_dir);
+    snprintf(cache, sizeof cache, "%s/made/cache", g_dir);
+    snprintf(hex, sizeof hex, "%.32s", a->file);
+    setenv("CLATTN_CACHE_DIR", cache, 1);
+    clattn_context *ctx = new_context();
+    const mode_t saved = umask((mode_t)r->umask);
+    clattn__cache_store(ctx, hex, a->content.data + HEADER_BYTES, a->content.size - HEADER_BYTES);
+    const int dfd = clattn__open_dir_for_write(cache, NULL, 0);
+    FILE *tmp = dfd >= 0 ? clattn__create_temp(dfd, "probe.clbin.1.tmp") : NULL;
+    umask(saved);
+    assert_int_equal(ctx->stats.disk_writes, 1);
+    clattn_release(ctx);
+    assert_true(dfd >= 0);
+    assert_non_null(tmp);
+    struct stat st;
+    assert_int_equal(fstat(fileno(tmp), &st), 0);
+    fclose(tmp);
+    assert_int_equal(unlinkat(dfd, "probe.clbin.1.tmp", 0), 0);
+    close(dfd);
+    if ((st.st_mode & 07777) != 0600)
+        fail_msg("temporary file of mode %o under umask %03o", (unsigned)(st.st_mode & 07777), r->umask);
+    assert_mode(made, 1, 0700);
+    assert_mode(cache, 1, 0700);
+    snprintf(path, sizeof path, "%s/%s", cache, a->file);
+    assert_mode(path, 0, 0600);
+    assert_int_equal(count_entries(cache), 1);
+    expect_disk_hit(); /* CLATTN_CACHE_DIR is still `cache` */
+}
+
+/* A temporary file is never created through a symbolic link planted under its name, whether the
+ * link names nothing yet or an existing file. */
+static void test_temp_not_through_symlink(void **state)
+{
+    (void)state;
+    char outside[PATH_MAX], missing[PATH_MAX + 32], existing[PATH_MAX + 32], link[2][PATH_MAX + 64];
+    make_tmpdir(outside, sizeof outside);
+    snprintf(missing, sizeof missing, "%s/made-through-a-link", outside);
+    snprintf(existing, sizeof existing, "%s/existing", outside);
+    write_whole(existing, "keep", 4);
+    static const char *const names[2] = {"a.clbin.1.2.3.0.tmp", "b.tuning.1.2.3.0.tmp"};
+    snprintf(link[0], sizeof link[0], "%s/%s", g_dir, names[0]);
+    snprintf(link[1], sizeof link[1], "%s/%s", g_dir, names[1]);
+    assert_int_equal(symlink(missing, link[0]), 0);
+    assert_int_equal(symlink(existing, link[1]), 0);
+    const int dfd = clattn__open_dir_for_write(g_dir, NULL, 0);
+    assert_true(dfd >= 0);
+    FILE *f0 = clattn__create_temp(dfd, names[0]);
+    FILE *f1 = clattn__create_temp(dfd, names[1]);
+    close(dfd);
+    const int made = access(missing, F_OK) == 0;
+    blob kept = read_whole(existing);
+    const int changed = kept.size != 4 || memcmp(kept.data, "keep", 4) != 0;
+    free(kept.data);
+    if (f0)
+        fclose(f0);
+    if (f1)
+        fclose(f1);
+    tu_remove_tree(outside);
+    assert_null(f0);
+    assert_null(f1);
+    assert_false(made);
+    assert_false(changed);
+    struct stat st;
+    assert_int_equal(lstat(link[0], &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+}
+
 /* =============================== registration =============================== */
 
 int main(int argc, char **argv)
@@ -1161,6 +1566,9 @@ int main(int argc, char **argv)
     saved_xdg = e != NULL ? strdup(e) : NULL;
     e = getenv("CLATTN_TUNING_DIR");
     saved_tuning_dir = e != NULL ? strdup(e) : NULL;
+    /* Files the tests plant (fopen: 0666 less the umask) are then 0644, which the cache trusts
+     * whatever umask the run started with (the trust rows set their modes themselves). */
+    umask(022);
     /* clattn_softmax then asks for exactly OPT_A on any device (16 is clamped where too large). */
     setenv("CLATTN_PARAMS_SOFTMAX", "16", 1);
 
@@ -1181,6 +1589,10 @@ int main(int argc, char **argv)
     tu_add_test("dirs/xdg_then_home", NULL, test_default_dirs, NULL);
     tu_add_test("env/build_options_too_long", NULL, test_build_options_too_long, NULL);
     tu_add_test("env/kernel_dir_fifo_and_long_path", NULL, test_kernel_dir_not_a_file, NULL);
+    TU_ADD_TABLE("trust", test_trust, trust_rows);
+    TU_ADD_TABLE("trust/rule_as_uid_65534", test_rule_as_other_user, rule_rows);
+    TU_ADD_TABLE("trust/written_modes", test_written_modes, mode_rows);
+    tu_add_test("trust/temp_not_through_symlink", NULL, test_temp_not_through_symlink, NULL);
 
     const int failed = tu_run_tests("cache");
     if (g_dir[0] != '\0')
@@ -1190,6 +1602,7 @@ int main(int argc, char **argv)
     free(saved_cache_dir);
     free(saved_cache);
     free(saved_xdg);
+    remove_replaced_dirs();
     free(saved_tuning_dir);
     return failed;
 }

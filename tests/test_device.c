@@ -23,7 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ref.h"
+#include "clattn_ref.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 

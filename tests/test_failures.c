@@ -32,7 +32,7 @@
  *                          sentinel) or host array unchanged, then the same call succeeding and
  *                          matching the reference, and after releasing everything exactly as many
  *                          live OpenCL objects of each kind as before the context existed.
- *                          One documented exception (README "Guarantees"): on the unfused path a
+ *                          One documented exception (docs/guarantees.md): on the unfused path a
  *                          failed launch after the softmax launch that writes desc->lse and
  *                          desc->probabilities (P·V, or the second softmax of f16/bf16 or write-only
  *                          probabilities) leaves them written; `out` is still untouched (row field
@@ -77,7 +77,7 @@
 
 #include "clshim.h"
 #include "internal.h"
-#include "ref.h"
+#include "clattn_ref.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -372,7 +372,7 @@ static void assert_untouched(inst *I, const char *when, int late_ok)
         if (memcmp(now, I->img[role], bytes) == 0)
             continue;
         if (late_ok && (role == R_LSE || role == R_PROBS)) {
-            print_message("    %s: %s was written before the failing launch (allowed, README \"Guarantees\")\n",
+            print_message("    %s: %s was written before the failing launch (allowed, docs/guarantees.md)\n",
                           when, role_names[role]);
             late_written[role] = 1;
             continue;
@@ -878,7 +878,7 @@ typedef struct build_row {
 
 static const build_row build_rows[] = {
     {"softmax_public", "softmax", "softmax.cl"},
-    {"scores_public", "scores", "gemm.cl"},
+    {"scores_public", "scores", "gemm_common.cl"},
     {"merge_public", "merge_three", "merge.cl"},
     {"unfused_second_kernel", "unfused", "softmax.cl"},  /* after the scores launch */
     {"split_merge_kernel", "fused_split", "merge.cl"},   /* after the split launch */

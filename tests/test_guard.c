@@ -14,7 +14,7 @@
  * and with the generic GPU parameters forced through clattn_set_params (the tiled kernels,
  * decode_lanes, work-group softmax and merge), whose edge tiles are the ones GPUs run. Shapes have
  * tails everywhere: keys, rows and head dims that are not multiples of any tile or vector width.
- * Every result is compared with the float64 reference (tests/ref.c) on the stored inputs.
+ * Every result is compared with the float64 reference (ref/clattn_ref.c) on the stored inputs.
  * sweep/random_shapes then runs CLATTN_GUARD_SWEEP (default 16) random shapes the same way.
  *
  * Whether the device uses the host memory directly is probed first (a kernel's write must show in
@@ -34,7 +34,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "ref.h"
+#include "clattn_ref.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 #define F32 CLATTN_F32
@@ -194,7 +194,7 @@ typedef struct gcase {
 static gcase g_cases[N_OF(rows) * 6];
 static int g_direct = -1;
 
-/* The generic parameters (src/tuning.c) of every operation: the GPU kernels; with mode 2 decode's
+/* The generic parameters (src/defaults.c) of every operation: the GPU kernels; with mode 2 decode's
  * decode_rows (4 key groups, all packed rows, 8 loads in flight) instead of decode_lanes. */
 static void force_tiled(int on)
 {

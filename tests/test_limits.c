@@ -28,7 +28,7 @@
  * must be refused instead (test_kernel_wg_strict).
  *
  * The last limit is the host's: a grid past 2^32 work-items in x does not fit a 32-bit size_t
- * (test_softmax_grid_32, run by tools/test32.sh), and one past 2^31 must still count as one
+ * (test_softmax_grid_32, run by scripts/test32.sh), and one past 2^31 must still count as one
  * launch (test_ceil_div).
  */
 #define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
@@ -36,7 +36,7 @@
 #include "testutil.h"
 #include "clshim.h"
 #include "internal.h" /* the context's device limits */
-#include "ref.h"
+#include "clattn_ref.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -452,7 +452,7 @@ static double *read_doubles(const inst *I, cl_mem m, size_t n)
     return d;
 }
 
-/* The row's outputs from the float64 reference (ref.c), in the order of inst_init. */
+/* The row's outputs from the float64 reference (ref/clattn_ref.c), in the order of inst_init. */
 static void reference(const inst *I, double *want[MAX_OUT])
 {
     const row *r = I->r;
@@ -816,7 +816,7 @@ static void test_kernel_local(void **state)
  * work-item there instead). With WG set as large as the device allows and ROWS 0, 2^32 / WG + 3
  * rows of 2 columns, the output filled with NaN beforehand, must all match the float64 softmax
  * (to 1e-6). Skipped where size_t has 64 bits: the product cannot wrap, and the launch would take
- * minutes on a CPU. tools/test32.sh runs it. */
+ * minutes on a CPU. scripts/test32.sh runs it. */
 static void test_softmax_grid_32(void **state)
 {
     (void)state;

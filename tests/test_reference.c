@@ -1,10 +1,11 @@
 /*
- * Checks the float64 reference (ref.c) and the host helpers (testutil.c) against properties a real
- * bug would break: closed-form results (uniform scores, one-hot scores, hand-written softmax rows),
- * structural rules (causal pattern, empty rows, GQA mapping, mask broadcasting), invariances (logit
- * shift, split + merge), isolation of hidden keys from NaN/Inf, and known f16/bf16 bit patterns plus
- * exhaustive round-to-nearest-even checks. Every device test trusts this reference, so it gets its
- * own tests. No OpenCL device is needed: nothing here creates a context.
+ * Checks the float64 reference (ref/clattn_ref.c) and the host helpers (testutil.c) against
+ * properties a real bug would break: closed-form results (uniform scores, one-hot scores,
+ * hand-written softmax rows), structural rules (causal pattern, empty rows, GQA mapping, mask
+ * broadcasting), invariances (logit shift, split + merge), isolation of hidden keys from NaN/Inf,
+ * and known f16/bf16 bit patterns plus exhaustive round-to-nearest-even checks. Every device test
+ * trusts this reference, so it gets its own tests. No OpenCL device is needed: nothing here creates
+ * a context.
  *
  * Table-driven: each table row is one cmocka test named "<area>/<row>"; main() refuses duplicate names.
  */
@@ -18,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ref.h"
+#include "clattn_ref.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 

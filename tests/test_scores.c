@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ref.h"
+#include "clattn_ref.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -271,7 +271,7 @@ static void contexts_in_parallel(const char *cache_dir, cl_command_queue shared)
      * far; a launch takes the entry that fits but gives back the first entry that matches the
      * kernel and local size. A launch on a wider grid than any before adds a new first entry, and
      * a launch of the same kernel still running on another queue at that moment gives back the
-     * wrong one: `pocl_release_dlhandle_cache: Assertion 'found->ref_count > 0' failed` (README,
+     * wrong one: `pocl_release_dlhandle_cache: Assertion 'found->ref_count > 0' failed` (docs/guarantees.md,
      * "Threads and processes"). Once each kernel has run on its widest grid, the threads'
      * launches find the entries they take and give back. */
     clattn_release(tu_context()); /* skip (or fail) here without a device, not in the threads */

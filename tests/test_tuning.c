@@ -3,10 +3,13 @@
  * several threads at once, lookup order and fallbacks, user files that are no regular file (a FIFO
  * must not block) or sit at the 1 MiB limit, the public override and read-back, a wrong candidate
  * is never chosen by clattn-tune, which refuses bad numbers and an unwritable tuning directory up
- * front and escapes its --json strings, and concurrent writers leave a valid file. */
+ * front and escapes its --json strings, and concurrent writers leave a valid file. A user file or
+ * tuning directory the user does not own, or that group or others can write, a symbolic link and a
+ * directory swapped after it was opened are not trusted, and the store is written 0600 (directories
+ * 0700) whatever the umask, never into a directory it would not be read back from. */
 #define _POSIX_C_SOURCE 200809L
 #include "internal.h"
-#include "ref.h"
+#include "clattn_ref.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -134,7 +137,7 @@ typedef struct bad_row {
 static const bad_row bad_rows[] = {
     {"empty", "", 1, "empty"},
     {"foreign_header", "hello world\n", 1, "not a clattn tuning file"},
-    {"version_2", "clattn-tuning 2\ndevice x\n", 1, "unsupported format version"},
+    {"version_3", "clattn-tuning 3\ndevice x\n", 1, "unsupported format version"},
     {"truncated", "clattn-tuning 1\ndevice x\nfused f32 64 none >128 10 = 1,4,16", 3, "truncated"},
     {"no_device", "clattn-tuning 1\nfused f32 64 none >128 10 = 1,1,4,2,16,1\n", 2, "before the device"},
     {"two_devices", "clattn-tuning 1\ndevice x\ndevice y\n", 3, "second device"},
@@ -997,6 +1000,285 @@ static void test_file_size(void **state)
     clattn_release(ctx);
 }
 
+/* ---- user files the user does not own: not trusted (docs/guarantees.md) ---- */
+
+enum { OTHER_UID = 65534 }; /* nobody: CI runs as root and can give files to it */
+
+typedef enum trust_kind {
+    TT_FILE_OTHER_OWNER,    /* the file owned by uid 65534 */
+    TT_FILE_GROUP_WRITABLE, /* mode 0664 */
+    TT_FILE_OTHER_WRITABLE, /* mode 0646 */
+    TT_DIR_WORLD_WRITABLE,  /* the directory 0777, no sticky bit */
+    TT_DIR_OTHER_OWNER,     /* the directory owned by uid 65534 */
+    TT_DIR_ROOT_STICKY,     /* root-owned 01777 holding a good file: accepted */
+    TT_SYMLINK_OTHER_FILE,  /* the file a symbolic link to a valid file of uid 65534 */
+    TT_DIR_REPLACED         /* a 0777 directory with a valid file renamed into the tuning directory's
+                               place once the library has opened it */
+} trust_kind;
+
+typedef struct trust_row {
+    const char *name;
+    trust_kind kind;
+    int needs_root; /* stages a file or directory of another owner */
+    const char *why; /* in the report after "not trusted: "; NULL: the file is used */
+} trust_row;
+
+static const trust_row trust_rows[] = {
+    {"file_other_owner", TT_FILE_OTHER_OWNER, 1, "owned by uid 65534, not by this user"},
+    {"file_group_writable", TT_FILE_GROUP_WRITABLE, 0, "writable by group or others (mode 0664)"},
+    {"file_other_writable", TT_FILE_OTHER_WRITABLE, 0, "writable by group or others (mode 0646)"},
+    {"dir_world_writable_no_sticky", TT_DIR_WORLD_WRITABLE, 0, "the directory is writable by group or others (mode 0777"},
+    {"dir_other_owner", TT_DIR_OTHER_OWNER, 1, "the directory is owned by uid 65534"},
+    {"dir_root_sticky_good_file_accepted", TT_DIR_ROOT_STICKY, 1, NULL},
+    {"symlink_to_other_users_file", TT_SYMLINK_OTHER_FILE, 0, "a symbolic link, not a regular file"},
+    {"dir_replaced_after_open", TT_DIR_REPLACED, 0, "the directory is writable by group or others (mode 0777"},
+};
+
+static char replaced_old[160], replaced_new[160];
+static int replaced; /* 1 once done, -1 if a rename failed */
+
+static void replace_dir_hook(const char *d)
+{
+    if (replaced != 0 || strcmp(d, dir) != 0)
+        return;
+    replaced = rename(dir, replaced_old) == 0 && rename(replaced_new, dir) == 0 ? 1 : -1;
+}
+
+static void remove_path(const char *path)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* clattn_softmax on the context, against a float64 softmax: whatever the tuning store held, the
+ * call computes the right thing. */
+static void check_softmax_correct(clattn_context *ctx)
+{
+    enum { ROWS = 3, COLS = 37 };
+    float x[ROWS * COLS], y[ROWS * COLS];
+    double got[ROWS * COLS], want[ROWS * COLS];
+    for (int i = 0; i < ROWS * COLS; i++)
+        x[i] = (float)((i * 7 % 13) - 6) * 0.375f;
+    for (int r = 0; r < ROWS; r++) {
+        double m = -INFINITY, sum = 0;
+        for (int c = 0; c < COLS; c++)
+            m = fmax(m, x[r * COLS + c]);
+        for (int c = 0; c < COLS; c++)
+            sum += exp(x[r * COLS + c] - m);
+        for (int c = 0; c < COLS; c++)
+            want[r * COLS + c] = exp(x[r * COLS + c] - m) / sum;
+    }
+    cl_mem bi = tu_buffer(ctx, sizeof x, x), bo = tu_buffer(ctx, sizeof y, NULL);
+    const clattn_tensor ti = clattn_tensor_bhsd(bi, CLATTN_F32, 1, 1, ROWS, COLS);
+    const clattn_tensor to = clattn_tensor_bhsd(bo, CLATTN_F32, 1, 1, ROWS, COLS);
+    clattn_softmax_desc sd = {1, 1, ROWS, COLS, 0.0f, 0, NULL, NULL};
+    const clattn_status st = clattn_softmax(ctx, &sd, &ti, &to, 0, NULL, NULL);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("clattn_softmax: %s: %s", clattn_status_string(st), clattn_last_error(ctx));
+    tu_read(ctx, bo, sizeof y, y);
+    clReleaseMemObject(bi);
+    clReleaseMemObject(bo);
+    for (int i = 0; i < ROWS * COLS; i++)
+        got[i] = y[i];
+    tu_assert_allclose("softmax", got, want, ROWS * COLS, 1e-6, 1e-5);
+}
+
+static void test_user_file_trust(void **state)
+{
+    const trust_row *r = *state;
+    if (r->needs_root && geteuid() != 0) {
+        print_message("skipping %s: needs root to make a file or directory another user owns "
+                      "(running as uid %ld)\n",
+                      r->name, (long)geteuid());
+        skip();
+    }
+    make_dir();
+    assert_int_equal(chmod(dir, 0700), 0);
+    unsetenv("CLATTN_PARAMS_FUSED");
+    clattn_context *ctx = tu_context();
+    char path[4200], text[1200], target[400], other[200];
+    path_of(ctx, path, sizeof path);
+    const char *name = strrchr(path, '/') + 1;
+    /* The file test_lookup_order shows is used when it may be. */
+    snprintf(text, sizeof text, "clattn-tuning 1\ndevice %s\ndriver %s\nfused f32 64 none >128 10 = 2,4,8,1,8,0\n",
+             ctx->dev.key, ctx->dev.driver);
+    snprintf(other, sizeof other, "%s-other", dir);
+    snprintf(replaced_old, sizeof replaced_old, "%s-old", dir);
+    snprintf(replaced_new, sizeof replaced_new, "%s-new", dir);
+    remove_path(other);
+    remove_path(replaced_old);
+    remove_path(replaced_new);
+    if (r->kind != TT_SYMLINK_OTHER_FILE && r->kind != TT_DIR_REPLACED) {
+        write_file(path, text, strlen(text));
+        assert_int_equal(chmod(path, 0644), 0);
+    }
+    switch (r->kind) {
+    case TT_FILE_OTHER_OWNER:
+        assert_int_equal(chown(path, OTHER_UID, OTHER_UID), 0);
+        break;
+    case TT_FILE_GROUP_WRITABLE:
+        assert_int_equal(chmod(path, 0664), 0);
+        break;
+    case TT_FILE_OTHER_WRITABLE:
+        assert_int_equal(chmod(path, 0646), 0);
+        break;
+    case TT_DIR_WORLD_WRITABLE:
+        assert_int_equal(chmod(dir, 0777), 0);
+        break;
+    case TT_DIR_OTHER_OWNER:
+        assert_int_equal(chown(dir, OTHER_UID, OTHER_UID), 0);
+        break;
+    case TT_DIR_ROOT_STICKY:
+        assert_int_equal(chmod(dir, 01777), 0); /* dir is root's: the test runs as root */
+        break;
+    case TT_SYMLINK_OTHER_FILE:
+        assert_int_equal(mkdir(other, 0755), 0);
+        snprintf(target, sizeof target, "%s/%s", other, name);
+        write_file(target, text, strlen(text));
+        if (geteuid() == 0)
+            assert_int_equal(chown(target, OTHER_UID, OTHER_UID), 0);
+        else
+            print_message("not root: the link's target stays this user's; the link alone is refused\n");
+        assert_int_equal(symlink(target, path), 0);
+        break;
+    case TT_DIR_REPLACED:
+        assert_int_equal(mkdir(replaced_new, 0700), 0);
+        assert_int_equal(chmod(replaced_new, 0777), 0);
+        snprintf(target, sizeof target, "%s/%s", replaced_new, name);
+        write_file(target, text, strlen(text));
+        assert_int_equal(chmod(target, 0644), 0);
+        replaced = 0;
+        clattn__entry_dir_hook = replace_dir_hook;
+        break;
+    }
+    const clattn_status st = clattn_reload_tuning(ctx);
+    clattn__entry_dir_hook = NULL;
+    assert_int_equal(st, CLATTN_SUCCESS);
+    const char *rep = clattn_tuning_report(ctx);
+    print_message("report: %s\n", rep);
+    const clattn_kernel_params kp = get(ctx, CLATTN_OPERATION_FUSED);
+    if (r->why == NULL) {
+        if (!strstr(rep, "1 entries") || strstr(rep, "ignored"))
+            fail_msg("report \"%s\": the file is not used", rep);
+        assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE);
+    } else if (r->kind == TT_DIR_REPLACED) {
+        /* Read through the directory opened, which has no file: the replacement's is never
+         * looked at. Reloaded, the replacement is opened from the start, and not trusted. */
+        assert_int_equal(replaced, 1);
+        if (!strstr(rep, "no user tuning file") || strstr(rep, "1 entries"))
+            fail_msg("report \"%s\": the replacement's file was read", rep);
+        assert_int_not_equal(kp.source, CLATTN_SOURCE_USER_FILE);
+        assert_int_equal(clattn_reload_tuning(ctx), CLATTN_SUCCESS);
+        rep = clattn_tuning_report(ctx);
+        print_message("reloaded: %s\n", rep);
+    }
+    if (r->why != NULL) {
+        if (!strstr(rep, "ignored user tuning file") || !strstr(rep, "not trusted: ") || !strstr(rep, r->why))
+            fail_msg("report \"%s\" lacks \"ignored user tuning file\", \"not trusted: \" or \"%s\"", rep, r->why);
+        assert_int_not_equal(get(ctx, CLATTN_OPERATION_FUSED).source, CLATTN_SOURCE_USER_FILE);
+    }
+    check_softmax_correct(ctx);
+    clattn_release(ctx);
+    /* A new context says the same, and is created normally. */
+    ctx = tu_context();
+    if (r->why != NULL && !strstr(clattn_tuning_report(ctx), r->why))
+        fail_msg("a new context's report \"%s\" lacks \"%s\"", clattn_tuning_report(ctx), r->why);
+    clattn_release(ctx);
+    if (r->kind == TT_SYMLINK_OTHER_FILE) {
+        struct stat lst;
+        assert_int_equal(lstat(path, &lst), 0);
+        assert_true(S_ISLNK(lst.st_mode));
+    }
+    remove_path(other);
+    remove_path(replaced_old);
+    remove_path(replaced_new);
+}
+
+/* The store is written 0600 and the directories made for it 0700 whatever the umask, and only
+ * into a directory the library would read it back from. */
+typedef struct mode_row {
+    const char *name;
+    unsigned umask;
+} mode_row;
+
+static const mode_row mode_rows[] = {
+    {"umask_000", 0},
+    {"umask_022", 022},
+    {"umask_077", 077},
+    {"umask_277", 0277}, /* takes the owner's write bit too: the library puts it back */
+};
+
+static void expect_mode(const char *path, int is_dir, unsigned want)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        fail_msg("lstat %s failed", path);
+    if ((is_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) || (st.st_mode & 07777) != want ||
+        st.st_uid != geteuid())
+        fail_msg("%s: mode %o, uid %ld; want a %s of mode %o owned by uid %ld", path, (unsigned)st.st_mode,
+                 (long)st.st_uid, is_dir ? "directory" : "regular file", want, (long)geteuid());
+}
+
+static void test_written_modes(void **state)
+{
+    const mode_row *r = *state;
+    make_dir();
+    char made[200], tdir[240], path[4200], err[512] = "";
+    snprintf(made, sizeof made, "%s/made", dir);
+    snprintf(tdir, sizeof tdir, "%s/made/tuning", dir);
+    setenv("CLATTN_TUNING_DIR", tdir, 1);
+    clattn_context *ctx = tu_context();
+    path_of(ctx, path, sizeof path);
+    clattn_tuning_table tab;
+    memset(&tab, 0, sizeof tab);
+    snprintf(tab.device, sizeof tab.device, "%s", ctx->dev.key);
+    snprintf(tab.driver, sizeof tab.driver, "%s", ctx->dev.driver);
+    const clattn_tuning_entry e = {CLATTN_OP_FUSED, 0, 64, 0, 3, 10, 6, {2, 4, 8, 1, 8, 0}};
+    assert_int_equal(clattn__tuning_put(&tab, &e), 0);
+    const mode_t saved = umask((mode_t)r->umask);
+    const int made_ok = clattn__make_dirs(tdir);
+    const int wrote = clattn__tuning_write(path, &tab, err, sizeof err);
+    umask(saved);
+    clattn__tuning_free(&tab);
+    assert_int_equal(made_ok, 0);
+    if (wrote != 0)
+        fail_msg("clattn__tuning_write: %s", err);
+    expect_mode(made, 1, 0700);
+    expect_mode(tdir, 1, 0700);
+    expect_mode(path, 0, 0600);
+    /* Read back (clattn_reload_tuning reads CLATTN_TUNING_DIR again): used. */
+    assert_int_equal(clattn_reload_tuning(ctx), CLATTN_SUCCESS);
+    if (!strstr(clattn_tuning_report(ctx), "1 entries"))
+        fail_msg("report \"%s\": the store written is not used", clattn_tuning_report(ctx));
+    clattn_release(ctx);
+    setenv("CLATTN_TUNING_DIR", dir, 1);
+}
+
+/* Into a directory that group or others can write, nothing is written (the library would not
+ * read it back): the writer fails, naming why, and leaves no file. */
+static void test_write_untrusted_dir(void **state)
+{
+    (void)state;
+    make_dir();
+    assert_int_equal(chmod(dir, 0777), 0);
+    char path[200], err[512] = "";
+    snprintf(path, sizeof path, "%s/0123456789abcdef.tuning", dir);
+    clattn_tuning_table tab;
+    memset(&tab, 0, sizeof tab);
+    snprintf(tab.device, sizeof tab.device, "0000:some_device:1:1");
+    const int rc = clattn__tuning_write(path, &tab, err, sizeof err);
+    clattn__tuning_free(&tab);
+    print_message("%s\n", err);
+    assert_int_equal(rc, -1);
+    if (!strstr(err, path) || !strstr(err, "not trusted") || !strstr(err, "writable by group or others"))
+        fail_msg("message \"%s\" does not say why %s was not written", err, path);
+    assert_int_not_equal(access(path, F_OK), 0);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s')\"", dir);
+    assert_int_equal(system(cmd), 0); /* no temporary file either */
+}
+
 /* A successful clattn_tuning_path clears the message an earlier failure left, as every call does. */
 static void test_tuning_path_clears_error(void **state)
 {
@@ -1308,8 +1590,8 @@ static void test_tuner(void **state)
              "mkdir -p %s/cl && cp %s/cl/*.cl %s/cl/ && { printf '#if defined(RM) && MODE == 0 && "
              "(WGX != %d || WGY != %d || RM != %d || NS != %d || TK != %d || VW != %d || DIRECT != %d)\\n"
              "#undef MAD\\n"
-             "#define MAD(a, b, c) ((a) * (b) * 2.0f + (c))\\n#endif\\n'; cat %s/cl/gemm.cl; } "
-             "> %s/cl/gemm.tmp && mv %s/cl/gemm.tmp %s/cl/gemm.cl",
+             "#define MAD(a, b, c) ((a) * (b) * 2.0f + (c))\\n#endif\\n'; cat %s/cl/gemm_common.cl; } "
+             "> %s/cl/gemm.tmp && mv %s/cl/gemm.tmp %s/cl/gemm_common.cl",
              dir, CLATTN_SOURCE_DIR, dir, f6[0], f6[1], f6[2], f6[3], f6[4], f6[5], f6[8], CLATTN_SOURCE_DIR,
              dir, dir, dir);
     assert_int_equal(system(cmd), 0);
@@ -1350,7 +1632,7 @@ static void test_tuner(void **state)
 
 /* Decode tuning where the defaults win (--candidates 0: they alone are timed) writes no entry and
  * drops the earlier entry of its bucket, since the defaults depend on the query rows per kv head,
- * which a bucket does not hold (on GPUs: decode_lanes or the tiled kernel, src/fused.c); the
+ * which a bucket does not hold (on GPUs: decode_lanes or the tiled kernel, src/defaults.c); the
  * store's other entries, the decode one of another bucket included, stay. */
 static void test_tuner_decode_no_entry(void **state)
 {
@@ -1901,7 +2183,7 @@ static void test_fit_fused_tile(void **state)
 }
 
 /* GPU decode with the defaults: decode_lanes up to 15 packed rows per kv head, the tiled kernel
- * (WGX 8, RM 4, a row tile covering the rows up to 64) from 16 (src/fused.c); values from a tuning
+ * (WGX 8, RM 4, a row tile covering the rows up to 64) from 16 (src/defaults.c); values from a tuning
  * file, a built-in table, the environment or an override, CPU devices and heads wider than 128
  * keep theirs. */
 static void test_decode_tiled_default(void **state)
@@ -1954,7 +2236,7 @@ static void test_decode_tiled_default(void **state)
     free(ctx);
 }
 
-/* Where fused_direct (CPUs) reads K and V in place rather than over its Kᵀ/V copies (src/fused.c):
+/* Where fused_direct (CPUs) reads K and V in place rather than over its Kᵀ/V copies (src/fused_cpu.c):
  * decode and up to 64 packed rows per kv head always; past that, by K and V's elements per kv
  * head, seq_kv x (head_dim + head_dim_v), whatever the dtype: with AVX-512's register tiles
  * (NREG16 32) more than 2^19, with AVX2's or SSE's (8, 4) at least 2^21 with head_dim +
@@ -2053,7 +2335,7 @@ static void test_builtin_tables(void **state)
             fail_msg("row %zu (%s): source %d", i, r->name, (int)src);
         if (builtin) {
             assert_memory_equal(p.v, tuned, sizeof tuned);
-            /* From 16 packed rows per kv head the tiled kernel still runs (src/fused.c). */
+            /* From 16 packed rows per kv head the tiled kernel still runs (src/defaults.c). */
             assert_int_equal(clattn__decode_tiled_default(ctx, 16, 128, 128, src, p.v), 1);
             assert_int_equal(p.v[6], 0);
         }
@@ -2088,9 +2370,9 @@ static void test_decode_kernel_choice(void **state)
     static const struct {
         int seq_q;
         const char *env, *want, *want_opt, *not_want;
-    } cases[] = {{16, NULL, "fused.cl", "-DWGX=8 -DWGY=4 -DRM=4 -DNS=1 -DVW=4 ", "decode_lanes.cl"},
-                 {8, NULL, "decode_lanes.cl", NULL, "fused.cl"},
-                 {16, "32,4,0,0,8,0,4", "decode_lanes.cl", NULL, "fused.cl"}};
+    } cases[] = {{16, NULL, "fused_tiled.cl", "-DWGX=8 -DWGY=4 -DRM=4 -DNS=1 -DVW=4 ", "decode_lanes.cl"},
+                 {8, NULL, "decode_lanes.cl", NULL, "fused_tiled.cl"},
+                 {16, "32,4,0,0,8,0,4", "decode_lanes.cl", NULL, "fused_tiled.cl"}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         if (cases[c].env)
             setenv("CLATTN_PARAMS_DECODE", cases[c].env, 1);
@@ -2111,8 +2393,303 @@ static void test_decode_kernel_choice(void **state)
     unsetenv("CLATTN_TEST_GPU_LIMITS");
 }
 
+/* ---- named parameters (src/params.h, src/params.c) ---- */
+
+/* Every op's values written by name read back as the same values, in any order and case, and
+ * equal the positional form; the kernel choice is written by its kernel's name. */
+static void test_named_round_trip(void **state)
+{
+    (void)state;
+    uint32_t seed = 12345u;
+    for (int op = 0; op < CLATTN_OP_COUNT; op++) {
+        const int n = clattn__param_count((clattn_op)op);
+        assert_true(n > 0 && n <= CLATTN_MAX_PARAMS);
+        for (int round = 0; round < 200; round++) {
+            clattn_params want, got, pos;
+            memset(&want, 0, sizeof want);
+            char positional[256] = "", named[512], err[160];
+            size_t len = 0;
+            for (int i = 0; i < n; i++) {
+                seed = seed * 1664525u + 1013904223u;
+                want.v[i] = (int)((seed >> 8) % ((uint32_t)clattn__param_max((clattn_op)op, i) + 1));
+                len += (size_t)snprintf(positional + len, sizeof positional - len, "%s%d", i ? "," : "", want.v[i]);
+            }
+            clattn__params_format((clattn_op)op, &want, n, named, sizeof named);
+            memset(&got, 0x55, sizeof got);
+            memset(&pos, 0x55, sizeof pos);
+            int count = 0;
+            if (!clattn__params_parse((clattn_op)op, named, 1, &got, &count, err, sizeof err))
+                fail_msg("%s: \"%s\" refused: %s", clattn__op_name((clattn_op)op), named, err);
+            assert_int_equal(count, -n);
+            assert_true(clattn__params_parse((clattn_op)op, positional, 0, &pos, &count, err, sizeof err));
+            assert_int_equal(count, n);
+            assert_memory_equal(got.v, want.v, (size_t)n * sizeof(int));
+            assert_memory_equal(pos.v, want.v, (size_t)n * sizeof(int));
+            /* Positional lists are refused where names are required (tuning files' named form). */
+            assert_int_equal(clattn__params_parse((clattn_op)op, positional, 1, &pos, NULL, err, sizeof err), 0);
+            const int choice = clattn__param_choice_slot((clattn_op)op);
+            if (choice >= 0 && !strstr(named, clattn__kernel_choice_name((clattn_op)op, want.v[choice])))
+                fail_msg("%s: \"%s\" does not name kernel %d", clattn__op_name((clattn_op)op), named,
+                         want.v[choice]);
+        }
+        /* Each public name is the table's, and parses to its own slot. */
+        for (int i = 0; i < n; i++) {
+            assert_string_equal(clattn_param_name((clattn_operation)op, i), clattn__param_name((clattn_op)op, i));
+            assert_non_null(clattn__param_meaning((clattn_op)op, i));
+            char one[64], err[160];
+            clattn_params p;
+            memset(&p, 0, sizeof p);
+            snprintf(one, sizeof one, "%s=%d", clattn__param_name((clattn_op)op, i),
+                     clattn__param_max((clattn_op)op, i));
+            assert_true(clattn__params_parse((clattn_op)op, one, 1, &p, NULL, err, sizeof err));
+            for (int k = 0; k < CLATTN_MAX_PARAMS; k++)
+                assert_int_equal(p.v[k], k == i ? clattn__param_max((clattn_op)op, i) : 0);
+        }
+    }
+}
+
+/* Kernel names and decode's per-kernel names (KG, KL, LANES, LC, KU) set their slots; a list sets
+ * what it names and keeps the rest. */
+static void test_named_kernels(void **state)
+{
+    (void)state;
+    char err[160];
+    clattn_params p;
+    const clattn_params base = {{32, 4, 0, 0, 8, 0, 4}};
+    static const struct {
+        const char *text;
+        int v[7];
+    } rows[] = {
+        {"kernel=lanes,KG=8,KU=16", {32, 8, 0, 0, 16, 0, CLATTN_KERNEL_LANES}},
+        {"DIRECT=rows,kg=2,kl=4,lc=16,RM=3", {32, 2, 3, 4, 16, 0, CLATTN_KERNEL_ROWS}},
+        {"Kernel=ROWS_SYNC", {32, 4, 0, 0, 8, 0, CLATTN_KERNEL_ROWS_SYNC}},
+        {"kernel=lanes_local,LANES=8", {32, 4, 0, 8, 8, 0, CLATTN_KERNEL_LANES_LOCAL}},
+        {"kernel=tiled,WGX=8,WGY=16,RM=4,NS=1,VW=4,SPLITS=7", {8, 16, 4, 1, 4, 7, CLATTN_KERNEL_TILED}},
+        {"kernel=1,SPLITS=0", {32, 4, 0, 0, 8, 0, CLATTN_KERNEL_DIRECT}},
+        {"kernel=direct", {32, 4, 0, 0, 8, 0, CLATTN_KERNEL_DIRECT}},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        p = base;
+        if (!clattn__params_parse(CLATTN_OP_DECODE, rows[i].text, 0, &p, NULL, err, sizeof err))
+            fail_msg("\"%s\" refused: %s", rows[i].text, err);
+        if (memcmp(p.v, rows[i].v, sizeof rows[i].v) != 0)
+            fail_msg("\"%s\": %d,%d,%d,%d,%d,%d,%d", rows[i].text, p.v[0], p.v[1], p.v[2], p.v[3], p.v[4], p.v[5],
+                     p.v[6]);
+    }
+    /* The views name the same slots. */
+    p = base;
+    assert_true(clattn__params_parse(CLATTN_OP_DECODE, "KG=2,LANES=8,KU=4", 0, &p, NULL, err, sizeof err));
+    assert_int_equal(p.decode_lanes.KG, 2);
+    assert_int_equal(p.decode.WGY, 2);
+    assert_int_equal(p.decode_lanes.LANES, 8);
+    assert_int_equal(p.decode_rows.KL, 8);
+    assert_int_equal(p.decode.NS, 8);
+    assert_int_equal(p.decode_lanes.KU, 4);
+    assert_int_equal(p.decode.VW, 4);
+    p = base;
+    assert_true(clattn__params_parse(CLATTN_OP_SCORES, "kernel=direct,KT=1", 0, &p, NULL, err, sizeof err));
+    assert_int_equal(p.gemm.DIRECT, CLATTN_KERNEL_DIRECT);
+    assert_int_equal(p.gemm.KT, 1);
+    assert_string_equal(clattn__kernel_choice_name(CLATTN_OP_DECODE, 5), "lanes_local");
+    assert_string_equal(clattn__kernel_choice_name(CLATTN_OP_FUSED, 0), "tiled");
+    assert_null(clattn__kernel_choice_name(CLATTN_OP_FUSED, 2));
+    assert_null(clattn__kernel_choice_name(CLATTN_OP_SOFTMAX, 0));
+    assert_int_equal(clattn__param_choice_slot(CLATTN_OP_MERGE), -1);
+}
+
+/* A bad list is refused with a reason and leaves the values as they were. */
+static void test_named_errors(void **state)
+{
+    (void)state;
+    static const struct {
+        int op;
+        const char *text, *why;
+    } rows[] = {
+        {CLATTN_OP_DECODE, "kernel=warp", "kernel name"},
+        {CLATTN_OP_FUSED, "kernel=rows", "kernel name"}, /* a decode kernel */
+        {CLATTN_OP_FUSED, "KG=4", "unknown parameter"},  /* decode's name only */
+        {CLATTN_OP_DECODE, "WGX=4,wgx=8", "twice"},
+        {CLATTN_OP_DECODE, "WGY=4,KG=8", "twice"}, /* one slot, two names */
+        {CLATTN_OP_DECODE, "WGX=4,8", "mixes"},
+        {CLATTN_OP_DECODE, "4,WGX=8", "mixes"},
+        {CLATTN_OP_DECODE, "WGX=4,", "comma"},
+        {CLATTN_OP_DECODE, "WGX=", "integer"},
+        {CLATTN_OP_DECODE, "WGX=-1", "integer"},
+        {CLATTN_OP_DECODE, "WGX=4097", "integer"},
+        {CLATTN_OP_DECODE, "DIRECT=6", "integer"},
+        {CLATTN_OP_SCORES, "KF=2", "integer"},
+        {CLATTN_OP_PV, "KT=1", "integer"},
+        {CLATTN_OP_MERGE, "WG=16,ROWS=1", "unknown parameter"},
+        {CLATTN_OP_SOFTMAX, "1,2,3", "more than 2"},
+        {CLATTN_OP_SOFTMAX, "=4", "unknown parameter"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        clattn_params p;
+        memset(&p, 0x11, sizeof p);
+        const clattn_params before = p;
+        char err[160] = "";
+        if (clattn__params_parse((clattn_op)rows[i].op, rows[i].text, 0, &p, NULL, err, sizeof err))
+            fail_msg("%s \"%s\" was taken", clattn__op_name((clattn_op)rows[i].op), rows[i].text);
+        if (!strstr(err, rows[i].why))
+            fail_msg("%s \"%s\": \"%s\" does not say \"%s\"", clattn__op_name((clattn_op)rows[i].op), rows[i].text,
+                     err, rows[i].why);
+        assert_memory_equal(&p, &before, sizeof p);
+    }
+}
+
+/* Version 2 files: the library writes every value by name under "clattn-tuning 2"; named entries
+ * read in any order, version 1's positional entries too (in either version), and a named entry
+ * must name each parameter once. */
+static void test_named_file(void **state)
+{
+    (void)state;
+    clattn_tuning_table t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.device, sizeof t.device, "x");
+    const clattn_tuning_entry d = {CLATTN_OP_DECODE, 1, 128, 0, 0, 13, 7, {32, 8, 0, 0, 16, 0, 4}};
+    assert_int_equal(clattn__tuning_put(&t, &d), 0);
+    char *text = clattn__tuning_format(&t);
+    assert_non_null(text);
+    if (strncmp(text, "clattn-tuning 2\n", 16) != 0 ||
+        !strstr(text, "= WGX=32,WGY=8,RM=0,NS=0,VW=16,SPLITS=0,DIRECT=lanes\n"))
+        fail_msg("written:\n%s", text);
+    free(text);
+    clattn__tuning_free(&t);
+    static const struct {
+        const char *text;
+        int ok;
+        const char *why;
+    } rows[] = {
+        {"clattn-tuning 2\ndevice x\ndecode f16 128 none 1 13 = DIRECT=lanes,KU=16,LANES=0,RM=0,KG=8,WGX=32,SPLITS=0\n",
+         1, NULL},
+        {"clattn-tuning 2\ndevice x\ndecode f16 128 none 1 13 = WGX=32, WGY=8, RM=0, NS=0, VW=16, SPLITS=0, DIRECT=4\n",
+         1, NULL},
+        {"clattn-tuning 2\ndevice x\ndecode f16 128 none 1 13 = 32,8,0,0,16,0,4\n", 1, NULL},
+        {"clattn-tuning 1\ndevice x\ndecode f16 128 none 1 13 = WGX=32,WGY=8,RM=0,NS=0,VW=16,SPLITS=0,DIRECT=lanes\n",
+         1, NULL},
+        {"clattn-tuning 2\ndevice x\ndecode f16 128 none <=16 13 = WGX=32,WGY=8,RM=0,NS=0,VW=16,SPLITS=0,DIRECT=lanes\n",
+         1, NULL},
+        {"clattn-tuning 2\ndevice x\ndecode f16 128 none 1 13 = WGX=32,WGY=8,RM=0,NS=0,VW=16,DIRECT=lanes\n", 0,
+         "wrong number"},
+        {"clattn-tuning 2\ndevice x\ndecode f16 128 none 1 13 = WGX=32,WGY=8,RM=0,NS=0,VW=16,SPLITS=0,DIRECT=warp\n",
+         0, "kernel name"},
+        {"clattn-tuning 2\ndevice x\ndecode f16 128 none 1 13 = WGX=32,KG=8,WGY=8,RM=0,NS=0,VW=16,SPLITS=0\n", 0,
+         "twice"},
+        {"clattn-tuning 2\ndevice x\nmerge * * * * * = WG=16,WG=16\n", 0, "twice"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        clattn_tuning_table u;
+        char err[200] = "";
+        const int rc = clattn__tuning_parse(rows[i].text, strlen(rows[i].text), &u, err, sizeof err);
+        if ((rc == 0) != rows[i].ok || (!rows[i].ok && !strstr(err, rows[i].why)))
+            fail_msg("row %zu: rc %d, \"%s\"", i, rc, err);
+        if (rows[i].ok) {
+            assert_int_equal(u.n, 1);
+            assert_int_equal(u.e[0].n, 7);
+            const int want[7] = {32, 8, 0, 0, 16, 0, 4};
+            assert_memory_equal(u.e[0].v, want, sizeof want);
+        }
+        clattn__tuning_free(&u);
+    }
+}
+
+/* CLATTN_PARAMS_<OP> by name: used as given, named in the origin; a bad one is ignored with the
+ * reason. */
+static void test_named_env(void **state)
+{
+    (void)state;
+    clattn_context *ctx = tu_ctx_get();
+    const clattn_problem_class pc = {CLATTN_OPERATION_DECODE, CLATTN_F32, 64, 1, 1024, 0, 0};
+    clattn_kernel_params kp;
+    setenv("CLATTN_PARAMS_DECODE", "kernel=rows,KG=2,KL=4,LC=16,WGX=32,RM=0,SPLITS=3", 1);
+    assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_SUCCESS);
+    assert_int_equal(kp.source, CLATTN_SOURCE_ENVIRONMENT);
+    const int want[7] = {32, 2, 0, 4, 16, 3, CLATTN_KERNEL_ROWS};
+    assert_memory_equal(kp.values, want, sizeof want);
+    assert_non_null(strstr(kp.origin, "kernel=rows"));
+    setenv("CLATTN_PARAMS_DECODE", "kernel=rows,KG=2,KG=4", 1);
+    assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_SUCCESS);
+    assert_true(kp.source != CLATTN_SOURCE_ENVIRONMENT);
+    if (!strstr(kp.origin, "ignored") || !strstr(kp.origin, "twice"))
+        fail_msg("origin: %s", kp.origin);
+    unsetenv("CLATTN_PARAMS_DECODE");
+}
+
+/* clattn_get_call_params: decode with the head counts answers what the call runs (on a GPU the
+ * tiled kernel from 16 packed rows per kv head); bad heads are refused; public dtype names. */
+static void test_call_params(void **state)
+{
+    (void)state;
+    clattn_context *ctx = tu_ctx_get();
+    const clattn_problem_class pc = {CLATTN_OPERATION_DECODE, CLATTN_F32, 128, 4, 8192, 0, 0};
+    clattn_kernel_params a, b;
+    assert_int_equal(clattn_get_params(ctx, &pc, &a), CLATTN_SUCCESS);
+    assert_int_equal(clattn_get_call_params(ctx, &pc, 32, 8, 0, &b), CLATTN_SUCCESS);
+    if (!(ctx->dev.type & CL_DEVICE_TYPE_GPU)) {
+        assert_memory_equal(a.values, b.values, sizeof a.values);
+        assert_string_equal(a.origin, b.origin);
+    }
+    assert_int_equal(clattn_get_call_params(ctx, &pc, 32, 7, 0, &b), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "heads_kv"));
+    assert_int_equal(clattn_get_call_params(ctx, &pc, 0, 0, 0, &b), CLATTN_INVALID_ARGUMENT);
+    assert_int_equal(clattn_get_call_params(ctx, &pc, 8, 8, -1, &b), CLATTN_INVALID_ARGUMENT);
+    assert_int_equal(clattn_get_call_params(NULL, &pc, 8, 8, 0, &b), CLATTN_INVALID_ARGUMENT);
+    /* As a GPU with the defaults: the tiled kernel for 8·4 = 32 rows, decode_lanes for 2·4 = 8. */
+    const cl_device_type type = ctx->dev.type;
+    const cl_uint vendor = ctx->dev.vendor_id;
+    ctx->dev.type = CL_DEVICE_TYPE_GPU;
+    ctx->dev.vendor_id = 0x1002; /* no vendor table: the generic defaults, decode_lanes */
+    assert_int_equal(clattn_get_call_params(ctx, &pc, 32, 4, 0, &b), CLATTN_SUCCESS);
+    assert_int_equal(b.values[6], CLATTN_KERNEL_TILED);
+    assert_non_null(strstr(b.origin, "tiled kernel for 32 query rows"));
+    assert_int_equal(clattn_get_call_params(ctx, &pc, 8, 4, 0, &b), CLATTN_SUCCESS);
+    assert_int_equal(b.values[6], CLATTN_KERNEL_LANES);
+    ctx->dev.type = type;
+    ctx->dev.vendor_id = vendor;
+    assert_string_equal(clattn_dtype_name(CLATTN_F32), "f32");
+    assert_string_equal(clattn_dtype_name(CLATTN_F16), "f16");
+    assert_string_equal(clattn_dtype_name(CLATTN_BF16), "bf16");
+    assert_null(clattn_dtype_name((clattn_dtype)3));
+    /* Kernel names of the choice parameter only. */
+    assert_string_equal(clattn_param_value_name(CLATTN_OPERATION_DECODE, 6, 4), "lanes");
+    assert_string_equal(clattn_param_value_name(CLATTN_OPERATION_SCORES, 8, 1), "direct");
+    assert_null(clattn_param_value_name(CLATTN_OPERATION_DECODE, 5, 4));
+    assert_null(clattn_param_value_name(CLATTN_OPERATION_DECODE, 6, 6));
+    assert_null(clattn_param_value_name(CLATTN_OPERATION_MERGE, 0, 0));
+    assert_null(clattn_param_value_name((clattn_operation)99, 6, 0));
+    /* Program statistics: a build counts, and a second context's copy of the same values do too. */
+    clattn_program_stats ps;
+    assert_int_equal(clattn_get_program_stats(NULL, &ps), CLATTN_INVALID_ARGUMENT);
+    assert_int_equal(clattn_get_program_stats(ctx, NULL), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "out"));
+    assert_int_equal(clattn_get_program_stats(ctx, &ps), CLATTN_SUCCESS);
+    assert_int_equal(ps.builds, ctx->stats.builds);
+    assert_int_equal(ps.disk_hits, ctx->stats.disk_hits);
+    assert_int_equal(ps.memory_hits, ctx->stats.memory_hits);
+    assert_true(ps.build_seconds == ctx->build_seconds);
+    for (size_t i = 0; i < sizeof ps.reserved / sizeof ps.reserved[0]; i++)
+        assert_int_equal(ps.reserved[i], 0);
+    const unsigned before = ps.builds + ps.disk_hits + ps.memory_hits;
+    float in[16] = {0}, out[16];
+    clattn_softmax_desc sd = {1, 1, 4, 4, 0.0f, 0, NULL, NULL};
+    cl_int err;
+    cl_mem bi = clCreateBuffer(clattn_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof in, in, &err);
+    assert_int_equal(err, CL_SUCCESS);
+    const clattn_tensor t = clattn_tensor_bhsd(bi, CLATTN_F32, 1, 1, 4, 4);
+    assert_int_equal(clattn_softmax(ctx, &sd, &t, &t, 0, NULL, NULL), CLATTN_SUCCESS);
+    assert_int_equal(clEnqueueReadBuffer(clattn_queue(ctx), bi, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL), CL_SUCCESS);
+    clReleaseMemObject(bi);
+    assert_int_equal(clattn_get_program_stats(ctx, &ps), CLATTN_SUCCESS);
+    assert_true(ps.builds + ps.disk_hits + ps.memory_hits > before);
+    assert_true(out[0] > 0.2499f && out[0] < 0.2501f);
+}
+
 int main(void)
 {
+    /* Files the tests write (fopen: 0666 less the umask) and directories they make (mkdir -p) are
+     * then 0644 and 0755, which the library trusts whatever umask the run started with (the trust
+     * rows set their modes themselves). */
+    umask(022);
     tu_add_test("format/round_trip", NULL, test_round_trip, NULL);
     tu_add_test("format/many_entries", NULL, test_many_entries, NULL);
     TU_ADD_TABLE("format/bad", test_bad_file, bad_rows);
@@ -2146,9 +2723,18 @@ int main(void)
     tu_add_test("tuner/dtype", NULL, test_tuner_dtype, NULL);
     tu_add_test("tuner/kvlen", NULL, test_tuner_kvlen, NULL);
     tu_add_test("store/two_writers", NULL, test_two_writers, NULL);
+    tu_add_test("params/named_round_trip", NULL, test_named_round_trip, NULL);
+    tu_add_test("params/named_kernels", NULL, test_named_kernels, NULL);
+    tu_add_test("params/named_errors", NULL, test_named_errors, NULL);
+    tu_add_test("params/named_file", NULL, test_named_file, NULL);
+    tu_add_test("params/named_env", NULL, test_named_env, NULL);
+    tu_add_test("params/call_params", NULL, test_call_params, NULL);
+    TU_ADD_TABLE("trust/user_file", test_user_file_trust, trust_rows);
+    TU_ADD_TABLE("trust/written_modes", test_written_modes, mode_rows);
+    tu_add_test("trust/store_into_untrusted_dir", NULL, test_write_untrusted_dir, NULL);
     const int rc = tu_run_tests("tuning");
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s-other %s-old %s-new", dir, dir, dir, dir);
     if (dir[0] && system(cmd) != 0)
         return 1;
     return rc;

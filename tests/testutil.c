@@ -23,7 +23,7 @@
  * alternate signal stack from malloc; when the thread ends, ASan takes that stack for its own and
  * unmaps it, and aborts ("failed to deallocate": test_threads' processes/first_create) or, where
  * the block happens to be page-aligned, unmaps part of its own heap. Here, every sanitized test
- * and every fuzz harness that runs kernels (they link this file) has it, under tools/test.sh or
+ * and every fuzz harness that runs kernels (they link this file) has it, under scripts/test.sh or
  * run by hand; ASAN_OPTIONS still overrides it. */
 #if defined(__SANITIZE_ADDRESS__)
 #define TU_ASAN 1

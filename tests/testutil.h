@@ -222,7 +222,7 @@ int tu_run_tests(const char *group);
  * precedence, so one environment can pick a part of one program among several. tu_run_tests
  * applies them; programs that run their own array call this on it first. CLATTN_TEST_SHARD=i/n
  * then keeps every n-th of those, from the i-th (0-based), so that n processes share a program's
- * tests (tools/test.sh warms the valgrind step's kernel caches so). It moves the n0 tests kept to
+ * tests (scripts/test.sh warms the valgrind step's kernel caches so). It moves the n0 tests kept to
  * the front of tests, in their order, and returns n0; an invalid shard exits 1 with a message. */
 size_t tu_filter_tests(const char *group, struct CMUnitTest *tests, size_t n);
 

@@ -23,7 +23,6 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "clattn.h"
-#include "internal.h" /* clattn__decode_tiled_default: the decode parameters a call runs */
 #include "storage.h"
 
 #ifdef CLATTN_HAVE_CLBLAST
@@ -745,28 +744,26 @@ static void emit(bench *bn, const result *r)
 static void note_params(bench *bn, clattn_operation op, clattn_dtype dt, long long d, long long sq,
                         long long skv, int causal, int masked, const shape *s)
 {
-    const clattn_problem_class pc = {op, dt, d, sq, skv, causal, masked};
+    const clattn_problem_class pc = {
+        .operation = op, .dtype = dt, .head_dim = d, .seq_q = sq, .seq_kv = skv, .causal = causal, .masked = masked};
+    /* On GPUs decode's defaults depend on the query rows per kv head: given the head counts,
+     * clattn_get_call_params answers with the values the call runs (and says so in origin). */
     clattn_kernel_params kp;
-    if (clattn_get_params(bn->ctx, &pc, &kp) != CLATTN_SUCCESS)
+    const clattn_status st = op == CLATTN_OPERATION_DECODE && s
+                                 ? clattn_get_call_params(bn->ctx, &pc, s->hq, s->hkv, s->dv, &kp)
+                                 : clattn_get_params(bn->ctx, &pc, &kp);
+    if (st != CLATTN_SUCCESS)
         return;
-    /* On GPUs decode's defaults depend on the query rows per kv head, which a problem class does
-     * not hold: the values the call runs (src/fused.c). */
-    if (op == CLATTN_OPERATION_DECODE && s &&
-        clattn__decode_tiled_default(bn->ctx, s->hq / s->hkv * s->sq, s->d, s->dv, kp.source, kp.values)) {
-        const size_t len = strlen(kp.origin);
-        snprintf(kp.origin + len, sizeof kp.origin - len, "; the tiled kernel for %lld query rows per kv head",
-                 s->hq / s->hkv * s->sq);
-    }
     char line[1024];
     int n;
     if (op == CLATTN_OPERATION_MERGE)
         n = snprintf(line, sizeof line, "  %-7s:", clattn_operation_name(op));
     else if (op == CLATTN_OPERATION_SOFTMAX)
         n = snprintf(line, sizeof line, "  %-7s %s rows %lld cols %lld%s%s:", clattn_operation_name(op),
-                     dtype_name(dt), sq, skv, causal ? " causal" : "", masked ? " masked" : "");
+                     clattn_dtype_name(dt), sq, skv, causal ? " causal" : "", masked ? " masked" : "");
     else
         n = snprintf(line, sizeof line, "  %-7s %s d%lld sq%lld kv%lld%s%s:", clattn_operation_name(op),
-                     dtype_name(dt), d, sq, skv, causal ? " causal" : "", masked ? " masked" : "");
+                     clattn_dtype_name(dt), d, sq, skv, causal ? " causal" : "", masked ? " masked" : "");
     for (int i = 0; i < kp.count && n > 0 && (size_t)n < sizeof line; i++)
         n += snprintf(line + n, sizeof line - (size_t)n, " %s=%d", clattn_param_name(op, i), kp.values[i]);
     if (n > 0 && (size_t)n < sizeof line)
@@ -809,7 +806,8 @@ static void check_env_params(bench *bn)
         const char *env = getenv(name);
         if (!env || !*env)
             continue;
-        const clattn_problem_class pc = {(clattn_operation)op, CLATTN_F32, 64, 1, 1024, 0, 0};
+        const clattn_problem_class pc = {
+            .operation = (clattn_operation)op, .dtype = CLATTN_F32, .head_dim = 64, .seq_q = 1, .seq_kv = 1024};
         clattn_kernel_params kp;
         if (clattn_get_params(bn->ctx, &pc, &kp) == CLATTN_SUCCESS && kp.source != CLATTN_SOURCE_ENVIRONMENT) {
             const char *why = strstr(kp.origin, name);
@@ -841,7 +839,7 @@ static result new_result(const char *op, const shape *s)
     if (s) {
         r.has_shape = 1;
         r.s = *s;
-        r.dtype = dtype_name(s->dt);
+        r.dtype = clattn_dtype_name(s->dt);
     } else {
         r.dtype = "-";
     }
@@ -1603,12 +1601,18 @@ static void print_ratios(const bench *bn)
  * compiles each kernel for its work-group size at its first launch, which is not counted. */
 static void print_builds(const bench *bn)
 {
-    const clattn_context *c = bn->ctx;
+    static clattn_program_stats c; /* static: 1.1 KB of text */
+    if (clattn_get_program_stats(bn->ctx, &c) != CLATTN_SUCCESS)
+        return;
     FILE *f = bn->opt.csv ? stderr : stdout;
-    fprintf(f, "\nkernel programs: %u built from source (clBuildProgram: %.1f s), %u loaded from the disk cache\n",
-            c->stats.builds, c->build_seconds, c->stats.disk_hits);
-    if (c->stats.builds > 0)
-        fprintf(f, "  longest build: %.1f s, %s\n", c->build_seconds_max, c->build_slowest);
+    /* Entries the cache does not trust (another owner, loose permissions, a symbolic link) are
+     * rebuilt every run: worth a look when not 0 (docs/guarantees.md). */
+    fprintf(f,
+            "\nkernel programs: %u built from source (clBuildProgram: %.1f s), %u loaded from the disk cache, "
+            "%u cache entries not trusted\n",
+            c.builds, c.build_seconds, c.disk_hits, c.disk_untrusted);
+    if (c.builds > 0)
+        fprintf(f, "  longest build: %.1f s, %s\n", c.build_seconds_max, c.build_slowest);
 }
 
 int main(int argc, char **argv)

@@ -19,7 +19,6 @@
  */
 #include "clattn.h"
 #include "json.h"
-#include "storage.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -584,8 +583,9 @@ static void add_representative(void)
         problem *r = &problems[n_problems++];
         const int no_dim = op == CLATTN_OPERATION_SOFTMAX || op == CLATTN_OPERATION_MERGE;
         const int decode = op == CLATTN_OPERATION_DECODE;
-        r->pc = (clattn_problem_class){(clattn_operation)op, CLATTN_F32, no_dim ? 0 : 64, decode ? 1 : 1024,
-                                       decode ? 16384 : 1024, 0, 0};
+        r->pc = (clattn_problem_class){.operation = (clattn_operation)op, .dtype = CLATTN_F32,
+                                       .head_dim = no_dim ? 0 : 64, .seq_q = decode ? 1 : 1024,
+                                       .seq_kv = decode ? 16384 : 1024};
         snprintf(r->label, sizeof r->label, "%s", clattn_operation_name((clattn_operation)op));
     }
 }
@@ -630,7 +630,7 @@ static const char *parse_class(const char *arg, problem *c)
     if (op < 0)
         return "unknown operation (scores, pv, softmax, fused, decode or merge)";
     for (int i = CLATTN_F32; i <= CLATTN_BF16; i++)
-        if (strcmp(f[1], dtype_name((clattn_dtype)i)) == 0)
+        if (strcmp(f[1], clattn_dtype_name((clattn_dtype)i)) == 0)
             dt = i;
     if (dt < 0)
         return "unknown dtype (f32, f16 or bf16)";
@@ -654,13 +654,13 @@ static const char *parse_class(const char *arg, problem *c)
         *flag = 1;
     }
     const char *flags = c->pc.causal ? (c->pc.masked ? " causal masked" : " causal") : c->pc.masked ? " masked" : "";
+    const char *dn = clattn_dtype_name((clattn_dtype)dt);
     if (op == CLATTN_OPERATION_SOFTMAX)
-        snprintf(c->label, sizeof c->label, "softmax %s rows %lld cols %lld%s", dtype_name((clattn_dtype)dt), sq, skv, flags);
+        snprintf(c->label, sizeof c->label, "softmax %s rows %lld cols %lld%s", dn, sq, skv, flags);
     else if (op == CLATTN_OPERATION_MERGE)
-        snprintf(c->label, sizeof c->label, "merge %s sq%lld kv%lld%s", dtype_name((clattn_dtype)dt), sq, skv, flags);
+        snprintf(c->label, sizeof c->label, "merge %s sq%lld kv%lld%s", dn, sq, skv, flags);
     else
-        snprintf(c->label, sizeof c->label, "%s %s d%lld sq%lld kv%lld%s", f[0], dtype_name((clattn_dtype)dt), d, sq, skv,
-                 flags);
+        snprintf(c->label, sizeof c->label, "%s %s d%lld sq%lld kv%lld%s", f[0], dn, d, sq, skv, flags);
     return NULL;
 }
 
@@ -668,6 +668,7 @@ static const char *parse_class(const char *arg, problem *c)
 typedef struct tuning_view {
     int ok;
     char report[1100];
+    char cache[1200]; /* clattn_cache_report */
     char error[1100]; /* why clattn_create failed on the device ("" when it did not) */
     clattn_kernel_params params[MAX_PROBLEMS];
 } tuning_view;
@@ -683,6 +684,7 @@ static void query_tuning(cl_uint p, cl_uint d, tuning_view *tv)
         return;
     }
     snprintf(tv->report, sizeof tv->report, "%s", clattn_tuning_report(ctx));
+    snprintf(tv->cache, sizeof tv->cache, "%s", clattn_cache_report(ctx));
     tv->ok = 1;
     for (int i = 0; i < n_problems; i++)
         if (clattn_get_params(ctx, &problems[i].pc, &tv->params[i]) != CLATTN_SUCCESS)
@@ -709,6 +711,7 @@ static void print_tuning_human(cl_uint p, cl_uint d)
             h_text("clattn_create", tv.error);
         return;
     }
+    h_text("kernel cache", tv.cache);
     h_text("tuning store", tv.report);
     for (int i = 0; i < n_problems; i++) {
         const clattn_kernel_params *kp = &tv.params[i];
@@ -1035,7 +1038,7 @@ static void print_device_json(json_writer *w, const dev_info *di, cl_uint p, cl_
                 const clattn_problem_class *pc = &problems[i].pc;
                 jw_open(w, NULL, '{');
                 jw_str(w, "operation", clattn_operation_name(pc->operation));
-                jw_str(w, "dtype", dtype_name(pc->dtype));
+                jw_str(w, "dtype", clattn_dtype_name(pc->dtype));
                 /* sizes past 32 bits on ILP32 too */
                 jw_num(w, "head_dim", (info_num){1, (uint64_t)pc->head_dim});
                 jw_num(w, "seq_q", (info_num){1, (uint64_t)pc->seq_q});

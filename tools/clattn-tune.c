@@ -10,7 +10,7 @@
  * (144 to 528 bytes), so dropping them, as the tuner did, left nothing to tune there. The winner,
  * or the defaults when nothing beats them, goes into the device's user tuning file, written
  * atomically; but for decode, whose defaults on GPUs depend on the query rows per kv head
- * (src/fused.c: clattn__decode_tiled_default), which a bucket does not hold, no entry is written
+ * (src/defaults.c: clattn__decode_tiled_default), which a bucket does not hold, no entry is written
  * where the defaults win, and an earlier entry of that bucket is dropped: the library keeps
  * choosing per call.
  *
@@ -26,7 +26,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "clattn.h"
 #include "internal.h"
-#include "ref.h" /* the tests' float64 reference (tests/ref.c) */
+#include "clattn_ref.h" /* the float64 reference (ref/), the tests' too */
 #include "json.h"
 #include "storage.h"
 
@@ -142,6 +142,14 @@ static void check_tuning_dir(const char *dir)
     if (clattn__make_dirs(dir) != 0) /* errno EEXIST (or none): it is there, but no directory */
         die("cannot create the tuning directory %s: %s", dir,
             errno && errno != EEXIST ? strerror(errno) : "not a directory");
+    /* A store the library would not read (docs/guarantees.md) is no store to spend the budget on. */
+    char why[300];
+    const int dfd = clattn__open_dir_for_write(dir, why, sizeof why);
+    if (dfd < 0 && why[0])
+        die("the tuning directory %s is not trusted: %s; the library would ignore a store written there "
+            "(docs/guarantees.md)", dir, why);
+    if (dfd >= 0)
+        close(dfd);
     char tmp[sizeof ctx->tuning_dir + 32];
     snprintf(tmp, sizeof tmp, "%s/.clattn-tune.XXXXXX", dir);
     const int fd = mkstemp(tmp);
@@ -193,7 +201,7 @@ static cl_mem upload(const float *h, size_t n, clattn_dtype dt)
                               bytes, &err);
     free(bytes);
     if (err != CL_SUCCESS)
-        die("clCreateBuffer (%zu %s elements): %d", n, dtype_name(dt), err);
+        die("clCreateBuffer (%zu %s elements): %d", n, clattn_dtype_name(dt), err);
     return m;
 }
 
@@ -317,8 +325,8 @@ static double *to_doubles(const float *src, size_t n)
     return d;
 }
 
-/* Reference row (b, h, i) of the task's output into ref, from tests/ref.c on a one-row problem:
- * the row's visible keys (key length, causal bottom-right) become that problem's key length.
+/* Reference row (b, h, i) of the task's output into ref, from ref/clattn_ref.c on a one-row
+ * problem: the row's visible keys (key length, causal bottom-right) become that problem's key length.
  * merge: the row of every part through ref_merge, its merged LSE into *lse. */
 static void ref_row(const shape *s, clattn_operation op, const data *dd, long long b, long long h,
                     long long i, double *ref, double *lse)
@@ -517,66 +525,69 @@ static int same(const int *a, const int *b, int n) { return memcmp(a, b, (size_t
 static int g_ptx_device;
 
 /* Removes choices that cannot matter, so equivalent candidates compare equal. */
-static void canonical(const task *t, int *v)
+static void canonical(const task *t, int *values)
 {
     const clattn_operation op = t->op;
-    if (op == CLATTN_OPERATION_FUSED && v[5] == 1) { /* fused_direct: WGX, WGY and VW unused */
-        v[0] = v[1] = 1;
-        v[4] = 16;
+    const shape *s = &t->s;
+    clattn_params p, d; /* the candidate and the defaults, by name (src/params.h) */
+    memcpy(p.v, values, sizeof p.v);
+    memcpy(d.v, t->defaults, sizeof d.v);
+    if (op == CLATTN_OPERATION_FUSED && p.fused.DIRECT == CLATTN_KERNEL_DIRECT) {
+        /* fused_direct: WGX, WGY and VW unused */
+        p.fused.WGX = p.fused.WGY = 1;
+        p.fused.VW = 16;
         /* Read in place for this shape (few rows per kv head, or long K and V), where RM and NS
          * are unused too: the defaults' values stay, for the shapes of the bucket that take the
          * Kᵀ copy. */
-        const shape *s = &t->s;
         if (clattn__direct_in_place(ctx, s->h / s->hkv * s->sq, s->sq, s->skv, 2 * s->d)) {
-            v[2] = t->defaults[2];
-            v[3] = t->defaults[3];
+            p.fused.RM = d.fused.RM;
+            p.fused.NS = d.fused.NS;
         } else {
-            /* Over the Kᵀ copy: the scores' tile S[RM][NS] as src/fused.c builds it, so that on
+            /* Over the Kᵀ copy: the scores' tile S[RM][NS] as src/fused_cpu.c builds it, so that on
              * AVX2 RM 6 with NS 1 to 4 is one kernel, timed once. */
-            clattn__fit_fused_tile(ctx, s->d, &v[2], &v[3]);
+            clattn__fit_fused_tile(ctx, s->d, &p.fused.RM, &p.fused.NS);
         }
     } else if (op == CLATTN_OPERATION_SCORES) {
-        if (v[8]) { /* direct: KT, RM and NS count */
-            v[0] = v[1] = 1;
-            v[4] = 16;
-            v[5] = 16;
-            v[6] = 1;
+        if (p.gemm.DIRECT == CLATTN_KERNEL_DIRECT) { /* direct: KT, RM and NS count */
+            p.gemm.WGX = p.gemm.WGY = 1;
+            p.gemm.TK = 16;
+            p.gemm.VW = 16;
+            p.gemm.KF = 1;
             /* K read in place (KT 0, or few rows whatever KT says): RM (up to 32 rows) and NS
              * unused, KT too for few rows; the defaults' values stay. */
-            const shape *s = &t->s;
             const uint64_t k_bytes = clattn__mul_sat((uint64_t)(s->b * s->hkv * s->d) * clattn_dtype_size(t->dt),
                                                      (uint64_t)s->skv); /* as src/scores.c */
-            if (clattn__scores_in_place(ctx, v, s->sq, k_bytes)) {
-                int with_kt[9];
-                memcpy(with_kt, v, sizeof with_kt);
-                with_kt[7] = 1;
-                if (clattn__scores_in_place(ctx, with_kt, s->sq, k_bytes))
-                    v[7] = t->defaults[7];
+            if (clattn__scores_in_place(ctx, p.v, s->sq, k_bytes)) {
+                clattn_params with_kt = p;
+                with_kt.gemm.KT = 1;
+                if (clattn__scores_in_place(ctx, with_kt.v, s->sq, k_bytes))
+                    p.gemm.KT = d.gemm.KT;
                 if (s->sq <= 32)
-                    v[2] = t->defaults[2];
-                v[3] = t->defaults[3];
+                    p.gemm.RM = d.gemm.RM;
+                p.gemm.NS = d.gemm.NS;
             }
         }
     } else if (op == CLATTN_OPERATION_PV) {
-        if (v[8]) { /* pv_direct: WGX, WGY, TK and VW unused (RM x NS: fitted in tune()) */
-            v[0] = v[1] = 1;
-            v[4] = 16;
-            v[5] = 16;
+        if (p.gemm.DIRECT == CLATTN_KERNEL_DIRECT) { /* pv_direct: WGX, WGY, TK and VW unused (RM x NS:
+                                                         fitted in tune()) */
+            p.gemm.WGX = p.gemm.WGY = 1;
+            p.gemm.TK = 16;
+            p.gemm.VW = 16;
         }
     } else if (op == CLATTN_OPERATION_DECODE) {
-        if (v[6] == 1) { /* fused_direct: RM and SPLITS count */
-            v[0] = v[1] = v[3] = 1;
-            v[4] = 16;
-        } else if (v[6] >= 2 && v[6] <= 5) { /* decode_rows, decode_lanes: WGY (key groups),
-                                                RM, NS (lanes per key row), VW (loads in flight
-                                                or keys a step) and SPLITS count */
-            v[0] = 32;
-            if (v[6] == 5 && !g_ptx_device)
-                v[6] = 4; /* the same kernel where there is no PTX */
-        } else if (v[3] > 4) { /* the tiled kernel: NS 8 to 32 are decode_rows values */
-            v[3] = 4;
+        if (p.decode.DIRECT == CLATTN_KERNEL_DIRECT) { /* fused_direct: RM and SPLITS count */
+            p.decode.WGX = p.decode.WGY = p.decode.NS = 1;
+            p.decode.VW = 16;
+        } else if (p.decode.DIRECT >= CLATTN_KERNEL_ROWS) {
+            /* decode_rows, decode_lanes: KG, RM, KL or LANES, LC or KU, and SPLITS count */
+            p.decode.WGX = 32;
+            if (p.decode.DIRECT == CLATTN_KERNEL_LANES_LOCAL && !g_ptx_device)
+                p.decode.DIRECT = CLATTN_KERNEL_LANES; /* the same kernel where there is no PTX */
+        } else if (p.decode.NS > 4) { /* the tiled kernel: NS 8 to 32 are decode_rows values */
+            p.decode.NS = 4;
         }
     }
+    memcpy(values, p.v, (size_t)clattn_param_count(op) * sizeof *values);
 }
 
 /* A candidate as its kernel is built: the GEMMs' register tiles fitted to the vector registers
@@ -632,7 +643,7 @@ static const char *task_text(const task *t, char *buf, size_t size)
     if (t->op == CLATTN_OPERATION_MERGE)
         snprintf(buf, size, "f32 B%lld H%lld Sq%lld d%lld, %d parts", s->b, s->h, s->sq, s->d, MERGE_PARTS);
     else
-        snprintf(buf, size, "%s B%lld H%lld/%lld Sq%lld Skv%lld d%lld%s%s", dtype_name(t->dt), s->b, s->h,
+        snprintf(buf, size, "%s B%lld H%lld/%lld Sq%lld Skv%lld d%lld%s%s", clattn_dtype_name(t->dt), s->b, s->h,
                  s->hkv, s->sq, s->skv, s->d, s->causal ? " causal" : "", s->kvlen ? " kvlen" : "");
     if (t->unfused) {
         const size_t n = strlen(buf);
@@ -648,7 +659,8 @@ static const char *task_text(const task *t, char *buf, size_t size)
 static clattn_problem_class class_of(const task *t)
 {
     const shape *s = &t->s;
-    clattn_problem_class pc = {t->op, t->dt, s->d, s->sq, s->skv, s->causal, s->kvlen};
+    clattn_problem_class pc = {.operation = t->op, .dtype = t->dt, .head_dim = s->d, .seq_q = s->sq,
+                               .seq_kv = s->skv, .causal = s->causal, .masked = s->kvlen};
     if (t->op == CLATTN_OPERATION_SOFTMAX)
         pc.head_dim = 0;
     if (t->op == CLATTN_OPERATION_MERGE) {
@@ -721,10 +733,11 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     const double derr = t->default_ms < 0 ? 0 : check_rows(s, op, &dd);
     ctx->user_tuning = saved;
     if (t->default_ms < 0)
-        die("the defaults fail on %s %s: %s", dtype_name(t->dt), clattn_operation_name(op), clattn_last_error(ctx));
+        die("the defaults fail on %s %s: %s", clattn_dtype_name(t->dt), clattn_operation_name(op),
+            clattn_last_error(ctx));
     if (derr > tol)
-        die("the defaults give wrong results on %s %s (error %.3g)", dtype_name(t->dt), clattn_operation_name(op),
-            derr);
+        die("the defaults give wrong results on %s %s (error %.3g)", clattn_dtype_name(t->dt),
+            clattn_operation_name(op), derr);
     memcpy(t->best, t->defaults, sizeof t->best);
     t->best_ms = t->default_ms;
 
@@ -925,7 +938,8 @@ int main(int argc, char **argv)
             for (int k = 0; k < n; k++)
                 ops |= 1u << idx[k];
         } else if (val && !strcmp(a, "--dtype")) {
-            static const char *const names[3] = {"f32", "f16", "bf16"}; /* CLATTN_F32, F16, BF16 */
+            const char *const names[3] = {clattn_dtype_name(CLATTN_F32), clattn_dtype_name(CLATTN_F16),
+                                          clattn_dtype_name(CLATTN_BF16)};
             int idx[3];
             ndtypes = name_list(argv[++i], names, 3, idx);
             if (ndtypes < 0)
@@ -1131,7 +1145,7 @@ int main(int argc, char **argv)
             printf("%s\n  {\"op\": ", i ? "," : "");
             json_string(stdout, clattn_operation_name(t->op));
             printf(", \"dtype\": ");
-            json_string(stdout, dtype_name(t->timed_dt));
+            json_string(stdout, clattn_dtype_name(t->timed_dt));
             printf(", \"shape\": [%lld, %lld, %lld, %lld, %lld, %lld], \"causal\": %d, \"kv_lengths\": %d, "
                    "\"default_ms\": %.4f, \"tuned_ms\": %.4f, \"speedup\": %.3f, \"tried\": %d, \"pruned\": %d, "
                    "\"wrong\": %d, ",

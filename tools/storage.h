@@ -12,11 +12,6 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline const char *dtype_name(clattn_dtype dt)
-{
-    return dt == CLATTN_F16 ? "f16" : dt == CLATTN_BF16 ? "bf16" : "f32";
-}
-
 /* Round to nearest even, as the device's vstore_half_rte would. */
 static inline uint16_t f32_to_f16(float f)
 {

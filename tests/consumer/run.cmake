@@ -1,7 +1,8 @@
-# The "consumer" ctest: install the built tree into a scratch prefix, then build and run an outside
-# program (consumer.c) against that prefix three times: through find_package(clattn) with
-# clattn::clattn and with clattn::clattn_static, and through pkg-config. Any failing step stops
-# with FATAL_ERROR and the step's whole output.
+# The "consumer" ctest: install the built tree into a scratch prefix; run the installed tools from
+# there with no LD_LIBRARY_PATH (their run path must find the library beside them); then build and
+# run an outside program (consumer.c) against that prefix three times: through
+# find_package(clattn) with clattn::clattn and with clattn::clattn_static, and through pkg-config.
+# Any failing step stops with FATAL_ERROR and the step's whole output.
 #
 #   cmake -DSOURCE_DIR=<clattn source> -DBUILD_DIR=<clattn build> -DWORK_DIR=<scratch>
 #         -DC_COMPILER=<cc> -P run.cmake
@@ -68,6 +69,50 @@ foreach(f include/clattn.h include/clattn_export.h)
 endforeach()
 set(run_env "LD_LIBRARY_PATH=${lib_dir}:$ENV{LD_LIBRARY_PATH}"
             "DYLD_LIBRARY_PATH=${lib_dir}:$ENV{DYLD_LIBRARY_PATH}")
+file(STRINGS "${prefix}/include/clattn.h" version_lines REGEX "#define CLATTN_VERSION_(MAJOR|MINOR|PATCH) ")
+set(header_version "")
+foreach(line IN LISTS version_lines)
+  string(REGEX REPLACE ".* ([0-9]+)$" "\\1" num "${line}")
+  list(APPEND header_version "${num}")
+endforeach()
+string(REPLACE ";" "." header_version "${header_version}")
+
+# --- installed tools -----------------------------------------------------------------------------
+# Started from the prefix as a user would, with no library path in the environment: each must load
+# the installed library through its own run path. clattn-info runs whole (it only queries the
+# devices: milliseconds) and must report the installed version, or find no device (exit 2); the
+# others print their help.
+file(STRINGS "${BUILD_DIR}/CMakeCache.txt" tools_line REGEX "^CLATTN_BUILD_TOOLS:BOOL=")
+file(STRINGS "${BUILD_DIR}/CMakeCache.txt" bindir_line REGEX "^CMAKE_INSTALL_BINDIR:PATH=")
+string(REGEX REPLACE "^[^=]*=" "" with_tools "${tools_line}")
+string(REGEX REPLACE "^[^=]*=" "" bindir "${bindir_line}")
+if(NOT with_tools)
+  message(STATUS "consumer: tools: not built (CLATTN_BUILD_TOOLS=OFF), not checked")
+elseif(IS_ABSOLUTE "${bindir}")
+  message(STATUS "consumer: tools: installed to ${bindir}, outside the prefix, not checked")
+else()
+  set(no_lib_path "${CMAKE_COMMAND}" -E env --unset=LD_LIBRARY_PATH --unset=DYLD_LIBRARY_PATH)
+  foreach(tool clattn-info clattn-bench clattn-tune)
+    if(NOT EXISTS "${prefix}/${bindir}/${tool}")
+      message(FATAL_ERROR "consumer: ${tool} was not installed into ${prefix}/${bindir}\n${install_out}")
+    endif()
+  endforeach()
+  execute_process(COMMAND ${no_lib_path} "${prefix}/${bindir}/clattn-info"
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(rc EQUAL 0 AND out MATCHES "^clattn-info \\(clattn ${header_version}\\)")
+    message(STATUS "consumer: installed clattn-info without LD_LIBRARY_PATH: ok (clattn ${header_version})")
+  elseif(rc EQUAL 2)
+    message(STATUS "consumer: installed clattn-info without LD_LIBRARY_PATH: started, no device (exit 2)")
+  else()
+    message(FATAL_ERROR "consumer: the installed clattn-info, run without LD_LIBRARY_PATH, exited ${rc} "
+                        "(want 0 with \"clattn-info (clattn ${header_version})\" first, or 2: no device)\n"
+                        "--- stdout ---\n${out}\n--- stderr ---\n${err}")
+  endif()
+  foreach(tool clattn-bench clattn-tune)
+    run_step("installed ${tool} --help without LD_LIBRARY_PATH" help_out
+      ${no_lib_path} "${prefix}/${bindir}/${tool}" --help)
+  endforeach()
+endif()
 
 # --- find_package --------------------------------------------------------------------------------
 # No package registry: the consumer must find clattn in the prefix and nowhere else.
@@ -119,13 +164,6 @@ set(pc_env "PKG_CONFIG_PATH=${pc_dir}")
 run_step("pkg-config --modversion" pc_version
   "${CMAKE_COMMAND}" -E env ${pc_env} "${PKG_CONFIG_EXE}" --modversion clattn)
 string(STRIP "${pc_version}" pc_version)
-file(STRINGS "${prefix}/include/clattn.h" version_lines REGEX "#define CLATTN_VERSION_(MAJOR|MINOR|PATCH) ")
-set(header_version "")
-foreach(line IN LISTS version_lines)
-  string(REGEX REPLACE ".* ([0-9]+)$" "\\1" num "${line}")
-  list(APPEND header_version "${num}")
-endforeach()
-string(REPLACE ";" "." header_version "${header_version}")
 if(NOT pc_version STREQUAL header_version)
   message(FATAL_ERROR "consumer: clattn.pc says version ${pc_version}, clattn.h says ${header_version}")
 endif()

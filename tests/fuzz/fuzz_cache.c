@@ -9,7 +9,7 @@
  * 0x84222325cbf29ce4, the second lane fed each byte rotated left by 3), folded as a ^ (b << 1).
  *   - A file that is valid must be accepted with exactly its payload; anything else must be
  *     rejected (NULL) and counted in disk_rejects, with nothing left allocated (LeakSanitizer, after
- *     every input: tools/test.sh runs this harness with leak checks on).
+ *     every input: scripts/test.sh runs this harness with leak checks on).
  *   - Store mode: what clattn__cache_store writes loads back byte for byte, and no temporary file
  *     is left in the directory.
  * No OpenCL device is needed: the reader only uses the context's cache directory and counters.
@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -68,6 +69,9 @@ static void setup(void)
 {
     if (ctx != NULL)
         return;
+    /* The files written below (fopen: 0666 less the umask) are then 0644, which the cache trusts
+     * (docs/guarantees.md) whatever umask the run started with. */
+    umask(022);
     ctx = calloc(1, sizeof *ctx);
     const char *base = getenv("TMPDIR");
     char dir[512];

@@ -18,7 +18,7 @@
  *     wait list) with a message, `*done` NULL, and every buffer unchanged after clFinish;
  *   - a success must have been a valid call by the oracle (sizes, dtypes, bounds, no output
  *     overlapping itself or another tensor), its outputs must match the float64 reference
- *     (tests/ref.c) and no byte outside the outputs may change.
+ *     (ref/clattn_ref.c) and no byte outside the outputs may change.
  * A call whose work (B·H·Sq·Skv·D) would be too big to run in a fuzzing loop gets a failed event as
  * its wait list instead: the library validates everything and then refuses the wait list, nothing
  * runs, and the oracle still checks that what was accepted was valid.

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "fuzz_common.h"
-#include "ref.h"
+#include "clattn_ref.h"
 #include "testutil.h"
 
 #define ALL_DTYPES 7u

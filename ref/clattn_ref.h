@@ -1,7 +1,8 @@
 /*
  * Float64 CPU reference for clattn's operations, written from the semantics in DESIGN.md and not
  * from any kernel, so a bug shared by the kernels and the reference is unlikely. Plain C11 with
- * no OpenCL, so anything (tests, tools) can link it without a device.
+ * no OpenCL, so anything (tests, tools) can link it without a device: the static library
+ * clattn_ref (ref/CMakeLists.txt), built but not installed.
  *
  * Every tensor here is a contiguous double array [B][H][S][D]. Strided views, broadcasting inputs
  * and storage types are the tests' business: they convert to this one layout first.
@@ -17,8 +18,8 @@
  *   - NaN in a visible score is not special-cased: it propagates through max/exp/sum and makes its
  *     row NaN, as the contract asks.
  */
-#ifndef CLATTN_TESTS_REF_H
-#define CLATTN_TESTS_REF_H
+#ifndef CLATTN_REF_H
+#define CLATTN_REF_H
 
 #include <stddef.h>
 
@@ -63,4 +64,4 @@ void ref_softmax_rows(const ref_softmax *s, const double *in, double *out);
 void ref_merge(int parts, int rows, int dv, const double *const *part_out,
                const double *const *part_lse, double *out, double *lse);
 
-#endif /* CLATTN_TESTS_REF_H */
+#endif /* CLATTN_REF_H */

@@ -19,7 +19,7 @@ if [ ${#clattn_missing[@]} -gt 0 ]; then
     build-essential cmake pkg-config ocl-icd-opencl-dev opencl-headers clinfo pocl-opencl-icd libcmocka-dev \
     clang libclang-rt-14-dev valgrind
   # CLBlast, numpy and OpenBLAS (numpy's BLAS: the reference BLAS is 20x slower) are only the
-  # benchmark's peers, pip only fetches Intel's CPU runtime (tools/intel-cpu-check.sh): not fatal
+  # benchmark's peers, pip only fetches Intel's CPU runtime (scripts/intel-cpu-check.sh): not fatal
   # if unavailable.
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     libclblast-dev python3-numpy libopenblas0-pthread python3-pip ||

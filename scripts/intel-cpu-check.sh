@@ -3,20 +3,20 @@
 # runtime, from its PyPI wheels (intel-opencl-rt with the compiler runtime and TBB it links), next
 # to PoCL on the same CPU. Its compiler (Intel's own, with an implicit vectorizer) is not PoCL's,
 # so a kernel that leans on something PoCL happens to do shows here. Nothing is installed into the
-# system: the wheels (a 260 MB download) are unpacked into .intel-ocl/ (about 800 MB, ignored by
-# git) and registered with the ICD loader through OCL_ICD_VENDORS for this script's OpenCL
-# commands only.
+# system: the wheels (a 260 MB download) are unpacked into build/ci/intel-ocl/ (about 800 MB,
+# ignored by git) and registered with the ICD loader through OCL_ICD_VENDORS for this script's
+# OpenCL commands only.
 #
-#   tools/intel-cpu-check.sh [STEPS [CTEST_REGEX]]
+#   scripts/intel-cpu-check.sh [STEPS [CTEST_REGEX]]
 #
 # STEPS: a comma list of tests, bench (default tests). CTEST_REGEX picks the tests (default: all;
 # on 2 cores with a cold kernel cache test_attention alone took 13 minutes, test_scores 3, before
 # programs held only their own kernels: KSEL, cl/common.cl).
-# CLATTN_INTEL_BUILD names a configured build folder to reuse (test.sh passes build-test; default
-# build-intel, configured here), CLATTN_INTEL_TIMEOUT caps the tests' wall time in seconds
-# (default 1800). Exits 0 with a message, testing nothing, where the wheels cannot be fetched or
-# unpacked (no pip, no network, no disk) or the runtime offers no device (it needs an x86-64 CPU
-# with SSE4.2); a failing test, or tests past the cap, exit non-zero.
+# CLATTN_INTEL_BUILD names a configured build folder to reuse (test.sh passes build/ci/release;
+# default build/ci/intel, configured here), CLATTN_INTEL_TIMEOUT caps the tests' wall time in
+# seconds (default 1800). Exits 0 with a message, testing nothing, where the wheels cannot be
+# fetched or unpacked (no pip, no network, no disk) or the runtime offers no device (it needs an
+# x86-64 CPU with SSE4.2); a failing test, or tests past the cap, exit non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=,${1:-tests},
@@ -24,7 +24,7 @@ tests=${2:-.}
 for s in ${steps//,/ }; do
   case $s in tests | bench) ;; *) echo "intel-cpu-check: unknown step '$s' (tests, bench)" >&2; exit 2 ;; esac
 done
-root=$PWD/.intel-ocl
+root=$PWD/build/ci/intel-ocl
 # Versions measured with (2026-11-28); newer ones are likely fine, these are known to pass.
 wheels=(intel-opencl-rt==2026.2.0 intel-cmplr-lib-rt==2026.2.0 tbb==2023.2.0)
 stamp="${wheels[*]} $root"
@@ -56,10 +56,14 @@ if [ "$(cat "$root/ready" 2>/dev/null || true)" != "$stamp" ]; then
   echo "$stamp" >"$root/ready"
 fi
 # The ICDs the loader sees: this runtime, and the system's, PoCL's included (test_device and
-# test_threads open every device they find), but not another copy of Intel's runtimes.
+# test_threads open every device they find), but not another copy of Intel's runtimes. The
+# system's are those of OCL_ICD_VENDORS when it names a folder (test.sh's: PoCL's alone), else
+# /etc/OpenCL/vendors.
+system_icds=/etc/OpenCL/vendors
+[ -d "${OCL_ICD_VENDORS:-}" ] && system_icds=$OCL_ICD_VENDORS
 rm -rf "$root/vendors" && mkdir -p "$root/vendors"
 echo "$root/lib/libintelocl.so" >"$root/vendors/intel-cpu.icd"
-for icd in /etc/OpenCL/vendors/*.icd; do
+for icd in "$system_icds"/*.icd; do
   case ${icd##*/} in *intel* | *Intel*) ;; *) [ -e "$icd" ] && cp "$icd" "$root/vendors/" ;; esac
 done
 # Only the OpenCL commands see the runtime's libraries (its libimf, libsvml, libtbb...): the
@@ -68,7 +72,7 @@ ocl() {
   LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" OCL_ICD_VENDORS="$root/vendors" "$@"
 }
 
-build=${CLATTN_INTEL_BUILD:-build-intel}
+build=${CLATTN_INTEL_BUILD:-build/ci/intel}
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCLATTN_TEST_CACHE_DIR="$PWD/$build/kernel-cache" \
     >/dev/null

@@ -1,9 +1,9 @@
 /*
- * Float64 reference; see ref.h for the rules. Everything is computed straight from the definition,
- * row by row, recomputing dot products instead of keeping a score row, so no allocation is needed
- * and nothing can fail.
+ * Float64 reference; see clattn_ref.h for the rules. Everything is computed straight from the
+ * definition, row by row, recomputing dot products instead of keeping a score row, so no
+ * allocation is needed and nothing can fail.
  */
-#include "ref.h"
+#include "clattn_ref.h"
 
 #include <math.h>
 

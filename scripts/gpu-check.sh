@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A device session's work on a GPU, in calls that fit the lent machines' 10 minutes a command:
 # build, the tests on the GPU, the benchmark against its peers, and sweeps of the decode
-# parameters that have no measured default yet. Output goes to $OUT (default ./gpu-out):
+# parameters that have no measured default yet. Output goes to $OUT (default build/ci/gpu-out):
 # build.log, info.txt, ctest.log, bench.txt, sweep-*.csv.
 #
-#   tools/gpu-check.sh [STEPS [DEVICE [CTEST_REGEX]]]
+#   scripts/gpu-check.sh [STEPS [DEVICE [CTEST_REGEX]]]
 #
 # STEPS: a comma list of tests, bench, dec16, lanes, sweep (default tests,bench: the tests took
 # over 200 s at -j12 on an H200 machine, whose image has PoCL too, which test_device opens (281 s
@@ -19,23 +19,24 @@ cd "$(dirname "$0")/.."
 steps=,${1:-tests,bench},
 dev=${2:-nvidia}
 tests=${3:-.}
-out=${OUT:-$PWD/gpu-out}
+out=${OUT:-$PWD/build/ci/gpu-out}
+build=build/ci/gpu # the build and its kernel cache
 mkdir -p "$out"
-export CLATTN_DEVICE=$dev CLATTN_CACHE_DIR="$PWD/build-gpu/kernel-cache"
+export CLATTN_DEVICE=$dev CLATTN_CACHE_DIR="$PWD/$build/kernel-cache"
 t0=$SECONDS
 log() { echo "== $1 ($((SECONDS - t0)) s)"; }
 
 log "build"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCLATTN_TEST_CACHE_DIR="$CLATTN_CACHE_DIR" \
-  >"$out/build.log" 2>&1 && cmake --build build-gpu -j"$(nproc)" >>"$out/build.log" 2>&1 ||
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCLATTN_TEST_CACHE_DIR="$CLATTN_CACHE_DIR" \
+  >"$out/build.log" 2>&1 && cmake --build "$build" -j"$(nproc)" >>"$out/build.log" 2>&1 ||
   { tail -n 40 "$out/build.log"; exit 1; }
-bin=build-gpu/tools
+bin=$build/tools
 "$bin/clattn-info" >"$out/info.txt" 2>&1
 grep -iE "name|key|version" "$out/info.txt" | head -n 8
 
 if [[ $steps == *,tests,* ]]; then
 log "tests on $dev ($tests)"
-(cd build-gpu && CLATTN_REQUIRE_DEVICE=1 timeout 420 ctest -j12 -R "$tests" -E "consumer|direct16|ns3|masklanes" \
+(cd "$build" && CLATTN_REQUIRE_DEVICE=1 timeout 420 ctest -j12 -R "$tests" -E "consumer|direct16|ns3|masklanes" \
   --output-on-failure >"$out/ctest.log" 2>&1)
 grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest.log" | head -n 30
 fi
@@ -54,7 +55,7 @@ for m in none window:1024 bias; do
 done
 fi
 
-# DECODE: WGX, WGY, RM, NS, VW, SPLITS, DIRECT (src/tuning.c). Default shape B16 H32 kv8192
+# DECODE: WGX, WGY, RM, NS, VW, SPLITS, DIRECT (src/params.h). Default shape B16 H32 kv8192
 # d128; also f16 and grouped-query heads.
 sweep() { # name, then clattn-bench's arguments; one CLATTN_PARAMS_DECODE list per line on stdin
   local name=$1; shift

@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # Builds clattn for 32-bit x86 and runs part of the test suite there, on 32-bit PoCL, inside an
-# i386 Debian root made with debootstrap (build-i386/root; about 1 GB, a minute to make, kept for
-# later runs). This is where size_t has 32 bits: sizes that pass 4 GiB must be refused, not
+# i386 Debian root made with debootstrap (build/ci/i386/root; about 1 GB, a minute to make, kept
+# for later runs). This is where size_t has 32 bits: sizes that pass 4 GiB must be refused, not
 # wrapped, and host arrays are bounded by SIZE_MAX. 32-bit PoCL also computes floats on the x87
 # stack without rounding each operation, which the kernels must survive.
 #
-#   tools/test32.sh [CTEST_REGEX]
+#   scripts/test32.sh [CTEST_REGEX]
 #
 # Needs root (or sudo) and network access to deb.debian.org for the first run. Without them it
-# says why and exits 0 (tools/test.sh runs it as an optional step); CLATTN_REQUIRE_32=1 makes that
-# a failure. A failing test always fails. CTEST_REGEX picks the tests (default: the validation,
+# says why and exits 0 (scripts/test.sh runs it as an optional step); CLATTN_REQUIRE_32=1 makes
+# that a failure. A failing test always fails. CTEST_REGEX picks the tests (default: the validation,
 # size, failure, limit, tuning, cache, device and softmax suites and the guard-page one, about 12
 # minutes with a cold kernel cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
-root=$src/build-i386/root
+work=$src/build/ci/i386
+root=$work/root
 tests=${1:-'^test_(status|reference|bad_input|failures|limits|limits_rows|tuning|cache|device|softmax|guard)$'}
 
 unavailable() {
@@ -47,18 +48,18 @@ if [ ! -x "$root/usr/bin/cmake" ]; then
       unavailable "debootstrap is not installed and could not be"
   fi
   remove_root
-  mkdir -p "$src/build-i386"
+  mkdir -p "$work"
   echo "test32: making an i386 Debian root in $root"
   if ! $SUDO debootstrap --arch=i386 --variant=minbase --include="$pkgs" bookworm "$root" \
-       http://deb.debian.org/debian >"$src/build-i386/debootstrap.log" 2>&1; then
-    tail -n 5 "$src/build-i386/debootstrap.log"
+       http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1; then
+    tail -n 5 "$work/debootstrap.log"
     remove_root
-    unavailable "debootstrap failed (log: build-i386/debootstrap.log)"
+    unavailable "debootstrap failed (log: $work/debootstrap.log)"
   fi
 fi
 
 # What the chroot sees of the host, made so that nothing in the root leads back to a writable host
-# file (an `rm -rf build-i386` after a killed run must not reach into the host): fresh proc and
+# file (an `rm -rf build` after a killed run must not reach into the host): fresh proc and
 # sysfs mounts (their files cannot be deleted), a tmpfs /dev with the few nodes PoCL opens, and
 # the source read-only at /src. Unmounted on the way out, whatever happens.
 mounts=()

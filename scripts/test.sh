@@ -1,35 +1,78 @@
 #!/usr/bin/env bash
 # Set up, build, and run the whole test suite; then again under AddressSanitizer and
 # UndefinedBehaviorSanitizer; then part of it under valgrind memcheck; then part of it built for
-# 32-bit x86 (tools/test32.sh); then every libFuzzer harness for a minute; then part of it on a
-# second OpenCL implementation, Intel's CPU runtime (tools/intel-cpu-check.sh). Set
+# 32-bit x86 (scripts/test32.sh); then every libFuzzer harness for a minute; then part of it on a
+# second OpenCL implementation, Intel's CPU runtime (scripts/intel-cpu-check.sh). Set
 # CLATTN_REQUIRE_DEVICE=1 to make device tests fail rather than skip when no OpenCL device is
 # found (CI does). CLATTN_FUZZ_SECONDS sets the time per fuzz harness (default 60;
 # 0 skips fuzzing), CLATTN_VALGRIND=0 skips the memcheck step, CLATTN_TEST32=0 the 32-bit one,
 # CLATTN_INTEL_CPU=0 the one on Intel's runtime.
+#
+# Everything it builds or fetches goes under build/ci/ (release, asan, fuzz, i386, intel-ocl, the
+# shared kernel-cache, icd-pocl): build/ itself stays the plain `cmake -B build` folder of
+# scripts/run.sh. Each step prints its wall time, and the run ends (pass or fail) with a table of
+# them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source tools/setup.sh
+source scripts/setup.sh
 jobs=$(nproc)
+ci=build/ci
 # Every build shares one kernel binary cache: PoCL compiles each kernel variant once.
-cache="$PWD/build-test/kernel-cache"
+cache="$PWD/$ci/kernel-cache"
 mkdir -p "$cache"
-step_start=$SECONDS
-step() { echo "== $1"; step_start=$SECONDS; }
-step_done() { echo "   ($((SECONDS - step_start)) s)"; }
 
-step "build and test (Release, -Werror)"
-cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DCLATTN_TEST_CACHE_DIR="$cache" >/dev/null
-cmake --build build-test -j"$jobs"
+# The steps' wall times, printed as a table on the way out (the step a failure stopped included).
+step_names=()
+step_times=()
+step_name=""
+step_start=$SECONDS
+step() { echo "== $1"; step_name=$1; step_start=$SECONDS; }
+step_done() {
+  echo "   ($((SECONDS - step_start)) s)"
+  step_names+=("$step_name")
+  step_times+=("$((SECONDS - step_start)) s")
+  step_name=""
+}
+step_skipped() { step_names+=("$1"); step_times+=("skipped"); }
+step_summary() {
+  local i
+  [ -z "$step_name" ] || { step_names+=("$step_name"); step_times+=("$((SECONDS - step_start)) s, stopped"); }
+  echo "== step times"
+  for i in "${!step_names[@]}"; do printf '   %-16s %s\n' "${step_times[$i]}" "${step_names[$i]}"; done
+  printf '   %-16s %s\n' "$SECONDS s" "total ($((SECONDS / 60)) min $((SECONDS % 60)) s)"
+}
+trap 'rc=$?; step_summary; exit $rc' EXIT
+
+# The OpenCL implementations a step tests are the ones the ICD loader sees, named in each step's
+# title. The PoCL steps see PoCL alone, through a vendors folder holding only its .icd file: every
+# other implementation installed here stays out (Debian's Intel GPU runtime, for one, loads its
+# compiler with RTLD_DEEPBIND, which AddressSanitizer refuses, and would fail the sanitized step;
+# and a test that opens every device would test it too). Intel's CPU runtime has its own step.
+system_icds=/etc/OpenCL/vendors
+[ -d "${OCL_ICD_VENDORS:-}" ] && system_icds=$OCL_ICD_VENDORS
+rm -rf "$ci/icd-pocl" && mkdir -p "$ci/icd-pocl"
+for icd in "$system_icds"/*.icd; do
+  [ -f "$icd" ] || continue
+  if [[ ${icd##*/} == *pocl* ]] || grep -q pocl "$icd"; then cp "$icd" "$ci/icd-pocl/"; fi
+done
+if ! ls "$ci"/icd-pocl/*.icd >/dev/null 2>&1; then
+  echo "test.sh: no PoCL ICD (an .icd file naming libpocl) in $system_icds; install pocl-opencl-icd" >&2
+  exit 1
+fi
+export OCL_ICD_VENDORS="$PWD/$ci/icd-pocl"
+
+step "build and test (Release, -Werror) on PoCL"
+cmake -S . -B "$ci/release" -DCMAKE_BUILD_TYPE=Release -DCLATTN_TEST_CACHE_DIR="$cache" >/dev/null
+cmake --build "$ci/release" -j"$jobs"
 # A test per core at a time: the cold stage is mostly PoCL compiling kernels, one thread per
 # compile, and the tests share the binary cache safely (unique temporary files, renamed).
-(cd build-test && ctest --output-on-failure -j"$jobs")
+(cd "$ci/release" && ctest --output-on-failure -j"$jobs")
 step_done
 
-step "build and test under AddressSanitizer + UndefinedBehaviorSanitizer"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLATTN_SANITIZE=ON \
+step "build and test under AddressSanitizer + UndefinedBehaviorSanitizer on PoCL"
+cmake -S . -B "$ci/asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLATTN_SANITIZE=ON \
   -DCLATTN_TEST_CACHE_DIR="$cache" >/dev/null
-cmake --build build-asan -j"$jobs"
+cmake --build "$ci/asan" -j"$jobs"
 # LeakSanitizer's exit-time tracer crashes (SIGSEGV) while PoCL's worker threads are alive, so
 # leaks are not checked here; test_device checks that create/release cycles do not grow memory,
 # test_soak that calls do not, and the valgrind step below checks leaks in the library's own code.
@@ -38,11 +81,11 @@ cmake --build build-asan -j"$jobs"
 asan_common="abort_on_error=0:strict_string_checks=1"
 export ASAN_OPTIONS="detect_leaks=0:$asan_common"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-(cd build-asan && ctest --output-on-failure -j"$jobs" -E consumer)
+(cd "$ci/asan" && ctest --output-on-failure -j"$jobs" -E consumer)
 step_done
 
 if [ "${CLATTN_VALGRIND:-1}" != 0 ]; then
-  step "valgrind memcheck on part of the suite (Release build)"
+  step "valgrind memcheck on part of the suite (Release build) on PoCL"
   # Valgrind shows PoCL another CPU (no AVX-512), so PoCL compiles every kernel again for it, and
   # LLVM under memcheck takes a minute a kernel. A first pass under valgrind's no-op tool (a few
   # times slower than native, not fifty) fills the kernel caches for that CPU; memcheck then loads
@@ -66,8 +109,8 @@ if [ "${CLATTN_VALGRIND:-1}" != 0 ]; then
   done
   for w in "${warm[@]}"; do
     read -r t shard <<<"$w"
-    CLATTN_TEST_SHARD="$shard" valgrind -q --tool=none "build-test/tests/$t" \
-      >"build-test/valgrind-warmup-$t${shard:+-${shard%/*}}.log" 2>&1 &
+    CLATTN_TEST_SHARD="$shard" valgrind -q --tool=none "$ci/release/tests/$t" \
+      >"$ci/release/valgrind-warmup-$t${shard:+-${shard%/*}}.log" 2>&1 &
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
   done
   wait
@@ -75,59 +118,66 @@ if [ "${CLATTN_VALGRIND:-1}" != 0 ]; then
     t0=$SECONDS
     if ! valgrind --error-exitcode=99 --leak-check=full --show-leak-kinds=definite \
          --errors-for-leak-kinds=definite --suppressions=tests/valgrind.supp --num-callers=40 \
-         "build-test/tests/$t" >"build-test/valgrind-$t.log" 2>&1; then
-      tail -n 80 "build-test/valgrind-$t.log"
-      echo "valgrind: $t failed (whole log: build-test/valgrind-$t.log)"
+         "$ci/release/tests/$t" >"$ci/release/valgrind-$t.log" 2>&1; then
+      tail -n 80 "$ci/release/valgrind-$t.log"
+      echo "valgrind: $t failed (whole log: $ci/release/valgrind-$t.log)"
       exit 1
     fi
     echo "   $t: clean ($((SECONDS - t0)) s)"
   done
   unset CLATTN_CACHE_DIR CLATTN_SOAK_CALLS
   step_done
+else
+  step_skipped "valgrind memcheck (CLATTN_VALGRIND=0)"
 fi
 
 if [ "${CLATTN_TEST32:-1}" != 0 ]; then
-  step "32-bit x86: build and part of the suite in an i386 root (tools/test32.sh)"
-  # Skips with a message where it cannot make the root (no root/sudo, no network, no mount).
-  ./tools/test32.sh
+  step "32-bit x86: build and part of the suite in an i386 root on its 32-bit PoCL (scripts/test32.sh)"
+  # Skips with a message where it cannot make the root (no root/sudo, no network, no mount). The
+  # root has PoCL as its only OpenCL implementation.
+  ./scripts/test32.sh
   step_done
+else
+  step_skipped "32-bit x86 (CLATTN_TEST32=0)"
 fi
 
 fuzz_seconds=${CLATTN_FUZZ_SECONDS:-60}
 if [ "$fuzz_seconds" != 0 ]; then
-  step "libFuzzer harnesses (clang, ASan + UBSan), ${fuzz_seconds} s each"
-  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLATTN_FUZZ=ON \
+  step "libFuzzer harnesses (clang, ASan + UBSan), ${fuzz_seconds} s each, on PoCL"
+  CC=clang cmake -S . -B "$ci/fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLATTN_FUZZ=ON \
     -DBUILD_TESTING=OFF -DCLATTN_BUILD_TOOLS=OFF >/dev/null
-  cmake --build build-fuzz -j"$jobs"
-  mkdir -p build-fuzz/artifacts
+  cmake --build "$ci/fuzz" -j"$jobs"
+  mkdir -p "$ci/fuzz/artifacts"
   # Every fuzz_* the build made, each starting from its committed seeds (tests/fuzz/corpus/<name>)
-  # plus what earlier runs here found (build-fuzz/corpus/<name>, which new finds go to).
+  # plus what earlier runs here found ($ci/fuzz/corpus/<name>, which new finds go to).
   # The readers of files (cache, tuning) open no OpenCL device, so LeakSanitizer checks them after
   # every input: a reader that leaks what it allocated for a rejected file fails the run. The
   # harnesses that run kernels keep leak checks off (PoCL's threads crash the tracer, above).
   leak_checked=" cache tuning "
-  for exe in build-fuzz/tests/fuzz/fuzz_*; do
+  for exe in "$ci"/fuzz/tests/fuzz/fuzz_*; do
     [ -f "$exe" ] && [ -x "$exe" ] || continue
     name=${exe##*/fuzz_}
     leaks=0
     [[ "$leak_checked" == *" $name "* ]] && leaks=1
-    mkdir -p "build-fuzz/corpus/$name" "tests/fuzz/corpus/$name"
+    mkdir -p "$ci/fuzz/corpus/$name" "tests/fuzz/corpus/$name"
     if ! CLATTN_CACHE_DIR="$cache" ASAN_OPTIONS="detect_leaks=$leaks:$asan_common" \
          "$exe" -max_total_time="$fuzz_seconds" -timeout=120 \
          -rss_limit_mb=4096 -detect_leaks=$leaks -print_final_stats=1 \
-         -artifact_prefix="build-fuzz/artifacts/$name-" \
-         "build-fuzz/corpus/$name" "tests/fuzz/corpus/$name" >"build-fuzz/fuzz-$name.log" 2>&1; then
-      tail -n 60 "build-fuzz/fuzz-$name.log"
-      echo "fuzz_$name found a problem; the input is in build-fuzz/artifacts/ (rerun: $exe <file>)"
+         -artifact_prefix="$ci/fuzz/artifacts/$name-" \
+         "$ci/fuzz/corpus/$name" "tests/fuzz/corpus/$name" >"$ci/fuzz/fuzz-$name.log" 2>&1; then
+      tail -n 60 "$ci/fuzz/fuzz-$name.log"
+      echo "fuzz_$name found a problem; the input is in $ci/fuzz/artifacts/ (rerun: $exe <file>)"
       exit 1
     fi
-    echo "   fuzz_$name: $(grep -o 'number_of_executed_units: [0-9]*' "build-fuzz/fuzz-$name.log" | \
+    echo "   fuzz_$name: $(grep -o 'number_of_executed_units: [0-9]*' "$ci/fuzz/fuzz-$name.log" | \
       grep -o '[0-9]*') inputs, no problem$([ $leaks = 1 ] && echo ", no leak")"
   done
   step_done
+else
+  step_skipped "libFuzzer harnesses (CLATTN_FUZZ_SECONDS=0)"
 fi
 if [ "${CLATTN_INTEL_CPU:-1}" != 0 ]; then
-  step "a second OpenCL implementation, Intel's CPU runtime: part of the suite (tools/intel-cpu-check.sh)"
+  step "a second OpenCL implementation, Intel's CPU runtime (PoCL beside it): part of the suite (scripts/intel-cpu-check.sh)"
   # Intel's compiler took 4 to 27 s a kernel variant (fused_lanes the longest) while every program
   # held all the kernels of its file, and test_attention's 172 cases about 13 minutes cold; with
   # KSEL (cl/common.cl) this whole step took 68 s cold (2026-12-02). This step runs test_decode,
@@ -137,15 +187,17 @@ if [ "${CLATTN_INTEL_CPU:-1}" != 0 ]; then
   # already past 60 minutes, and its tests stopped (a failure) past 15, so that CI stays well
   # inside its time; skipped with a message where the runtime cannot be had.
   if [ $SECONDS -gt $((60 * 60)) ]; then
-    echo "   skipped: the run is past 60 minutes ($((SECONDS / 60)) min); run tools/intel-cpu-check.sh alone"
+    echo "   skipped: the run is past 60 minutes ($((SECONDS / 60)) min); run scripts/intel-cpu-check.sh alone"
   else
     sample='seq_*,few_rows_*,bias_mask_*,lanes_gqa6_*,lanes_gqa8_sq4_*,lanes_gqa25_*'
     sample+=',lanes_gqa13_sq1_rows13_poison_kvlen_bf16_hd59_dv37,decode_hd59'
     sample+=',decode_gqa8_sq4_rows32_hd256_f16,window_300x700_w100,window_lanes_*,window_decode_sq1_*'
     sample+=',f16_*,bf16_*,probs*,kvlen*,nan_*,underflow_nan_v,masked_row*,layout_*,long_64x16384'
-    CLATTN_INTEL_BUILD=build-test CLATTN_INTEL_TIMEOUT=900 CLATTN_TEST_FILTER_ATTENTION="$sample" \
-      ./tools/intel-cpu-check.sh tests 'test_attention$|test_decode$|test_bad_input$|test_scores$|test_softmax$'
+    CLATTN_INTEL_BUILD="$ci/release" CLATTN_INTEL_TIMEOUT=900 CLATTN_TEST_FILTER_ATTENTION="$sample" \
+      ./scripts/intel-cpu-check.sh tests 'test_attention$|test_decode$|test_bad_input$|test_scores$|test_softmax$'
   fi
   step_done
+else
+  step_skipped "Intel's CPU runtime (CLATTN_INTEL_CPU=0)"
 fi
 echo "== all tests passed (normal, sanitized, valgrind, 32-bit, fuzzed, Intel's CPU runtime; a step that skipped said so above)"
