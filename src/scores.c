@@ -9,14 +9,14 @@
  * (the device's largest, or what a kernel compiled with more allowed). */
 static void sane_gemm(const clattn_context *ctx, clattn_params *pp, size_t cap)
 {
-    int *const sizes[5] = {&pp->gemm.WGX, &pp->gemm.WGY, &pp->gemm.RM, &pp->gemm.NS, &pp->gemm.TK};
+    int *const wgx = &pp->gemm.WGX, *const wgy = &pp->gemm.WGY, *const rm = &pp->gemm.RM, *const ns = &pp->gemm.NS,
+              *const tk = &pp->gemm.TK, *const vw = &pp->gemm.VW;
+    int *const sizes[5] = {wgx, wgy, rm, ns, tk};
     for (int i = 0; i < 5; i++) /* VW is checked below */
         if (*sizes[i] <= 0)
             *sizes[i] = 1;
     /* Register blocks and the unrolled k loop beyond the tuner's range (RM 16, NS 4, TK 64) only
      * spill, and can keep a kernel compiler busy for minutes. */
-    int *const wgx = &pp->gemm.WGX, *const wgy = &pp->gemm.WGY, *const rm = &pp->gemm.RM, *const ns = &pp->gemm.NS,
-              *const tk = &pp->gemm.TK, *const vw = &pp->gemm.VW;
     *rm = *rm > 16 ? 16 : *rm;
     *ns = *ns > 4 ? 4 : *ns;
     *tk = *tk > 64 ? 64 : *tk;
