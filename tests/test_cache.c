@@ -66,12 +66,12 @@ static void restore_env(const char *name, const char *saved)
         unsetenv(name);
 }
 
-/* TRUST_DIR_REPLACED: g_dir is renamed to replaced_old and replaced_new to g_dir when the
+/* TU_TRUST_DIR_REPLACED: g_dir is renamed to replaced_old and replaced_new to g_dir when the
  * library has opened g_dir to read an entry, before it opens the entry. */
 static char replaced_old[PATH_MAX + 16], replaced_new[PATH_MAX + 16];
 static int replaced; /* 1 once done, -1 if a rename failed */
 
-/* Leftovers of a failed TRUST_DIR_REPLACED row (setup) or of this one (the row itself). */
+/* Leftovers of a failed TU_TRUST_DIR_REPLACED row (setup) or of this one (the row itself). */
 static void remove_replaced_dirs(void)
 {
     if (replaced_old[0] != '\0')
@@ -1169,7 +1169,7 @@ static void test_kernel_dir_not_a_file(void **state)
 /* =============================== trust: only entries the user owns =============================== */
 
 /* Another user for the rows that need one: nobody. CI runs as root, which can give files away. */
-enum { OTHER_UID = 65534 };
+enum { OTHER_UID = TU_OTHER_UID };
 
 /* A row that needs a file or directory of another owner cannot be staged without root: skipped
  * with the reason, which is no missing device (CLATTN_REQUIRE_DEVICE=1 does not fail it). */
@@ -1183,19 +1183,7 @@ static void need_root(const char *row)
     }
 }
 
-typedef enum trust_kind {
-    TRUST_FILE_OTHER_OWNER,           /* the entry owned by uid 65534 */
-    TRUST_FILE_GROUP_WRITABLE,        /* mode 0664 */
-    TRUST_FILE_OTHER_WRITABLE,        /* mode 0646 */
-    TRUST_DIR_WORLD_WRITABLE,         /* the directory 0777, no sticky bit */
-    TRUST_DIR_GROUP_WRITABLE,         /* the directory 0770 */
-    TRUST_DIR_OTHER_OWNER,            /* the directory owned by uid 65534 */
-    TRUST_DIR_ROOT_STICKY,            /* root-owned 01777 (as /tmp) holding a good file: accepted */
-    TRUST_DIR_ROOT_STICKY_OTHER_FILE, /* the same, the file owned by uid 65534 */
-    TRUST_SYMLINK_OTHER_FILE,         /* the entry a symbolic link to a valid file of uid 65534 */
-    TRUST_DIR_REPLACED                /* a 0777 directory with a valid entry renamed into the cache
-                                         directory's place once the library has opened it */
-} trust_kind;
+typedef tu_trust_kind trust_kind; /* testutil.h */
 
 typedef struct trust_row {
     const char *name;
@@ -1206,18 +1194,18 @@ typedef struct trust_row {
 } trust_row;
 
 static const trust_row trust_rows[] = {
-    {"file_other_owner", TRUST_FILE_OTHER_OWNER, 1, "owned by uid 65534, not by this user", 1},
-    {"file_group_writable", TRUST_FILE_GROUP_WRITABLE, 0, "writable by group or others (mode 0664)", 1},
-    {"file_other_writable", TRUST_FILE_OTHER_WRITABLE, 0, "writable by group or others (mode 0646)", 1},
-    {"dir_world_writable_no_sticky", TRUST_DIR_WORLD_WRITABLE, 0,
+    {"file_other_owner", TU_TRUST_FILE_OTHER_OWNER, 1, "owned by uid 65534, not by this user", 1},
+    {"file_group_writable", TU_TRUST_FILE_GROUP_WRITABLE, 0, "writable by group or others (mode 0664)", 1},
+    {"file_other_writable", TU_TRUST_FILE_OTHER_WRITABLE, 0, "writable by group or others (mode 0646)", 1},
+    {"dir_world_writable_no_sticky", TU_TRUST_DIR_WORLD_WRITABLE, 0,
      "the directory is writable by group or others (mode 0777", 0},
-    {"dir_group_writable", TRUST_DIR_GROUP_WRITABLE, 0, "the directory is writable by group or others (mode 0770", 0},
-    {"dir_other_owner", TRUST_DIR_OTHER_OWNER, 1, "the directory is owned by uid 65534", 0},
-    {"dir_root_sticky_good_file_accepted", TRUST_DIR_ROOT_STICKY, 1, NULL, 0},
-    {"dir_root_sticky_other_owner_file", TRUST_DIR_ROOT_STICKY_OTHER_FILE, 1, "owned by uid 65534, not by this user",
+    {"dir_group_writable", TU_TRUST_DIR_GROUP_WRITABLE, 0, "the directory is writable by group or others (mode 0770", 0},
+    {"dir_other_owner", TU_TRUST_DIR_OTHER_OWNER, 1, "the directory is owned by uid 65534", 0},
+    {"dir_root_sticky_good_file_accepted", TU_TRUST_DIR_ROOT_STICKY, 1, NULL, 0},
+    {"dir_root_sticky_other_owner_file", TU_TRUST_DIR_ROOT_STICKY_OTHER_FILE, 1, "owned by uid 65534, not by this user",
      1},
-    {"symlink_to_other_users_file", TRUST_SYMLINK_OTHER_FILE, 0, "a symbolic link, not a regular file", 1},
-    {"dir_replaced_after_open", TRUST_DIR_REPLACED, 0, "the directory is writable by group or others (mode 0777", 0},
+    {"symlink_to_other_users_file", TU_TRUST_SYMLINK_OTHER_FILE, 0, "a symbolic link, not a regular file", 1},
+    {"dir_replaced_after_open", TU_TRUST_DIR_REPLACED, 0, "the directory is writable by group or others (mode 0777", 0},
 };
 
 static void replace_dir_hook(const char *dir)
@@ -1236,46 +1224,20 @@ static void test_trust(void **state)
     char path[PATH_MAX + 256], other[PATH_MAX], target[PATH_MAX + 256];
     other[0] = '\0';
     snprintf(path, sizeof path, "%s/%s", g_dir, a->file);
-    if (r->kind != TRUST_SYMLINK_OTHER_FILE && r->kind != TRUST_DIR_REPLACED)
+    if (r->kind != TU_TRUST_SYMLINK_OTHER_FILE && r->kind != TU_TRUST_DIR_REPLACED)
         plant(a, NULL, path, sizeof path);
     switch (r->kind) {
-    case TRUST_FILE_OTHER_OWNER:
-        assert_int_equal(chown(path, OTHER_UID, OTHER_UID), 0);
+    default:
+        assert_true(tu_trust_stage(r->kind, g_dir, path));
         break;
-    case TRUST_FILE_GROUP_WRITABLE:
-        assert_int_equal(chmod(path, 0664), 0);
-        break;
-    case TRUST_FILE_OTHER_WRITABLE:
-        assert_int_equal(chmod(path, 0646), 0);
-        break;
-    case TRUST_DIR_WORLD_WRITABLE:
-        assert_int_equal(chmod(g_dir, 0777), 0);
-        break;
-    case TRUST_DIR_GROUP_WRITABLE:
-        assert_int_equal(chmod(g_dir, 0770), 0);
-        break;
-    case TRUST_DIR_OTHER_OWNER:
-        assert_int_equal(chown(g_dir, OTHER_UID, OTHER_UID), 0);
-        break;
-    case TRUST_DIR_ROOT_STICKY:
-        assert_int_equal(chmod(g_dir, 01777), 0); /* g_dir is root's: the test runs as root */
-        break;
-    case TRUST_DIR_ROOT_STICKY_OTHER_FILE:
-        assert_int_equal(chown(path, OTHER_UID, OTHER_UID), 0);
-        assert_int_equal(chmod(g_dir, 01777), 0);
-        break;
-    case TRUST_SYMLINK_OTHER_FILE:
+    case TU_TRUST_SYMLINK_OTHER_FILE:
         /* A valid entry elsewhere, which the link would make a disk hit if it were followed. */
         make_tmpdir(other, sizeof other);
         snprintf(target, sizeof target, "%s/%s", other, a->file);
         write_whole(target, a->content.data, a->content.size);
-        if (geteuid() == 0)
-            assert_int_equal(chown(target, OTHER_UID, OTHER_UID), 0);
-        else
-            print_message("not root: the link's target stays this user's; the link alone is refused\n");
-        assert_int_equal(symlink(target, path), 0);
+        tu_trust_link(target, path);
         break;
-    case TRUST_DIR_REPLACED:
+    case TU_TRUST_DIR_REPLACED:
         remove_replaced_dirs();
         snprintf(replaced_old, sizeof replaced_old, "%s-old", g_dir);
         snprintf(replaced_new, sizeof replaced_new, "%s-new", g_dir);
@@ -1287,7 +1249,7 @@ static void test_trust(void **state)
     }
 
     clattn_context *ctx = new_context();
-    if (r->kind == TRUST_DIR_REPLACED) {
+    if (r->kind == TU_TRUST_DIR_REPLACED) {
         replaced = 0;
         clattn__entry_dir_hook = replace_dir_hook;
     }
@@ -1308,8 +1270,8 @@ static void test_trust(void **state)
         /* The planted entry of a replacing directory is never looked at: the library reads
          * through the directory it opened, which has none; it then writes nothing into the
          * replacement, which it does not trust (and says why). */
-        const unsigned seen = r->kind == TRUST_DIR_REPLACED ? 0 : 1;
-        if (r->kind == TRUST_DIR_REPLACED)
+        const unsigned seen = r->kind == TU_TRUST_DIR_REPLACED ? 0 : 1;
+        if (r->kind == TU_TRUST_DIR_REPLACED)
             assert_int_equal(replaced, 1);
         assert_int_equal(ctx->stats.builds, 1);
         assert_int_equal(ctx->stats.disk_hits, 0);
@@ -1331,7 +1293,7 @@ static void test_trust(void **state)
 
     struct stat st;
     switch (r->kind) {
-    case TRUST_SYMLINK_OTHER_FILE: {
+    case TU_TRUST_SYMLINK_OTHER_FILE: {
         /* The rebuilt binary replaced the link, not the file it named. */
         assert_int_equal(lstat(path, &st), 0);
         assert_true(S_ISREG(st.st_mode));
@@ -1346,7 +1308,7 @@ static void test_trust(void **state)
         expect_disk_hit();
         break;
     }
-    case TRUST_DIR_REPLACED:
+    case TU_TRUST_DIR_REPLACED:
         /* Nothing was written into either directory; a context that opens the replacement from
          * the start finds its entry and does not trust it either. */
         assert_int_equal(count_files(replaced_old, ".clbin", NULL, 0), 0);

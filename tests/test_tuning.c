@@ -1002,19 +1002,8 @@ static void test_file_size(void **state)
 
 /* ---- user files the user does not own: not trusted (docs/guarantees.md) ---- */
 
-enum { OTHER_UID = 65534 }; /* nobody: CI runs as root and can give files to it */
 
-typedef enum trust_kind {
-    TT_FILE_OTHER_OWNER,    /* the file owned by uid 65534 */
-    TT_FILE_GROUP_WRITABLE, /* mode 0664 */
-    TT_FILE_OTHER_WRITABLE, /* mode 0646 */
-    TT_DIR_WORLD_WRITABLE,  /* the directory 0777, no sticky bit */
-    TT_DIR_OTHER_OWNER,     /* the directory owned by uid 65534 */
-    TT_DIR_ROOT_STICKY,     /* root-owned 01777 holding a good file: accepted */
-    TT_SYMLINK_OTHER_FILE,  /* the file a symbolic link to a valid file of uid 65534 */
-    TT_DIR_REPLACED         /* a 0777 directory with a valid file renamed into the tuning directory's
-                               place once the library has opened it */
-} trust_kind;
+typedef tu_trust_kind trust_kind; /* testutil.h */
 
 typedef struct trust_row {
     const char *name;
@@ -1024,14 +1013,14 @@ typedef struct trust_row {
 } trust_row;
 
 static const trust_row trust_rows[] = {
-    {"file_other_owner", TT_FILE_OTHER_OWNER, 1, "owned by uid 65534, not by this user"},
-    {"file_group_writable", TT_FILE_GROUP_WRITABLE, 0, "writable by group or others (mode 0664)"},
-    {"file_other_writable", TT_FILE_OTHER_WRITABLE, 0, "writable by group or others (mode 0646)"},
-    {"dir_world_writable_no_sticky", TT_DIR_WORLD_WRITABLE, 0, "the directory is writable by group or others (mode 0777"},
-    {"dir_other_owner", TT_DIR_OTHER_OWNER, 1, "the directory is owned by uid 65534"},
-    {"dir_root_sticky_good_file_accepted", TT_DIR_ROOT_STICKY, 1, NULL},
-    {"symlink_to_other_users_file", TT_SYMLINK_OTHER_FILE, 0, "a symbolic link, not a regular file"},
-    {"dir_replaced_after_open", TT_DIR_REPLACED, 0, "the directory is writable by group or others (mode 0777"},
+    {"file_other_owner", TU_TRUST_FILE_OTHER_OWNER, 1, "owned by uid 65534, not by this user"},
+    {"file_group_writable", TU_TRUST_FILE_GROUP_WRITABLE, 0, "writable by group or others (mode 0664)"},
+    {"file_other_writable", TU_TRUST_FILE_OTHER_WRITABLE, 0, "writable by group or others (mode 0646)"},
+    {"dir_world_writable_no_sticky", TU_TRUST_DIR_WORLD_WRITABLE, 0, "the directory is writable by group or others (mode 0777"},
+    {"dir_other_owner", TU_TRUST_DIR_OTHER_OWNER, 1, "the directory is owned by uid 65534"},
+    {"dir_root_sticky_good_file_accepted", TU_TRUST_DIR_ROOT_STICKY, 1, NULL},
+    {"symlink_to_other_users_file", TU_TRUST_SYMLINK_OTHER_FILE, 0, "a symbolic link, not a regular file"},
+    {"dir_replaced_after_open", TU_TRUST_DIR_REPLACED, 0, "the directory is writable by group or others (mode 0777"},
 };
 
 static char replaced_old[160], replaced_new[160];
@@ -1109,40 +1098,21 @@ static void test_user_file_trust(void **state)
     remove_path(other);
     remove_path(replaced_old);
     remove_path(replaced_new);
-    if (r->kind != TT_SYMLINK_OTHER_FILE && r->kind != TT_DIR_REPLACED) {
+    if (r->kind != TU_TRUST_SYMLINK_OTHER_FILE && r->kind != TU_TRUST_DIR_REPLACED) {
         write_file(path, text, strlen(text));
         assert_int_equal(chmod(path, 0644), 0);
     }
     switch (r->kind) {
-    case TT_FILE_OTHER_OWNER:
-        assert_int_equal(chown(path, OTHER_UID, OTHER_UID), 0);
+    default:
+        assert_true(tu_trust_stage(r->kind, dir, path));
         break;
-    case TT_FILE_GROUP_WRITABLE:
-        assert_int_equal(chmod(path, 0664), 0);
-        break;
-    case TT_FILE_OTHER_WRITABLE:
-        assert_int_equal(chmod(path, 0646), 0);
-        break;
-    case TT_DIR_WORLD_WRITABLE:
-        assert_int_equal(chmod(dir, 0777), 0);
-        break;
-    case TT_DIR_OTHER_OWNER:
-        assert_int_equal(chown(dir, OTHER_UID, OTHER_UID), 0);
-        break;
-    case TT_DIR_ROOT_STICKY:
-        assert_int_equal(chmod(dir, 01777), 0); /* dir is root's: the test runs as root */
-        break;
-    case TT_SYMLINK_OTHER_FILE:
+    case TU_TRUST_SYMLINK_OTHER_FILE:
         assert_int_equal(mkdir(other, 0755), 0);
         snprintf(target, sizeof target, "%s/%s", other, name);
         write_file(target, text, strlen(text));
-        if (geteuid() == 0)
-            assert_int_equal(chown(target, OTHER_UID, OTHER_UID), 0);
-        else
-            print_message("not root: the link's target stays this user's; the link alone is refused\n");
-        assert_int_equal(symlink(target, path), 0);
+        tu_trust_link(target, path);
         break;
-    case TT_DIR_REPLACED:
+    case TU_TRUST_DIR_REPLACED:
         assert_int_equal(mkdir(replaced_new, 0700), 0);
         assert_int_equal(chmod(replaced_new, 0777), 0);
         snprintf(target, sizeof target, "%s/%s", replaced_new, name);
@@ -1162,7 +1132,7 @@ static void test_user_file_trust(void **state)
         if (!strstr(rep, "1 entries") || strstr(rep, "ignored"))
             fail_msg("report \"%s\": the file is not used", rep);
         assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE);
-    } else if (r->kind == TT_DIR_REPLACED) {
+    } else if (r->kind == TU_TRUST_DIR_REPLACED) {
         /* Read through the directory opened, which has no file: the replacement's is never
          * looked at. Reloaded, the replacement is opened from the start, and not trusted. */
         assert_int_equal(replaced, 1);
@@ -1185,7 +1155,7 @@ static void test_user_file_trust(void **state)
     if (r->why != NULL && !strstr(clattn_tuning_report(ctx), r->why))
         fail_msg("a new context's report \"%s\" lacks \"%s\"", clattn_tuning_report(ctx), r->why);
     clattn_release(ctx);
-    if (r->kind == TT_SYMLINK_OTHER_FILE) {
+    if (r->kind == TU_TRUST_SYMLINK_OTHER_FILE) {
         struct stat lst;
         assert_int_equal(lstat(path, &lst), 0);
         assert_true(S_ISLNK(lst.st_mode));

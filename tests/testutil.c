@@ -827,3 +827,47 @@ void tu_remove_tree(const char *path)
     }
     rmdir(path);
 }
+
+int tu_trust_stage(tu_trust_kind kind, const char *dir, const char *path)
+{
+    switch (kind) {
+    case TU_TRUST_FILE_OTHER_OWNER:
+        assert_int_equal(chown(path, TU_OTHER_UID, TU_OTHER_UID), 0);
+        return 1;
+    case TU_TRUST_FILE_GROUP_WRITABLE:
+        assert_int_equal(chmod(path, 0664), 0);
+        return 1;
+    case TU_TRUST_FILE_OTHER_WRITABLE:
+        assert_int_equal(chmod(path, 0646), 0);
+        return 1;
+    case TU_TRUST_DIR_WORLD_WRITABLE:
+        assert_int_equal(chmod(dir, 0777), 0);
+        return 1;
+    case TU_TRUST_DIR_GROUP_WRITABLE:
+        assert_int_equal(chmod(dir, 0770), 0);
+        return 1;
+    case TU_TRUST_DIR_OTHER_OWNER:
+        assert_int_equal(chown(dir, TU_OTHER_UID, TU_OTHER_UID), 0);
+        return 1;
+    case TU_TRUST_DIR_ROOT_STICKY:
+        assert_int_equal(chmod(dir, 01777), 0); /* dir is root's: the row runs as root */
+        return 1;
+    case TU_TRUST_DIR_ROOT_STICKY_OTHER_FILE:
+        assert_int_equal(chown(path, TU_OTHER_UID, TU_OTHER_UID), 0);
+        assert_int_equal(chmod(dir, 01777), 0);
+        return 1;
+    case TU_TRUST_SYMLINK_OTHER_FILE:
+    case TU_TRUST_DIR_REPLACED:
+        break;
+    }
+    return 0;
+}
+
+void tu_trust_link(const char *target, const char *path)
+{
+    if (geteuid() == 0)
+        assert_int_equal(chown(target, TU_OTHER_UID, TU_OTHER_UID), 0);
+    else
+        print_message("not root: the link's target stays this user's; the link alone is refused\n");
+    assert_int_equal(symlink(target, path), 0);
+}

@@ -226,4 +226,29 @@ int tu_run_tests(const char *group);
  * the front of tests, in their order, and returns n0; an invalid shard exits 1 with a message. */
 size_t tu_filter_tests(const char *group, struct CMUnitTest *tests, size_t n);
 
+/* Cache and tuning files the library must not trust (docs/guarantees.md), staged alike for the
+ * trust rows of test_cache and test_tuning. TU_OTHER_UID is nobody's: CI runs as root and can give
+ * files to it. */
+enum { TU_OTHER_UID = 65534 };
+typedef enum tu_trust_kind {
+    TU_TRUST_FILE_OTHER_OWNER,           /* the file owned by uid 65534 */
+    TU_TRUST_FILE_GROUP_WRITABLE,        /* mode 0664 */
+    TU_TRUST_FILE_OTHER_WRITABLE,        /* mode 0646 */
+    TU_TRUST_DIR_WORLD_WRITABLE,         /* the directory 0777, no sticky bit */
+    TU_TRUST_DIR_GROUP_WRITABLE,         /* the directory 0770 */
+    TU_TRUST_DIR_OTHER_OWNER,            /* the directory owned by uid 65534 */
+    TU_TRUST_DIR_ROOT_STICKY,            /* root-owned 01777 (as /tmp) holding a good file: accepted */
+    TU_TRUST_DIR_ROOT_STICKY_OTHER_FILE, /* the same, the file owned by uid 65534 */
+    TU_TRUST_SYMLINK_OTHER_FILE,         /* the file a symbolic link to a valid file of uid 65534 */
+    TU_TRUST_DIR_REPLACED                /* a 0777 directory holding a valid file renamed into the
+                                            directory's place once the library has opened it */
+} tu_trust_kind;
+/* For the kinds that change only owners and modes: gives the file `path`, planted in `dir`, or dir
+ * itself the owner or mode of `kind`, and returns 1; 0 for the two kinds the caller stages itself
+ * (TU_TRUST_SYMLINK_OTHER_FILE: then tu_trust_link; TU_TRUST_DIR_REPLACED). */
+int tu_trust_stage(tu_trust_kind kind, const char *dir, const char *path);
+/* TU_TRUST_SYMLINK_OTHER_FILE: `target`, a valid file the caller wrote outside dir, given to
+ * TU_OTHER_UID when running as root, and a symbolic link to it at `path`. */
+void tu_trust_link(const char *target, const char *path);
+
 #endif /* CLATTN_TESTS_TESTUTIL_H */
