@@ -192,6 +192,46 @@ inline int mask_hides_block(int rows, const int *rend, const ulong *mrow, int kt
  * The flags are an extra argument list after the common ones: byte base f_off and strides f_sb,
  * f_sh, f_ss (0 where the mask broadcasts), chunk c of a row at its row offset + c; then the
  * spans, two ints a flag row from int s_off of the same buffer, and f_nch, the chunks a row. */
+/* Tile skipping in the kernels that cover a tile of packed rows (fused_tiled.cl, fused_mma.cl):
+ * the nwi work-items (this one: lid) look for a (row, key) of rows r0 .. r0 + bm - 1 (below R)
+ * and keys kt .. min(kt + bn, k_hi) - 1 that the mask leaves visible (before the row's causal
+ * end), each stopping at its first, and write kt to `seen` when they find one: from the mask's
+ * flags (MFLAGS: a work-item a row's 16-key chunk) or, with a mask, from the mask itself
+ * (neighbouring work-items at neighbouring keys). Reads the kernel's own b, hk, group, seq_q,
+ * causal, L, R, r0, kt, k_hi and mask (or flag) arguments. */
+#if MFLAGS
+#define MARK_SEEN_TILE(bm, bn, nwi, lid, seen)                                                     \
+    do {                                                                                           \
+        const int c0_ = kt / 16, nch_ = (min(kt + (bn), k_hi) - 1) / 16 - c0_ + 1;                 \
+        for (int e_ = (lid); e_ < (bm) * nch_; e_ += (nwi)) {                                      \
+            const int row_ = r0 + e_ / nch_, c_ = c0_ + e_ % nch_;                                 \
+            if (row_ >= R)                                                                         \
+                continue;                                                                          \
+            const int pos_ = row_ % seq_q, hq_ = hk * group + row_ / seq_q;                        \
+            const int end_ = min(min(kt + (bn), k_hi), causal_end(causal, pos_, seq_q, L));        \
+            if (max(16 * c_, kt) < end_ && !mflags[MFLAG_ROW(b, hq_, pos_) + (ulong)c_]) {         \
+                (seen) = kt;                                                                       \
+                break;                                                                             \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+#else
+#define MARK_SEEN_TILE(bm, bn, nwi, lid, seen)                                                     \
+    do {                                                                                           \
+        for (int e_ = (lid); has_mask && e_ < (bm) * (bn); e_ += (nwi)) {                          \
+            const int row_ = r0 + e_ / (bn), key_ = kt + e_ % (bn);                                \
+            if (row_ >= R || key_ >= k_hi)                                                         \
+                continue;                                                                          \
+            const int pos_ = row_ % seq_q, hq_ = hk * group + row_ / seq_q;                        \
+            const ulong mr_ = m_off + (ulong)b * m_sb + (ulong)hq_ * m_sh + (ulong)pos_ * m_ss;    \
+            if (key_ < causal_end(causal, pos_, seq_q, L) && LD_MASK(mask, mr_ + key_) != NEG_INF) { \
+                (seen) = kt;                                                                       \
+                break;                                                                             \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+#endif
+
 #if MFLAGS
 #define MFLAG_ARGS                                                                                 \
     , __global const uchar *mflags, ulong f_off, ulong f_sb, ulong f_sh, ulong f_ss, ulong s_off, \

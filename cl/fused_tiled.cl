@@ -154,38 +154,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
          * above). On PoCL window 256 took 59 ms against 168; on an H200 it did not pay.
          * See docs/measurements.md#fused. */
         const int par = ((kt - k_lo) / BN) & 1;
-#if MFLAGS
-        /* From the mask's flags (one byte a row and 16 keys): the chunks of the tile's keys that
-         * each row may see (before its causal end and k_hi), a work-item a chunk. */
-        {
-            const int c0 = kt / 16, nch = (min(kt + BN, k_hi) - 1) / 16 - c0 + 1;
-            for (int e = lid; e < BM * nch; e += NWI) {
-                const int row = r0 + e / nch, c = c0 + e % nch;
-                if (row >= R)
-                    continue;
-                const int pos = row % seq_q, hq = hk * group + row / seq_q;
-                const int end = min(min(kt + BN, k_hi), causal_end(causal, pos, seq_q, L));
-                if (max(16 * c, kt) < end && !mflags[MFLAG_ROW(b, hq, pos) + (ulong)c]) {
-                    seen_kt[par] = kt;
-                    break;
-                }
-            }
-        }
-#else
-        if (has_mask) {
-            for (int e = lid; e < BM * BN; e += NWI) {
-                const int row = r0 + e / BN, key = kt + e % BN;
-                if (row >= R || key >= k_hi)
-                    continue;
-                const int pos = row % seq_q, hq = hk * group + row / seq_q;
-                const ulong mr = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
-                if (key < causal_end(causal, pos, seq_q, L) && LD_MASK(mask, mr + key) != NEG_INF) {
-                    seen_kt[par] = kt;
-                    break;
-                }
-            }
-        }
-#endif
+        MARK_SEEN_TILE(BM, BN, NWI, lid, seen_kt[par]);
         barrier(CLK_LOCAL_MEM_FENCE);
         if (has_mask && seen_kt[par] != kt)
             continue;

@@ -407,6 +407,14 @@ CLATTN_API const char *clattn_tuning_report(const clattn_context *ctx);
  */
 CLATTN_API const char *clattn_cache_report(const clattn_context *ctx);
 
+/**
+ * One line on the matrix units (tensor cores) for this context: the kernel's backend where fused
+ * attention can use them ("nvidia mma.sync ..."), "emulated" under CLATTN_MATRIX=emulate, or
+ * "none" with the reason (no such unit, an unsupported device, CLATTN_MATRIX=off, a driver that
+ * refused the kernel). Valid until the next call on ctx. "" for a NULL ctx.
+ */
+CLATTN_API const char *clattn_matrix_report(const clattn_context *ctx);
+
 /** Re-reads the user tuning file (after clattn-tune wrote it) and CLATTN_NREG16. Never fails on a
  * bad file. */
 CLATTN_API clattn_status clattn_reload_tuning(clattn_context *ctx);

@@ -6,7 +6,8 @@
 #
 #   scripts/gpu-check.sh [STEPS [DEVICE [CTEST_REGEX]]]
 #
-# STEPS: a comma list of tests, bench, dec16, lanes, sweep (default tests,bench: the tests took
+# STEPS: a comma list of matrix, tests, bench, dec16, lanes, sweep (default tests,bench; matrix:
+# the matrix units, see below, about four minutes, meant as a call of its own; the tests took
 # over 200 s at -j12 on an H200 machine, whose image has PoCL too, which test_device opens (281 s
 # alone with a cold kernel cache at -j4, where 300 s ran 30 of the 48; 1450 s summed); bench
 # about 60 s; dec16 about 4 minutes; lanes and sweep about 6 minutes each); the build comes first in every call and is incremental. DEVICE:
@@ -33,6 +34,36 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCLATTN_TEST_CACHE_DIR="$CLAT
 bin=$build/tools
 "$bin/clattn-info" >"$out/info.txt" 2>&1
 grep -iE "name|key|version" "$out/info.txt" | head -n 8
+
+if [[ $steps == *,matrix,* ]]; then
+# The matrix units (issue 70), about four minutes: what clattn-info says, what the driver makes of
+# the inline PTX (the .version and .target of the PTX it returns as the program binary, which the
+# kernel cache keeps), the fused and decode tables on the GPU's own backend (AUTO runs fused_mma
+# there) and on the emulated layer, then fused f16, bf16 and f32 (3xTF32) with the matrix kernel
+# (CLATTN_MATRIX=auto) and the FMA kernel (off), each with the FMA peak of its run: CSV per dtype,
+# shape and mode (matrix-*.csv), and a summary.
+log "matrix: $(grep -m 1 -i "matrix units" "$out/info.txt" | sed 's/^ *//')"
+(cd "$build" && CLATTN_REQUIRE_DEVICE=1 timeout 200 ctest -j12 -R "^(test_attention|test_decode|test_mma_layout|test_attention_mma|test_decode_mma|test_robust)$" \
+  --output-on-failure >"$out/ctest-matrix.log" 2>&1)
+grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest-matrix.log" | head -n 20
+bin_=$(grep -l -a "fused_mma" "$CLATTN_CACHE_DIR"/*.clbin 2>/dev/null | head -n 1)
+[ -n "$bin_" ] && echo "driver's PTX: $(grep -a -m 1 '^\.version' "$bin_") $(grep -a -m 1 '^\.target' "$bin_"), $(grep -a -c 'mma.sync' "$bin_") mma.sync in $(basename "$bin_")"
+# MATRIX_SHAPES (clattn-bench shape options, ';' between shapes) and MATRIX_MODES (default
+# "auto off") let a dry run on PoCL take small shapes and the emulation.
+IFS=';' read -r -a shapes_ <<<"${MATRIX_SHAPES:---batch 4 --heads 16 --seq-q 4096 --seq-kv 4096 --dim 64;--batch 2 --heads 16 --seq-q 8192 --seq-kv 8192 --dim 128}"
+for shape in "${shapes_[@]}"; do
+  tag=$(echo "$shape" | awk '{ print "b" $2 "h" $4 "s" $6 "d" $10 }')
+  for dt in f16 bf16 f32; do
+    for mode in ${MATRIX_MODES:-auto off}; do
+      CLATTN_MATRIX=$mode timeout 40 "$bin/clattn-bench" --op peak,fused --dtype $dt --check --csv --iters 5 $shape \
+        >"$out/matrix-$tag-$dt-$mode.csv" 2>"$out/matrix-$tag-$dt-$mode.err" ||
+        echo "matrix $tag $dt $mode: failed: $(tail -n 2 "$out/matrix-$tag-$dt-$mode.err")"
+      # op, causal, median ms, GFLOP/s, ratio (clattn-bench --csv's columns 1, 10, 11, 13, 15, 16)
+      echo "$tag $dt $mode: $(awk -F, '$1 == "peak" || $1 ~ /^fused/ { printf "%s%s %s ms %.0f GFLOP/s %s %s; ", $1, $10 == "1" ? " causal" : "", $11, $13, $15, $16 }' "$out/matrix-$tag-$dt-$mode.csv")"
+    done
+  done
+done
+fi
 
 if [[ $steps == *,tests,* ]]; then
 log "tests on $dev ($tests)"

@@ -19,6 +19,12 @@ static clattn_status finish_create(clattn_context *c, clattn_context **out)
         clattn_release(c);
         return CLATTN_UNSUPPORTED;
     }
+    const clattn_status st = clattn__matrix_init(c);
+    if (st != CLATTN_SUCCESS) {
+        clattn__fail(NULL, st, "%s", c->error);
+        clattn_release(c);
+        return st;
+    }
     clattn__cache_init(c);
     clattn__tuning_init(c); /* never fails: problems are described by clattn_tuning_report */
     *out = c;

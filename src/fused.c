@@ -138,6 +138,32 @@ clattn_status clattn__fused_launch(clattn_context *ctx, const clattn_problem *p,
 }
 
 
+void clattn__plan_tile_flags(const clattn_context *ctx, const clattn_problem *p, uint64_t part_bytes,
+                             clattn_mask_flags *mf)
+{
+    clattn__plan_mask_flags(p, part_bytes, 0, mf);
+    if (mf->on && clattn__add_sat(part_bytes, mf->bytes) > ctx->dev.max_alloc)
+        mf->on = 0; /* the kernel scans the mask itself */
+}
+
+
+clattn_status clattn__fused_launch_tiles(clattn_context *ctx, const clattn_problem *p, cl_kernel kernel,
+                                         const char *name, uint64_t part_bytes, const clattn_mask_flags *mf,
+                                         int splits, int split_len, const size_t global[3], const size_t local[3],
+                                         cl_uint num_wait, const cl_event *wait, cl_event *done)
+{
+    clattn_status st;
+    cl_mem ws = NULL;
+    const uint64_t ws_bytes = part_bytes + (mf->on ? mf->bytes : 0);
+    if (ws_bytes > 0 && (st = clattn__workspace(ctx, ws_bytes, &ws)))
+        return st;
+    if ((st = clattn__run_mask_flags(ctx, p, ws, mf, &num_wait, &wait)))
+        return st;
+    return clattn__fused_launch(ctx, p, kernel, name, &p->k, &p->v, ws, 0, splits, split_len, global, local, mf,
+                                num_wait, wait, done);
+}
+
+
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done)
 {
@@ -151,8 +177,36 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     const clattn_params_source source = clattn__default_params(ctx, &bucket, &pp);
     if (decode)
         clattn__decode_tiled_default(ctx, R, p->head_dim, p->head_dim_v, source, pp.v);
-    const int kernel = decode ? pp.decode.DIRECT : pp.fused.DIRECT;
-    if (decode && kernel >= CLATTN_KERNEL_ROWS) {
+    int kernel = decode ? pp.decode.DIRECT : pp.fused.DIRECT;
+    if (kernel == (decode ? CLATTN_KERNEL_MMA_DECODE : CLATTN_KERNEL_MMA_FUSED) ||
+        clattn__matrix_auto(ctx, p->seq_q, R, source)) {
+        const int explicit_ = source >= CLATTN_SOURCE_ENVIRONMENT;
+        const int chosen = kernel == (decode ? CLATTN_KERNEL_MMA_DECODE : CLATTN_KERNEL_MMA_FUSED);
+        if (ctx->matrix_mode == CLATTN_MATRIX_OFF || (!ctx->matrix_backend && ctx->matrix_mode != CLATTN_MATRIX_EMULATE)) {
+            if (explicit_)
+                return clattn__fail(ctx, CLATTN_UNSUPPORTED, "kernel=mma (the matrix-unit kernel): %s",
+                                    ctx->matrix_mode == CLATTN_MATRIX_OFF ? "CLATTN_MATRIX=off" : ctx->matrix_why);
+        } else {
+            /* The tuned or requested tile (WGY warps, NS·16 keys), else the kernel's defaults. */
+            const int nw = chosen ? (decode ? pp.decode.WGY : pp.fused.WGY) : 0;
+            const int bn = chosen ? 16 * (decode ? pp.decode.NS : pp.fused.NS) : 0;
+            int used;
+            clattn_status st = clattn__fused_run_mma(ctx, p, nw, bn, decode ? pp.decode.SPLITS : 0,
+                                                     ctx->matrix_mode == CLATTN_MATRIX_EMULATE || !ctx->matrix_backend,
+                                                     explicit_, num_wait, wait, done, &used);
+            if (st || used)
+                return st;
+        }
+        if (chosen) { /* a tuned choice of the matrix kernel that cannot run: the FMA kernels' defaults */
+            clattn__generic_defaults(bucket.op, &pp);
+            const char *what;
+            clattn__vendor_defaults(&ctx->dev, bucket.op, &pp, &what);
+            if (decode)
+                clattn__decode_tiled_default(ctx, R, p->head_dim, p->head_dim_v, CLATTN_SOURCE_VENDOR, pp.v);
+            kernel = decode ? pp.decode.DIRECT : pp.fused.DIRECT;
+        }
+    }
+    if (decode && kernel >= CLATTN_KERNEL_ROWS && kernel <= CLATTN_KERNEL_LANES_LOCAL) {
         /* A kernel compiled with more registers than its work-group allows is refitted to what it
          * allows (clattn__retry_cap); with no group left that fits, the tiled kernel runs. */
         int used;

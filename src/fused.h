@@ -1,6 +1,7 @@
 /* Private to the fused-attention files: fused.c (dispatch, key splits, the common launch),
  * fused_cpu.c (fused_direct and fused_lanes launchers), fused_gpu.c (the tiled kernel and the
- * decode kernels' launchers) and mask_pass.c (the mask's block flags). */
+ * decode kernels' launchers), fused_mma.c (the matrix kernel) and mask_pass.c (the mask's block
+ * flags). */
 #ifndef CLATTN_FUSED_H
 #define CLATTN_FUSED_H
 
@@ -51,6 +52,16 @@ clattn_status clattn__fused_launch(clattn_context *ctx, const clattn_problem *p,
                                    const clattn_mask_flags *mf, cl_uint num_wait, const cl_event *wait,
                                    cl_event *done);
 
+/* fused.c, for the kernels that cover row tiles (fused_tiled.cl, fused_mma.cl): the mask's flags
+ * planned after part_bytes of split partials in the workspace (off where both would not fit one
+ * allocation), then the workspace, the mask passes and the kernel's launch. */
+void clattn__plan_tile_flags(const clattn_context *ctx, const clattn_problem *p, uint64_t part_bytes,
+                             clattn_mask_flags *mf);
+clattn_status clattn__fused_launch_tiles(clattn_context *ctx, const clattn_problem *p, cl_kernel kernel,
+                                         const char *name, uint64_t part_bytes, const clattn_mask_flags *mf,
+                                         int splits, int split_len, const size_t global[3], const size_t local[3],
+                                         cl_uint num_wait, const cl_event *wait, cl_event *done);
+
 /* mask_pass.c: plans, builds and enqueues mask_flags, mask_spans and mask_union (mask_pass.cl). */
 void clattn__plan_mask_flags(const clattn_problem *p, uint64_t at, int unions, clattn_mask_flags *f);
 clattn_status clattn__get_mask_kernels(clattn_context *ctx, const clattn_problem *p, clattn_mask_flags *f);
@@ -74,5 +85,14 @@ clattn_status clattn__fused_run_lanes(clattn_context *ctx, const clattn_problem 
 clattn_status clattn__fused_run_tiled(clattn_context *ctx, const clattn_problem *p, const clattn_params *pp,
                                       clattn_params_source source, cl_uint num_wait, const cl_event *wait,
                                       cl_event *done);
+
+
+/* fused_mma.c: the matrix-unit kernel (fused_mma.cl): nw warps and bn keys a tile (0: its own
+ * defaults), splits_req key splits (0: automatic), the emulated layer or the device's backend.
+ * Sets *used = 0 and enqueues nothing where no tile fits, or where the driver refuses the kernel
+ * (the context then gives up its matrix backend), unless the choice was explicit_ (an error then). */
+clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p, int nw, int bn, int splits_req,
+                                    int emulate, int explicit_, cl_uint num_wait, const cl_event *wait,
+                                    cl_event *done, int *used);
 
 #endif

@@ -266,9 +266,7 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
     /* Workspace: the partials, then the mask's flags (bytes). */
     const uint64_t part_bytes = splits > 1 ? (uint64_t)splits * clattn__part_floats(p) * 4 : 0;
     clattn_mask_flags mf;
-    clattn__plan_mask_flags(p, part_bytes, 0, &mf);
-    if (mf.on && clattn__add_sat(part_bytes, mf.bytes) > ctx->dev.max_alloc)
-        mf.on = 0; /* the kernel scans the mask itself */
+    clattn__plan_tile_flags(ctx, p, part_bytes, &mf);
 
     /* The fitted tile under the parameters' own names (WGX WGY RM NS VW), then what the fit derives. */
     clattn_params fitted;
@@ -292,17 +290,11 @@ static clattn_status run_tiled(clattn_context *ctx, const clattn_problem *p, fus
     if ((st = clattn__get_mask_kernels(ctx, p, &mf)) ||
         (st = clattn__get_kernel(ctx, "fused_tiled.cl", opts, "fused", &k)))
         return st;
-    cl_mem ws = NULL;
-    const uint64_t ws_bytes = part_bytes + (mf.on ? mf.bytes : 0);
-    if (ws_bytes > 0 && (st = clattn__workspace(ctx, ws_bytes, &ws)))
-        return st;
-    if ((st = clattn__run_mask_flags(ctx, p, ws, &mf, &num_wait, &wait)))
-        return st;
     const size_t local[3] = {(size_t)c->wgx, (size_t)c->wgy, 1};
     const size_t global[3] = {(size_t)c->wgx, (size_t)row_tiles * c->wgy,
                               (size_t)(p->batch * p->heads_kv) * (size_t)splits};
-    return clattn__fused_launch(ctx, p, k, "fused", &p->k, &p->v, ws, 0, splits, split_len, global, local, &mf, num_wait,
-                  wait, done);
+    return clattn__fused_launch_tiles(ctx, p, k, "fused", part_bytes, &mf, splits, split_len, global, local,
+                                      num_wait, wait, done);
 }
 
 

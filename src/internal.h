@@ -121,7 +121,20 @@ struct clattn_context {
     char tuning_report[CLATTN_MSG_MAX + 1];
     int override_n[8];
     int override_v[8][12];
+
+    /* The matrix units (src/matrix.c): CLATTN_MATRIX (CLATTN_MATRIX_AUTO, _OFF, _EMULATE), the
+     * device's backend (CLATTN_MMA_NONE, CLATTN_MMA_NV), NVIDIA's compute capability as 10·major +
+     * minor (0: not an NVIDIA device or not reported), why the device has no backend or why it
+     * was given up, and clattn_matrix_report's text. */
+    int matrix_mode;
+    int matrix_backend;
+    int nv_cc;
+    char matrix_why[600];
+    char matrix_report[900];
 };
+
+enum { CLATTN_MATRIX_AUTO = 0, CLATTN_MATRIX_OFF = 1, CLATTN_MATRIX_EMULATE = 2 };
+enum { CLATTN_MMA_NONE = 0, CLATTN_MMA_NV = 1 };
 
 /* ---- errors (util.c) ---- */
 clattn_status clattn__fail(clattn_context *ctx, clattn_status st, const char *fmt, ...)
@@ -141,6 +154,8 @@ void clattn__set_create_error(const char *fmt, ...)
 char *clattn__strdup(const char *s);
 /* 0/off/false/no or 1/on/true/yes, any case; unset or anything else: dflt */
 int clattn__env_flag(const char *name, int dflt);
+/* Whether s is `word` (lower case ASCII) ignoring ASCII case. */
+int clattn__same_word(const char *s, const char *word);
 /* *r = a·b or a + b and 1, or 0 (r untouched) where that overflows 64 bits. */
 static inline int clattn__mul_ok(uint64_t a, uint64_t b, uint64_t *r)
 {
@@ -501,6 +516,18 @@ int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq
  * 7), changed in place; returns whether they changed. */
 int clattn__decode_tiled_default(const clattn_context *ctx, int64_t rows, int64_t head_dim,
                                  int64_t head_dim_v, clattn_params_source source, int *v);
+/* ---- matrix units (matrix.c) ---- */
+/* Reads CLATTN_MATRIX and what the device offers; INVALID_ARGUMENT for a value it does not know. */
+clattn_status clattn__matrix_init(clattn_context *ctx);
+/* Whether fused attention runs the matrix kernel (fused_mma.cl) although its parameters name
+ * another: for the library's own choices (defaults; with CLATTN_MATRIX=emulate also tuned values)
+ * where the device has the unit or the emulation is forced: prefill, and decode from 16 packed
+ * rows per kv head (fewer leave most of a 16-row fragment empty). Tuned values of other kernels
+ * are kept: the tuner compared them with it. */
+int clattn__matrix_auto(const clattn_context *ctx, int64_t seq_q, int64_t rows, clattn_params_source source);
+/* Gives up the device's backend for this context (its kernel did not build): why, for the report. */
+void clattn__matrix_drop(clattn_context *ctx, const char *why);
+
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done);
 clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,

@@ -48,7 +48,9 @@
     X(RM, CLATTN_PARAM_MAX, C(1, 2, 3, 4, 6, 8, 16), "query rows per work-item")                  \
     X(NS, CLATTN_PARAM_MAX, C(1, 2, 4), "key blocks per work-item")                                \
     X(VW, CLATTN_PARAM_MAX, C(4, 8, 16), "vector width of key and O column blocks (tiled)")         \
-    X(DIRECT, 1, C(0, 1), "kernel: tiled | direct")
+    X(DIRECT, 2, C(0, 1, 2), "kernel: tiled | direct | mma")
+/* The matrix-unit kernel (kernel=mma, fused_mma.cl) reads WGY as its warps (16 query rows each)
+ * and NS as its key tile in 16s (BN = 16·NS); the other slots do not apply to it. */
 /* Fused attention with key splits, seq_q <= 16. The kernel choice changes which kernel the other
  * slots configure; decode_rows and decode_lanes call slots 1, 3 and 4 by their own -D names
  * (CLATTN_DECODE_ALIASES). */
@@ -59,7 +61,7 @@
     X(NS, CLATTN_PARAM_MAX, C(1, 2, 4, 8, 16, 32), "key blocks (tiled, direct); KL (rows), LANES (lanes)") \
     X(VW, CLATTN_PARAM_MAX, C(4, 8, 16), "vector width (tiled); LC (rows), KU (lanes)")             \
     X(SPLITS, CLATTN_PARAM_MAX, C(0, 2, 8, 32, 128), "key splits (0: automatic, 1: none)")          \
-    X(DIRECT, 5, C(0, 1, 2, 3, 4, 5), "kernel: tiled | direct | rows | rows_sync | lanes | lanes_local")
+    X(DIRECT, 6, C(0, 1, 2, 3, 4, 5, 6), "kernel: tiled | direct | rows | rows_sync | lanes | lanes_local | mma")
 #define CLATTN_MERGE_PARAMS(X) X(WG, CLATTN_PARAM_MAX, C(16, 32, 64, 128, 256), "work-items per row")
 
 /* The kernel choice (DIRECT) by name: K(op, value, name, what runs). */
@@ -70,12 +72,14 @@
     K(PV, 1, direct, "gemm_direct.cl: pv_direct")                                                  \
     K(FUSED, 0, tiled, "fused_tiled.cl: fused")                                                    \
     K(FUSED, 1, direct, "fused_direct.cl / fused_lanes.cl")                                        \
+    K(FUSED, 2, mma, "fused_mma.cl: fused_mma, on the matrix units (mma.cl)")                     \
     K(DECODE, 0, tiled, "fused_tiled.cl: fused with key splits")                                   \
     K(DECODE, 1, direct, "fused_direct.cl / fused_lanes.cl, K and V in place")                     \
     K(DECODE, 2, rows, "decode.cl: decode_rows")                                                   \
     K(DECODE, 3, rows_sync, "decode.cl: decode_rows, key groups synchronised alone (PTX)")         \
     K(DECODE, 4, lanes, "decode_lanes.cl: decode_lanes, PTX shuffles on NVIDIA")                   \
-    K(DECODE, 5, lanes_local, "decode_lanes.cl: decode_lanes through local memory")
+    K(DECODE, 5, lanes_local, "decode_lanes.cl: decode_lanes through local memory")                \
+    K(DECODE, 6, mma, "fused_mma.cl: fused_mma with key splits, on the matrix units")
 
 /* Other names of decode's slots, the -D names of decode_rows and decode_lanes: A(alias, slot). */
 #define CLATTN_DECODE_ALIASES(A) A(KG, 1) A(KL, 3) A(LANES, 3) A(LC, 4) A(KU, 4)
@@ -114,7 +118,9 @@ enum {
     CLATTN_KERNEL_ROWS = 2,       /* decode only */
     CLATTN_KERNEL_ROWS_SYNC = 3,  /* decode only */
     CLATTN_KERNEL_LANES = 4,      /* decode only */
-    CLATTN_KERNEL_LANES_LOCAL = 5 /* decode only */
+    CLATTN_KERNEL_LANES_LOCAL = 5, /* decode only */
+    CLATTN_KERNEL_MMA_FUSED = 2,   /* fused (prefill) only: the matrix-unit kernel */
+    CLATTN_KERNEL_MMA_DECODE = 6   /* decode only: the same kernel */
 };
 
 #endif

@@ -54,7 +54,7 @@ char *clattn__load_source(const char *file, size_t *len)
 /* The files a program of each kernel file is assembled from, in order, before the file itself:
  * one kernel family a file, the rules several families share in files of their own. A file not
  * listed takes common.cl alone (a file added through CLATTN_KERNEL_DIR); common.cl takes nothing. */
-#define MAX_SHARED 3
+#define MAX_SHARED 4
 static const struct {
     const char *file;
     const char *shared[MAX_SHARED]; /* NULL-terminated when shorter */
@@ -71,6 +71,7 @@ static const struct {
     {"fused_lanes.cl", {"common.cl", "attn_common.cl", "fused_cpu_common.cl"}},
     {"decode.cl", {"common.cl", "attn_common.cl"}},
     {"decode_lanes.cl", {"common.cl", "attn_common.cl"}},
+    {"fused_mma.cl", {"common.cl", "attn_common.cl", "mma_layout.cl", "mma.cl"}},
 };
 static const char *const default_parts[MAX_SHARED] = {"common.cl"};
 

@@ -525,6 +525,26 @@ clattn_status clattn_get_call_params(clattn_context *ctx, const clattn_problem_c
         snprintf(out->origin + len, sizeof out->origin - len,
                  "; the tiled kernel for %lld query rows per kv head", (long long)rows);
     }
+    /* The matrix kernel where the library picks it itself (matrix.c), with its own tile (WGY and
+     * NS 0: the kernel's defaults). */
+    if ((pc->operation == CLATTN_OPERATION_FUSED || pc->operation == CLATTN_OPERATION_DECODE) &&
+        out->values[pc->operation == CLATTN_OPERATION_DECODE ? 6 : 5] !=
+            (pc->operation == CLATTN_OPERATION_DECODE ? CLATTN_KERNEL_MMA_DECODE : CLATTN_KERNEL_MMA_FUSED) &&
+        clattn__matrix_auto(ctx, pc->seq_q > 0 ? pc->seq_q : 1, rows, out->source)) {
+        clattn_params mp;
+        memcpy(mp.v, out->values, sizeof mp.v);
+        if (pc->operation == CLATTN_OPERATION_DECODE) {
+            mp.decode.DIRECT = CLATTN_KERNEL_MMA_DECODE;
+            mp.decode.WGY = mp.decode.NS = 0;
+        } else {
+            mp.fused.DIRECT = CLATTN_KERNEL_MMA_FUSED;
+            mp.fused.WGY = mp.fused.NS = 0;
+        }
+        memcpy(out->values, mp.v, sizeof mp.v);
+        const size_t len = strlen(out->origin);
+        snprintf(out->origin + len, sizeof out->origin - len, "; the matrix kernel (%s)",
+                 clattn_matrix_report(ctx));
+    }
     return CLATTN_SUCCESS;
 }
 

@@ -86,7 +86,7 @@ char *clattn__strdup(const char *s)
 
 /* Whether s is word ignoring ASCII case (the words are ASCII; no locale, no strcasecmp, which is
  * POSIX, not C11). */
-static int same_word(const char *s, const char *word)
+int clattn__same_word(const char *s, const char *word)
 {
     for (; *s && *word; s++, word++) {
         const char c = *s >= 'A' && *s <= 'Z' ? (char)(*s - 'A' + 'a') : *s;
@@ -106,7 +106,7 @@ int clattn__env_flag(const char *name, int dflt)
         return dflt;
     for (int i = 0; i < 4; i++)
         for (int on = 0; on < 2; on++)
-            if (same_word(v, words[i][on]))
+            if (clattn__same_word(v, words[i][on]))
                 return on;
     return dflt;
 }

@@ -395,7 +395,7 @@ static const env_row env_rows[] = {
     {"letter", "1,8,x"},         {"too_many", "1,8,4,1,4,0,7"}, {"negative", "1,-8"},
     {"too_big", "1,5000"},       {"empty_field", "1,,4"},       {"words", "fast"},
     {"separator", "1;8;4"},      {"trailing_text", "1,8 x"},    {"trailing_comma", "1,8,"},
-    {"blank", "1, 8"},           {"plus_sign", "+1,8"},         {"direct_past_choices", "1,1,6,1,16,2"},
+    {"blank", "1, 8"},           {"plus_sign", "+1,8"},         {"direct_past_choices", "1,1,6,1,16,3"},
 };
 
 static void test_bad_env(void **state)
@@ -418,8 +418,10 @@ static void test_bad_env(void **state)
     const clattn_kernel_params got = get(ctx, CLATTN_OPERATION_FUSED);
     assert_int_equal(got.source, want.source);
     assert_memory_equal(got.values, want.values, sizeof want.values);
-    if (!strstr(got.origin, named) || !strstr(got.origin, "WGX,WGY,RM,NS,VW,DIRECT<=1"))
-        fail_msg("origin \"%s\" lacks \"%s\" or the parameter names", got.origin, named);
+    char names[80]; /* the schema's names, the kernel choice with its largest value */
+    snprintf(names, sizeof names, "WGX,WGY,RM,NS,VW,DIRECT<=%d", clattn_param_max(CLATTN_OPERATION_FUSED, 5));
+    if (!strstr(got.origin, named) || !strstr(got.origin, names))
+        fail_msg("origin \"%s\" lacks \"%s\" or \"%s\"", got.origin, named, names);
     assert_null(strstr(clattn_tuning_report(ctx), "CLATTN_PARAMS_DECODE")); /* other ops unaffected */
 
     /* The variable is read at every call: a valid list now is taken, and named without blame. */
@@ -859,7 +861,7 @@ static const file_row file_rows[] = {
     {"pattern_as_user", "match %s\nfused f32 64 none >128 10 = 2,4,8,1,8,0\n", 1, "another device"},
     {"truncated", "device %s\nfused f32 64 none >128 10 = 2,4,8", 1, "truncated"},
     {"malformed", "device %s\nfused f32 64 none >128 10 = 2,4,8,1,8,0,9\n", 1, "wrong number"},
-    {"choice_too_big", "device %s\nfused f32 64 none >128 10 = 2,4,8,1,8,2\n", 1, "choice"},
+    {"choice_too_big", "device %s\nfused f32 64 none >128 10 = 2,4,8,1,8,3\n", 1, "choice"},
     {"garbage", "\x7f" "ELF\x02\x01\x01 binary garbage %s\n", 0, "not a clattn tuning file"},
     {"stale_version", "clattn-tuning 0\ndevice %s\n", 0, "unsupported format version"},
 };
@@ -1278,17 +1280,17 @@ static void test_set_params_errors(void **state)
     const int neg[9] = {1, 1, -6, 4, 16, 16, 1, 1, 1};
     assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_SCORES, neg, 9), CLATTN_INVALID_ARGUMENT);
     assert_non_null(strstr(clattn_last_error(ctx), "RM"));
-    /* A choice past its largest value (scores' DIRECT is 0 or 1, decode's 0 to 5) is refused; a
+    /* A choice past its largest value (scores' DIRECT is 0 or 1, decode's 0 to 6) is refused; a
      * size is a hint the op fits, taken up to 4096. */
     const int direct2[9] = {1, 1, 6, 4, 16, 16, 1, 1, 2};
     assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_SCORES, direct2, 9), CLATTN_INVALID_ARGUMENT);
     assert_non_null(strstr(clattn_last_error(ctx), "DIRECT"));
-    const int dec6[7] = {1, 1, 0, 4, 16, 0, 6}, dec5[7] = {1, 1, 0, 4, 16, 0, 5};
-    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, dec6, 7), CLATTN_INVALID_ARGUMENT);
-    assert_non_null(strstr(clattn_last_error(ctx), "not in [0, 5]"));
+    const int dec7[7] = {1, 1, 0, 4, 16, 0, 7}, dec5[7] = {1, 1, 0, 4, 16, 0, 5};
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, dec7, 7), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "not in [0, 6]"));
     assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, dec5, 7), CLATTN_SUCCESS);
     assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_DECODE, NULL, 0), CLATTN_SUCCESS);
-    assert_int_equal(clattn_param_max(CLATTN_OPERATION_DECODE, 6), 5);
+    assert_int_equal(clattn_param_max(CLATTN_OPERATION_DECODE, 6), 6);
     assert_int_equal(clattn_param_max(CLATTN_OPERATION_SCORES, 6), 1); /* KF */
     assert_int_equal(clattn_param_max(CLATTN_OPERATION_PV, 8), 1);     /* P·V: gemm or pv_direct */
     assert_int_equal(clattn_param_max(CLATTN_OPERATION_PV, 7), 0);     /* KT is the scores' */
@@ -2462,7 +2464,9 @@ static void test_named_kernels(void **state)
     assert_int_equal(p.gemm.KT, 1);
     assert_string_equal(clattn__kernel_choice_name(CLATTN_OP_DECODE, 5), "lanes_local");
     assert_string_equal(clattn__kernel_choice_name(CLATTN_OP_FUSED, 0), "tiled");
-    assert_null(clattn__kernel_choice_name(CLATTN_OP_FUSED, 2));
+    assert_string_equal(clattn__kernel_choice_name(CLATTN_OP_FUSED, 2), "mma");
+    assert_string_equal(clattn__kernel_choice_name(CLATTN_OP_DECODE, 6), "mma");
+    assert_null(clattn__kernel_choice_name(CLATTN_OP_FUSED, 3));
     assert_null(clattn__kernel_choice_name(CLATTN_OP_SOFTMAX, 0));
     assert_int_equal(clattn__param_choice_slot(CLATTN_OP_MERGE), -1);
 }
@@ -2486,7 +2490,7 @@ static void test_named_errors(void **state)
         {CLATTN_OP_DECODE, "WGX=", "integer"},
         {CLATTN_OP_DECODE, "WGX=-1", "integer"},
         {CLATTN_OP_DECODE, "WGX=4097", "integer"},
-        {CLATTN_OP_DECODE, "DIRECT=6", "integer"},
+        {CLATTN_OP_DECODE, "DIRECT=7", "integer"},
         {CLATTN_OP_SCORES, "KF=2", "integer"},
         {CLATTN_OP_PV, "KT=1", "integer"},
         {CLATTN_OP_MERGE, "WG=16,ROWS=1", "unknown parameter"},
@@ -2624,7 +2628,8 @@ static void test_call_params(void **state)
     assert_string_equal(clattn_param_value_name(CLATTN_OPERATION_DECODE, 6, 4), "lanes");
     assert_string_equal(clattn_param_value_name(CLATTN_OPERATION_SCORES, 8, 1), "direct");
     assert_null(clattn_param_value_name(CLATTN_OPERATION_DECODE, 5, 4));
-    assert_null(clattn_param_value_name(CLATTN_OPERATION_DECODE, 6, 6));
+    assert_string_equal(clattn_param_value_name(CLATTN_OPERATION_DECODE, 6, 6), "mma");
+    assert_null(clattn_param_value_name(CLATTN_OPERATION_DECODE, 6, 7));
     assert_null(clattn_param_value_name(CLATTN_OPERATION_MERGE, 0, 0));
     assert_null(clattn_param_value_name((clattn_operation)99, 6, 0));
     /* Program statistics: a build counts, and a second context's copy of the same values do too. */

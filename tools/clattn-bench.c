@@ -1679,6 +1679,29 @@ int main(int argc, char **argv)
             add_ratio(&bn, "fused vs FMA peak", "fused GFLOP/s / peak GFLOP/s", r.gflops / bn.peak_gflops);
             emit(&bn, &r);
         }
+        /* Where fused attention runs on the matrix units (clattn_matrix_report), the FMA kernel
+         * too, in the same run: its parameters (the defaults a class gets, kernel=tiled) set as
+         * an override, which the library never replaces by the matrix kernel. */
+        if (!isnan(r.ms_med) && strncmp(clattn_matrix_report(bn.ctx), "none", 4) != 0) {
+            const clattn_problem_class pc = {CLATTN_OPERATION_FUSED, s.dt, s.d, s.sq, s.skv, s.causal,
+                                             s.mask != MASK_NONE || s.kv_lens};
+            clattn_kernel_params kp;
+            result f;
+            if (clattn_get_params(bn.ctx, &pc, &kp) == CLATTN_SUCCESS &&
+                clattn_set_params(bn.ctx, CLATTN_OPERATION_FUSED, kp.values, kp.count) == CLATTN_SUCCESS) {
+                const double mma_ms = r.ms_med;
+                run_attn(&bn, OP_FUSED, &s, &f);
+                clattn_set_params(bn.ctx, CLATTN_OPERATION_FUSED, NULL, 0);
+                if (!isnan(f.ms_med)) {
+                    f.op = "fused_fma";
+                    f.ratio_name = "fma_ms/matrix_ms";
+                    f.ratio = f.ms_med / mma_ms;
+                    add_ratio(&bn, "fused: matrix units vs FMA kernel", "FMA kernel ms / matrix kernel ms", f.ratio);
+                    add_ratio(&bn, "fused FMA kernel vs FMA peak", "GFLOP/s / peak GFLOP/s", f.gflops / bn.peak_gflops);
+                    emit(&bn, &f);
+                }
+            }
+        }
         if (!o->causal) {
             shape c = s;
             c.causal = 1;

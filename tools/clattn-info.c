@@ -669,6 +669,7 @@ typedef struct tuning_view {
     int ok;
     char report[1100];
     char cache[1200]; /* clattn_cache_report */
+    char matrix[1000]; /* clattn_matrix_report */
     char error[1100]; /* why clattn_create failed on the device ("" when it did not) */
     clattn_kernel_params params[MAX_PROBLEMS];
 } tuning_view;
@@ -685,6 +686,7 @@ static void query_tuning(cl_uint p, cl_uint d, tuning_view *tv)
     }
     snprintf(tv->report, sizeof tv->report, "%s", clattn_tuning_report(ctx));
     snprintf(tv->cache, sizeof tv->cache, "%s", clattn_cache_report(ctx));
+    snprintf(tv->matrix, sizeof tv->matrix, "%s", clattn_matrix_report(ctx));
     tv->ok = 1;
     for (int i = 0; i < n_problems; i++)
         if (clattn_get_params(ctx, &problems[i].pc, &tv->params[i]) != CLATTN_SUCCESS)
@@ -711,6 +713,7 @@ static void print_tuning_human(cl_uint p, cl_uint d)
             h_text("clattn_create", tv.error);
         return;
     }
+    h_text("matrix units", tv.matrix);
     h_text("kernel cache", tv.cache);
     h_text("tuning store", tv.report);
     for (int i = 0; i < n_problems; i++) {
@@ -1022,6 +1025,7 @@ static void print_device_json(json_writer *w, const dev_info *di, cl_uint p, cl_
     if (tv.error[0])
         jw_str(w, "create_error", tv.error);
     if (tv.ok) {
+        jw_str(w, "matrix_units", tv.matrix);
         jw_open(w, "tuning", '{');
         jw_str(w, "report", tv.report);
         jw_open(w, "params", '[');

@@ -532,7 +532,13 @@ static void canonical(const task *t, int *values)
     clattn_params p, d; /* the candidate and the defaults, by name (src/params.h) */
     memcpy(p.v, values, sizeof p.v);
     memcpy(d.v, t->defaults, sizeof d.v);
-    if (op == CLATTN_OPERATION_FUSED && p.fused.DIRECT == CLATTN_KERNEL_DIRECT) {
+    if ((op == CLATTN_OPERATION_FUSED && p.fused.DIRECT == CLATTN_KERNEL_MMA_FUSED) ||
+        (op == CLATTN_OPERATION_DECODE && p.decode.DIRECT == CLATTN_KERNEL_MMA_DECODE)) {
+        /* fused_mma: WGY (warps), NS (16-key blocks a tile) and, for decode, SPLITS count */
+        p.fused.WGX = 1;
+        p.fused.RM = 1;
+        p.fused.VW = 4;
+    } else if (op == CLATTN_OPERATION_FUSED && p.fused.DIRECT == CLATTN_KERNEL_DIRECT) {
         /* fused_direct: WGX, WGY and VW unused */
         p.fused.WGX = p.fused.WGY = 1;
         p.fused.VW = 16;
@@ -718,14 +724,16 @@ static void tune(task *t, double budget, double t_start, double total_budget, in
     ctx->user_tuning = NULL;
     const clattn_problem_class pc = class_of(t);
     clattn_kernel_params kp;
-    if (clattn_get_params(ctx, &pc, &kp) != CLATTN_SUCCESS)
+    /* What a call of this shape runs (clattn_get_call_params): on GPUs decode with 16 or more
+     * rows per kv head runs the tiled kernel in place of the defaults' decode_lanes, and where
+     * the device has matrix units the matrix kernel in place of the FMA kernels (which the
+     * class alone does not say). Those are the defaults for this shape, as reported, as the
+     * search skips them, and as written when nothing beats them. */
+    const int attention = op == CLATTN_OPERATION_FUSED || op == CLATTN_OPERATION_DECODE;
+    if ((attention ? clattn_get_call_params(ctx, &pc, t->s.h, t->s.hkv, t->s.d, &kp)
+                   : clattn_get_params(ctx, &pc, &kp)) != CLATTN_SUCCESS)
         die("clattn_get_params: %s", clattn_last_error(ctx));
     memcpy(t->defaults, kp.values, sizeof t->defaults);
-    /* On GPUs, decode with 16 or more rows per kv head runs the tiled kernel in place of the
-     * defaults' decode_lanes (clattn_get_params' class has no head counts): those are the
-     * defaults for this shape, as reported and as the search skips them. */
-    if (op == CLATTN_OPERATION_DECODE)
-        clattn__decode_tiled_default(ctx, t->s.h / t->s.hkv * t->s.sq, t->s.d, t->s.d, kp.source, t->defaults);
     /* Timed as the library runs them, chosen rather than set: a kernel the device allows fewer
      * work-items than the defaults ask for is then fitted to what it allows, as in any call
      * (candidates below are set, and such a one is pruned instead). */

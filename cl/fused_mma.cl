@@ -1,0 +1,370 @@
+/* Fused attention on the matrix units, `fused_mma`, written once over the tile layer (mma.cl,
+ * mma_layout.cl): NVIDIA's mma.sync on GPUs with compute capability 8.0 and up, the emulation of
+ * the same fragments everywhere else (CLATTN_MATRIX=emulate). Shared rules (arguments, work
+ * ranges, masks, key splits): attn_common.cl; the host side: src/fused_mma.c.
+ *
+ * Rows are packed as in the tiled kernel (row r of kv head hk is query head hk·group + r / seq_q,
+ * position r % seq_q). A work-group of NW warps takes BM = 16·NW packed rows, each warp 16 of
+ * them, so a row's softmax never leaves its warp: lane (g, t) holds columns 2t, 2t + 1 of every
+ * 8-key n-tile in rows g and g + 8 (mma_layout.cl), and the row maximum and sum are reduced over
+ * the 4 lanes of a row (xor 1, 2). Per tile of BN keys:
+ *   K (row-major, = Bᵀ) and V (transposed) are staged in local memory as stored (16-bit values'
+ *   bits, or f32); S = Q·Kᵀ on the matrix unit, Q's fragments kept in registers (QREG) or
+ *   reloaded from local memory (wide heads); scale, hidden keys -inf (causal, key lengths, the
+ *   mask added), the online softmax on the C fragments; P packed into A fragments in registers
+ *   (mma_p_pack: rounded to the input type; f32 inputs: split for 3xTF32); O += P·V on the
+ *   matrix unit, O in f32 accumulators.
+ * Wide f32 heads: a work-group may take DVP of head_dim_v's columns only (grid x: the column
+ * blocks, each computing S again), which keeps 3xTF32's two accumulators within the registers.
+ * Weights. f16: P is scaled by 2^15 before its rounding to f16, which keeps weights down to
+ * 2^-24·2^-15 normal (f16 subnormals start at 2^-14), and O is summed unnormalised (|V| <= 65504
+ * keeps it far from overflow) and divided by the row sum at the end. bf16 and f32, whose V may
+ * reach FLT_MAX: O is kept normalised at half scale as in the tiled kernel, o' = o·(l·α/l') +
+ * (p·O_WEIGHT/l')·V, with the weights normalised before their rounding (bf16 keeps f32's range).
+ * Hidden keys: weight -0 (HIDDEN_P). A product with the matrix unit cannot skip them, and
+ * 0·Inf = NaN: a tile whose keys some row hides (guarded) and whose V holds Inf or NaN takes an
+ * exact path instead, each lane summing its O elements key by key from the weights it fetches
+ * from the lanes that hold them, skipping hidden keys (the tiled kernel's rule). */
+
+#ifndef NW
+#define NW 4 /* warps: BM = 16·NW packed rows */
+#endif
+#ifndef BN
+#define BN 64 /* keys a tile, a multiple of 16 */
+#endif
+#ifndef DP
+#define DP 64 /* head_dim rounded up to MMA_K */
+#endif
+#ifndef DVP
+#define DVP 64 /* O columns a work-group: head_dim_v rounded up to 8, or a block of them */
+#endif
+#ifndef QREG
+#define QREG 1 /* Q's fragments in registers */
+#endif
+
+#define BM (MMA_M * NW)
+#define NWI (MMA_LANES * NW)
+#define QP (DP + MMA_PAD) /* row pitches in local memory */
+#define KP (DP + MMA_PAD)
+#define VP (BN + MMA_PAD)
+#define NT (BN / MMA_N)  /* n-tiles of S */
+#define KB (BN / MMA_K)  /* k-blocks of P */
+#define DT (DVP / MMA_N) /* n-tiles of O */
+#define QK (DP / MMA_K)  /* k-steps of S */
+#if QREG /* Q is staged once, then K and V take its place */
+#define Q_OFF 0
+#define K_OFF 0
+#define SM_ELEMS (BM * QP > BN * KP + DVP * VP ? BM * QP : BN * KP + DVP * VP)
+#else
+#define Q_OFF 0
+#define K_OFF (BM * QP)
+#define SM_ELEMS (BM * QP + BN * KP + DVP * VP)
+#endif
+#define V_OFF (K_OFF + BN * KP)
+
+/* Chunks of a row as stored: 8 16-bit values or 4 floats (16 bytes). */
+#if DT_IN == 0
+#define CH 4
+#define tlv float4
+#define VLOAD_TL vload4
+#define VSTORE_TL vstore4
+#define TLV_NONFINITE(x) any((as_uint4(x) & 0x7f800000u) == 0x7f800000u)
+#else
+#define CH 8
+#define tlv ushort8
+#define VLOAD_TL vload8
+#define VSTORE_TL vstore8
+#if DT_IN == 1
+#define TLV_NONFINITE(x) any(((x) & (ushort)0x7c00u) == (ushort)0x7c00u)
+#else
+#define TLV_NONFINITE(x) any(((x) & (ushort)0x7f80u) == (ushort)0x7f80u)
+#endif
+#endif
+
+/* CH elements of a row from element i, zero past element n. */
+inline tlv ld_chunk(__global const TL *p, int i, int n)
+{
+    if (i + CH <= n)
+        return VLOAD_TL(0, p + i);
+    TL x[CH];
+    MMA_UNROLL
+    for (int k = 0; k < CH; k++)
+        x[k] = i + k < n ? p[i + k] : (TL)0;
+    return VLOAD_TL(0, x);
+}
+
+#if MMA_3X
+#define mma_c_add(c, v) ((mma_c)((c).lo + (v), (c).hi))
+#else
+#define mma_c_add(c, v) ((c) + (v))
+#endif
+
+#if !KSEL || K_fused_mma
+__kernel __attribute__((reqd_work_group_size(NWI, 1, 1))) void
+fused_mma(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
+{
+    __local TL sm[SM_ELEMS] __attribute__((aligned(16)));
+    /* With a mask: the last even and odd tile in which a row sees a key; and the last even and
+     * odd tile whose V holds Inf or NaN (the exact path's test). */
+    __local int seen_kt[2], bad_kt[2];
+#if !MMA_NV
+    __local float4 mscr[MMA_SCRATCH_FLOATS(NW) / 4];
+#endif
+    const int lid = get_local_id(0), warp = lid / MMA_LANES, lane = lid % MMA_LANES;
+#if !MMA_NV
+    mma_ctx mctx;
+    mctx.lane = lane;
+    mctx.lid = lid;
+    mctx.scr = (__local float *)mscr + warp * MMA_WARP_FLOATS;
+    mctx.xch = mscr + NW * MMA_WARP_FLOATS / 4;
+#endif
+    const int R = group * seq_q;
+    const int r0 = GROUP_ID(1) * BM;
+    const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
+                                       causal, kvlen, r0, min(R, r0 + BM) - 1);
+    const int split = w.split, b = w.b, hk = w.hk, L = w.L;
+    int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
+    NARROW_KEYS(r0, min(R, r0 + BM), 16);
+
+    __global const TL *Kb = (__global const TL *)(K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh);
+    /* This work-group's block of O columns: c0 .. c0 + DVP, DVr of them within head_dim_v. */
+    const int c0 = get_group_id(0) * DVP, DVr = DV - c0;
+    __global const TL *Vb = (__global const TL *)(V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh) + c0;
+    __global const TL *Qb = (__global const TL *)(Q + q_off + (ulong)b * q_sb);
+
+    /* Q as stored, zero past head_dim and for rows past R. */
+    for (int e = lid; e < BM * (DP / CH); e += NWI) {
+        const int r = e / (DP / CH), d = CH * (e % (DP / CH)), row = r0 + r;
+        tlv x = (tlv)(0);
+        if (row < R) {
+            const int hq = hk * group + row / seq_q, i = row % seq_q;
+            x = ld_chunk(Qb + (ulong)hq * q_sh + (ulong)i * q_ss, d, D);
+        }
+        VSTORE_TL(x, 0, sm + Q_OFF + r * QP + d);
+    }
+    if (lid < 2) {
+        seen_kt[lid] = k_lo - 1; /* no tile's */
+        bad_kt[lid] = k_lo - 1;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    __local const TL *Qw = sm + Q_OFF + MMA_M * warp * QP;
+#if QREG
+    mma_a qa[QK];
+    MMA_UNROLL
+    for (int kk = 0; kk < QK; kk++)
+        qa[kk] = mma_load_a(Qw + kk * MMA_K, QP, lane);
+    barrier(CLK_LOCAL_MEM_FENCE); /* K and V take Q's place */
+#endif
+
+    /* This lane's rows: g and g + 8 of its warp's 16. */
+    float m[2], l[2];
+    int rend[2], rows[2];
+    ulong mrow[2];
+    MMA_UNROLL
+    for (int i = 0; i < 2; i++) {
+        const int row = r0 + MMA_M * warp + MMA_G(lane) + 8 * i;
+        const int pos = row % seq_q, hq = hk * group + row / seq_q;
+        rows[i] = row;
+        m[i] = NEG_INF;
+        l[i] = 0.0f;
+        rend[i] = row < R ? min(k_hi, causal_end(causal, pos, seq_q, L)) : 0;
+        mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
+    }
+    mma_c o[DT];
+    MMA_UNROLL
+    for (int j = 0; j < DT; j++)
+        o[j] = mma_c_zero();
+
+    for (int kt = k_lo; kt < k_hi; kt += BN) {
+        /* Guarded: some row may hide some key of the tile (see fused_tiled.cl). */
+        const int guarded = has_mask || kt + BN > k_all;
+        const int par = ((kt - k_lo) / BN) & 1;
+        /* K as stored, key-major (B of S stored n-major), zero past k_hi and head_dim. */
+        for (int e = lid; e < BN * (DP / CH); e += NWI) {
+            const int n = e / (DP / CH), d = CH * (e % (DP / CH)), key = kt + n;
+            const tlv x = key < k_hi ? ld_chunk(Kb + (ulong)key * k_ss, d, D) : (tlv)(0);
+            VSTORE_TL(x, 0, sm + K_OFF + n * KP + d);
+        }
+        /* V transposed (B of P·V stored n-major): read along rows, written across. */
+        for (int e = lid; e < BN * (DVP / CH); e += NWI) {
+            const int n = e / (DVP / CH), c = CH * (e % (DVP / CH)), key = kt + n;
+            const tlv x = key < k_hi ? ld_chunk(Vb + (ulong)key * v_ss, c, DVr) : (tlv)(0);
+            TL t[CH];
+            VSTORE_TL(x, 0, t);
+            MMA_UNROLL
+            for (int q = 0; q < CH; q++)
+                sm[V_OFF + (c + q) * VP + n] = t[q];
+            if (guarded && TLV_NONFINITE(x))
+                bad_kt[par] = kt;
+        }
+        /* A tile the mask hides from every row is skipped (fused_tiled.cl), from the mask's
+         * flags (MFLAGS) or from the mask itself. */
+        MARK_SEEN_TILE(BM, BN, NWI, lid, seen_kt[par]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (has_mask && seen_kt[par] != kt)
+            continue;
+        const int vbad = guarded && bad_kt[par] == kt;
+
+        /* S = Q·Kᵀ */
+        mma_c s[NT];
+        MMA_UNROLL
+        for (int nt = 0; nt < NT; nt++)
+            s[nt] = mma_c_zero();
+        MMA_UNROLL
+        for (int kk = 0; kk < QK; kk++) {
+#if QREG
+            const mma_a a = qa[kk];
+#else
+            const mma_a a = mma_load_a(Qw + kk * MMA_K, QP, lane);
+#endif
+            MMA_UNROLL
+            for (int nt = 0; nt < NT; nt++)
+                s[nt] = MMA(s[nt], a, mma_load_b(sm + K_OFF + nt * MMA_N * KP + kk * MMA_K, KP, lane));
+        }
+        float p[NT][MMA_CE];
+        MMA_UNROLL
+        for (int nt = 0; nt < NT; nt++)
+            vstore4(mma_c_value(s[nt]) * scale, 0, p[nt]);
+        if (guarded) {
+            MMA_UNROLL
+            for (int nt = 0; nt < NT; nt++)
+                MMA_UNROLL
+                for (int e = 0; e < MMA_CE; e++) {
+                    const int key = kt + nt * MMA_N + MMA_C_COL(lane, e), i = e >> 1;
+                    if (key >= rend[i]) {
+                        p[nt][e] = NEG_INF;
+                    } else if (has_mask) {
+                        const float mv = LD_MASK(mask, mrow[i] + key);
+                        p[nt][e] = mv == NEG_INF ? NEG_INF : p[nt][e] + mv;
+                    }
+                }
+        }
+
+        /* The online softmax on the fragments: row maxima over the 4 lanes of a row. */
+        float2 mx = (float2)(NEG_INF);
+        MMA_UNROLL
+        for (int nt = 0; nt < NT; nt++) {
+            mx.x = fmax(mx.x, fmax(p[nt][0], p[nt][1]));
+            mx.y = fmax(mx.y, fmax(p[nt][2], p[nt][3]));
+        }
+        mx = fmax(mx, MMA_XOR2(mx, 1));
+        mx = fmax(mx, MMA_XOR2(mx, 2));
+        float mref[2], alpha[2];
+        MMA_UNROLL
+        for (int i = 0; i < 2; i++) {
+            const float mnew = fmax(m[i], i ? mx.y : mx.x);
+            mref[i] = mnew == NEG_INF ? 0.0f : mnew; /* no -inf - -inf */
+            alpha[i] = exp2((m[i] - mref[i]) * LOG2E);
+            m[i] = mnew;
+        }
+        float2 ps = (float2)(0.0f);
+        MMA_UNROLL
+        for (int nt = 0; nt < NT; nt++)
+            MMA_UNROLL
+            for (int e = 0; e < MMA_CE; e++) {
+                const int i = e >> 1;
+                float pe = exp2((p[nt][e] - mref[i]) * LOG2E);
+                if (guarded && p[nt][e] == NEG_INF)
+                    pe = HIDDEN_P;
+                p[nt][e] = pe;
+                if (i)
+                    ps.y += pe;
+                else
+                    ps.x += pe;
+            }
+        ps += MMA_XOR2(ps, 1);
+        ps += MMA_XOR2(ps, 2);
+        float keep[2], wp[2];
+        MMA_UNROLL
+        for (int i = 0; i < 2; i++) {
+            const float lnew = l[i] * alpha[i] + (i ? ps.y : ps.x);
+#if DT_IN == 1
+            keep[i] = alpha[i];
+            wp[i] = 32768.0f; /* 2^15 */
+#else
+            const float inv = lnew > 0.0f ? 1.0f / lnew : 0.0f;
+            keep[i] = isnan(lnew) ? lnew : l[i] * alpha[i] * inv;
+            wp[i] = inv * O_WEIGHT;
+#endif
+            l[i] = lnew;
+        }
+        const float4 keep4 = (float4)(keep[0], keep[0], keep[1], keep[1]);
+        const float4 wp4 = (float4)(wp[0], wp[0], wp[1], wp[1]);
+        MMA_UNROLL
+        for (int j = 0; j < DT; j++)
+            o[j] = mma_c_scale(o[j], keep4);
+
+        if (!vbad) {
+            /* O += P·V on the matrix unit, P from S's fragments. */
+            MMA_UNROLL
+            for (int kb = 0; kb < KB; kb++) {
+                const mma_a a = mma_p_pack(vload4(0, p[MMA_P_TILE(kb, 0)]) * wp4,
+                                           vload4(0, p[MMA_P_TILE(kb, MMA_AE - 1)]) * wp4);
+                MMA_UNROLL
+                for (int j = 0; j < DT; j++)
+                    o[j] = MMA(o[j], a, mma_load_b_pv(sm + V_OFF + j * MMA_N * VP + kb * MMA_K, VP, lane));
+            }
+        } else {
+            /* Inf or NaN in V where some row hides a key: key by key, each weight fetched from
+             * the lane that holds it, hidden keys skipped. Rare: a rolled loop, the n-tile
+             * picked by selects (an indexed register array would live in memory). */
+#pragma unroll 1
+            for (int n = 0; n < BN; n++) {
+                const int nt = n / MMA_N, h = n & 1;
+                float4 pn = vload4(0, p[0]);
+MMA_UNROLL
+                for (int u = 1; u < NT; u++)
+                    pn = u == nt ? vload4(0, p[u]) : pn;
+                const float4 q = MMA_IDX4(pn, MMA_G(lane) * 4 + (n % MMA_N) / 2) * wp4;
+                const float pa = h ? q.s1 : q.s0, pb = h ? q.s3 : q.s2;
+MMA_UNROLL
+                for (int j = 0; j < DT; j++) {
+                    float t[MMA_CE];
+MMA_UNROLL
+                    for (int e = 0; e < MMA_CE; e++) {
+                        const float pr = e >> 1 ? pb : pa;
+                        const float v = tl_to_f(sm + V_OFF + (j * MMA_N + MMA_C_COL(lane, e)) * VP + n);
+                        t[e] = IS_HIDDEN(pr) ? 0.0f : pr * v;
+                    }
+                    o[j] = mma_c_add(o[j], vload4(0, t));
+                }
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE); /* before the next tile overwrites K and V */
+    }
+
+    O += o_off + (ulong)split * o_split;
+    LSE += l_off + (ulong)split * l_split;
+    MMA_UNROLL
+    for (int i = 0; i < 2; i++) {
+        const int row = rows[i];
+        if (row >= R)
+            continue;
+        const int hq = hk * group + row / seq_q, pos = row % seq_q;
+        /* No visible key: exactly 0 and LSE -inf (all-NaN scores: l NaN, not empty). */
+        const int empty = m[i] == NEG_INF && !isnan(l[i]);
+        __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
+#if DT_IN == 1
+        const float fin = 1.0f / (l[i] * 32768.0f);
+#endif
+        MMA_UNROLL
+        for (int j = 0; j < DT; j++) {
+            const float4 v = mma_c_value(o[j]);
+            MMA_UNROLL
+            for (int h = 0; h < 2; h++) {
+                const int col = j * MMA_N + MMA_C_COL(lane, 2 * i + h);
+                if (col >= DVr)
+                    continue;
+                const float x = i ? (h ? v.s3 : v.s2) : (h ? v.s1 : v.s0);
+#if DT_IN == 1
+                ST_OUT(orow, c0 + col, empty ? 0.0f : x * fin);
+#else
+                ST_OUT(orow, c0 + col, empty ? 0.0f : o_from_half(x));
+#endif
+            }
+        }
+        if (has_lse && MMA_T(lane) == 0 && c0 == 0)
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = empty ? NEG_INF : m[i] + log(l[i]);
+    }
+}
+#endif

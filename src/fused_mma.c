@@ -1,0 +1,113 @@
+/* The launcher of the matrix-unit kernel (fused_mma.cl over the tile layer mma.cl): its tile
+ * fitted to local memory, the backend (NVIDIA's mma.sync, or the emulation), key splits and the
+ * mask's flags as the tiled kernel has them. Which calls run it: src/fused.c. */
+#include "fused.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct mma_cfg {
+    int nw, bn, dp, dvp, qreg;
+} mma_cfg;
+
+/* Local memory of fused_mma: the one array of Q, K and V (Q's place taken by K and V when Q's
+ * fragments stay in registers), the two tile flags, and under emulation the warps' product
+ * scratch and a float4 exchange slot per work-item (MMA_SCRATCH_FLOATS, mma.cl). */
+static size_t mma_local_bytes(const mma_cfg *c, int elem, int parts, int emulate)
+{
+    const size_t pad = elem == 4 ? 4 : 8, k = elem == 4 ? 8 : 16;
+    const size_t bm = 16 * (size_t)c->nw, qp = (size_t)c->dp + pad, vp = (size_t)c->bn + pad;
+    const size_t q = bm * qp, kv = (size_t)c->bn * qp + (size_t)c->dvp * vp;
+    size_t bytes = elem * (c->qreg ? (q > kv ? q : kv) : q + kv) + 16 + 16;
+    if (emulate)
+        bytes += 4 * (size_t)c->nw * (parts * (16 * k + k * 8) + 4 * 32);
+    return bytes;
+}
+
+clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p, int nw, int bn, int splits_req,
+                                    int emulate, int explicit_, cl_uint num_wait, const cl_event *wait,
+                                    cl_event *done, int *used)
+{
+    *used = 0;
+    const int R = (int)(p->heads_q / p->heads_kv) * (int)p->seq_q;
+    const int elem = p->dtype == CLATTN_F32 ? 4 : 2, kdim = elem == 4 ? 8 : 16;
+    const int parts = elem == 4 ? 2 : 1; /* 3xTF32: big and small parts */
+    mma_cfg c;
+    c.dp = (int)((p->head_dim + kdim - 1) / kdim * kdim);
+    c.dvp = (int)((p->head_dim_v + 7) / 8 * 8);
+    /* f32 (3xTF32: two accumulators) above 64 columns: blocks of 64 columns, a work-group each
+     * (S computed once per block), which keeps the accumulators in registers (ptxas spilled at
+     * 128 columns). See docs/measurements.md#fused-mma. */
+    if (elem == 4 && c.dvp > 64)
+        c.dvp = 64;
+    const int col_blocks = clattn__ceil_div_int((int)p->head_dim_v, c.dvp);
+    /* Warps (16 rows each): up to 4, no more than the packed rows need. */
+    if (nw <= 0) {
+        nw = 4;
+        while (nw > 1 && 16 * (nw / 2) >= R)
+            nw /= 2;
+    }
+    c.nw = nw >= 8 ? 8 : nw >= 4 ? 4 : nw >= 2 ? 2 : 1;
+    /* Keys a tile: 64 for 16-bit heads up to 64 wide, 32 above, 16 for f32 (3xTF32's split
+     * operands and two accumulators: 32 keys spilled registers in ptxas for sm_90). Not yet
+     * measured on a GPU. See docs/measurements.md#fused-mma. */
+    if (bn <= 0)
+        bn = elem == 2 ? (c.dp <= 64 ? 64 : 32) : 16;
+    c.bn = bn >= 128 ? 128 : bn >= 64 ? 64 : bn >= 32 ? 32 : 16;
+    /* Q's fragments in registers: 16-bit heads up to 128 (32 registers a lane); f32's split
+     * operands would take twice that, so f32 reloads Q from local memory at each tile. */
+    c.qreg = elem == 2 && c.dp <= 128;
+    size_t cap = ctx->dev.max_wg < ctx->dev.max_item[0] ? ctx->dev.max_wg : ctx->dev.max_item[0];
+    for (;;) {
+        if ((size_t)32 * c.nw <= cap && clattn__local_fits(ctx, mma_local_bytes(&c, elem, parts, emulate)))
+            break;
+        if ((size_t)32 * c.nw > cap && c.nw > 1)
+            c.nw /= 2;
+        else if (c.bn > 16)
+            c.bn /= 2;
+        else if (c.nw > 1)
+            c.nw /= 2;
+        else if (explicit_)
+            return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                                "the matrix kernel with head_dim %lld / head_dim_v %lld does not fit the device's "
+                                "%llu bytes of local memory or %llu work-items",
+                                (long long)p->head_dim, (long long)p->head_dim_v,
+                                (unsigned long long)ctx->dev.local_mem, (unsigned long long)cap);
+        else
+            return CLATTN_SUCCESS; /* *used 0: the FMA kernel runs */
+    }
+    const int bm = 16 * c.nw, row_tiles = clattn__ceil_div_int(R, bm);
+    const long long tiles = (long long)row_tiles * col_blocks * p->batch * p->heads_kv;
+    int split_len;
+    const int splits = clattn__choose_splits(ctx, p, tiles, c.bn, 32 * c.nw, splits_req, &split_len);
+    const uint64_t part_bytes = splits > 1 ? (uint64_t)splits * clattn__part_floats(p) * 4 : 0;
+    clattn_mask_flags mf;
+    clattn__plan_tile_flags(ctx, p, part_bytes, &mf);
+
+    char opts[400];
+    snprintf(opts, sizeof opts,
+             "-cl-std=CL1.2 -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DNW=%d -DBN=%d -DDP=%d -DDVP=%d -DQREG=%d "
+             "-DMMA_NV=%d -DMMA_3X=1%s -DKSEL=1 -DK_fused_mma=1",
+             (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype, p->has_mask ? (int)p->mask.dtype : 0,
+             c.nw, c.bn, c.dp, c.dvp, c.qreg, emulate ? 0 : 1, mf.on ? " -DMFLAGS=1" : "");
+    cl_kernel k;
+    clattn_status st = clattn__get_kernel(ctx, "fused_mma.cl", opts, "fused_mma", &k);
+    if (st != CLATTN_SUCCESS && !emulate && !explicit_) {
+        /* The driver refused the inline PTX (an older PTX version, say) or the kernel as built:
+         * the matrix units are given up for this context, the FMA kernel runs. */
+        char why[600];
+        snprintf(why, sizeof why, "the driver refused the matrix kernel (%s): %.400s", clattn_status_name(st),
+                 ctx->error);
+        clattn__matrix_drop(ctx, why);
+        clattn__clear_error(ctx);
+        return CLATTN_SUCCESS;
+    }
+    if (st || (st = clattn__get_mask_kernels(ctx, p, &mf)))
+        return st;
+    *used = 1;
+    const size_t local[3] = {(size_t)32 * c.nw, 1, 1};
+    const size_t global[3] = {(size_t)32 * c.nw * col_blocks, (size_t)row_tiles,
+                              (size_t)(p->batch * p->heads_kv) * (size_t)splits};
+    return clattn__fused_launch_tiles(ctx, p, k, "fused_mma", part_bytes, &mf, splits, split_len, global, local,
+                                      num_wait, wait, done);
+}

@@ -1,0 +1,130 @@
+/* The matrix units (tensor cores): which backend of the tile layer (cl/mma.cl) a device gets,
+ * CLATTN_MATRIX, and clattn_matrix_report. The kernel's launcher is src/fused_mma.c; which calls
+ * run it, src/fused.c. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV /* cl_nv_device_attribute_query */
+#define CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000
+#define CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV 0x4001
+#endif
+
+static int has_extension(cl_device_id d, const char *name)
+{
+    size_t n = 0;
+    if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, 0, NULL, &n) != CL_SUCCESS || n == 0)
+        return 0;
+    char *ext = malloc(n + 1);
+    if (!ext)
+        return 0;
+    int found = 0;
+    if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, n, ext, NULL) == CL_SUCCESS) {
+        ext[n] = '\0';
+        const size_t len = strlen(name);
+        for (const char *s = ext; (s = strstr(s, name)) != NULL; s += len)
+            if ((s == ext || s[-1] == ' ') && (s[len] == ' ' || s[len] == '\0')) {
+                found = 1;
+                break;
+            }
+    }
+    free(ext);
+    return found;
+}
+
+/* NVIDIA's compute capability (10·major + minor), 0 where the device does not report one. */
+static int nv_compute_capability(cl_device_id d)
+{
+    if (!has_extension(d, "cl_nv_device_attribute_query"))
+        return 0;
+    cl_uint major = 0, minor = 0;
+    if (clGetDeviceInfo(d, CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major, &major, NULL) != CL_SUCCESS ||
+        clGetDeviceInfo(d, CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV, sizeof minor, &minor, NULL) != CL_SUCCESS)
+        return 0;
+    return (int)(10 * major + (minor < 10 ? minor : 9));
+}
+
+clattn_status clattn__matrix_init(clattn_context *ctx)
+{
+    const char *env = getenv("CLATTN_MATRIX");
+    ctx->matrix_mode = CLATTN_MATRIX_AUTO;
+    if (env && *env) {
+        if (clattn__same_word(env, "auto"))
+            ctx->matrix_mode = CLATTN_MATRIX_AUTO;
+        else if (clattn__same_word(env, "off"))
+            ctx->matrix_mode = CLATTN_MATRIX_OFF;
+        else if (clattn__same_word(env, "emulate"))
+            ctx->matrix_mode = CLATTN_MATRIX_EMULATE;
+        else
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                "CLATTN_MATRIX=\"%.100s\": expected auto, off or emulate", env);
+    }
+    ctx->matrix_backend = CLATTN_MMA_NONE;
+    ctx->nv_cc = 0;
+    const int nvidia_gpu = (ctx->dev.type & CL_DEVICE_TYPE_GPU) && ctx->dev.vendor_id == 0x10de;
+    if (nvidia_gpu)
+        ctx->nv_cc = nv_compute_capability(ctx->device);
+    if (nvidia_gpu && ctx->nv_cc >= 80) {
+        ctx->matrix_backend = CLATTN_MMA_NV;
+        ctx->matrix_why[0] = '\0';
+    } else if (nvidia_gpu && ctx->nv_cc > 0) {
+        snprintf(ctx->matrix_why, sizeof ctx->matrix_why,
+                 "compute capability %d.%d: mma.sync m16n8k16 with f32 accumulation needs 8.0", ctx->nv_cc / 10,
+                 ctx->nv_cc % 10);
+    } else if (nvidia_gpu) {
+        snprintf(ctx->matrix_why, sizeof ctx->matrix_why,
+                 "the driver does not report a compute capability (cl_nv_device_attribute_query)");
+    } else if (ctx->dev.type & CL_DEVICE_TYPE_CPU) {
+        snprintf(ctx->matrix_why, sizeof ctx->matrix_why, "a CPU device");
+    } else {
+        /* Intel (cl_intel_subgroup_matrix_multiply_accumulate) and AMD (MFMA, WMMA) layouts are
+         * not written yet: docs/architecture.md, matrix units. */
+        snprintf(ctx->matrix_why, sizeof ctx->matrix_why,
+                 "no backend for this vendor yet (NVIDIA only; Intel and AMD matrix units are not used)");
+    }
+    return CLATTN_SUCCESS;
+}
+
+int clattn__matrix_auto(const clattn_context *ctx, int64_t seq_q, int64_t rows, clattn_params_source source)
+{
+    if (source >= CLATTN_SOURCE_ENVIRONMENT || ctx->matrix_mode == CLATTN_MATRIX_OFF)
+        return 0;
+    if (ctx->matrix_mode == CLATTN_MATRIX_EMULATE)
+        return 1;
+    return ctx->matrix_backend != CLATTN_MMA_NONE && source <= CLATTN_SOURCE_VENDOR && (seq_q > 16 || rows >= 16);
+}
+
+void clattn__matrix_drop(clattn_context *ctx, const char *why)
+{
+    ctx->matrix_backend = CLATTN_MMA_NONE;
+    snprintf(ctx->matrix_why, sizeof ctx->matrix_why, "%s", why);
+}
+
+const char *clattn_matrix_report(const clattn_context *ctx)
+{
+    if (!ctx)
+        return "";
+    clattn_context *c = (clattn_context *)ctx; /* the report's buffer only */
+    const char *mode = ctx->matrix_mode == CLATTN_MATRIX_OFF       ? "off"
+                       : ctx->matrix_mode == CLATTN_MATRIX_EMULATE ? "emulate"
+                                                                   : "auto";
+    if (ctx->matrix_mode == CLATTN_MATRIX_EMULATE)
+        snprintf(c->matrix_report, sizeof c->matrix_report,
+                 "emulated (CLATTN_MATRIX=emulate): fused attention runs the matrix kernel with NVIDIA's "
+                 "fragment layouts through local memory, for tests; f16, bf16, f32 (3xTF32)%s%s",
+                 ctx->matrix_backend ? "" : "; the device itself: none, ", ctx->matrix_backend ? "" : ctx->matrix_why);
+    else if (ctx->matrix_backend == CLATTN_MMA_NV && ctx->matrix_mode == CLATTN_MATRIX_AUTO)
+        snprintf(c->matrix_report, sizeof c->matrix_report,
+                 "nvidia mma.sync (compute capability %d.%d): fused attention in f16, bf16 (m16n8k16) and f32 "
+                 "(3xTF32, m16n8k8) on the tensor cores (CLATTN_MATRIX=%s)",
+                 ctx->nv_cc / 10, ctx->nv_cc % 10, mode);
+    else if (ctx->matrix_backend == CLATTN_MMA_NV)
+        snprintf(c->matrix_report, sizeof c->matrix_report,
+                 "none: CLATTN_MATRIX=off (the device has nvidia mma.sync, compute capability %d.%d)",
+                 ctx->nv_cc / 10, ctx->nv_cc % 10);
+    else
+        snprintf(c->matrix_report, sizeof c->matrix_report, "none: %s", ctx->matrix_why);
+    return c->matrix_report;
+}

@@ -1,0 +1,180 @@
+/*
+ * CLATTN_MATRIX and the choice of the matrix-unit kernel (fused_mma, src/matrix.c, src/fused.c):
+ * a value it does not know makes clattn_create fail; clattn_matrix_report says what applies; the
+ * kernel asked for by name (kernel=mma) is refused under CLATTN_MATRIX=off and on a device
+ * without matrix units, with the output untouched, and runs (emulated) under
+ * CLATTN_MATRIX=emulate with the tile it is given, against the float64 reference;
+ * clattn_get_call_params reports the kernel where the library picks it. The numerics of the
+ * kernel itself are the test tables' (test_attention_mma, test_decode_mma, test_robust_mma).
+ *
+ * Each test sets CLATTN_MATRIX before making its own context and unsets it after.
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clattn_ref.h"
+
+static clattn_context *context_with(const char *matrix)
+{
+    if (matrix)
+        setenv("CLATTN_MATRIX", matrix, 1);
+    else
+        unsetenv("CLATTN_MATRIX");
+    clattn_context *ctx = tu_context();
+    unsetenv("CLATTN_MATRIX");
+    return ctx;
+}
+
+static void test_bad_value(void **state)
+{
+    (void)state;
+    clattn_context *probe = tu_context(); /* skips without a device */
+    clattn_release(probe);
+    setenv("CLATTN_MATRIX", "sometimes", 1);
+    clattn_context *ctx = (clattn_context *)1;
+    const clattn_status st = clattn_create(NULL, &ctx);
+    unsetenv("CLATTN_MATRIX");
+    assert_int_equal(st, CLATTN_INVALID_ARGUMENT);
+    assert_null(ctx);
+    assert_non_null(strstr(clattn_last_error(NULL), "CLATTN_MATRIX"));
+    assert_string_equal(clattn_matrix_report(NULL), "");
+}
+
+static void test_reports(void **state)
+{
+    (void)state;
+    clattn_context *ctx = context_with(NULL);
+    const char *r = clattn_matrix_report(ctx);
+    assert_true(strncmp(r, "none: ", 6) == 0 || strncmp(r, "nvidia mma.sync", 15) == 0);
+    clattn_release(ctx);
+    ctx = context_with("OFF");
+    assert_true(strncmp(clattn_matrix_report(ctx), "none: ", 6) == 0);
+    clattn_release(ctx);
+    ctx = context_with("emulate");
+    assert_true(strncmp(clattn_matrix_report(ctx), "emulated", 8) == 0);
+    clattn_release(ctx);
+}
+
+enum { B = 1, HQ = 4, HKV = 2, SQ = 40, SKV = 70, D = 24 };
+
+/* kernel=mma with 2 warps and 32-key tiles, as an override. */
+static void ask_for_mma(clattn_context *ctx)
+{
+    int v[CLATTN_MAX_KERNEL_PARAMS] = {0};
+    const int n = clattn_param_count(CLATTN_OPERATION_FUSED);
+    for (int i = 0; i < n; i++) {
+        const char *name = clattn_param_name(CLATTN_OPERATION_FUSED, i);
+        v[i] = strcmp(name, "WGY") == 0 ? 2 : strcmp(name, "NS") == 0 ? 2 : strcmp(name, "DIRECT") == 0 ? 2 : 1;
+    }
+    assert_string_equal(clattn_param_value_name(CLATTN_OPERATION_FUSED, n - 1, 2), "mma");
+    assert_int_equal(clattn_set_params(ctx, CLATTN_OPERATION_FUSED, v, n), CLATTN_SUCCESS);
+}
+
+static void fill(float *x, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        x[i] = (float)((double)((seed >> 8) & 0xffff) / 32768.0 - 1.0);
+    }
+}
+
+static clattn_attention_desc small_desc(void)
+{
+    clattn_attention_desc d;
+    memset(&d, 0, sizeof d);
+    d.batch = B;
+    d.heads_q = HQ;
+    d.heads_kv = HKV;
+    d.seq_q = SQ;
+    d.seq_kv = SKV;
+    d.head_dim = D;
+    d.causal = 1;
+    d.algorithm = CLATTN_ALGORITHM_FUSED;
+    return d;
+}
+
+static void test_refused(void **state)
+{
+    (void)state;
+    static float q[B * HQ * SQ * D], k[B * HKV * SKV * D], v[B * HKV * SKV * D], out[B * HQ * SQ * D];
+    fill(q, sizeof q / sizeof q[0], 1);
+    fill(k, sizeof k / sizeof k[0], 2);
+    fill(v, sizeof v / sizeof v[0], 3);
+    const clattn_attention_desc d = small_desc();
+    for (int off = 0; off < 2; off++) {
+        clattn_context *ctx = context_with(off ? "off" : NULL);
+        if (!off && strncmp(clattn_matrix_report(ctx), "none", 4) != 0) {
+            clattn_release(ctx); /* the device has the units: nothing to refuse */
+            continue;
+        }
+        ask_for_mma(ctx);
+        for (size_t i = 0; i < sizeof out / sizeof out[0]; i++)
+            out[i] = 777.0f;
+        const clattn_status st = clattn_attention_host(ctx, &d, CLATTN_F32, q, k, v, out, NULL);
+        assert_int_equal(st, CLATTN_UNSUPPORTED);
+        assert_non_null(strstr(clattn_last_error(ctx), "kernel=mma"));
+        if (off)
+            assert_non_null(strstr(clattn_last_error(ctx), "CLATTN_MATRIX=off"));
+        for (size_t i = 0; i < sizeof out / sizeof out[0]; i++)
+            assert_true(out[i] == 777.0f);
+        clattn_release(ctx);
+    }
+}
+
+static void test_emulated_override(void **state)
+{
+    (void)state;
+    static float q[B * HQ * SQ * D], k[B * HKV * SKV * D], v[B * HKV * SKV * D], out[B * HQ * SQ * D];
+    static double xq[B * HQ * SQ * D], xk[B * HKV * SKV * D], xv[B * HKV * SKV * D], ref[B * HQ * SQ * D];
+    fill(q, sizeof q / sizeof q[0], 4);
+    fill(k, sizeof k / sizeof k[0], 5);
+    fill(v, sizeof v / sizeof v[0], 6);
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++)
+        xq[i] = q[i];
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        xk[i] = k[i];
+        xv[i] = v[i];
+    }
+    clattn_context *ctx = context_with("emulate");
+    ask_for_mma(ctx);
+    const clattn_attention_desc d = small_desc();
+    assert_int_equal(clattn_attention_host(ctx, &d, CLATTN_F32, q, k, v, out, NULL), CLATTN_SUCCESS);
+    const ref_attn ra = {B, HQ, HKV, SQ, SKV, D, 0, 0.0, 1, NULL, {0, 0, 0, 0}, NULL};
+    ref_attention(&ra, xq, xk, xv, ref, NULL, NULL);
+    for (size_t i = 0; i < sizeof out / sizeof out[0]; i++)
+        if (!tu_close(out[i], ref[i], 2e-5, 1e-4))
+            fail_msg("out[%zu] %.9g, reference %.9g", i, (double)out[i], ref[i]);
+    clattn_release(ctx);
+}
+
+/* Where the library picks the matrix kernel itself, clattn_get_call_params says so. */
+static void test_call_params(void **state)
+{
+    (void)state;
+    clattn_context *ctx = context_with("emulate");
+    const clattn_problem_class pc = {CLATTN_OPERATION_FUSED, CLATTN_F16, 64, 256, 256, 0, 0};
+    clattn_kernel_params kp;
+    assert_int_equal(clattn_get_call_params(ctx, &pc, 8, 8, 64, &kp), CLATTN_SUCCESS);
+    assert_int_equal(kp.values[kp.count - 1], 2);
+    assert_non_null(strstr(kp.origin, "the matrix kernel"));
+    clattn_release(ctx);
+    ctx = context_with("off");
+    assert_int_equal(clattn_get_call_params(ctx, &pc, 8, 8, 64, &kp), CLATTN_SUCCESS);
+    assert_true(kp.values[kp.count - 1] != 2);
+    clattn_release(ctx);
+}
+
+int main(void)
+{
+    tu_add_test("env/bad_value", NULL, test_bad_value, NULL);
+    tu_add_test("report/modes", NULL, test_reports, NULL);
+    tu_add_test("kernel/refused", NULL, test_refused, NULL);
+    tu_add_test("kernel/emulated_override", NULL, test_emulated_override, NULL);
+    tu_add_test("kernel/call_params", NULL, test_call_params, NULL);
+    return tu_run_tests("matrix");
+}
