@@ -40,8 +40,8 @@ if [[ $steps == *,matrix,* ]]; then
 # the inline PTX (the .version and .target of the PTX it returns as the program binary, which the
 # kernel cache keeps), the fused and decode tables on the GPU's own backend (AUTO runs fused_mma
 # there) and on the emulated layer, then fused f16, bf16 and f32 (3xTF32) with the matrix kernel
-# (CLATTN_MATRIX=auto) and the FMA kernel (off), each with the FMA peak of its run: CSV per dtype,
-# shape and mode (matrix-*.csv), and a summary.
+# (CLATTN_MATRIX=auto: the FMA kernel too, in the same clattn-bench run) and with off, each with
+# the FMA peak of its run: matrix.csv (every line), matrix.err (the checks), and a summary.
 log "matrix: $(grep -m 1 -i "matrix units" "$out/info.txt" | sed 's/^ *//')"
 (cd "$build" && CLATTN_REQUIRE_DEVICE=1 timeout 200 ctest -j12 -R "^(test_attention|test_decode|test_mma_layout|test_attention_mma|test_decode_mma|test_robust)$" \
   --output-on-failure >"$out/ctest-matrix.log" 2>&1)
@@ -51,18 +51,26 @@ bin_=$(grep -l -a "fused_mma" "$CLATTN_CACHE_DIR"/*.clbin 2>/dev/null | head -n 
 # MATRIX_SHAPES (clattn-bench shape options, ';' between shapes) and MATRIX_MODES (default
 # "auto off") let a dry run on PoCL take small shapes and the emulation.
 IFS=';' read -r -a shapes_ <<<"${MATRIX_SHAPES:---batch 4 --heads 16 --seq-q 4096 --seq-kv 4096 --dim 64;--batch 2 --heads 16 --seq-q 8192 --seq-kv 8192 --dim 128}"
+# One CSV (clattn-bench's columns after shape, dtype and CLATTN_MATRIX) and one error log: the
+# lent machines return at most 8 files.
+rm -f "$out/matrix.csv" "$out/matrix.err"
 for shape in "${shapes_[@]}"; do
   tag=$(echo "$shape" | awk '{ print "b" $2 "h" $4 "s" $6 "d" $10 }')
   for dt in f16 bf16 f32; do
     for mode in ${MATRIX_MODES:-auto off}; do
-      CLATTN_MATRIX=$mode timeout 40 "$bin/clattn-bench" --op peak,fused --dtype $dt --check --csv --iters 5 $shape \
-        >"$out/matrix-$tag-$dt-$mode.csv" 2>"$out/matrix-$tag-$dt-$mode.err" ||
-        echo "matrix $tag $dt $mode: failed: $(tail -n 2 "$out/matrix-$tag-$dt-$mode.err")"
+      if ! CLATTN_MATRIX=$mode timeout 40 "$bin/clattn-bench" --op peak,fused --dtype $dt --check --csv --iters 5 $shape \
+           >"$out/tmp.csv" 2>"$out/tmp.err"; then
+        echo "matrix $tag $dt $mode: failed: $(tail -n 2 "$out/tmp.err")"
+      fi
+      { echo "== $tag $dt $mode"; cat "$out/tmp.err"; } >>"$out/matrix.err"
+      [ -f "$out/matrix.csv" ] || echo "shape,dtype_in,matrix,$(head -n 1 "$out/tmp.csv")" >"$out/matrix.csv"
+      tail -n +2 "$out/tmp.csv" | sed "s|^|$tag,$dt,$mode,|" >>"$out/matrix.csv"
       # op, causal, median ms, GFLOP/s, ratio (clattn-bench --csv's columns 1, 10, 11, 13, 15, 16)
-      echo "$tag $dt $mode: $(awk -F, '$1 == "peak" || $1 ~ /^fused/ { printf "%s%s %s ms %.0f GFLOP/s %s %s; ", $1, $10 == "1" ? " causal" : "", $11, $13, $15, $16 }' "$out/matrix-$tag-$dt-$mode.csv")"
+      echo "$tag $dt $mode: $(awk -F, '$1 == "peak" || $1 ~ /^fused/ { printf "%s%s %s ms %.0f GFLOP/s %s %s; ", $1, $10 == "1" ? " causal" : "", $11, $13, $15, $16 }' "$out/tmp.csv")"
     done
   done
 done
+rm -f "$out/tmp.csv" "$out/tmp.err"
 fi
 
 if [[ $steps == *,tests,* ]]; then
