@@ -19,8 +19,9 @@
  * always builds 3xTF32).
  *
  * The kernel works with the types mma_a, mma_b (operand fragments) and mma_c (an accumulator,
- * MMA_CE floats a lane, two of them with 3xTF32), and with MMA_CTX in its argument lists: the
- * emulation's lane, its work-item index and its local scratch (mma_ctx), nothing on NVIDIA. */
+ * MMA_CE floats a lane, two of them with 3xTF32), the loads, mma_p_pack, and the macros MMA,
+ * MMA_XOR2 and MMA_IDX4, which under emulation use the kernel's `mctx` (mma_ctx: the lane, the
+ * work-item's index and the local scratch) and on NVIDIA nothing but their arguments. */
 
 /* Loops over fragments: unrolled on GPUs (fragment arrays must stay in registers), rolled under
  * emulation, where unrolled products would copy their barriers and PoCL compiles for minutes. */
@@ -98,8 +99,6 @@ inline float tf32_big(float x)
 
 #if MMA_NV
 /* ---------------------------------------------------------------- NVIDIA: inline PTX */
-#define MMA_CTX
-#define MMA_CTX_ARGS
 #if DT_IN == 0
 #if MMA_3X
 typedef struct { uint4 big, small; } mma_a;
@@ -303,8 +302,6 @@ typedef struct {
 } mma_ctx;
 #define MMA_WARP_FLOATS (MMA_PARTS * (MMA_M * MMA_K + MMA_K * MMA_N))
 #define MMA_SCRATCH_FLOATS(nw) ((nw) * (MMA_WARP_FLOATS + 4 * MMA_LANES))
-#define MMA_CTX , mctx
-#define MMA_CTX_ARGS , mma_ctx mctx
 
 /* x rounded to the element type. */
 inline float mma_round(float x)
