@@ -554,7 +554,7 @@ static void test_longest_range(void **state)
     const int short_range = (forced && *forced) ||
                             (TU_SANITIZED && tu_getenv_int("CLATTN_TEST_GPU_LIMITS", 0) != 0);
     /* The emulated matrix kernel (CLATTN_MATRIX=emulate, test_decode_mma) exchanges every
-     * product through local memory: 2^22 keys, a minute, still 2^16 of its 64-key tiles. */
+     * product through local memory: 2^22 keys (seconds here), still 2^18 of its 16-key tiles. */
     const char *matrix = getenv("CLATTN_MATRIX");
     const int emulated = matrix && strcmp(matrix, "emulate") == 0;
     const int64_t N = emulated ? INT64_C(1) << 22 : short_range ? INT64_C(1) << 27 : CLATTN_MAX_SEQ;
