@@ -17,7 +17,7 @@
  * Wide f32 heads: a work-group may take DVP of head_dim_v's columns only (grid x: the column
  * blocks, each computing S again), which keeps 3xTF32's two accumulators within the registers.
  * Weights. f16: P is scaled by 2^15 before its rounding to f16, which keeps weights down to
- * 2^-24·2^-15 normal (f16 subnormals start at 2^-14), and O is summed unnormalised (|V| <= 65504
+ * 2^-29 normal (f16 subnormals start at 2^-14), and O is summed unnormalised (|V| <= 65504
  * keeps it far from overflow) and divided by the row sum at the end. bf16 and f32, whose V may
  * reach FLT_MAX: O is kept normalised at half scale as in the tiled kernel, o' = o·(l·α/l') +
  * (p·O_WEIGHT/l')·V, with the weights normalised before their rounding (bf16 keeps f32's range).
