@@ -76,25 +76,21 @@ inline float tl_to_f(__local const TL *p)
 #endif
 }
 
-/* Whether a stored element is Inf or NaN, from its bits. */
-#if DT_IN == 0
-#define TL_NONFINITE(x) ((as_uint(x) & 0x7f800000u) == 0x7f800000u)
-#elif DT_IN == 1
-#define TL_NONFINITE(x) (((x) & 0x7c00u) == 0x7c00u)
-#else
-#define TL_NONFINITE(x) (((x) & 0x7f80u) == 0x7f80u)
-#endif
+/* The tf32 part of x (its upper 19 bits: what the tf32 mma reads of a register) is x rounded to
+ * nearest, ties away from zero, as cvt.rna.tf32.f32 does, after tf32_clamp: finite values past
+ * the largest tf32 number (0x7f7fe000), which cvt.rna would take to Inf (and the remainder of
+ * 3xTF32 to -Inf), are cut to it, so the split x = big + small stays finite for every finite x.
+ * NaN and Inf pass. The GPU rounds with cvt.rna (cvt_tf32), the emulation with tf32_big. */
+inline float tf32_clamp(float x)
+{
+    const float m = as_float(0x7f7fe000u);
+    return fabs(x) > m && !isinf(x) ? copysign(m, x) : x;
+}
 
-/* The tf32 part of x (its upper 19 bits: what the tf32 mma reads of a register), rounded to
- * nearest, ties away from zero, as cvt.rna.tf32.f32 does, except that values that would round up
- * to Inf (above the largest tf32 number, 0x7f7fe000) are cut to it instead: the split x = big +
- * small of 3xTF32 then stays finite for every finite x (cvt.rna gives Inf, and small -Inf, for
- * FLT_MAX). NaN and Inf stay. The emulation rounds with it; the GPU gets the same from cvt_tf32. */
 inline float tf32_big(float x)
 {
-    const uint u = as_uint(x), r = (u + 0x1000u) & 0xffffe000u;
-    const int up_to_inf = (r & 0x7fffffffu) == 0x7f800000u && (u & 0x7fffffffu) < 0x7f800000u;
-    return isnan(x) ? x : as_float(up_to_inf ? u & 0xffffe000u : r);
+    const float y = tf32_clamp(x);
+    return isnan(y) ? y : as_float((as_uint(y) + 0x1000u) & 0xffffe000u);
 }
 
 #if MMA_NV
@@ -117,13 +113,11 @@ typedef float4 mma_c;
 
 inline uint lds32(__local const TL *p) { return *(__local const uint *)p; }
 
-/* tf32_big on the GPU: cvt.rna of x clamped to the largest tf32 magnitude (NaN and Inf pass). */
+/* tf32_big on the GPU, as the register the mma reads. */
 inline uint cvt_tf32(float x)
 {
-    const float m = as_float(0x7f7fe000u);
-    const float y = fabs(x) > m && !isinf(x) ? copysign(m, x) : x;
     uint r;
-    __asm__ volatile("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(y));
+    __asm__ volatile("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(tf32_clamp(x)));
     return r;
 }
 
@@ -317,16 +311,25 @@ inline float mma_round(float x)
 #endif
 }
 
+/* Element e of a fragment of n elements a part: x rounded to the element type, and with 3xTF32
+ * the remainder's rounding at v[n + e] (0 for x = ±Inf, whose big part carries it). */
+inline void emu_put(float *v, int n, int e, float x)
+{
+    v[e] = mma_round(x);
+#if MMA_3X
+    v[n + e] = mma_round(isinf(x) ? 0.0f : x - v[e]);
+#else
+    (void)n;
+#endif
+}
+
 inline mma_a mma_load_a(__local const TL *p, int pitch, int lane)
 {
     mma_a a;
     MMA_UNROLL
     for (int e = 0; e < MMA_AE; e++) {
         const float x = tl_to_f(p + MMA_A_ROW(lane, e) * pitch + MMA_A_COL(lane, e));
-        a.v[e] = mma_round(x);
-#if MMA_3X
-        a.v[MMA_AE + e] = mma_round(isinf(x) ? 0.0f : x - a.v[e]);
-#endif
+        emu_put(a.v, MMA_AE, e, x);
     }
     return a;
 }
@@ -338,10 +341,7 @@ inline mma_b mma_load_b_(__local const TL *p, int pitch, int lane, int keys)
     for (int e = 0; e < MMA_BE; e++) {
         const int k = MMA_B_ROW(lane, e);
         const float x = tl_to_f(p + MMA_B_COL(lane, e) * pitch + (keys ? MMA_P_KEY(k) : k));
-        b.v[e] = mma_round(x);
-#if MMA_3X
-        b.v[MMA_BE + e] = mma_round(isinf(x) ? 0.0f : x - b.v[e]);
-#endif
+        emu_put(b.v, MMA_BE, e, x);
     }
     return b;
 }
@@ -353,10 +353,7 @@ inline mma_a mma_p_pack(float4 t0, float4 t1)
     MMA_UNROLL
     for (int e = 0; e < MMA_AE; e++) {
         const float x = c[MMA_P_TILE(0, e)][MMA_P_ELEM(e)];
-        a.v[e] = mma_round(x);
-#if MMA_3X
-        a.v[MMA_AE + e] = mma_round(isinf(x) ? 0.0f : x - a.v[e]);
-#endif
+        emu_put(a.v, MMA_AE, e, x);
     }
     return a;
 }

@@ -178,22 +178,21 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     if (decode)
         clattn__decode_tiled_default(ctx, R, p->head_dim, p->head_dim_v, source, pp.v);
     int kernel = decode ? pp.decode.DIRECT : pp.fused.DIRECT;
-    if (kernel == (decode ? CLATTN_KERNEL_MMA_DECODE : CLATTN_KERNEL_MMA_FUSED) ||
-        clattn__matrix_auto(ctx, p->seq_q, R, source)) {
+    const int chosen = kernel == (decode ? CLATTN_KERNEL_MMA_DECODE : CLATTN_KERNEL_MMA_FUSED);
+    if (chosen || clattn__matrix_auto(ctx, p->seq_q, R, source)) {
         const int explicit_ = source >= CLATTN_SOURCE_ENVIRONMENT;
-        const int chosen = kernel == (decode ? CLATTN_KERNEL_MMA_DECODE : CLATTN_KERNEL_MMA_FUSED);
-        if (ctx->matrix_mode == CLATTN_MATRIX_OFF || (!ctx->matrix_backend && ctx->matrix_mode != CLATTN_MATRIX_EMULATE)) {
+        const int emulate = ctx->matrix_mode == CLATTN_MATRIX_EMULATE;
+        if (!emulate && (ctx->matrix_mode == CLATTN_MATRIX_OFF || !ctx->matrix_backend)) {
             if (explicit_)
                 return clattn__fail(ctx, CLATTN_UNSUPPORTED, "kernel=mma (the matrix-unit kernel): %s",
                                     ctx->matrix_mode == CLATTN_MATRIX_OFF ? "CLATTN_MATRIX=off" : ctx->matrix_why);
         } else {
-            /* The tuned or requested tile (WGY warps, NS·16 keys), else the kernel's defaults. */
-            const int nw = chosen ? (decode ? pp.decode.WGY : pp.fused.WGY) : 0;
-            const int bn = chosen ? 16 * (decode ? pp.decode.NS : pp.fused.NS) : 0;
+            /* The tuned or requested tile (WGY warps, NS·16 keys: slots 1 and 3 in FUSED and DECODE
+             * alike), else the kernel's defaults. */
             int used;
-            clattn_status st = clattn__fused_run_mma(ctx, p, nw, bn, decode ? pp.decode.SPLITS : 0,
-                                                     ctx->matrix_mode == CLATTN_MATRIX_EMULATE || !ctx->matrix_backend,
-                                                     explicit_, num_wait, wait, done, &used);
+            clattn_status st = clattn__fused_run_mma(ctx, p, chosen ? pp.fused.WGY : 0, chosen ? 16 * pp.fused.NS : 0,
+                                                     decode ? pp.decode.SPLITS : 0, emulate, explicit_, num_wait,
+                                                     wait, done, &used);
             if (st || used)
                 return st;
         }

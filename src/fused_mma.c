@@ -13,9 +13,9 @@ typedef struct mma_cfg {
 /* Local memory of fused_mma: the one array of Q, K and V (Q's place taken by K and V when Q's
  * fragments stay in registers), the two tile flags, and under emulation the warps' product
  * scratch and a float4 exchange slot per work-item (MMA_SCRATCH_FLOATS, mma.cl). */
-static size_t mma_local_bytes(const mma_cfg *c, int elem, int parts, int emulate)
+static size_t mma_local_bytes(const mma_cfg *c, int elem, int emulate)
 {
-    const size_t pad = elem == 4 ? 4 : 8, k = elem == 4 ? 8 : 16;
+    const size_t pad = elem == 4 ? 4 : 8, k = elem == 4 ? 8 : 16, parts = elem == 4 ? 2 : 1; /* 3xTF32 */
     const size_t bm = 16 * (size_t)c->nw, qp = (size_t)c->dp + pad, vp = (size_t)c->bn + pad;
     const size_t q = bm * qp, kv = (size_t)c->bn * qp + (size_t)c->dvp * vp;
     size_t bytes = elem * (c->qreg ? (q > kv ? q : kv) : q + kv) + 16 + 16;
@@ -31,7 +31,6 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
     *used = 0;
     const int R = (int)(p->heads_q / p->heads_kv) * (int)p->seq_q;
     const int elem = p->dtype == CLATTN_F32 ? 4 : 2, kdim = elem == 4 ? 8 : 16;
-    const int parts = elem == 4 ? 2 : 1; /* 3xTF32: big and small parts */
     mma_cfg c;
     c.dp = (int)((p->head_dim + kdim - 1) / kdim * kdim);
     c.dvp = (int)((p->head_dim_v + 7) / 8 * 8);
@@ -59,7 +58,7 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
     c.qreg = elem == 2 && c.dp <= 128;
     size_t cap = ctx->dev.max_wg < ctx->dev.max_item[0] ? ctx->dev.max_wg : ctx->dev.max_item[0];
     for (;;) {
-        if ((size_t)32 * c.nw <= cap && clattn__local_fits(ctx, mma_local_bytes(&c, elem, parts, emulate)))
+        if ((size_t)32 * c.nw <= cap && clattn__local_fits(ctx, mma_local_bytes(&c, elem, emulate)))
             break;
         if ((size_t)32 * c.nw > cap && c.nw > 1)
             c.nw /= 2;

@@ -527,19 +527,15 @@ clattn_status clattn_get_call_params(clattn_context *ctx, const clattn_problem_c
     }
     /* The matrix kernel where the library picks it itself (matrix.c), with its own tile (WGY and
      * NS 0: the kernel's defaults). */
-    if ((pc->operation == CLATTN_OPERATION_FUSED || pc->operation == CLATTN_OPERATION_DECODE) &&
-        out->values[pc->operation == CLATTN_OPERATION_DECODE ? 6 : 5] !=
-            (pc->operation == CLATTN_OPERATION_DECODE ? CLATTN_KERNEL_MMA_DECODE : CLATTN_KERNEL_MMA_FUSED) &&
+    clattn_params mp;
+    memcpy(mp.v, out->values, sizeof mp.v);
+    const int decode = pc->operation == CLATTN_OPERATION_DECODE;
+    int *direct = decode ? &mp.decode.DIRECT : &mp.fused.DIRECT;
+    const int mma = decode ? CLATTN_KERNEL_MMA_DECODE : CLATTN_KERNEL_MMA_FUSED;
+    if ((decode || pc->operation == CLATTN_OPERATION_FUSED) && *direct != mma &&
         clattn__matrix_auto(ctx, pc->seq_q > 0 ? pc->seq_q : 1, rows, out->source)) {
-        clattn_params mp;
-        memcpy(mp.v, out->values, sizeof mp.v);
-        if (pc->operation == CLATTN_OPERATION_DECODE) {
-            mp.decode.DIRECT = CLATTN_KERNEL_MMA_DECODE;
-            mp.decode.WGY = mp.decode.NS = 0;
-        } else {
-            mp.fused.DIRECT = CLATTN_KERNEL_MMA_FUSED;
-            mp.fused.WGY = mp.fused.NS = 0;
-        }
+        *direct = mma;
+        mp.fused.WGY = mp.fused.NS = 0; /* slots 1 and 3 in FUSED and DECODE alike */
         memcpy(out->values, mp.v, sizeof mp.v);
         const size_t len = strlen(out->origin);
         snprintf(out->origin + len, sizeof out->origin - len, "; the matrix kernel (%s)",
