@@ -1,21 +1,329 @@
 /* The rules the attention kernels share (fused_tiled.cl, fused_direct.cl, fused_lanes.cl,
- * decode.cl, decode_lanes.cl; assembled after common.cl by src/program.c): the kernels' argument
- * list, the work range of a work-group, which keys a row sees (key lengths, causal range, mask)
- * and how hidden keys are kept out, the mask flags (MFLAGS) that mask_pass.cl computes, and the
- * merge of two online-softmax states. */
+ * decode.cl, decode_lanes.cl, fused_mma.cl, scores_variant.cl; assembled after common.cl, and the
+ * user's score_mod / mask_mod, by src/program.c): the variants (windows, softcap, ALiBi, sinks,
+ * the mods), the kernels' argument list, the work range of a work-group, which keys a row sees
+ * (key lengths, causal range, window, mask) and how hidden keys are kept out, the mask flags
+ * (MFLAGS) that mask_pass.cl computes, and the merge of two online-softmax states. */
 
-/* 1 when key is visible to one of the nr rows whose ends (causal range, key length; 0 for a row
- * past the block) are rend[] and whose mask rows start at mask[mrow[]]: the key lies before the
- * row's end and its mask entry is not -inf. The GPU decode kernels read the K and V rows of such
- * keys only, so that a sliding window's hidden past costs a mask entry per row, not its K and V
- * rows. */
-inline int key_seen(__global const T_MASK *mask, const ulong *mrow, const int *rend, int nr, int key)
+/* ---- Variants (docs/variants.md): sliding and chunked windows, softcap, ALiBi, sinks and the
+ * user's score_mod / mask_mod, compiled in by VARIANTS (bits V_*, src/variant.c sets them) with
+ * their values as the arguments VARIANT_ARGS, which follow the kernel's others. Defined once
+ * here: which keys a row sees (row_span: one interval [beg, end) per row, then mask_mod key by
+ * key), the logit of a visible key (var_logit: softcap, the additive mask, ALiBi, score_mod), and
+ * the sink's share of a finished row (sink_join). The kernels call these where they apply the
+ * causal end and the mask; without VARIANTS they reduce to the plain rules. */
+#define V_RANGE 1    /* window or chunk: a row's first key can be above 0 */
+#define V_SOFTCAP 2
+#define V_ALIBI 4
+#define V_SINKS 8
+#define V_SCORE_MOD 16
+#define V_MASK_MOD 32
+#ifndef VARIANTS
+#define VARIANTS 0
+#endif
+/* Variants that change keys one by one: VAR_PER_KEY, all of them (the GPU kernels check every
+ * tile then); VAR_GUARD, those that may hide a key (every block is checked: k_all 0), where
+ * VAR_LOGIT (softcap, ALiBi) only change the logits of visible keys, which the CPU kernels apply
+ * as vectors to blocks they do not check (var_logits16). */
+#define VAR_PER_KEY (VARIANTS & (V_RANGE | V_SOFTCAP | V_ALIBI | V_SCORE_MOD | V_MASK_MOD))
+#define VAR_GUARD (VARIANTS & (V_SCORE_MOD | V_MASK_MOD))
+#define VAR_LOGIT (VARIANTS & (V_SOFTCAP | V_ALIBI))
+
+#if VARIANTS
+/* v_left / v_right: the window's sides, INT_MAX where unbounded (the host maps every side that
+ * bounds nothing to it); v_chunk: 0 for none, else at most max(seq_kv, seq_q); v_cap: the softcap,
+ * 0 for none; ALiBi slopes f32 at v_a_off + b·v_a_sb + h·v_a_sh (v_a_sb 0 when batches share them);
+ * sinks at v_s_off + h·v_s_sh. */
+#define VARIANT_ARGS                                                                               \
+    , int v_left, int v_right, int v_chunk, float v_cap, __global const float *v_alibi, ulong v_a_off, \
+        ulong v_a_sb, ulong v_a_sh, __global const float *v_sinks, ulong v_s_off, ulong v_s_sh
+typedef struct vparams {
+    int left, right, chunk;
+    float cap;
+    __global const float *alibi;
+    ulong a_off, a_sb, a_sh;
+    __global const float *sinks;
+    ulong s_off, s_sh;
+} vparams;
+#define VP_MAKE {v_left, v_right, v_chunk, v_cap, v_alibi, v_a_off, v_a_sb, v_a_sh, v_sinks, v_s_off, v_s_sh}
+#else
+#define VARIANT_ARGS
+typedef struct vparams {
+    int none;
+} vparams;
+#define VP_MAKE {0}
+#endif
+
+/* A row's context for the per-key rules: batch, query head, diagonal position p = i + L - seq_q,
+ * first visible key, ALiBi slope. */
+typedef struct vrow {
+    int b, h, p, beg;
+    float slope;
+} vrow;
+
+/* Row i (of seq_q; query head hq of batch b, L keys): fills *r and returns one past the last key
+ * it may see (causal, the window's right side, its chunk; may be <= r->beg: no key). In 32-bit
+ * ints without overflow: p lies in (-2^31, 2^31 - 2^20), the window's sides are compared before
+ * they are added, and a chunk's bounds are computed in 64 bits. */
+inline int row_span(int causal, int i, int seq_q, int L, int b, int hq, const vparams *vp, vrow *r)
+{
+    int end = causal_end(causal, i, seq_q, L);
+    r->b = b;
+    r->h = hq;
+    r->p = i + (L - seq_q);
+    r->beg = 0;
+    r->slope = 0.0f;
+#if VARIANTS & V_RANGE
+    const int p = r->p;
+    if (vp->left < p)
+        r->beg = p - vp->left;
+    if (vp->right < seq_q - 1 - i) /* p + right + 1 < L */
+        end = min(end, p + vp->right + 1);
+    if (vp->chunk > 0) {
+        const long c = p >= 0 ? p / vp->chunk : -(long)((-(long)p - 1) / vp->chunk) - 1;
+        const long cs = c * vp->chunk, ce = cs + vp->chunk;
+        r->beg = max(r->beg, (int)clamp(cs, 0L, (long)L));
+        end = min(end, (int)clamp(ce, 0L, (long)L));
+    }
+#endif
+#if VARIANTS & V_ALIBI
+    r->slope = vp->alibi[vp->a_off + (ulong)b * vp->a_sb + (ulong)hq * vp->a_sh];
+#endif
+    return end;
+}
+
+/* Whether key (below the row's end) is visible: at or past its first key, and mask_mod. */
+inline int var_visible(int key, const vrow *r)
+{
+#if VARIANTS & V_MASK_MOD
+    return key >= r->beg && mask_mod(r->b, r->h, r->p, key) != 0;
+#else
+    return key >= r->beg;
+#endif
+}
+
+/* The softcap c·tanh(s / c) in a form that vectorises (the built-in tanh is a library call per
+ * lane on PoCL: softcap cost 4.2 times plain attention): c·(1 - t)/(1 + t) with t = e^(-2|s|/c)
+ * from exp2p, and below |s/c| = 1/4 (where 1 - t would cancel) c·x·(1 + x²·P(x²)), x = s/c, the
+ * odd Taylor polynomial to x^9 (under 2^-27 relative there). A few ulp of c, as the logit's own
+ * rounding; +-c at +-inf; NaN stays NaN. k2 = -2·log2(e)/c and ic = 1/c come from the host's c:
+ * multiplications, no division by c (PoCL, B1 H8 S1024 d64: 1.23 times plain attention instead
+ * of 1.33). */
+#define DEFINE_SOFTCAP(NAME, FT, EXP2)                                                            \
+    inline FT NAME(FT s, float c)                                                                 \
+    {                                                                                             \
+        const float ic = 1.0f / c, k2 = -2.0f * LOG2E * ic;                                       \
+        const FT a = fabs(s), t = EXP2(a * (FT)(k2));                                             \
+        const FT big = copysign((FT)(c) * ((FT)(1.0f) - t) / ((FT)(1.0f) + t), s);               \
+        const FT x = s * (FT)(ic), x2 = x * x;                                                    \
+        FT p = MAD(x2, (FT)(62.0f / 2835.0f), (FT)(-17.0f / 315.0f));                             \
+        p = MAD(x2, p, (FT)(2.0f / 15.0f));                                                       \
+        p = MAD(x2, p, (FT)(-1.0f / 3.0f));                                                       \
+        p = (FT)(c) * (x + x * (x2 * p));                                                         \
+        return select(big, p, fabs(x) < (FT)(0.25f));                                             \
+    }
+DEFINE_SOFTCAP(softcap1, float, exp2p)
+DEFINE_SOFTCAP(softcap16, float16, exp2p16)
+
+/* The logit of a visible key from its scaled score s, in DESIGN.md's order: the softcap, the mask
+ * value mv (-inf hides the key whatever s is), ALiBi, -slope·|p - key|, then score_mod. */
+inline float var_logit(float s, float mv, int key, const vrow *r, const vparams *vp)
+{
+#if VARIANTS & V_SOFTCAP
+    s = softcap1(s, vp->cap);
+#endif
+    if (mv == NEG_INF)
+        return NEG_INF;
+    s += mv;
+#if VARIANTS & V_ALIBI
+    s -= r->slope * (float)abs((long)r->p - (long)key);
+#endif
+#if VARIANTS & V_SCORE_MOD
+    s = score_mod(s, r->b, r->h, r->p, key);
+#endif
+    return s;
+}
+
+/* The final logit of key for a row whose keys end at rend: -inf when hidden (past rend, before
+ * the row's first key, mask_mod, mask -inf), else var_logit with the row's mask entry. */
+inline float var_key(float s, int key, int rend, const vrow *r, const vparams *vp, int has_mask,
+                     __global const T_MASK *mask, ulong mrow)
+{
+    if (key >= rend || !var_visible(key, r))
+        return NEG_INF;
+    return var_logit(s, has_mask ? LD_MASK(mask, mrow + key) : 0.0f, key, r, vp);
+}
+
+/* |p - key| lane by lane, as floats: wrapping differences (as_uint), exact for every key a row
+ * sees (p - key lies in (-seq_q, 2^31) there); the other lanes are hidden anyway. */
+inline float16 alibi_dist16(int16 p, int16 key)
+{
+    return convert_float16(abs(as_int16(as_uint16(p) - as_uint16(key))));
+}
+
+/* The softcap and ALiBi (VAR_LOGIT) on the scores of 16 visible keys key0 .. key0+15 of one row,
+ * or (var_rows16) of one key for 16 rows of positions p and slopes slope. */
+inline float16 var_logits16(float16 s, int key0, const vrow *r, const vparams *vp)
+{
+#if VARIANTS & V_SOFTCAP
+    s = softcap16(s, vp->cap);
+#endif
+#if VARIANTS & V_ALIBI
+    s -= (float16)(r->slope) *
+         alibi_dist16((int16)(r->p), (int16)(key0) + (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+#endif
+    return s;
+}
+inline float16 var_rows16(float16 s, int key, int16 p, float16 slope, const vparams *vp)
+{
+#if VARIANTS & V_SOFTCAP
+    s = softcap16(s, vp->cap);
+#endif
+#if VARIANTS & V_ALIBI
+    s -= slope * alibi_dist16(p, (int16)(key));
+#endif
+    return s;
+}
+
+/* var_key on one key for 16 rows (fused_lanes: lane i is row 16·lv + i, vr the first of them):
+ * their ends rend, first keys beg, positions p and slopes; the mask entries are read lane by
+ * lane. */
+inline float16 var_rows_key16(float16 s, int key, int16 rend, int16 beg, int16 p, float16 slope, const vrow *vr,
+                              const vparams *vp, int has_mask, __global const T_MASK *mask, const ulong *mrow)
+{
+#if VARIANTS & V_SOFTCAP
+    s = softcap16(s, vp->cap);
+#endif
+    union {
+        float16 v;
+        float f[16];
+    } su = {s}, mu = {(float16)(0.0f)};
+    union {
+        int16 v;
+        int i[16];
+    } hu = {((int16)(key) >= rend) | ((int16)(key) < beg)};
+    for (int e = 0; e < 16; e++) {
+        if (hu.i[e])
+            continue;
+#if VARIANTS & V_MASK_MOD
+        hu.i[e] = mask_mod(vr[e].b, vr[e].h, vr[e].p, key) ? 0 : -1;
+#endif
+        if (has_mask && !hu.i[e])
+            mu.f[e] = LD_MASK(mask, mrow[e] + (ulong)key);
+    }
+    hu.v |= mu.v == (float16)(NEG_INF);
+    su.v += mu.v;
+#if VARIANTS & V_ALIBI
+    su.v -= slope * alibi_dist16(p, (int16)(key));
+#endif
+#if VARIANTS & V_SCORE_MOD
+    for (int e = 0; e < 16; e++)
+        if (!hu.i[e])
+            su.f[e] = score_mod(su.f[e], vr[e].b, vr[e].h, vr[e].p, key);
+#endif
+    return select(su.v, (float16)(NEG_INF), hu.v);
+}
+
+/* var_key on the 16 keys key0 .. key0+15 of one row (fused_direct, fused_tiled on CPUs): the
+ * softcap, mask and ALiBi as vectors, mask_mod and score_mod lane by lane. */
+inline float16 var_keys16(float16 s, int key0, int rend, const vrow *r, const vparams *vp, int has_mask,
+                          __global const T_MASK *mask, ulong mrow)
+{
+    const int16 key = (int16)(key0) + (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int16 hid = (key >= (int16)(rend)) | (key < (int16)(r->beg));
+#if VARIANTS & V_SOFTCAP
+    s = softcap16(s, vp->cap);
+#endif
+#if VARIANTS & V_MASK_MOD
+    union {
+        int16 v;
+        int i[16];
+    } hu = {hid};
+    for (int e = 0; e < 16; e++)
+        if (!hu.i[e])
+            hu.i[e] = mask_mod(r->b, r->h, r->p, key0 + e) ? 0 : -1;
+    hid = hu.v;
+#endif
+    if (has_mask) {
+        float16 mv;
+        if (key0 + 15 < rend) {
+            mv = LD16_MASK(mask, mrow + (ulong)key0);
+        } else {
+            float t[16];
+            for (int e = 0; e < 16; e++)
+                t[e] = key0 + e < rend ? LD_MASK(mask, mrow + (ulong)(key0 + e)) : 0.0f;
+            mv = vload16(0, t);
+        }
+        hid |= mv == (float16)(NEG_INF);
+        s += mv;
+    }
+#if VARIANTS & V_ALIBI
+    s -= (float16)(r->slope) * alibi_dist16((int16)(r->p), key);
+#endif
+#if VARIANTS & V_SCORE_MOD
+    union {
+        float16 v;
+        float f[16];
+    } su = {s};
+    union {
+        int16 v;
+        int i[16];
+    } vu = {hid};
+    for (int e = 0; e < 16; e++)
+        if (!vu.i[e])
+            su.f[e] = score_mod(su.f[e], r->b, r->h, r->p, key0 + e);
+    s = su.v;
+#endif
+    return select(s, (float16)(NEG_INF), hid);
+}
+
+/* A finished row (running maximum m, sum l, empty: no visible key) with the sink of query head
+ * hq: returns the factor of its normalised output and writes its LSE, the sink included:
+ * lse' = log(e^lse + e^s), o' = o·e^(lse - lse'). Without sinks, or with splits (merge.cl adds
+ * the sink then), the factor is 1 and the LSE m + log(l). s = -inf changes nothing, bit for bit;
+ * an empty row gets LSE s (its o is 0). */
+inline float sink_join(float m, float l, int empty, int hq, int splits, const vparams *vp, float *lse)
+{
+    const float lse0 = empty ? NEG_INF : m + log(l);
+    *lse = lse0;
+#if VARIANTS & V_SINKS
+    if (splits == 1) {
+        const float s = vp->sinks[vp->s_off + (ulong)hq * vp->s_sh];
+        if (s == NEG_INF || isnan(lse0))
+            return 1.0f;
+        if (empty) {
+            *lse = s;
+            return 0.0f;
+        }
+        const float d = s - lse0; /* NaN s: NaN row */
+        if (d <= 0.0f) {
+            const float e = exp(d);
+            *lse = lse0 + log1p(e);
+            return 1.0f / (1.0f + e);
+        }
+        const float e = exp(-d);
+        *lse = s + log1p(e);
+        return isnan(d) ? d : e / (1.0f + e);
+    }
+#endif
+    return 1.0f;
+}
+
+/* 1 when key is visible to one of the nr rows whose ends (causal range, key length, window;
+ * 0 for a row past the block) are rend[], whose variant contexts are vr[] (first key, mask_mod)
+ * and whose mask rows start at mask[mrow[]]: the key lies in the row's span and its mask entry
+ * is not -inf. The GPU decode kernels read the K and V rows of such keys only, so that a sliding
+ * window's hidden past costs a mask entry per row, not its K and V rows. */
+inline int key_seen(__global const T_MASK *mask, int has_mask, const ulong *mrow, const int *rend,
+                    const vrow *vr, int nr, int key)
 {
     for (int i = 0; i < nr; i++)
-        if (key < rend[i] && LD_MASK(mask, mrow[i] + key) != NEG_INF)
+        if (key < rend[i] && var_visible(key, &vr[i]) && (!has_mask || LD_MASK(mask, mrow[i] + key) != NEG_INF))
             return 1;
     return 0;
 }
+/* Whether the decode kernels test keys one by one before reading their K rows. */
+#define KEY_TEST(has_mask) ((has_mask) || (VARIANTS & (V_RANGE | V_MASK_MOD)))
 
 #if defined(DT_IN)
 /* Loads 4 consecutive elements starting at index i < n of a row, zero beyond n. */
@@ -62,13 +370,15 @@ inline void stage_q_rows(__local float *dst, int pitch, int nr, int dp, int lid,
 
 /* What one work-group covers: grid z = (batch·heads_kv + kv head)·splits + split, packed rows
  * r0..r1, and the keys [k_lo, k_hi) of its split that those rows may see (causal: the positions
- * of the first and last rows bound the range of all), every row seeing keys below k_all. */
+ * of the first and last rows bound the range of all), every row seeing the keys in
+ * [k_vis, k_all) (k_vis 0 but with a window or chunk, whose rows start at different keys). */
 typedef struct work_range {
-    int split, z, b, hk, L, k_lo, k_hi, k_all;
+    int split, z, b, hk, L, k_lo, k_hi, k_all, k_vis;
 } work_range;
 
 inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv, int seq_q,
-                                int seq_kv, int causal, __global const int *kvlen, int r0, int r1)
+                                int seq_kv, int causal, __global const int *kvlen, int r0, int r1,
+                                int step, const vparams *vp)
 {
     work_range w;
     w.split = zz % splits;
@@ -82,8 +392,21 @@ inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv,
     w.k_lo = w.split * split_len; /* below seq_kv: the host makes (splits - 1)·split_len < seq_kv */
     /* k_lo + split_len may pass INT_MAX for the last split of a long range: compare instead. */
     const int end = split_len >= w.L - w.k_lo ? w.L : w.k_lo + split_len;
-    w.k_hi = min(end, causal_end(causal, i_max, seq_q, w.L));
-    w.k_all = min(w.k_hi, causal_end(causal, i_min, seq_q, w.L));
+    vrow first, last;
+    const int end_min = row_span(causal, i_min, seq_q, w.L, w.b, 0, vp, &first);
+    const int end_max = row_span(causal, i_max, seq_q, w.L, w.b, 0, vp, &last);
+    w.k_hi = min(end, end_max);
+    w.k_all = min(w.k_hi, end_min);
+    w.k_vis = last.beg; /* the first key the last row sees: every row sees it on */
+#if VARIANTS & V_RANGE
+    /* A window's or chunk's first key grows with the row: the first row's is the block's. The
+     * range starts at it, rounded down to the kernel's step from the split's start. */
+    if (first.beg > w.k_lo)
+        w.k_lo += (first.beg - w.k_lo) / step * step;
+#endif
+#if VAR_GUARD
+    w.k_all = 0; /* every block is checked key by key */
+#endif
     return w;
 }
 #endif
@@ -124,8 +447,19 @@ inline float16 add_mask16(float16 s, float16 mv, int16 hidden)
  * lengths, the split's end), the mask (row offset mrow) added otherwise. A -inf mask hides the
  * key even when its score is NaN. */
 inline void hide_keys(float *t, int n, int key0, int rend, int has_mask, __global const T_MASK *mask,
-                      ulong mrow)
+                      ulong mrow, const vrow *vr, const vparams *vp)
 {
+#if VAR_PER_KEY
+    /* The variants: one rule a key, mask and all, 16 keys a vector (var_keys16), then var_key. */
+    {
+        int e = 0;
+        for (; e + 16 <= n; e += 16)
+            vstore16(var_keys16(vload16(0, t + e), key0 + e, rend, vr, vp, has_mask, mask, mrow), 0, t + e);
+        for (; e < n; e++)
+            t[e] = var_key(t[e], key0 + e, rend, vr, vp, has_mask, mask, mrow);
+        return;
+    }
+#endif
     /* Without a mask, keys below rend are visible: a loop of its own, since in one loop with the
      * mask's PoCL made masked AVX-512 loads of the NULL mask, each as slow as a cache miss
      * (causal prefill 2.77 ms against 3.16). See docs/measurements.md#hide-keys. */
@@ -178,6 +512,27 @@ inline int mask_hides_block(int rows, const int *rend, const ulong *mrow, int kt
     return 1;
 }
 
+/* 1 when no row of the block sees a key of kt .. kt+n-1 by the variants' rules (its first key,
+ * mask_mod; the mask aside): the CPU kernels skip such blocks as they skip those the mask hides.
+ * mask_mod is evaluated key by key up to the first visible one. */
+inline int var_hides_block(int rows, const int *rend, const vrow *vr, int kt, int n)
+{
+#if VARIANTS & (V_RANGE | V_MASK_MOD)
+    for (int i = 0; i < rows; i++)
+        for (int key = max(kt, vr[i].beg), e = min(kt + n, rend[i]); key < e; key++) {
+#if VARIANTS & V_MASK_MOD
+            if (var_visible(key, &vr[i]))
+                return 0;
+#else
+            return 0;
+#endif
+        }
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* Mask block flags (MFLAGS; filled by mask_pass.cl, src/mask_pass.c: clattn__plan_mask_flags says when): a
  * mask that heads, batches or rows share is read once into one byte per mask row and 16-key
  * chunk (1: every key of the chunk is -inf) and a span per flag row (its first and one past its
@@ -218,19 +573,25 @@ inline int mask_hides_block(int rows, const int *rend, const ulong *mrow, int kt
 #else
 #define MARK_SEEN_TILE(bm, bn, nwi, lid, seen)                                                     \
     do {                                                                                           \
-        for (int e_ = (lid); has_mask && e_ < (bm) * (bn); e_ += (nwi)) {                          \
+        for (int e_ = (lid); TILE_TEST(has_mask) && e_ < (bm) * (bn); e_ += (nwi)) {               \
             const int row_ = r0 + e_ / (bn), key_ = kt + e_ % (bn);                                \
             if (row_ >= R || key_ >= k_hi)                                                         \
                 continue;                                                                          \
             const int pos_ = row_ % seq_q, hq_ = hk * group + row_ / seq_q;                        \
             const ulong mr_ = m_off + (ulong)b * m_sb + (ulong)hq_ * m_sh + (ulong)pos_ * m_ss;    \
-            if (key_ < causal_end(causal, pos_, seq_q, L) && LD_MASK(mask, mr_ + key_) != NEG_INF) { \
+            vrow vr_;                                                                              \
+            if (key_ < row_span(causal, pos_, seq_q, L, b, hq_, &vp, &vr_) && var_visible(key_, &vr_) && \
+                (!has_mask || LD_MASK(mask, mr_ + key_) != NEG_INF)) {                             \
                 (seen) = kt;                                                                       \
                 break;                                                                             \
             }                                                                                      \
         }                                                                                          \
     } while (0)
 #endif
+/* Whether the tile kernels test their tiles with MARK_SEEN_TILE: a mask, or mask_mod (with the
+ * mask's flags, MFLAGS, the test reads the flags alone: a tile mask_mod hides may then run, its
+ * keys hidden one by one). */
+#define TILE_TEST(has_mask) ((has_mask) || (VARIANTS & V_MASK_MOD))
 
 #if MFLAGS
 #define MFLAG_ARGS                                                                                 \

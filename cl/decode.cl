@@ -93,8 +93,9 @@
 #define SCR_FLOATS (SP_FLOATS > FIN_FLOATS ? SP_FLOATS : FIN_FLOATS)
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-decode_rows(ATTN_KERNEL_ARGS(T_IN))
+decode_rows(ATTN_KERNEL_ARGS(T_IN) VARIANT_ARGS)
 {
+    const vparams vp = VP_MAKE;
     __local float4 Qs[RM][DP / 4];
     __local float scr[SCR_FLOATS];
 #define Sc(g, i, n) scr[((g) * RM + (i)) * W + (n)]
@@ -106,7 +107,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
     const int R = group * seq_q;
     const int r0 = GROUP_ID(1) * RM;
     const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
-                                       causal, kvlen, r0, min(R, r0 + RM) - 1);
+                                       causal, kvlen, r0, min(R, r0 + RM) - 1, STEP, &vp);
     const int b = w.b, hk = w.hk, k_hi = w.k_hi;
 
     __global const T_IN *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
@@ -117,6 +118,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
 
     float m[RM], l[RM];
     int rend[RM];
+    vrow vr[RM];
     ulong mrow[RM];
     float4 o[RM];
     for (int i = 0; i < RM; i++) {
@@ -124,7 +126,8 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
         const int pos = row % seq_q, hq = hk * group + row / seq_q;
         m[i] = NEG_INF;
         l[i] = 0.0f;
-        rend[i] = row < R ? min(k_hi, causal_end(causal, pos, seq_q, w.L)) : 0;
+        const int end = row_span(causal, pos, seq_q, w.L, b, hq, &vp, &vr[i]);
+        rend[i] = row < R ? min(k_hi, end) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
         o[i] = (float4)(0.0f);
     }
@@ -149,7 +152,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
                     for (int pb = 0; pb < PB; pb++) {
                         const int n = (p0 + pb) * RP + kr, kk = kg0 + n;
                         const int ok = p0 + pb < NPASS && n < W && kk < k_hi &&
-                                       (!has_mask || key_seen(mask, mrow, rend, RM, kk));
+                                       (!KEY_TEST(has_mask) || key_seen(mask, has_mask, mrow, rend, vr, RM, kk));
                         __global const T_IN *kr_p = Kb + (ulong)(ok ? kk : 0) * k_ss;
 #pragma unroll
                         for (int u = 0; u < CPL; u++) {
@@ -194,7 +197,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
 #else
         /* With a mask, a key no row of the block sees (key_seen) reads no K row: its scores
          * come out -inf from the mask below all the same. */
-        if (key < k_hi && (!has_mask || key_seen(mask, mrow, rend, RM, key))) {
+        if (key < k_hi && (!KEY_TEST(has_mask) || key_seen(mask, has_mask, mrow, rend, vr, RM, key))) {
             /* LC loads of the key's row are issued before their products, so that each
              * work-item has several requests in flight (the loop bounds are constants). */
             __global const T_IN *kr = Kb + (ulong)key * k_ss;
@@ -226,7 +229,9 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
 #endif
         for (int i = 0; i < RM; i++) {
             float x = s[i] * scale;
-            if (key >= rend[i]) {
+            if (VAR_PER_KEY) {
+                x = var_key(x, key, rend[i], &vr[i], &vp, has_mask, mask, mrow[i]);
+            } else if (key >= rend[i]) {
                 x = NEG_INF;
             } else if (has_mask) {
                 /* A -inf mask hides the key even when its score is NaN. */
@@ -339,11 +344,12 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN))
         const int hq = hk * group + row / seq_q, pos = row % seq_q;
         /* No visible key: exactly 0 and LSE -inf; all-NaN scores leave m = -inf but l = NaN. */
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
+        float lse;
+        const float sf = sink_join(m[i], l[i], empty, hq, splits, &vp, &lse);
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
-        store4_row(orow, c, empty ? (float4)(0.0f) : o_from_half4(o[i]), DV);
+        store4_row(orow, c, empty ? (float4)(0.0f) : o_from_half4(o[i]) * sf, DV);
         if (has_lse && j == 0)
-            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] =
-                empty ? NEG_INF : m[i] + log(l[i]);
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = lse;
     }
 #undef Sc
 #undef Pr

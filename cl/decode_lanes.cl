@@ -115,8 +115,9 @@ inline float lane_xor(float v, int x)
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-decode_lanes(ATTN_KERNEL_ARGS(T_IN))
+decode_lanes(ATTN_KERNEL_ARGS(T_IN) VARIANT_ARGS)
 {
+    const vparams vp = VP_MAKE;
     __local float4 Qs[RM][QP];
     __local float scr[SCR_FLOATS];
 
@@ -124,7 +125,7 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
     const int R = group * seq_q;
     const int r0 = GROUP_ID(1) * RM;
     const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
-                                       causal, kvlen, r0, min(R, r0 + RM) - 1);
+                                       causal, kvlen, r0, min(R, r0 + RM) - 1, KG * KU, &vp);
     const int b = w.b, hk = w.hk, k_hi = w.k_hi;
 
     __global const T_IN *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
@@ -135,6 +136,7 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
 
     float m[RM], l[RM];
     int rend[RM];
+    vrow vr[RM];
     ulong mrow[RM];
     float4 o[RM][CVN];
 #pragma unroll
@@ -143,7 +145,8 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
         const int pos = row % seq_q, hq = hk * group + row / seq_q;
         m[i] = NEG_INF;
         l[i] = 0.0f;
-        rend[i] = row < R ? min(k_hi, causal_end(causal, pos, seq_q, w.L)) : 0;
+        const int end = row_span(causal, pos, seq_q, w.L, b, hq, &vp, &vr[i]);
+        rend[i] = row < R ? min(k_hi, end) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
 #pragma unroll
         for (int c = 0; c < CVN; c++)
@@ -202,7 +205,7 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
 #else
 #pragma unroll
             for (int u = 0; u < KU; u++)
-                vis |= (uint)key_seen(mask, mrow, rend, RM, kb + u) << u;
+                vis |= (uint)key_seen(mask, has_mask, mrow, rend, vr, RM, kb + u) << u;
 #endif
         }
 #else
@@ -296,6 +299,8 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
                 if (key >= rend[i]) {
 #endif
                     x = NEG_INF;
+                } else if (VAR_PER_KEY) {
+                    x = var_key(x, key, rend[i], &vr[i], &vp, has_mask, mask, mrow[i]);
                 } else if (has_mask) {
                     /* A -inf mask hides the key even when its score is NaN. */
                     const float mv = LD_MASK(mask, mrow[i] + key);
@@ -380,11 +385,13 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN))
         const int hq = hk * group + row / seq_q, pos = row % seq_q;
         /* No visible key: exactly 0 and LSE -inf; all-NaN scores leave m = -inf but l = NaN. */
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
+        float lse;
+        const float sf = sink_join(m[i], l[i], empty, hq, splits, &vp, &lse);
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
 #pragma unroll
         for (int c = 0; c < CVN; c++)
-            store4_row(orow, 4 * (j + LANES * c), empty ? (float4)(0.0f) : o_from_half4(o[i][c]), DV);
+            store4_row(orow, 4 * (j + LANES * c), empty ? (float4)(0.0f) : o_from_half4(o[i][c]) * sf, DV);
         if (has_lse && j == 0)
-            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = empty ? NEG_INF : m[i] + log(l[i]);
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = lse;
     }
 }

@@ -166,14 +166,16 @@ inline int run_end(uint vhid, int n, int nkeys)
 
 #if !KSEL || K_fused_direct
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
-fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
+fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
 {
+    const vparams vp = VP_MAKE;
     const int R = group * seq_q, nrb = (R + RM - 1) / RM; /* row blocks, grid y (or x, flat) */
     const int r0 = TILE_Y(1, nrb) * RM;
     const work_range w = work_range_of(TILE_Z(1, nrb), splits, split_len, heads_kv, seq_q, seq_kv,
-                                       causal, kvlen, r0, min(R, r0 + RM) - 1);
+                                       causal, kvlen, r0, min(R, r0 + RM) - 1, DBN, &vp);
     const int split = w.split, z = w.z, b = w.b, hk = w.hk, L = w.L;
     int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
+    const int k_vis = w.k_vis;
     NARROW_KEYS(r0, min(R, r0 + RM), DBN);
 
     /* The head's keys and values: K[key][d] and V[key][c] in place, or the panels of the
@@ -191,6 +193,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 #endif
     float m[RM], l[RM];
     int rend[RM];
+    vrow vr[RM];
     ulong mrow[RM], frow[RM];
     float16 o[RM][DV16];
     ROWS_LOOP
@@ -202,7 +205,8 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
             qs[i].f[d] = d < D ? LD_IN(qrow, d) : 0.0f;
         m[i] = NEG_INF;
         l[i] = 0.0f;
-        rend[i] = r0 + i < R ? min(k_hi, causal_end(causal, pos, seq_q, L)) : 0;
+        const int end = row_span(causal, pos, seq_q, L, b, hq, &vp, &vr[i]);
+        rend[i] = r0 + i < R ? min(k_hi, end) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
         frow[i] = MFLAG_ROW(b, hq, pos);
 #pragma unroll
@@ -212,7 +216,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 
     for (int kt = k_lo; kt < k_hi; kt += NB) {
         const int nkeys = min(NB, k_hi - kt), nch = (nkeys + DBN - 1) / DBN;
-        if (has_mask && HIDES_BLOCK(RM, rend, mrow, frow, kt, nkeys))
+        if ((has_mask && HIDES_BLOCK(RM, rend, mrow, frow, kt, nkeys)) || var_hides_block(RM, rend, vr, kt, nkeys))
             continue;
         /* Scores of the block's chunks, then in place its p, row by row: written as whole vectors,
          * read back as scalars to broadcast in P·V (a plain float array would be written 4 floats
@@ -274,9 +278,9 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 #endif
         }
 
-        /* A block is guarded when some row hides some key of it; keys below k_all are hidden
-         * only by the mask. */
-        const int guarded = has_mask || kt + NB > k_all;
+        /* A block is guarded when some row hides some key of it; keys in [k_vis, k_all) are
+         * hidden only by the mask. */
+        const int guarded = has_mask || kt + NB > k_all || kt < k_vis;
         const int nv = nch * NS;
         /* The rows' passes go side by side, a vector of every row at a time: each row's running
          * maximum and sum is a chain of dependent operations, which one row at a time would wait
@@ -285,8 +289,12 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         float mref[RM], alpha[RM], inv[RM];
         ROWS_LOOP
         for (int i = 0; i < RM; i++) {
-            if (guarded)
-                hide_keys(sb[i].f, nch * DBN, kt, rend[i], has_mask, mask, mrow[i]);
+            if (guarded) {
+                hide_keys(sb[i].f, nch * DBN, kt, rend[i], has_mask, mask, mrow[i], &vr[i], &vp);
+            } else if (VAR_LOGIT) {
+                for (int v = 0; v < nv; v++)
+                    sb[i].v[v] = var_logits16(sb[i].v[v], kt + 16 * v, &vr[i], &vp);
+            }
             acc[i] = (float16)(NEG_INF);
         }
         for (int v = 0; v < nv; v++) {
@@ -468,13 +476,15 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         /* No visible key: 0 and LSE -inf. A row whose scores were all NaN keeps m = -inf too
          * (fmax skips NaN) but has l = NaN: it is NaN, not empty. */
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
+        float lse;
+        const float sf = sink_join(m[i], l[i], empty, hq, splits, &vp, &lse);
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
         /* f32 whole vectors are stored as they are; the rest of the row (f16/bf16 output, or
          * the f32 tail) goes through ob and a rolled loop of element stores. */
         float ob[16 * DV16];
 #pragma unroll
         for (int c = 0; c < DV16; c++) {
-            const float16 x = empty ? (float16)(0.0f) : o_from_half16(o[i][c]);
+            const float16 x = empty ? (float16)(0.0f) : o_from_half16(o[i][c]) * sf;
 #if DT_OUT == 0
             if (16 * c + 15 < DV) {
                 vstore16(x, 0, orow + 16 * c);
@@ -487,8 +497,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         for (int col = DT_OUT == 0 ? DV / 16 * 16 : 0; col < DV; col++)
             ST_OUT(orow, col, ob[col]);
         if (has_lse)
-            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] =
-                empty ? NEG_INF : m[i] + log(l[i]);
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = lse;
     }
 }
 #endif

@@ -238,14 +238,16 @@ DEFINE_LANES_PV(lanes_pv_f32, const float *, lanes_vrow_f32)
 
 #if !KSEL || K_fused_lanes
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
-fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
+fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
 {
+    const vparams vp = VP_MAKE;
     const int R = group * seq_q, nrb = (R + RM - 1) / RM; /* row blocks, grid y (or x, flat) */
     const int r0 = TILE_Y(1, nrb) * RM;
     const work_range w = work_range_of(TILE_Z(1, nrb), splits, split_len, heads_kv, seq_q, seq_kv,
-                                       causal, kvlen, r0, min(R, r0 + RM) - 1);
+                                       causal, kvlen, r0, min(R, r0 + RM) - 1, 16, &vp);
     const int split = w.split, b = w.b, hk = w.hk, L = w.L;
     int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
+    const int k_vis = w.k_vis;
     NARROW_KEYS(r0, min(R, r0 + RM), 16);
     __global const T_KV *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
     __global const T_KV *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
@@ -253,6 +255,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
     /* Quantity x of row 16·lv + i is lane i of x[lv]; Qᵀ column d is QT(d, lv). */
     lanes16 qt[DP * LANES], ot[16 * DV16 * LANES], m[LANES], l[LANES];
     int rend[RM];
+    vrow vr[RM];
     ulong mrow[RM], frow[RM];
     for (int i = 0; i < RM; i++) {
         const int row = min(r0 + i, R - 1); /* rows past R compute on a copy, never stored */
@@ -260,11 +263,35 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         __global const T_IN *qrow = Q + q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)pos * q_ss;
         for (int d = 0; d < DP; d++) /* zero past D: the f16 scores run to DP */
             QT(d, i / 16).f[i % 16] = d < D ? LD_IN(qrow, d) : 0.0f;
-        rend[i] = r0 + i < R ? min(k_hi, causal_end(causal, pos, seq_q, L)) : 0;
+        const int end = row_span(causal, pos, seq_q, L, b, hq, &vp, &vr[i]);
+        rend[i] = r0 + i < R ? min(k_hi, end) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
         frow[i] = MFLAG_ROW(b, hq, pos);
     }
     int16 rendv[LANES];
+#if VAR_PER_KEY
+    /* The rows' first keys, positions and ALiBi slopes, as lanes (var_rows_key16). */
+    int16 begv[LANES], posv[LANES];
+    float16 slopev[LANES];
+    for (int lv = 0; lv < LANES; lv++) {
+        union {
+            int16 v;
+            int i[16];
+        } bu, pu;
+        union {
+            float16 v;
+            float f[16];
+        } su;
+        for (int e = 0; e < 16; e++) {
+            bu.i[e] = vr[16 * lv + e].beg;
+            pu.i[e] = vr[16 * lv + e].p;
+            su.f[e] = vr[16 * lv + e].slope;
+        }
+        begv[lv] = bu.v;
+        posv[lv] = pu.v;
+        slopev[lv] = su.v;
+    }
+#endif
 #pragma unroll
     for (int lv = 0; lv < LANES; lv++) {
         rendv[lv] = vload16(lv, rend);
@@ -276,7 +303,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 
     for (int kt = k_lo; kt < k_hi; kt += LNB) {
         const int nkeys = min(LNB, k_hi - kt);
-        if (has_mask && HIDES_BLOCK(RM, rend, mrow, frow, kt, nkeys))
+        if ((has_mask && HIDES_BLOCK(RM, rend, mrow, frow, kt, nkeys)) || var_hides_block(RM, rend, vr, kt, nkeys))
             continue;
         lanes16 sbk[LNB * LANES]; /* scores, then p, of key n at sbk[n·LANES + lv] */
         for (int n0 = 0; n0 < nkeys; n0 += LKT) {
@@ -364,10 +391,24 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         }
 
         /* Keys below k_all are hidden only by the mask (see fused_direct). */
-        const int guarded = has_mask || kt + LNB > k_all;
+        const int guarded = has_mask || kt + LNB > k_all || kt < k_vis;
         int16 hid = (int16)(0); /* lanes (rows) that hide some key of the block */
 #pragma unroll 1
         for (int lv = 0; lv < LANES; lv++) {
+#if VAR_PER_KEY
+            /* The variants: a key's 16 rows at a time (var_rows_key16); unchecked blocks take the
+             * softcap and ALiBi alone. */
+            if (guarded) {
+                for (int n = 0; n < nkeys; n++)
+                    sbk[n * LANES + lv].v = var_rows_key16(sbk[n * LANES + lv].v, kt + n, rendv[lv], begv[lv], posv[lv],
+                                                           slopev[lv], &vr[16 * lv], &vp, has_mask, mask, mrow + 16 * lv);
+            } else if (VAR_LOGIT) {
+                for (int n = 0; n < nkeys; n++)
+                    sbk[n * LANES + lv].v = var_rows16(sbk[n * LANES + lv].v, kt + n, posv[lv], slopev[lv], &vp);
+            }
+            if (VAR_PER_KEY) {
+            } else
+#endif
             if (guarded) {
                 int n = 0;
 #if MASK_LANES
@@ -445,7 +486,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
 
         __global const T_KV *vp0 = Vb + (ulong)kt * v_ss;
         /* As in fused_direct: a block in which no row hides a key goes unchecked. */
-        const int nfree = !guarded || !any(hid) ? nkeys : has_mask ? 0 : clamp(k_all - kt, 0, nkeys);
+        const int nfree = !guarded || !any(hid) ? nkeys : has_mask || kt < k_vis ? 0 : clamp(k_all - kt, 0, nkeys);
         int c0 = 0;
 #if VF32_BLOCK
         float vf[LNB * VF_PITCH];
@@ -485,11 +526,13 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS)
         const float mi = m[lv].f[e], li = l[lv].f[e];
         /* No visible key: 0 and LSE -inf (a row of NaN scores has l NaN: NaN, not empty). */
         const int empty = mi == NEG_INF && !isnan(li);
+        float lse;
+        const float sf = sink_join(mi, li, empty, hq, splits, &vp, &lse);
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
         for (int c = 0; c < DV; c++)
-            ST_OUT(orow, c, empty ? 0.0f : o_from_half(ot[c * LANES + lv].f[e]));
+            ST_OUT(orow, c, empty ? 0.0f : o_from_half(ot[c * LANES + lv].f[e]) * sf);
         if (has_lse)
-            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = empty ? NEG_INF : mi + log(li);
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = lse;
     }
 }
 #endif

@@ -101,8 +101,9 @@ inline tlv ld_chunk(__global const TL *p, int i, int n)
 
 #if !KSEL || K_fused_mma
 __kernel __attribute__((reqd_work_group_size(NWI, 1, 1))) void
-fused_mma(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
+fused_mma(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS VARIANT_ARGS)
 {
+    const vparams vp = VP_MAKE;
     __local TL sm[SM_ELEMS] __attribute__((aligned(16)));
     /* With a mask: the last even and odd tile in which a row sees a key; and the last even and
      * odd tile whose V holds Inf or NaN (the exact path's test). */
@@ -121,7 +122,7 @@ fused_mma(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
     const int R = group * seq_q;
     const int r0 = GROUP_ID(1) * BM;
     const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
-                                       causal, kvlen, r0, min(R, r0 + BM) - 1);
+                                       causal, kvlen, r0, min(R, r0 + BM) - 1, 16, &vp);
     const int split = w.split, b = w.b, hk = w.hk, L = w.L;
     int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
     NARROW_KEYS(r0, min(R, r0 + BM), 16);
@@ -159,6 +160,7 @@ fused_mma(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
     /* This lane's rows: g and g + 8 of its warp's 16. */
     float m[2], l[2];
     int rend[2], rows[2];
+    vrow vr[2];
     ulong mrow[2];
     MMA_UNROLL
     for (int i = 0; i < 2; i++) {
@@ -167,7 +169,8 @@ fused_mma(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
         rows[i] = row;
         m[i] = NEG_INF;
         l[i] = 0.0f;
-        rend[i] = row < R ? min(k_hi, causal_end(causal, pos, seq_q, L)) : 0;
+        const int end = row_span(causal, pos, seq_q, L, b, hq, &vp, &vr[i]);
+        rend[i] = row < R ? min(k_hi, end) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
     }
     mma_c o[DT];
@@ -177,7 +180,7 @@ fused_mma(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
 
     for (int kt = k_lo; kt < k_hi; kt += BN) {
         /* Guarded: some row may hide some key of the tile (see fused_tiled.cl). */
-        const int guarded = has_mask || kt + BN > k_all;
+        const int guarded = has_mask || kt + BN > k_all || VAR_PER_KEY;
         const int par = ((kt - k_lo) / BN) & 1;
         /* K as stored, key-major (B of S stored n-major), zero past k_hi and head_dim. */
         for (int e = lid; e < BN * (DP / CH); e += NWI) {
@@ -201,7 +204,7 @@ fused_mma(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
          * flags (MFLAGS) or from the mask itself. */
         MARK_SEEN_TILE(BM, BN, NWI, lid, seen_kt[par]);
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (has_mask && seen_kt[par] != kt)
+        if (TILE_TEST(has_mask) && seen_kt[par] != kt)
             continue;
         const int vbad = guarded && bad_kt[par] == kt;
 
@@ -231,7 +234,9 @@ fused_mma(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
                 MMA_UNROLL
                 for (int e = 0; e < MMA_CE; e++) {
                     const int key = kt + nt * MMA_N + MMA_C_COL(lane, e), i = e >> 1;
-                    if (key >= rend[i]) {
+                    if (VAR_PER_KEY) {
+                        p[nt][e] = var_key(p[nt][e], key, rend[i], &vr[i], &vp, has_mask, mask, mrow[i]);
+                    } else if (key >= rend[i]) {
                         p[nt][e] = NEG_INF;
                     } else if (has_mask) {
                         const float mv = LD_MASK(mask, mrow[i] + key);
@@ -343,9 +348,11 @@ MMA_UNROLL
         const int hq = hk * group + row / seq_q, pos = row % seq_q;
         /* No visible key: exactly 0 and LSE -inf (all-NaN scores: l NaN, not empty). */
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
+        float lse;
+        const float sf = sink_join(m[i], l[i], empty, hq, splits, &vp, &lse);
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
 #if DT_IN == 1
-        const float fin = 1.0f / (l[i] * 32768.0f);
+        const float fin = sf / (l[i] * 32768.0f);
 #endif
         MMA_UNROLL
         for (int j = 0; j < DT; j++) {
@@ -359,12 +366,12 @@ MMA_UNROLL
 #if DT_IN == 1
                 ST_OUT(orow, c0 + col, empty ? 0.0f : x * fin);
 #else
-                ST_OUT(orow, c0 + col, empty ? 0.0f : o_from_half(x));
+                ST_OUT(orow, c0 + col, empty ? 0.0f : o_from_half(x) * sf);
 #endif
             }
         }
         if (has_lse && MMA_T(lane) == 0 && c0 == 0)
-            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = empty ? NEG_INF : m[i] + log(l[i]);
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = lse;
     }
 }
 #endif

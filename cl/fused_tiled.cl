@@ -65,8 +65,9 @@
 #define OWN_COL(tx, s) (VW * ((tx) + WGX * (s)))
 #if !KSEL || K_fused
 __kernel __attribute__((reqd_work_group_size(WGX, WGY, 1))) void
-fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
+fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS VARIANT_ARGS)
 {
+    const vparams vp = VP_MAKE;
     /* Q and P are read 4 columns at a time (vload4): their rows are padded by 4 words, which
      * keeps every row 16-byte aligned (DP and BN are multiples of 4) so that the loads can be
      * 16-byte ones, and still shifts the banks from row to row (the work-items of a warp read RM
@@ -89,7 +90,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
     const int R = group * seq_q;
     const int r0 = GROUP_ID(1) * BM;
     const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
-                                       causal, kvlen, r0, min(R, r0 + BM) - 1);
+                                       causal, kvlen, r0, min(R, r0 + BM) - 1, 16, &vp);
     const int split = w.split, b = w.b, hk = w.hk, L = w.L;
     int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
     /* Every work-item reads every row's span: the range stays the work-group's. */
@@ -106,6 +107,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
      * o is kept normalised (a convex combination of V rows, at half scale: it cannot overflow). */
     float m[RM], l[RM], keep[RM];
     int rend[RM]; /* one past the last key the row may see */
+    vrow vr[RM];
     ulong mrow[RM];
     floatV o[RM][NV];
     for (int i = 0; i < RM; i++) {
@@ -113,13 +115,14 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
         const int pos = row % seq_q, hq = hk * group + row / seq_q;
         m[i] = NEG_INF;
         l[i] = 0.0f;
-        rend[i] = row < R ? min(k_hi, causal_end(causal, pos, seq_q, L)) : 0;
+        const int end = row_span(causal, pos, seq_q, L, b, hq, &vp, &vr[i]);
+        rend[i] = row < R ? min(k_hi, end) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
         for (int c = 0; c < NV; c++)
             o[i][c] = (floatV)(0.0f);
     }
 
-    if (has_mask) {
+    if (TILE_TEST(has_mask)) {
         if (lid < 2)
             seen_kt[lid] = k_lo - 1; /* no tile's */
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -128,7 +131,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
     for (int kt = k_lo; kt < k_hi; kt += BN) {
         /* A tile is guarded when some row hides some key in it: hidden entries get -inf, their
          * probabilities -0, and P·V skips those so NaN/Inf in hidden K/V rows cannot leak. */
-        const int guarded = has_mask || kt + BN > k_all;
+        const int guarded = has_mask || kt + BN > k_all || VAR_PER_KEY;
 
         /* Neighbouring work-items take neighbouring keys, so that the transposing stores go to
          * neighbouring banks (along d they would all hit one bank). */
@@ -156,7 +159,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
         const int par = ((kt - k_lo) / BN) & 1;
         MARK_SEEN_TILE(BM, BN, NWI, lid, seen_kt[par]);
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (has_mask && seen_kt[par] != kt)
+        if (TILE_TEST(has_mask) && seen_kt[par] != kt)
             continue;
 
         floatV s[RM][NS];
@@ -189,7 +192,7 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
                 for (int j = 0; j < NS; j++) {
                     float t[VW];
                     vstoreV(s[i][j], 0, t);
-                    hide_keys(t, VW, kt + OWN_COL(tx, j), rend[i], has_mask, mask, mrow[i]);
+                    hide_keys(t, VW, kt + OWN_COL(tx, j), rend[i], has_mask, mask, mrow[i], &vr[i], &vp);
                     s[i][j] = vloadV(0, t);
                 }
         }
@@ -309,16 +312,17 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS)
         /* No visible key: output exactly 0 and LSE -inf. A row whose scores were all NaN also
          * keeps m = -inf (fmax skips NaN) but has l = NaN: it is NaN, not empty. */
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
+        float lse;
+        const float sf = sink_join(m[i], l[i], empty, hq, splits, &vp, &lse);
         __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
         for (int c = 0; c < NV; c++) {
             float t[VW];
             vstoreV(empty ? (floatV)(0.0f) : o[i][c], 0, t);
             for (int q = 0; q < VW; q += 4)
-                store4_row(orow, OWN_COL(tx, c) + q, o_from_half4(vload4(0, t + q)), DV);
+                store4_row(orow, OWN_COL(tx, c) + q, o_from_half4(vload4(0, t + q)) * sf, DV);
         }
         if (has_lse && tx == 0)
-            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] =
-                empty ? NEG_INF : m[i] + log(l[i]);
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = lse;
     }
 }
 #endif

@@ -3,7 +3,10 @@
  * A part with lse = -inf (no visible key) contributes nothing; all -inf gives 0 and -inf. NaN
  * in any other part, or lse = +inf (no finite weight: exp(inf - inf)), makes the row NaN.
  *
- * merge_strided: the parts lie in one f32 buffer at a fixed stride (flash-decoding splits).
+ * merge_strided: the parts lie in one f32 buffer at a fixed stride (flash-decoding splits). With
+ *                attention sinks (SK not NULL: query head h's at SK[sk_off + h·sk_sh]) the sink
+ *                is one more part, of lse s_h and output 0: it joins the denominator once,
+ *                however many splits there are (docs/variants.md).
  * merge_pair:    folds one more part (any storage type) into an accumulator; clattn_merge chains
  *                it over the caller's parts, which may live in separate buffers. The accumulator
  *                keeps its row maximum m and weight sum s = Σ exp(lse_p - m) apart, not an LSE
@@ -24,7 +27,7 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
               __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,
               __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
               ulong p_split, ulong pl_split, int parts, int rows, int ny, int heads, int seq,
-              int DV, int has_lse)
+              int DV, int has_lse, __global const float *SK, ulong sk_off, ulong sk_sh)
 {
     const int c = get_global_id(0);
     const long grow = (long)get_global_id(1) + (long)ny * (long)get_global_id(2);
@@ -43,6 +46,9 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
         mx = fmax(mx, lp);
         nan_part |= isnan(lp);
     }
+    const float sink = SK ? SK[sk_off + (ulong)h * sk_sh] : NEG_INF;
+    mx = fmax(mx, sink);
+    nan_part |= isnan(sink);
     /* Up to thousands of parts (long key ranges): both sums are compensated (Kahan), so that
      * equal parts, whose rounding errors would all have the same sign, stay at fp32 accuracy. */
     float sum = 0.0f, acc = 0.0f, sum_c = 0.0f, acc_c = 0.0f;
@@ -56,6 +62,10 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
                 sum_c = (t - sum) - y;
                 sum = t;
             }
+        }
+        if (sink != NEG_INF) {
+            const float y = exp(sink - mx) - sum_c;
+            sum += y;
         }
         /* Normalised weights: out is a convex combination of the parts, summed at half scale
          * (O_WEIGHT, o_from_half at the store) so that parts at ±FLT_MAX cannot overflow. */

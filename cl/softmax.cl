@@ -51,7 +51,7 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
         __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,
         __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
         __global const int *kvlen, int rows, int cols, int heads, int causal, int has_mask,
-        int has_lse, float scale)
+        int has_lse, float scale, __global const float *SK, ulong sk_off, ulong sk_sh)
 {
     __local float red[WG];
     const int lid = get_local_id(0);
@@ -76,7 +76,10 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
             red[lid] = fmax(red[lid], red[lid + w]);
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    const float M = red[0];
+    /* An attention sink (SK not NULL: head h's logit at SK[sk_off + h·sk_sh]) joins the maximum
+     * and the sum, not the row: its probabilities sum to less than 1 (docs/variants.md). */
+    const float sink = SK ? SK[sk_off + (ulong)h * sk_sh] : NEG_INF;
+    const float M = fmax(red[0], sink);
     /* A row whose visible entries are all -inf (or that has none) uses 0 as reference so that
      * exp2(-inf - ref) is 0, never NaN; it then outputs zeros. */
     const float ref = M == NEG_INF ? 0.0f : M;
@@ -92,7 +95,7 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
             red[lid] += red[lid + w];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    const float S = red[0];
+    const float S = red[0] + (sink == NEG_INF ? 0.0f : exp2((sink - ref) * LOG2E));
     /* S is 0 for an empty row (zeros out), NaN if a NaN is visible (NaN row). */
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
 
@@ -164,8 +167,9 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
              __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,
              __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
              __global const int *kvlen, int rows, int cols, int heads, int causal, int has_mask,
-             int has_lse, float scale)
+             int has_lse, float scale, __global const float *SK, ulong sk_off, ulong sk_sh)
 {
+    const float sink = SK ? SK[sk_off + (ulong)(GROUP_ID(1) % heads) * sk_sh] : NEG_INF; /* as in softmax */
     const int z = GROUP_ID(1);
     const int b = z / heads, h = z % heads;
     const int L = keys_of_batch(kvlen, b, cols);
@@ -195,6 +199,7 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
         float M = fmax(fmax(m4.s0, m4.s1), fmax(m4.s2, m4.s3));
         for (int j = vend; j < cend; j++)
             M = fmax(M, col1(x, mk, j, cend, sc, has_mask));
+        M = fmax(M, sink);
         /* As above: a row with nothing visible uses 0 as reference and outputs zeros. */
         const float ref = M == NEG_INF ? 0.0f : M;
 
@@ -216,6 +221,8 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
         float S = (s4.s0 + s4.s1) + (s4.s2 + s4.s3);
         for (int j = vend; j < cend; j++)
             S += exp2p((col1(x, mk, j, cend, sc, has_mask) - ref) * LOG2E);
+        if (sink != NEG_INF)
+            S += exp2p((sink - ref) * LOG2E);
         const float inv = S == 0.0f ? 0.0f : 1.0f / S;
 
         for (int j = 0; j < vend; j += 16) {

@@ -39,13 +39,16 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 1
+#define CLATTN_VERSION_MINOR 2
 #define CLATTN_VERSION_PATCH 0
 #define CLATTN_VERSION_NUMBER \
     (CLATTN_VERSION_MAJOR * 10000 + CLATTN_VERSION_MINOR * 100 + CLATTN_VERSION_PATCH)
 
-/** Largest head_dim and head_dim_v accepted by every operation. */
-#define CLATTN_MAX_HEAD_DIM 256
+/** Largest head_dim accepted by every operation (DeepSeek's MLA: 576). Above 256 the caller gives
+ * the scale (docs/variants.md#head-sizes). */
+#define CLATTN_MAX_HEAD_DIM 576
+/** Largest head_dim_v (MLA: 512). */
+#define CLATTN_MAX_HEAD_DIM_V 512
 /** Largest seq_q and seq_kv (softmax: rows and cols), 2^31 - 2^20: kernels count keys and rows
  * in 32-bit integers with room for a tile past the end; (heads_q / heads_kv) x seq_q, the rows
  * of a kv head's query group, too. batch, heads and the other extents go up to 2^31 - 1, and
@@ -130,8 +133,8 @@ typedef struct clattn_attention_desc {
     int64_t seq_q;      /* 1 .. CLATTN_MAX_SEQ */
     int64_t seq_kv;     /* 1 .. CLATTN_MAX_SEQ */
     int64_t head_dim;   /* 1 .. CLATTN_MAX_HEAD_DIM */
-    int64_t head_dim_v; /* 1 .. CLATTN_MAX_HEAD_DIM; 0 means head_dim */
-    float scale;        /* 0 means 1/sqrt(head_dim) */
+    int64_t head_dim_v; /* 1 .. CLATTN_MAX_HEAD_DIM_V; 0 means head_dim */
+    float scale;        /* 0 means 1/sqrt(head_dim), up to head_dim 256; above, the caller gives it */
     int causal;         /* bottom-right aligned: row i sees key j iff j <= i + (L - seq_q), L = keys of the batch */
     /* Optional additive mask (f32 or f16), shape [batch|1][heads_q|1][seq_q|1][seq_kv]; a dimension
      * of extent 1 broadcasts. -inf hides a key. NULL: none. */
@@ -146,7 +149,56 @@ typedef struct clattn_attention_desc {
      * the causal diagonal), +0.0 where a visible key's weight underflows. NULL: not written. */
     const clattn_tensor *probabilities;
     clattn_algorithm algorithm;
+
+    /* ---- Variants (docs/variants.md). Each is off when zero or NULL. Notation: row i of batch b
+     * sits at diagonal position p = i + L - seq_q (L: the batch's visible keys), as for causal. */
+    /* Sliding window, FlashAttention's convention: with window != 0, row i sees key j only if
+     * p - window_left <= j <= p + window_right; a negative side is unbounded; 0 is the row's own
+     * position. A model's sliding_window = W is window_left = W - 1, window_right = 0. With
+     * window 0, window_left and window_right must be 0. */
+    int window;
+    int64_t window_left;
+    int64_t window_right;
+    /* Chunked local attention (Llama 4), chunk > 0: row i sees key j only if
+     * floor(j / chunk) == floor(p / chunk). Combines with causal, the window and masks. */
+    int64_t chunk;
+    /* Logit softcap c > 0: the logit is c·tanh(scale·q·k / c); then the additive mask and ALiBi
+     * are added, then score_mod applies. LSE is over these logits. Negative, subnormal or
+     * non-finite: refused. */
+    float softcap;
+    /* Optional f32 [1][heads_q][1][1]: attention sinks, one logit s_h per query head, in the final
+     * logit domain, that joins only the softmax denominator:
+     * o = Σ_j e^(x_j - M)·v_j / (Σ_j e^(x_j - M) + e^(s_h - M)). A row with no visible key gives
+     * o = 0 and LSE = s_h; the LSE output includes the sink; -inf is no sink. NULL: none. */
+    const clattn_tensor *sinks;
+    /* Optional f32 [batch|1][heads_q][1][1]: ALiBi slopes, logit += -slope·|p - j| (after the
+     * softcap). clattn_alibi_slopes gives the standard ones. NULL: none. */
+    const clattn_tensor *alibi_slopes;
+    /* Optional OpenCL C source, compiled into the kernels the call runs (docs/variants.md#mods
+     * lists the names it may use). score_mod must define
+     *     float score_mod(float score, int b, int h, int q, int k)
+     * applied last to each visible logit (after the softcap, the mask and ALiBi); mask_mod must
+     * define
+     *     int mask_mod(int b, int h, int q, int k)
+     * nonzero where query q of head h of batch b may see key k. q is the query's diagonal
+     * position p (above), k the key's index, h the query head. A snippet that does not compile
+     * gives CLATTN_BUILD_FAILED with the log. NULL: none. */
+    const char *score_mod;
+    const char *mask_mod;
+    /* Must be zero (refused otherwise). Later versions put new options here, each off at zero, so
+     * that the descriptor keeps its size and a program built against this header keeps working
+     * with them (zero-initialise the descriptor: `clattn_attention_desc d = {0};` or designated
+     * initialisers). */
+    int64_t reserved[16];
 } clattn_attention_desc;
+
+/**
+ * The standard ALiBi slopes of `heads` heads for `max_bias` (BLOOM's and ggml's formula; 8 for
+ * BLOOM): n = 2^floor(log2 heads), m0 = 2^(-max_bias / n), m1 = 2^(-max_bias / (2n)); head h < n
+ * gets m0^(h + 1), the others m1^(2(h - n) + 1). Writes heads floats to slopes.
+ * @return INVALID_ARGUMENT for heads < 1, a NULL slopes or a max_bias not finite and > 0.
+ */
+CLATTN_API clattn_status clattn_alibi_slopes(int heads, float max_bias, float *slopes);
 
 /** Row-wise softmax description. Tensors are [batch][heads][rows][cols]. */
 typedef struct clattn_softmax_desc {
@@ -246,7 +298,9 @@ CLATTN_API clattn_status clattn_attention(clattn_context *ctx, const clattn_atte
 
 /**
  * scale·Q·Kᵀ + mask into `scores` [batch][heads_q][seq_q][seq_kv]; keys hidden by causal or
- * kv_lengths become -inf. desc->lse, probabilities and algorithm are ignored.
+ * kv_lengths become -inf. With variants, the logits: softcap, mask, ALiBi and score_mod, -inf
+ * where the window, chunk or mask_mod hides the key. desc->lse, probabilities, sinks (not a
+ * key's logit) and algorithm are ignored.
  */
 CLATTN_API clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *desc,
                                        const clattn_tensor *q, const clattn_tensor *k,
@@ -279,7 +333,7 @@ CLATTN_API clattn_status clattn_merge(clattn_context *ctx, int num_parts,
 /**
  * Host-memory convenience for small programs: contiguous [B][H][S][D] arrays of `dtype` elements
  * (lse: float, [B][Hq][Sq], may be NULL), copied to the device, computed, read back. Blocks.
- * desc->mask, desc->kv_lengths, desc->lse and desc->probabilities must be NULL (the lse argument
+ * desc->mask, kv_lengths, lse, probabilities, sinks and alibi_slopes must be NULL (the lse argument
  * here takes the place of desc->lse); use clattn_attention for those. Each array becomes one
  * device buffer: one larger than the device's largest allocation gives CLATTN_UNSUPPORTED.
  */

@@ -50,13 +50,38 @@ static double resolved_scale(const ref_attn *a)
     return a->scale != 0.0 ? a->scale : 1.0 / sqrt((double)a->head_dim);
 }
 
-/* Score of key j for row (b, h, i), or -inf with *visible = 0 for a hidden key. K at a hidden key
- * is never read, so NaN stored there cannot reach the score. */
+/* Mathematical floor of n / d for d > 0 (C's division truncates towards 0). */
+static long long floor_div(long long n, long long d)
+{
+    long long r = n / d;
+    return (n % d != 0 && n < 0) ? r - 1 : r;
+}
+
+/* The variants' visibility rules (window, chunk, mask_mod) for key j of a row at diagonal
+ * position pos; causal, key lengths and the mask are checked by the caller. */
+static int variant_hides(const ref_attn *a, int b, int h, long long pos, int j)
+{
+    if (a->window != 0) {
+        if (a->window_left >= 0 && (long long)j < pos - a->window_left)
+            return 1;
+        if (a->window_right >= 0 && (long long)j > pos + a->window_right)
+            return 1;
+    }
+    if (a->chunk > 0 && floor_div(j, a->chunk) != floor_div(pos, a->chunk))
+        return 1;
+    if (a->mask_mod != NULL && a->mask_mod(b, h, pos, j, a->mod_user) == 0)
+        return 1;
+    return 0;
+}
+
+/* Logit of key j for row (b, h, i), or -inf with *visible = 0 for a hidden key. K at a hidden key
+ * is never read, so NaN stored there cannot reach the logit. */
 static double score(const ref_attn *a, double scale, int len, const double *q, const double *k,
                     int b, int h, int i, int j, int *visible)
 {
     *visible = 0;
-    if (j >= len || causal_hides(a->causal, i, j, a->seq_q, len))
+    const long long pos = (long long)i + (long long)len - (long long)a->seq_q;
+    if (j >= len || causal_hides(a->causal, i, j, a->seq_q, len) || variant_hides(a, b, h, pos, j))
         return -INFINITY;
     double m = mask_at(a->mask, a->mask_shape, b, h, i, j);
     if (m == -INFINITY)
@@ -70,7 +95,18 @@ static double score(const ref_attn *a, double scale, int len, const double *q, c
     double dot = 0.0;
     for (size_t d = 0; d < D; ++d)
         dot += qr[d] * kr[d];
-    return scale * dot + m;
+    double x = scale * dot;
+    if (a->softcap > 0.0)
+        x = a->softcap * tanh(x / a->softcap);
+    x += m;
+    if (a->alibi != NULL) {
+        const double slope = a->alibi[(a->alibi_per_batch ? (size_t)b * (size_t)a->heads_q : 0) + (size_t)h];
+        const long long dist = pos > (long long)j ? pos - (long long)j : (long long)j - pos;
+        x += -slope * (double)dist;
+    }
+    if (a->score_mod != NULL) /* last (DESIGN.md): on the logit with the mask and ALiBi */
+        x = a->score_mod(x, b, h, pos, j, a->mod_user);
+    return x;
 }
 
 void ref_scores(const ref_attn *a, const double *q, const double *k, double *s)
@@ -102,13 +138,15 @@ void ref_attention(const ref_attn *a, const double *q, const double *k, const do
         const int len = visible_len(a->kv_len, b, a->seq_kv);
         for (int h = 0; h < a->heads_q; ++h) {
             const double *vh = v + ((size_t)b * (size_t)a->heads_kv + (size_t)(h / group)) * Skv * Dv;
+            const double sink = a->sinks != NULL ? a->sinks[h] : -INFINITY;
             for (int i = 0; i < a->seq_q; ++i) {
                 const size_t row = ((size_t)b * (size_t)a->heads_q + (size_t)h) * (size_t)a->seq_q + (size_t)i;
                 double *o = out + row * Dv;
                 double *p = probs != NULL ? probs + row * Skv : NULL;
                 int vis;
 
-                /* Pass 1: row max over visible keys; -inf scores cannot raise it. */
+                /* Pass 1: row max over visible keys; -inf scores cannot raise it. The sink takes
+                 * part in the max only as the shift M (it is a term of the denominator). */
                 double m = -INFINITY;
                 for (int j = 0; j < a->seq_kv; ++j) {
                     double x = score(a, scale, len, q, k, b, h, i, j, &vis);
@@ -124,11 +162,13 @@ void ref_attention(const ref_attn *a, const double *q, const double *k, const do
                     for (int j = 0; j < a->seq_kv; ++j)
                         p[j] = 0.0;
                 if (m == -INFINITY) {
-                    /* No visible finite score: the contract fixes this row to 0 and -inf. */
+                    /* No visible finite score: the contract fixes this row to 0 and -inf, or the
+                     * sink's logit when there is one (log of e^s alone). */
                     if (lse != NULL)
-                        lse[row] = -INFINITY;
+                        lse[row] = sink;
                     continue;
                 }
+                const double M = sink != -INFINITY ? nan_max(m, sink) : m;
 
                 /* Pass 2: unnormalised sum and P·V, subtracting the max so exp cannot overflow. */
                 double sum = 0.0;
@@ -136,16 +176,18 @@ void ref_attention(const ref_attn *a, const double *q, const double *k, const do
                     double x = score(a, scale, len, q, k, b, h, i, j, &vis);
                     if (!vis || x == -INFINITY)
                         continue; /* skipped, not multiplied by 0: V here may hold NaN/Inf */
-                    double e = exp(x - m);
+                    double e = exp(x - M);
                     sum += e;
                     const double *vr = vh + (size_t)j * Dv;
                     for (size_t d = 0; d < Dv; ++d)
                         o[d] += e * vr[d];
                 }
+                if (sink != -INFINITY)
+                    sum += exp(sink - M); /* once per row, in the denominator only */
                 for (size_t d = 0; d < Dv; ++d)
                     o[d] /= sum;
                 if (lse != NULL)
-                    lse[row] = m + log(sum);
+                    lse[row] = M + log(sum);
 
                 /* Pass 3: probabilities, normalised by the same sum. A visible -inf score is
                  * computed, not skipped, so a NaN row stays NaN here as it does in the softmax. */
@@ -153,10 +195,23 @@ void ref_attention(const ref_attn *a, const double *q, const double *k, const do
                     for (int j = 0; j < a->seq_kv; ++j) {
                         double x = score(a, scale, len, q, k, b, h, i, j, &vis);
                         if (vis)
-                            p[j] = exp(x - m) / sum;
+                            p[j] = exp(x - M) / sum;
                     }
             }
         }
+    }
+}
+
+void ref_alibi_slopes(int heads, double max_bias, double *slopes)
+{
+    int n = 1; /* 2^floor(log2 heads), by integers: no rounding of log2 at powers of two */
+    while (n <= heads / 2)
+        n *= 2;
+    for (int h = 0; h < heads; ++h) {
+        /* m0^(h+1) = 2^(-max_bias·(h+1)/n), m1^(2(h-n)+1) = 2^(-max_bias·(2(h-n)+1)/(2n)) */
+        const double e = h < n ? -max_bias * (double)(h + 1) / (double)n
+                               : -max_bias * (double)(2 * (h - n) + 1) / (2.0 * (double)n);
+        slopes[h] = pow(2.0, e);
     }
 }
 

@@ -9,12 +9,15 @@
  *
  * Masking rules shared by every function (L = visible keys of the batch):
  *   - key j is hidden when j >= L, when causal and j > i + (L - seq_q) (bottom-right alignment), or
- *     when the mask value at (b, h, i, j) is -inf;
+ *     when the mask value at (b, h, i, j) is -inf; the attention variants (ref_attn, below) hide
+ *     more: outside the window or the chunk of the row's diagonal position, or where mask_mod
+ *     says 0;
  *   - a hidden key never touches an output, whatever K or V hold there (it is skipped, never
  *     multiplied by 0, so NaN/Inf there cannot leak);
  *   - a visible key whose score is -inf contributes nothing either (exp(-inf) = 0; skipping it keeps
  *     a NaN in its V row out of the result);
- *   - a row with no visible finite score gives out = 0, lse = -inf, probabilities 0;
+ *   - a row with no visible finite score gives out = 0, lse = -inf (the head's sink with sinks),
+ *     probabilities 0;
  *   - NaN in a visible score is not special-cased: it propagates through max/exp/sum and makes its
  *     row NaN, as the contract asks.
  */
@@ -23,6 +26,25 @@
 
 #include <stddef.h>
 
+/* User modifications, the reference's stand-ins for clattn_attention_desc's OpenCL C snippets
+ * score_mod and mask_mod: b batch, h query head, q the row's diagonal position p (below), k the
+ * key's index; user is ref_attn.mod_user. */
+typedef double (*ref_score_mod)(double score, int b, int h, long long q, int k, void *user);
+typedef int (*ref_mask_mod)(int b, int h, long long q, int k, void *user);
+
+/*
+ * One attention problem. The fields after kv_len are the attention variants (issue 71,
+ * clattn_attention_desc); each is off when zero or NULL, so a zero-initialised tail is plain
+ * attention. Row i of batch b sits at diagonal position p = i + L - seq_q (L: the batch's visible
+ * keys), which may be negative. Key j is visible to row i iff j < L; causal: j <= p; window != 0:
+ * (window_left < 0 or j >= p - window_left) and (window_right < 0 or j <= p + window_right);
+ * chunk > 0: floor(j / chunk) == floor(p / chunk) (mathematical floor: a negative p sees no key);
+ * mask_mod: mask_mod(b, h, p, j) != 0; and the additive mask at (b, h, i, j) is not -inf.
+ * The logit of a visible key, in DESIGN.md's order: x = scale·q·k; softcap c > 0:
+ * x = c·tanh(x / c); x += mask(b, h, i, j); x += -slope(b, h)·|p - j|; then score_mod:
+ * x = score_mod(x, b, h, p, j).
+ * Sinks join the softmax denominator only (see ref_attention).
+ */
 typedef struct ref_attn {
     int batch, heads_q, heads_kv, seq_q, seq_kv, head_dim;
     int head_dim_v;      /* 0 means head_dim, as in clattn_attention_desc */
@@ -31,17 +53,38 @@ typedef struct ref_attn {
     const double *mask;  /* additive, contiguous, shape mask_shape; NULL: none */
     int mask_shape[4];   /* {B|1, Hq|1, Sq|1, Skv}; a dimension of extent 1 broadcasts */
     const int *kv_len;   /* [batch] visible keys, clamped to [0, seq_kv]; NULL: seq_kv */
+
+    int window;                           /* nonzero: window_left/right apply (negative: unbounded) */
+    long long window_left, window_right;
+    long long chunk;                      /* > 0: chunked local attention */
+    double softcap;                       /* > 0: logit = c·tanh(logit / c) */
+    const double *sinks;                  /* [heads_q] sink logits (-inf: none for that head); NULL: none */
+    const double *alibi;                  /* ALiBi slopes [heads_q], or [batch][heads_q] with
+                                           * alibi_per_batch; NULL: none */
+    int alibi_per_batch;
+    ref_score_mod score_mod;              /* NULL: none */
+    ref_mask_mod mask_mod;                /* NULL: none */
+    void *mod_user;                       /* passed to score_mod and mask_mod */
 } ref_attn;
 
-/* scale·q·kᵀ + mask into s [B][Hq][Sq][Skv]; hidden keys (length, causal, -inf mask) are -inf. */
+/* The logits x of every visible key into s [B][Hq][Sq][Skv], as clattn_scores writes them:
+ * hidden keys are -inf, sinks play no part. */
 void ref_scores(const ref_attn *a, const double *q, const double *k, double *s);
 
 /*
- * out [B][Hq][Sq][Dv] = softmax(scores)·V over visible keys. lse [B][Hq][Sq] (natural log of the
- * sum of exp(score) over visible keys) and probs [B][Hq][Sq][Skv] (0 at hidden keys) may be NULL.
+ * out [B][Hq][Sq][Dv] = softmax(logits)·V over visible keys. lse [B][Hq][Sq] (natural log of the
+ * sum of exp(logit) over visible keys) and probs [B][Hq][Sq][Skv] (0 at hidden keys) may be NULL.
+ * With a sink s (a->sinks[h]): out = Σ e^(x_j - M)·v_j / (Σ e^(x_j - M) + e^(s - M)),
+ * lse = log(Σ e^(x_j) + e^s) and probs e^(x_j - lse) (a row then sums to less than 1); a row
+ * with no visible key (or only -inf logits) gives out 0 and lse = s; s = -inf is no sink.
  */
 void ref_attention(const ref_attn *a, const double *q, const double *k, const double *v,
                    double *out, double *lse, double *probs);
+
+/* The standard ALiBi slopes of `heads` heads for max_bias, in double (clattn_alibi_slopes' formula):
+ * n = 2^floor(log2 heads), m0 = 2^(-max_bias / n), m1 = 2^(-max_bias / (2n)); head h < n gets
+ * m0^(h + 1), the others m1^(2(h - n) + 1). heads >= 1. */
+void ref_alibi_slopes(int heads, double max_bias, double *slopes);
 
 typedef struct ref_softmax {
     int batch, heads, rows, cols;

@@ -6,8 +6,9 @@
 #
 #   scripts/gpu-check.sh [STEPS [DEVICE [CTEST_REGEX]]]
 #
-# STEPS: a comma list of matrix, tests, bench, dec16, lanes, sweep (default tests,bench; matrix:
-# the matrix units, see below, about four minutes, meant as a call of its own; the tests took
+# STEPS: a comma list of matrix, variants, tests, bench, dec16, lanes, sweep (default tests,bench;
+# matrix: the matrix units, see below, about four minutes, meant as a call of its own; variants:
+# issue 71's targets, about three minutes; the tests took
 # over 200 s at -j12 on an H200 machine, whose image has PoCL too, which test_device opens (281 s
 # alone with a cold kernel cache at -j4, where 300 s ran 30 of the 48; 1450 s summed); bench
 # about 60 s; dec16 about 4 minutes; lanes and sweep about 6 minutes each); the build comes first in every call and is incremental. DEVICE:
@@ -71,6 +72,37 @@ for shape in "${shapes_[@]}"; do
   done
 done
 rm -f "$out/tmp.csv" "$out/tmp.err"
+fi
+
+if [[ $steps == *,variants,* ]]; then
+# The attention variants (issue 71), about three minutes: their tests on the GPU, then issue 71's
+# targets with clattn-bench, each against its peer in the same run: decode over 65536 keys with a
+# window of 1024 (against 1024 keys and the same window as a dense mask), prefill S 8192 with W
+# 1024 (against causal without it), softcap, sinks and ALiBi at B1 H8 S1024 d64 (against plain),
+# MLA decode 576/512 with one kv head (GB/s against the copy): variants.txt. VARIANTS_SMALL=1
+# shrinks the shapes for a dry run on PoCL.
+log "variants"
+(cd "$build" && CLATTN_REQUIRE_DEVICE=1 timeout 200 ctest -j12 -R "^test_variants" --output-on-failure \
+  >"$out/ctest-variants.log" 2>&1)
+grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest-variants.log" | head -n 20
+if [ "${VARIANTS_SMALL:-0}" = 1 ]; then dec=4096 w=256 pre=512 pw=128 ov=256 mla=512; else dec=65536 w=1024 pre=8192 pw=1024 ov=1024 mla=8192; fi
+rm -f "$out/variants.txt"
+vbench() { # a title, then clattn-bench's arguments
+  local title=$1; shift
+  { echo "== $title: clattn-bench $*"; timeout 60 "$bin/clattn-bench" --check --iters 20 "$@" 2>&1; } >>"$out/variants.txt"
+}
+for dt in f32 f16; do
+  vbench "decode window $w over $dec keys, $dt" --op copy,decode --dtype $dt --batch 1 --heads 8 --seq-q 1 --seq-kv $dec --dim 64 --sliding $w
+  vbench "prefill S $pre window $pw, $dt" --op fused --dtype $dt --batch 1 --heads 8 --seq-q $pre --seq-kv $pre --dim 64 --causal --sliding $pw
+  for v in "--softcap 50" "--sinks" "--alibi 8"; do
+    vbench "overhead $v, $dt" --op fused --dtype $dt --batch 1 --heads 8 --seq-q $ov --seq-kv $ov --dim 64 --causal $v
+  done
+done
+for h in 16 128; do
+  vbench "MLA decode, $h query heads, f16" --op copy,decode --dtype f16 --batch 1 --heads $h --heads-kv 1 --seq-q 1 \
+    --seq-kv $mla --dim 576 --dim-v 512 --mla --scale 0.1352338
+done
+grep -E "^==|vs |fail|rror" "$out/variants.txt"
 fi
 
 if [[ $steps == *,tests,* ]]; then

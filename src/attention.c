@@ -56,6 +56,7 @@ static clattn_status unfused_launches(clattn_context *ctx, const clattn_problem 
      * probabilities: the caller's tensor when it is f32, else the workspace, so that f16/bf16
      * probabilities (a second, rounded copy) do not degrade the output. */
     const clattn_view *lse = p->lse.buffer ? &p->lse : NULL;
+    const clattn_view *sinks = p->var.sinks.buffer ? &p->var.sinks : NULL;
     /* The copy of V first: a launch refused there comes before anything of the caller's is
      * written (softmax writes lse and the probabilities). */
     clattn_view v = p->v;
@@ -80,12 +81,12 @@ static clattn_status unfused_launches(clattn_context *ctx, const clattn_problem 
         probs = &p->probs;
     } else if (p->probs.buffer) {
         if ((st = clattn__run_softmax(ctx, p->batch, p->heads_q, p->seq_q, p->seq_kv, 1.0f, 0, NULL,
-                                      NULL, &scores, &p->probs, lse, CLATTN_F32, 0, NULL, NULL)))
+                                      NULL, &scores, &p->probs, lse, CLATTN_F32, sinks, 0, NULL, NULL)))
             return st;
         lse = NULL;
     }
     if ((st = clattn__run_softmax(ctx, p->batch, p->heads_q, p->seq_q, p->seq_kv, 1.0f, 0, NULL,
-                                  NULL, &scores, probs, lse, CLATTN_F32, 0, NULL, NULL)))
+                                  NULL, &scores, probs, lse, CLATTN_F32, sinks, 0, NULL, NULL)))
         return st;
     return clattn__run_pv(ctx, p, probs, &v, 0, NULL, done);
 }
@@ -112,7 +113,9 @@ clattn_status clattn_attention(clattn_context *ctx, const clattn_attention_desc 
                                 "path never forms them)");
         algo = CLATTN_ALGORITHM_UNFUSED;
     }
-    if (algo == CLATTN_ALGORITHM_UNFUSED)
-        return run_unfused(ctx, &p, num_wait, wait, done);
-    return clattn__run_fused(ctx, &p, num_wait, wait, done);
+    clattn__variant_enter(ctx, &p);
+    st = algo == CLATTN_ALGORITHM_UNFUSED ? run_unfused(ctx, &p, num_wait, wait, done)
+                                          : clattn__run_fused(ctx, &p, num_wait, wait, done);
+    clattn__variant_leave(ctx);
+    return st;
 }

@@ -126,6 +126,7 @@ clattn_status clattn__fused_launch(clattn_context *ctx, const clattn_problem *p,
         clattn__arg(&a, sizeof(cl_ulong), &mf->s_off);
         clattn__arg(&a, sizeof(int), &mf->chunks);
     }
+    clattn__variant_args(&a, p);
     if (splits == 1)
         return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, name);
     char what[64];
@@ -134,7 +135,8 @@ clattn_status clattn__fused_launch(clattn_context *ctx, const clattn_problem *p,
     if (st)
         return st;
     return clattn__run_merge(ctx, splits, p->batch, p->heads_q, p->seq_q, p->head_dim_v, &out, &lse,
-                             &p->out, p->lse.buffer ? &p->lse : NULL, 0, NULL, done);
+                             &p->out, p->lse.buffer ? &p->lse : NULL, p->var.sinks.buffer ? &p->var.sinks : NULL,
+                             0, NULL, done);
 }
 
 
@@ -170,9 +172,12 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     const int group = (int)(p->heads_q / p->heads_kv);
     const int R = group * (int)p->seq_q;
     const int decode = p->seq_q <= 16;
+    /* A window, a chunk or mask_mod hides keys as a mask does: such calls take the masked class's
+     * parameters (what clattn-tune measures with --shape ...,kvlen or a masked --class). */
     clattn_bucket bucket = {decode ? CLATTN_OP_DECODE : CLATTN_OP_FUSED, p->dtype, (int)p->head_dim,
                             clattn__seq_q_class(p->seq_q), clattn__log2_ceil(p->seq_kv),
-                            clattn__mask_kind(p->causal, p->has_mask || p->kv_lengths)};
+                            clattn__mask_kind(p->causal, p->has_mask || p->kv_lengths ||
+                                                             (p->var.bits & (CLATTN_V_RANGE | CLATTN_V_MASK_MOD)))};
     clattn_params pp;
     const clattn_params_source source = clattn__default_params(ctx, &bucket, &pp);
     if (decode)

@@ -15,10 +15,10 @@ clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc must not be NULL");
     if (!q || !k || !v || !out)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "q, k, v and out must not be NULL");
-    if (desc->mask || desc->kv_lengths || desc->lse || desc->probabilities)
+    if (desc->mask || desc->kv_lengths || desc->lse || desc->probabilities || desc->sinks || desc->alibi_slopes)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                            "clattn_attention_host takes no mask, kv_lengths, lse or probabilities "
-                            "tensors in desc (use clattn_attention)");
+                            "clattn_attention_host takes no mask, kv_lengths, lse, probabilities, sinks or "
+                            "alibi_slopes tensors in desc (use clattn_attention)");
     const size_t es = clattn_dtype_size(dtype);
     if (es == 0)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "dtype %d is not a clattn_dtype", (int)dtype);

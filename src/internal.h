@@ -110,6 +110,11 @@ struct clattn_context {
     /* Set while a multi-kernel operation rehearses its launches: kernels are built, the workspace
      * allocated and arguments set, but clattn__enqueue enqueues nothing (see run_unfused). */
     int rehearse;
+    /* Set during an attention or scores call with variants (src/variant.c): the options every
+     * kernel that includes attn_common.cl is built with ("" otherwise), and the user's score_mod
+     * and mask_mod source, assembled before attn_common.cl (NULL where absent). */
+    char variant_opts[96];
+    const char *variant_src[2];
 
     /* Tuning: the user file of this device (if any, valid), built-in tables that match it,
      * what reading them found, and the application's overrides per op. */
@@ -322,6 +327,23 @@ int clattn__bytes_overlap(cl_mem a, uint64_t a_lo, uint64_t a_hi, cl_mem b, uint
 int clattn__kvlen_overlaps(cl_mem kvlen, int64_t batch, const clattn_tensor *t);
 
 /* Resolved attention problem shared by the scores, unfused and fused paths. */
+/* The variants of a call (src/variant.c, docs/variants.md) as the kernels take them (attn_common.cl):
+ * bits V_*, the window's sides (INT32_MAX where unbounded), the chunk (0: none), the softcap, the
+ * sinks and ALiBi slopes (buffer NULL where absent) and the user's score_mod / mask_mod. */
+#define CLATTN_V_RANGE 1u
+#define CLATTN_V_SOFTCAP 2u
+#define CLATTN_V_ALIBI 4u
+#define CLATTN_V_SINKS 8u
+#define CLATTN_V_SCORE_MOD 16u
+#define CLATTN_V_MASK_MOD 32u
+typedef struct clattn_variant {
+    unsigned bits;
+    int left, right, chunk;
+    float softcap;
+    clattn_view sinks, alibi;
+    const char *score_mod, *mask_mod;
+} clattn_variant;
+
 typedef struct clattn_problem {
     int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, head_dim_v;
     float scale;
@@ -330,7 +352,15 @@ typedef struct clattn_problem {
     int has_mask;
     clattn_view q, k, v, out, mask, lse, probs;
     cl_mem kv_lengths;
+    clattn_variant var;
 } clattn_problem;
+/* variant.c: checks desc's variant fields against p (sizes filled) and fills p->var. */
+clattn_status clattn__check_variants(clattn_context *ctx, const clattn_attention_desc *desc,
+                                     const clattn_tensor *out, clattn_problem *p);
+/* Sets ctx->variant_opts and variant_src for the kernels of a call of p (clears them without
+ * variants); clattn__variant_leave clears them. */
+void clattn__variant_enter(clattn_context *ctx, const clattn_problem *p);
+void clattn__variant_leave(clattn_context *ctx);
 /* Checks the sizes, scale and (when check_algorithm) algorithm of desc, nothing about tensors. */
 clattn_status clattn__check_desc(clattn_context *ctx, const clattn_attention_desc *desc,
                                  int check_algorithm);
@@ -349,6 +379,17 @@ typedef struct clattn_args {
 void clattn__arg(clattn_args *a, size_t size, const void *value);
 /* buffer, offset, 3 strides; NULL passes an absent tensor (NULL buffer, zeros) */
 void clattn__arg_view(clattn_args *a, const clattn_view *v);
+/* merge.c: the grid of a kernel with one work-item per (row, column) in work-groups of wg along
+ * x (dv columns), rows in y and z (row = y + ny·z; ny returned). */
+int clattn__row_grid(const clattn_context *ctx, int wg, int64_t dv, int64_t rows, size_t global[3],
+                     size_t local[3]);
+/* variant.c: the variants' pass over an f32 scores matrix src (scale·QKᵀ without masks) into dst
+ * (may be src): the logits of p, -inf where hidden (cl/scores_variant.cl). */
+clattn_status clattn__run_scores_variant(clattn_context *ctx, const clattn_problem *p, const clattn_view *src,
+                                         const clattn_view *dst, cl_uint num_wait, const cl_event *wait,
+                                         cl_event *done);
+/* Appends the kernels' VARIANT_ARGS (attn_common.cl) when p has variants. */
+void clattn__variant_args(clattn_args *a, const clattn_problem *p);
 clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims, const size_t *global,
                               const size_t *local, cl_uint num_wait, const cl_event *wait,
                               cl_event *done, const char *what);
@@ -482,6 +523,7 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
                                   int64_t rows, int64_t cols, float scale, int causal,
                                   const clattn_view *mask, cl_mem kvlen, const clattn_view *in,
                                   const clattn_view *out, const clattn_view *lse, clattn_dtype in_dt,
+                                  const clattn_view *sinks,
                                   cl_uint num_wait, const cl_event *wait, cl_event *done);
 /* P·V (gemm_tiled.cl, gemm_direct.cl) of probs and v: the problem's V, or the f32 copy of an f16/bf16 one. Where
  * pv_direct (CPUs) would read f16 or bf16 V, clattn__pv_scratch() bytes (else 0) of a scratch
@@ -533,7 +575,7 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
 clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,
                                 int64_t seq, int64_t dv, const clattn_view *part_out,
                                 const clattn_view *part_lse, const clattn_view *out,
-                                const clattn_view *lse, cl_uint num_wait, const cl_event *wait,
+                                const clattn_view *lse, const clattn_view *sinks, cl_uint num_wait, const cl_event *wait,
                                 cl_event *done);
 
 #endif

@@ -31,8 +31,8 @@ static clattn_status merge_kernel(clattn_context *ctx, const char *name, const c
 /* Work-items per (row, column): x covers DV in work-groups of wg, the rows go in y and z (row =
  * y + ny·z with ny = min(rows, 32768, the device's grid limit), returned), since CUDA-based drivers
  * cap y and z at 65535 work-groups; a longer z runs in chunks (clattn__enqueue). */
-static int merge_grid(const clattn_context *ctx, int wg, int64_t dv, int64_t rows, size_t global[3],
-                      size_t local[3])
+int clattn__row_grid(const clattn_context *ctx, int wg, int64_t dv, int64_t rows, size_t global[3],
+                     size_t local[3])
 {
     int64_t y = rows < 1 ? 1 : rows < 32768 ? rows : 32768;
     if (ctx->dev.max_groups_yz && (size_t)y > ctx->dev.max_groups_yz)
@@ -49,8 +49,8 @@ static int merge_grid(const clattn_context *ctx, int wg, int64_t dv, int64_t row
 clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,
                                 int64_t seq, int64_t dv, const clattn_view *part_out,
                                 const clattn_view *part_lse, const clattn_view *out,
-                                const clattn_view *lse, cl_uint num_wait, const cl_event *wait,
-                                cl_event *done)
+                                const clattn_view *lse, const clattn_view *sinks, cl_uint num_wait,
+                                const cl_event *wait, cl_event *done)
 {
     char opts[128];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_OUT=%d", (int)out->dtype);
@@ -62,7 +62,7 @@ clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, i
     const cl_ulong rows = (cl_ulong)(batch * heads * seq);
     const cl_ulong p_split = rows * (cl_ulong)dv, pl_split = rows;
     size_t global[3], local[3];
-    const int ny = merge_grid(ctx, wg, dv, (int64_t)rows, global, local);
+    const int ny = clattn__row_grid(ctx, wg, dv, (int64_t)rows, global, local);
     const int h = (int)heads, s = (int)seq, d = (int)dv, has_lse = lse != NULL, nrows = (int)rows;
     clattn_args a = {k, 0, CL_SUCCESS};
     clattn__arg_view(&a, part_out);
@@ -78,6 +78,12 @@ clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, i
     clattn__arg(&a, sizeof(int), &s);
     clattn__arg(&a, sizeof(int), &d);
     clattn__arg(&a, sizeof(int), &has_lse);
+    /* The sinks: buffer, offset and head stride (NULL: none). */
+    const cl_mem sbuf = sinks ? sinks->buffer : NULL;
+    const cl_ulong soff = sinks ? sinks->offset : 0, ssh = sinks ? sinks->stride[1] : 0;
+    clattn__arg(&a, sizeof(cl_mem), sbuf ? &sbuf : NULL);
+    clattn__arg(&a, sizeof(cl_ulong), &soff);
+    clattn__arg(&a, sizeof(cl_ulong), &ssh);
     return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, "merge_strided");
 }
 
@@ -97,7 +103,7 @@ static clattn_status merge_pair(clattn_context *ctx, const clattn_view *x, const
         return st;
     const int64_t rows = batch * heads * seq;
     size_t global[3], local[3];
-    const int ny = merge_grid(ctx, wg, dv, rows, global, local);
+    const int ny = clattn__row_grid(ctx, wg, dv, rows, global, local);
     const int h = (int)heads, s = (int)seq, d = (int)dv, has_lse = ol != NULL, nrows = (int)rows;
     clattn_args a = {k, 0, CL_SUCCESS};
     clattn__arg_view(&a, x);
@@ -138,9 +144,9 @@ clattn_status clattn_merge(clattn_context *ctx, int num_parts, const clattn_tens
         if (out->shape[i] <= 0 || out->shape[i] > 0x7fffffffLL)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out->shape[%d] is out of range (%lld)",
                                 i, (long long)out->shape[i]);
-    if (out->shape[3] > CLATTN_MAX_HEAD_DIM)
+    if (out->shape[3] > CLATTN_MAX_HEAD_DIM_V)
         return clattn__fail(ctx, CLATTN_UNSUPPORTED, "out->shape[3] (%lld) exceeds %d",
-                            (long long)out->shape[3], CLATTN_MAX_HEAD_DIM);
+                            (long long)out->shape[3], CLATTN_MAX_HEAD_DIM_V);
     if ((uint64_t)out->shape[0] * (uint64_t)out->shape[1] > 0x7fffffffULL ||
         (uint64_t)out->shape[0] * (uint64_t)out->shape[1] * (uint64_t)out->shape[2] > 0x7fffffffULL)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out: batch x heads x seq (%lld x %lld x %lld) exceeds %d",

@@ -67,6 +67,7 @@ static const struct {
     {"gemm_tiled.cl", {"common.cl", "gemm_common.cl"}},
     {"gemm_direct.cl", {"common.cl", "gemm_common.cl"}},
     {"fused_tiled.cl", {"common.cl", "attn_common.cl"}},
+    {"scores_variant.cl", {"common.cl", "attn_common.cl"}},
     {"fused_direct.cl", {"common.cl", "attn_common.cl", "fused_cpu_common.cl"}},
     {"fused_lanes.cl", {"common.cl", "attn_common.cl", "fused_cpu_common.cl"}},
     {"decode.cl", {"common.cl", "attn_common.cl"}},
@@ -84,24 +85,47 @@ static const char *const *shared_parts(const char *file)
     return default_parts;
 }
 
-/* The program text of `file`: each shared file, then the file, each after a "#line 1" marker so
- * that build-log lines point into the right file. NULL when a file is missing (*missing names it)
- * or memory is short (*missing NULL). */
-static char *assemble(const char *file, const char **missing)
+static int uses_attn_common(const char *file)
 {
     const char *const *shared = shared_parts(file);
-    const char *names[MAX_SHARED + 1];
-    char *texts[MAX_SHARED + 1] = {NULL};
-    size_t lens[MAX_SHARED + 1], cap = 1;
-    int n = 0;
     for (int i = 0; i < MAX_SHARED && shared[i]; i++)
+        if (strcmp(shared[i], "attn_common.cl") == 0)
+            return 1;
+    return 0;
+}
+
+/* The program text of `file`: each shared file, then the file, each after a "#line 1" marker so
+ * that build-log lines point into the right file; during a call with the user's score_mod or
+ * mask_mod (ctx->variant_src), their text goes before attn_common.cl, marked "score_mod" and
+ * "mask_mod". NULL when a file is missing (*missing names it) or memory is short (*missing NULL). */
+static char *assemble(const clattn_context *ctx, const char *file, const char **missing)
+{
+    const char *const *shared = shared_parts(file);
+    const char *names[MAX_SHARED + 3];
+    char *texts[MAX_SHARED + 3] = {NULL};
+    const char *user[MAX_SHARED + 3] = {NULL}; /* the user's text in place of a file's */
+    size_t lens[MAX_SHARED + 3], cap = 1;
+    int n = 0;
+    for (int i = 0; i < MAX_SHARED && shared[i]; i++) {
+        if (strcmp(shared[i], "attn_common.cl") == 0) {
+            if (ctx->variant_src[0]) {
+                user[n] = ctx->variant_src[0];
+                names[n++] = "score_mod";
+            }
+            if (ctx->variant_src[1]) {
+                user[n] = ctx->variant_src[1];
+                names[n++] = "mask_mod";
+            }
+        }
         names[n++] = shared[i];
+    }
     names[n++] = file;
     char *src = NULL;
     *missing = NULL;
     for (int i = 0; i < n; i++) {
-        texts[i] = clattn__load_source(names[i], &lens[i]);
-        if (!texts[i]) {
+        if (user[i]) {
+            lens[i] = strlen(user[i]);
+        } else if (!(texts[i] = clattn__load_source(names[i], &lens[i]))) {
             *missing = names[i];
             goto done;
         }
@@ -111,7 +135,7 @@ static char *assemble(const char *file, const char **missing)
     if (src) {
         size_t at = 0;
         for (int i = 0; i < n; i++)
-            at += (size_t)snprintf(src + at, cap - at, "#line 1 \"%s\"\n%s\n", names[i], texts[i]);
+            at += (size_t)snprintf(src + at, cap - at, "#line 1 \"%s\"\n%s\n", names[i], user[i] ? user[i] : texts[i]);
     }
 done:
     for (int i = 0; i < n; i++)
@@ -236,7 +260,7 @@ static clattn_status build(clattn_context *ctx, const char *file, const char *op
                             "than the %zu bytes this library passes to clBuildProgram",
                             file, extra ? strlen(extra) : (size_t)0, sizeof options - 1);
     const char *missing = NULL;
-    char *src = assemble(file, &missing);
+    char *src = assemble(ctx, file, &missing);
     if (!src && missing && strcmp(missing, file) != 0)
         return clattn__fail(ctx, CLATTN_BUILD_FAILED, "kernel source \"%s\" (needed by %s) is missing",
                             missing, file);
@@ -356,6 +380,14 @@ clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const ch
     *out = NULL;
     memset(&ctx->refused, 0, sizeof ctx->refused);
     ctx->refused_again = 0;
+    /* During a call with variants, the attention programs take its VARIANTS (src/variant.c). */
+    char with_variants[2048];
+    if (ctx->variant_opts[0] && uses_attn_common(file)) {
+        const int n = snprintf(with_variants, sizeof with_variants, "%s%s", options, ctx->variant_opts);
+        if (n < 0 || (size_t)n >= sizeof with_variants)
+            return clattn__fail(ctx, CLATTN_BUILD_FAILED, "building %s: options too long", file);
+        options = with_variants;
+    }
     clattn_program_entry *e = NULL;
     for (int i = 0; i < ctx->nprograms; i++)
         if (strcmp(ctx->programs[i].file, file) == 0 && strcmp(ctx->programs[i].options, options) == 0) {

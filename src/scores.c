@@ -328,9 +328,42 @@ clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem 
                            wait, NULL, name);
 }
 
+static clattn_status run_scores_gemm(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
+                                     cl_mem scratch, uint64_t scratch_off, uint64_t scratch_bytes,
+                                     cl_uint num_wait, const cl_event *wait, cl_event *done);
+
 clattn_status clattn__run_scores(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
                                  cl_mem scratch, uint64_t scratch_off, uint64_t scratch_bytes,
                                  cl_uint num_wait, const cl_event *wait, cl_event *done)
+{
+    if (!p->var.bits)
+        return run_scores_gemm(ctx, p, dst, scratch, scratch_off, scratch_bytes, num_wait, wait, done);
+    /* Variants (f32 dst): scale·QKᵀ for every key, then the variants' pass in place, which hides
+     * keys and adds the mask itself (the softcap comes before the mask). */
+    clattn_problem raw = *p;
+    raw.causal = 0;
+    raw.has_mask = 0;
+    raw.kv_lengths = NULL;
+    clattn_status st;
+    /* Rehearsed first (kernels built, nothing enqueued) unless the caller rehearses already: a
+     * variant kernel that fails to build (the user's score_mod) must not leave dst holding the
+     * GEMM's scores. */
+    for (int pass = ctx->rehearse ? 1 : 0; pass < 2; pass++) {
+        const int outer = ctx->rehearse;
+        ctx->rehearse = pass == 0 ? 1 : outer;
+        st = run_scores_gemm(ctx, &raw, dst, scratch, scratch_off, scratch_bytes, num_wait, wait, NULL);
+        if (!st)
+            st = clattn__run_scores_variant(ctx, p, dst, dst, 0, NULL, done);
+        ctx->rehearse = pass == 0 ? 0 : outer;
+        if (st)
+            return st;
+    }
+    return st;
+}
+
+static clattn_status run_scores_gemm(clattn_context *ctx, const clattn_problem *p, const clattn_view *dst,
+                                     cl_mem scratch, uint64_t scratch_off, uint64_t scratch_bytes,
+                                     cl_uint num_wait, const cl_event *wait, cl_event *done)
 {
     clattn_params pp;
     const clattn_params_source source = gemm_params(ctx, 0, p, &pp);
@@ -381,7 +414,12 @@ clattn_status clattn__run_pv(clattn_context *ctx, const clattn_problem *p, const
 {
     clattn_params pp;
     const clattn_params_source source = gemm_params(ctx, 1, p, &pp);
-    return gemm(ctx, 1, p, &pp, source, probs, v, &p->out, (int)p->seq_q, (int)p->head_dim_v,
+    /* Keys hidden by a window, a chunk or the mods (-0 in P, like masked ones) must be skipped
+     * too, not multiplied: P·V's NaN-safe path, which has_mask selects (MODE 1 reads no mask). */
+    clattn_problem pv = *p;
+    if (p->var.bits & (CLATTN_V_RANGE | CLATTN_V_MASK_MOD | CLATTN_V_SCORE_MOD))
+        pv.has_mask = 1;
+    return gemm(ctx, 1, &pv, &pp, source, probs, v, &p->out, (int)p->seq_q, (int)p->head_dim_v,
                 (int)p->seq_kv, num_wait, wait, done);
 }
 
@@ -413,7 +451,42 @@ clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *de
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->kv_lengths overlaps scores");
     cl_mem scratch = NULL;
     const uint64_t kt = clattn__scores_scratch(ctx, &p, ctx->dev.max_alloc / 2);
-    if (kt && (st = clattn__workspace(ctx, kt, &scratch)))
+    clattn__variant_enter(ctx, &p);
+    if (p.var.bits && dst.dtype != CLATTN_F32) {
+        /* Variants with f16/bf16 scores: the f32 scores in the workspace after Kᵀ's scratch,
+         * then the variants' pass rounds each logit once, into the caller's tensor. */
+        const uint64_t elems = (uint64_t)p.batch * (uint64_t)p.heads_q * (uint64_t)p.seq_q * (uint64_t)p.seq_kv;
+        const uint64_t at = (kt + 63) / 64 * 64;
+        if (elems > (ctx->dev.max_alloc - at) / 4) {
+            clattn__variant_leave(ctx);
+            return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                                "%s scores with variants pass through %llu bytes of f32 scores, more than the "
+                                "device's max allocation of %llu bytes; ask for f32 scores",
+                                clattn_dtype_name(dst.dtype), (unsigned long long)(elems * 4),
+                                (unsigned long long)ctx->dev.max_alloc);
+        }
+        if ((st = clattn__workspace(ctx, at + elems * 4, &scratch))) {
+            clattn__variant_leave(ctx);
+            return st;
+        }
+        const cl_ulong skv = (cl_ulong)p.seq_kv, sq = (cl_ulong)p.seq_q, hq = (cl_ulong)p.heads_q;
+        const clattn_view f32 = {scratch, CLATTN_F32, at / 4, {hq * sq * skv, sq * skv, skv}};
+        clattn_problem raw = p;
+        raw.causal = 0;
+        raw.has_mask = 0;
+        raw.kv_lengths = NULL;
+        raw.var.bits = 0;
+        st = clattn__run_scores(ctx, &raw, &f32, kt ? scratch : NULL, 0, kt, num_wait, wait, NULL);
+        if (!st)
+            st = clattn__run_scores_variant(ctx, &p, &f32, &dst, 0, NULL, done);
+        clattn__variant_leave(ctx);
         return st;
-    return clattn__run_scores(ctx, &p, &dst, scratch, 0, kt, num_wait, wait, done);
+    }
+    if (kt && (st = clattn__workspace(ctx, kt, &scratch))) {
+        clattn__variant_leave(ctx);
+        return st;
+    }
+    st = clattn__run_scores(ctx, &p, &dst, scratch, 0, kt, num_wait, wait, done);
+    clattn__variant_leave(ctx);
+    return st;
 }

@@ -9,7 +9,8 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
                                   int64_t rows, int64_t cols, float scale, int causal,
                                   const clattn_view *mask, cl_mem kvlen, const clattn_view *in,
                                   const clattn_view *out, const clattn_view *lse, clattn_dtype in_dt,
-                                  cl_uint num_wait, const cl_event *wait, cl_event *done)
+                                  const clattn_view *sinks, cl_uint num_wait, const cl_event *wait,
+                                  cl_event *done)
 {
     clattn_bucket bucket = {CLATTN_OP_SOFTMAX, in_dt, 0, clattn__seq_q_class(rows),
                             clattn__log2_ceil(cols), clattn__mask_kind(causal, mask || kvlen)};
@@ -63,6 +64,11 @@ clattn_status clattn__run_softmax(clattn_context *ctx, int64_t batch, int64_t he
     clattn__arg(&a, sizeof(int), &has_mask);
     clattn__arg(&a, sizeof(int), &has_lse);
     clattn__arg(&a, sizeof(float), &scale);
+    const cl_mem sbuf = sinks ? sinks->buffer : NULL;
+    const cl_ulong soff = sinks ? sinks->offset : 0, ssh = sinks ? sinks->stride[1] : 0;
+    clattn__arg(&a, sizeof(cl_mem), sbuf ? &sbuf : NULL);
+    clattn__arg(&a, sizeof(cl_ulong), &soff);
+    clattn__arg(&a, sizeof(cl_ulong), &ssh);
     const size_t local[2] = {per_wi ? 1 : (size_t)wg, 1};
     const size_t global[2] = {per_wi ? (size_t)((rows + per_wi - 1) / per_wi)
                                      : (size_t)rows * (size_t)wg,
@@ -125,5 +131,5 @@ clattn_status clattn_softmax(clattn_context *ctx, const clattn_softmax_desc *des
     const float scale = desc->scale != 0.0f ? desc->scale : 1.0f;
     return clattn__run_softmax(ctx, desc->batch, desc->heads, desc->rows, desc->cols, scale,
                                desc->causal != 0, desc->mask ? &vmask : NULL, desc->kv_lengths, &vin,
-                               &vout, NULL, in->dtype, num_wait, wait, done);
+                               &vout, NULL, in->dtype, NULL, num_wait, wait, done);
 }

@@ -505,12 +505,12 @@ clattn_status clattn_get_call_params(clattn_context *ctx, const clattn_problem_c
     if (!ctx)
         return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_get_call_params: ctx must not be NULL");
     if (heads_q < 1 || heads_kv < 1 || heads_q % heads_kv != 0 || head_dim_v < 0 ||
-        head_dim_v > CLATTN_MAX_HEAD_DIM) {
+        head_dim_v > CLATTN_MAX_HEAD_DIM_V) {
         clattn__clear_error(ctx);
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "heads_q %lld, heads_kv %lld, head_dim_v %lld: heads must be positive, heads_kv "
                             "dividing heads_q, head_dim_v in [0, %d]",
-                            (long long)heads_q, (long long)heads_kv, (long long)head_dim_v, CLATTN_MAX_HEAD_DIM);
+                            (long long)heads_q, (long long)heads_kv, (long long)head_dim_v, CLATTN_MAX_HEAD_DIM_V);
     }
     const clattn_status st = clattn_get_params(ctx, pc, out);
     if (st != CLATTN_SUCCESS)

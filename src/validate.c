@@ -321,13 +321,27 @@ clattn_status clattn__check_desc(clattn_context *ctx, const clattn_attention_des
     if (desc->head_dim_v < 0)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->head_dim_v is negative (%lld)",
                             (long long)desc->head_dim_v);
-    if (desc->head_dim > CLATTN_MAX_HEAD_DIM || dv > CLATTN_MAX_HEAD_DIM)
+    if (desc->head_dim > CLATTN_MAX_HEAD_DIM || dv > CLATTN_MAX_HEAD_DIM_V)
         return clattn__fail(ctx, CLATTN_UNSUPPORTED,
-                            "desc->head_dim %lld / head_dim_v %lld exceeds the maximum of %d",
-                            (long long)desc->head_dim, (long long)dv, CLATTN_MAX_HEAD_DIM);
+                            "desc->head_dim %lld / head_dim_v %lld exceeds the maximum of %d / %d",
+                            (long long)desc->head_dim, (long long)dv, CLATTN_MAX_HEAD_DIM,
+                            CLATTN_MAX_HEAD_DIM_V);
     if (!isfinite(desc->scale))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->scale is not finite (%g)",
                             (double)desc->scale);
+    /* Models with heads this wide scale by another size (DeepSeek's MLA: 1/sqrt(192) with
+     * head_dim 576), so no default can be right. */
+    if (desc->scale == 0.0f && desc->head_dim > 256)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->scale is 0 with head_dim %lld: above 256 give the model's scale (MLA's "
+                            "is 1/sqrt(192) for DeepSeek-V3, not 1/sqrt(%lld))",
+                            (long long)desc->head_dim, (long long)desc->head_dim);
+    for (size_t i = 0; i < sizeof desc->reserved / sizeof desc->reserved[0]; i++)
+        if (desc->reserved[i] != 0)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                "desc->reserved[%zu] is %lld: the reserved fields must be zero (zero-initialise "
+                                "the descriptor)",
+                                i, (long long)desc->reserved[i]);
     if (check_algorithm && (desc->algorithm < CLATTN_ALGORITHM_AUTO || desc->algorithm > CLATTN_ALGORITHM_UNFUSED))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->algorithm %d is not a clattn_algorithm",
                             (int)desc->algorithm);
@@ -439,6 +453,8 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
         if (hit)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->probabilities overlaps %s", hit);
     }
+    if ((st = clattn__check_variants(ctx, desc, need_v ? out : NULL, p)))
+        return st;
     /* After the outputs' views are checked: the overlap test reads their shapes and strides. */
     if (need_v && desc->kv_lengths &&
         (clattn__kvlen_overlaps(desc->kv_lengths, p->batch, out) ||

@@ -619,7 +619,7 @@ MUT(a_head_dim_v_negative, f->desc.head_dim_v = -1)
 MUT(a_heads_q_not_multiple, f->desc.heads_q = 3)
 MUT(a_heads_kv_not_divisor, f->desc.heads_kv = 3)
 MUT(a_heads_kv_above_heads_q, f->desc.heads_kv = 8)
-MUT(a_head_dim_257, f->desc.head_dim = 257; f->q.shape[3] = 257; f->k.shape[3] = 257)
+MUT(a_head_dim_577, f->desc.head_dim = 577; f->desc.scale = 0.05f; f->q.shape[3] = 577; f->k.shape[3] = 577)
 MUT(a_head_dim_v_300, f->desc.head_dim_v = 300; f->v.shape[3] = 300; f->out.shape[3] = 300)
 MUT(a_batch_above_int32, f->desc.batch = BIG + 1)
 MUT(a_seq_q_above_int32, f->desc.seq_q = BIG + 1)
@@ -966,7 +966,7 @@ MUT(m_null_part_lse, f->part_lsep = NULL)
 MUT(m_null_out, f->moutp = NULL)
 MUT(m_out_shape_zero, f->mout.shape[0] = 0)
 MUT(m_out_shape_negative, f->mout.shape[2] = -3)
-MUT(m_out_dim_257, f->mout.shape[3] = 257)
+MUT(m_out_dim_513, f->mout.shape[3] = 513)
 MUT(m_out_rows_too_large, f->mout.shape[0] = BIG; f->mout.shape[1] = BIG)
 /* 2^21 * 2^21 * 2^22 = 2^64: a product computed without an overflow check wraps to 0. */
 MUT(m_out_rows_wrap, f->mout.shape[0] = INT64_C(1) << 21; f->mout.shape[1] = INT64_C(1) << 21;
@@ -1003,7 +1003,7 @@ MUT(h_probabilities, f->hdesc.probabilities = &f->probs)
 MUT(h_dtype_7, f->hdtype = (clattn_dtype)7)
 MUT(h_dtype_negative, f->hdtype = (clattn_dtype)-1)
 MUT(h_seq_q_zero, f->hdesc.seq_q = 0)
-MUT(h_head_dim_257, f->hdesc.head_dim = 257)
+MUT(h_head_dim_577, f->hdesc.head_dim = 577; f->hdesc.scale = 0.05f)
 MUT(h_heads_q_not_multiple, f->hdesc.heads_q = 3)
 MUT(h_scale_nan, f->hdesc.scale = NAN)
 MUT(h_null_lse_ok, f->hlsep = NULL)
@@ -1085,7 +1085,7 @@ static const row rows[] = {
     {"heads_q_not_multiple_of_heads_kv", E_ATTENTION, a_heads_q_not_multiple, INV, "heads_q", "3"},
     {"heads_kv_not_a_divisor", E_ATTENTION, a_heads_kv_not_divisor, INV, "heads_kv", "3"},
     {"heads_kv_above_heads_q", E_ATTENTION, a_heads_kv_above_heads_q, INV, "heads_kv", "8"},
-    {"head_dim_257", E_ATTENTION, a_head_dim_257, UNS, "head_dim", "257"},
+    {"head_dim_577", E_ATTENTION, a_head_dim_577, UNS, "head_dim", "577"},
     {"head_dim_v_300", E_ATTENTION, a_head_dim_v_300, UNS, "head_dim_v", "300"},
     {"batch_above_int32", E_ATTENTION, a_batch_above_int32, INV, "desc->batch", "2147483648"},
     {"seq_q_above_int32", E_ATTENTION, a_seq_q_above_int32, INV, "desc->seq_q", "2147483648"},
@@ -1222,7 +1222,7 @@ static const row rows[] = {
     {"scores_other_context", E_SCORES, s_scores_foreign, INV, "scores->buffer", "another OpenCL context"},
     {"seq_kv_zero", E_SCORES, a_seq_kv_zero, INV, "desc->seq_kv", "0"},
     {"heads_q_not_multiple_of_heads_kv", E_SCORES, a_heads_q_not_multiple, INV, "heads_q", "3"},
-    {"head_dim_257", E_SCORES, a_head_dim_257, UNS, "head_dim", "257"},
+    {"head_dim_577", E_SCORES, a_head_dim_577, UNS, "head_dim", "577"},
     {"k_f16_q_f32", E_SCORES, a_k_f16, INV, "k->dtype", "f16"},
     {"q_shape_dim", E_SCORES, a_q_shape3, INV, "q->shape[3]", "9"},
     {"mask_bf16", E_SCORES, a_mask_bf16, INV, "desc->mask->dtype", "bf16"},
@@ -1299,7 +1299,7 @@ static const row rows[] = {
     {"null_out", E_MERGE, m_null_out, INV, "out must not be NULL", NULL},
     {"out_shape_zero", E_MERGE, m_out_shape_zero, INV, "out->shape[0]", "0"},
     {"out_shape_negative", E_MERGE, m_out_shape_negative, INV, "out->shape[2]", "-3"},
-    {"out_dim_257", E_MERGE, m_out_dim_257, UNS, "out->shape[3]", "257"},
+    {"out_dim_513", E_MERGE, m_out_dim_513, UNS, "out->shape[3]", "513"},
     {"out_rows_too_large", E_MERGE, m_out_rows_too_large, INV, "batch x heads x seq", NULL},
     {"out_rows_product_wraps", E_MERGE, m_out_rows_wrap, INV, "out", NULL},
     {"part_out_wrong_shape", E_MERGE, m_part_out_shape, INV, "part_out[1]->shape[2]", "4"},
@@ -1338,7 +1338,7 @@ static const row rows[] = {
     {"dtype_7", E_HOST, h_dtype_7, INV, "dtype", "7"},
     {"dtype_negative", E_HOST, h_dtype_negative, INV, "dtype", "-1"},
     {"seq_q_zero", E_HOST, h_seq_q_zero, INV, "seq_q", "0"},
-    {"head_dim_257", E_HOST, h_head_dim_257, UNS, "head_dim", "257"},
+    {"head_dim_577", E_HOST, h_head_dim_577, UNS, "head_dim", "577"},
     {"heads_q_not_multiple_of_heads_kv", E_HOST, h_heads_q_not_multiple, INV, "heads_q", "3"},
     {"scale_nan", E_HOST, h_scale_nan, INV, "desc->scale", "nan"},
     {"k_past_host_memory", E_HOST, h_k_past_host_memory, INV, "bytes of host memory", NULL},

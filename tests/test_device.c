@@ -637,7 +637,7 @@ static void test_from_queue_attention(void **state)
     clReleaseEvent(done);
     tu_read(ctx, bo, n * 4, o);
 
-    const ref_attn a = {B, H, H, S, S, D, 0, 0.0, 0, NULL, {0, 0, 0, 0}, NULL};
+    const ref_attn a = {.batch = B, .heads_q = H, .heads_kv = H, .seq_q = S, .seq_kv = S, .head_dim = D};
     ref_attention(&a, qd, kd, vd, want, NULL, NULL);
     for (size_t i = 0; i < n; ++i)
         od[i] = o[i];

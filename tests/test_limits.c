@@ -466,7 +466,8 @@ static void reference(const inst *I, double *want[MAX_OUT])
     case OP_SCORES: {
         const double *q = read_doubles(I, I->in[0], B * Hq * Sq * D),
                      *k = read_doubles(I, I->in[1], B * Hkv * Skv * D);
-        const ref_attn a = {r->B, r->Hq, r->Hkv, r->Sq, r->Skv, r->D, r->Dv, 0, r->causal, NULL, {0}, NULL};
+        const ref_attn a = {.batch = r->B, .heads_q = r->Hq, .heads_kv = r->Hkv, .seq_q = r->Sq, .seq_kv = r->Skv,
+                            .head_dim = r->D, .head_dim_v = r->Dv, .causal = r->causal};
         if (r->op == OP_SCORES)
             ref_scores(&a, q, k, want[0]);
         else

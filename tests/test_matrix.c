@@ -144,7 +144,7 @@ static void test_emulated_override(void **state)
     ask_for_mma(ctx);
     const clattn_attention_desc d = small_desc();
     assert_int_equal(clattn_attention_host(ctx, &d, CLATTN_F32, q, k, v, out, NULL), CLATTN_SUCCESS);
-    const ref_attn ra = {B, HQ, HKV, SQ, SKV, D, 0, 0.0, 1, NULL, {0, 0, 0, 0}, NULL};
+    const ref_attn ra = {.batch = B, .heads_q = HQ, .heads_kv = HKV, .seq_q = SQ, .seq_kv = SKV, .head_dim = D, .causal = 1};
     ref_attention(&ra, xq, xk, xv, ref, NULL, NULL);
     for (size_t i = 0; i < sizeof out / sizeof out[0]; i++)
         if (!tu_close(out[i], ref[i], 2e-5, 1e-4))

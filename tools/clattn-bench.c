@@ -4,7 +4,12 @@
  * every timed result against a float64 host reference.
  *
  *   clattn-bench [--device SPEC] [--op LIST] [shape options] [--causal] [--mask KIND]
- *                [--kv-len LIST] [--iters N] [--warmup N] [--csv] [--check] [--help]
+ *                [--kv-len LIST] [variant options] [--iters N] [--warmup N] [--csv] [--check]
+ *                [--help]
+ *
+ * Variant options (docs/variants.md) apply to the attention ops (unfused, fused, decode): each
+ * such op then runs plain first and with the variants next, so the overhead is a ratio of the
+ * same run; a window adds the same window as a dense -inf mask and attention over just its keys.
  *
  * Method (see PERFORMANCE.md): each operation is enqueued and the queue drained with clFinish, with
  * a CLOCK_MONOTONIC wall clock around both, so every kernel an operation enqueues is timed (the
@@ -50,10 +55,11 @@
 
 #define SEED 0x5eedc1a7701ULL
 /* Generator streams, one per input tensor, so Q, K, V and the softmax input differ. */
-enum { ID_Q = 1, ID_K = 2, ID_V = 3, ID_S = 4, ID_M = 5 };
+enum { ID_Q = 1, ID_K = 2, ID_V = 3, ID_S = 4, ID_M = 5, ID_SINK = 6 };
 
 /* --mask: no additive mask; finite values in [-1, 1) (the mask is read, hides nothing); a
- * sliding window of W keys ending at each row's diagonal key, -inf elsewhere. The mask tensor is
+ * window of keys around each row's diagonal key, -inf elsewhere (--mask window:W: the W keys
+ * ending at it; the dense twin of a --window row: any left and right extent). The mask tensor is
  * [1][1][Sq][Skv], broadcast over batch and heads, f16 with f16 storage and f32 otherwise. */
 enum { MASK_NONE, MASK_BIAS, MASK_WINDOW };
 /* --kv-len takes at most this many lengths (cycled over the batch). */
@@ -75,9 +81,24 @@ typedef struct shape {
     clattn_dtype dt;
     int causal;
     int mask;         /* MASK_* */
-    long long window; /* MASK_WINDOW: keys each row sees */
+    long long mask_left, mask_right; /* MASK_WINDOW: diag - left <= j <= diag + right; < 0 unbounded */
     int kv_lens;      /* 1: per-batch key lengths from --kv-len */
+    float scale;      /* desc.scale: 0 is the library's 1/sqrt(D) */
+    int mla;          /* 1: V is a view of K's first Dv dims (DeepSeek MLA), no V buffer */
+    /* Variants (clattn_attention_desc), attention ops only; off when 0. */
+    int window;
+    long long win_left, win_right; /* < 0: unbounded */
+    long long chunk;
+    float softcap;
+    int sinks;        /* SINKS_* */
+    float sink_value; /* SINKS_VALUE */
+    float alibi;      /* max_bias of clattn_alibi_slopes */
+    int score_mod, mask_mod;
 } shape;
+
+/* --sinks: SINKS_RANDOM gives per-head logits uniform in [0, ln Skv) (a sink then weighs between
+ * one key and all of them), SINKS_VALUE one logit for every head. */
+enum { SINKS_NONE, SINKS_RANDOM, SINKS_VALUE };
 
 typedef struct options {
     const char *device;
@@ -87,6 +108,10 @@ typedef struct options {
     int causal;                           /* 1: --causal given */
     int mask;                             /* MASK_*, from --mask */
     long long window;                     /* --mask window:W */
+    float scale;                          /* --scale; 0: the library's default */
+    int mla;                              /* --mla */
+    shape var;                            /* the variant fields of --window ... --mask-mod */
+    char *score_mod, *mask_mod;           /* --score-mod / --mask-mod file contents */
     long long kv_len[MAX_KV_LENS];        /* --kv-len, cycled over the batch */
     int n_kv_len;                         /* 0: no key lengths */
     int iters, warmup, csv, check;
@@ -123,8 +148,16 @@ typedef struct bench {
     struct {
         const char *what, *how;
         double v;
-    } ratios[12];
+    } ratios[32];
     int n_ratios;
+    int mask_width; /* of the text table's mask column: the longest description of this run */
+    /* --check with --score-mod / --mask-mod: the snippets built with a kernel that evaluates
+     * them for one row (the reference cannot run OpenCL C on the host). */
+    cl_program mods_prog;
+    cl_kernel mods_kernel;
+    cl_mem mods_x, mods_vis;
+    size_t mods_cap;
+    int mods_failed;
     /* Host staging for uploads and row reads, grown on demand. */
     void *stage;
     size_t stage_size;
@@ -398,13 +431,48 @@ static double mask_at(const shape *s, long long i, long long j)
         return gen_stored(ID_M, (uint64_t)(i * s->skv + j), mask_dtype(s));
     if (s->mask == MASK_WINDOW) {
         const long long diag = i + s->skv - s->sq;
-        return j <= diag && j > diag - s->window ? 0.0 : -INFINITY;
+        return (s->mask_left < 0 || j >= diag - s->mask_left) &&
+                       (s->mask_right < 0 || j <= diag + s->mask_right)
+                   ? 0.0
+                   : -INFINITY;
     }
     return 0.0;
 }
 
+/* 1 when s asks for a variant of attention (the plain row beside it has none). */
+static int has_variant(const shape *s)
+{
+    return s->window || s->chunk || s->softcap > 0.0f || s->sinks || s->alibi > 0.0f || s->score_mod ||
+           s->mask_mod;
+}
+
+/* s without its variants: the plain row measured beside a variant row. */
+static shape plain_shape(const shape *s)
+{
+    shape p = *s;
+    p.window = 0;
+    p.win_left = p.win_right = p.chunk = 0;
+    p.softcap = p.alibi = p.sink_value = 0.0f;
+    p.sinks = p.score_mod = p.mask_mod = 0;
+    return p;
+}
+
+/* floor(a / b) for b > 0, as the chunk rule reads it for a negative diagonal position. */
+static long long floor_div(long long a, long long b)
+{
+    return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+/* Diagonal position p of row i of batch b: the variants' q (docs/variants.md). */
+static long long diag_pos(const bench *bn, const shape *s, long long b, long long i)
+{
+    return i + batch_keys(bn, s, b) - s->sq;
+}
+
 /* The keys row i of batch b attends to, *lo .. *hi (none when *hi < *lo): those before row_end
- * that the mask leaves visible, one run of keys whose ends grow with the row. */
+ * that the window mask, the window and the chunk leave visible (an interval each, so their
+ * intersection is one run of keys whose ends grow with the row). A bias mask and mask_mod hide
+ * nothing here. */
 static void row_span(const bench *bn, const shape *s, long long b, long long i, long long *lo,
                      long long *hi)
 {
@@ -412,10 +480,24 @@ static void row_span(const bench *bn, const shape *s, long long b, long long i, 
     *hi = row_end(bn, s, b, i) - 1;
     if (s->mask == MASK_WINDOW) {
         const long long diag = i + s->skv - s->sq;
-        if (diag - s->window + 1 > *lo)
-            *lo = diag - s->window + 1;
-        if (diag < *hi)
-            *hi = diag;
+        if (s->mask_left >= 0 && diag - s->mask_left > *lo)
+            *lo = diag - s->mask_left;
+        if (s->mask_right >= 0 && diag + s->mask_right < *hi)
+            *hi = diag + s->mask_right;
+    }
+    const long long p = diag_pos(bn, s, b, i);
+    if (s->window) {
+        if (s->win_left >= 0 && p - s->win_left > *lo)
+            *lo = p - s->win_left;
+        if (s->win_right >= 0 && p + s->win_right < *hi)
+            *hi = p + s->win_right;
+    }
+    if (s->chunk) {
+        const long long c0 = floor_div(p, s->chunk) * s->chunk;
+        if (c0 > *lo)
+            *lo = c0;
+        if (c0 + s->chunk - 1 < *hi)
+            *hi = c0 + s->chunk - 1;
     }
 }
 
@@ -442,17 +524,141 @@ static double tolerance(clattn_dtype dt)
     return dt == CLATTN_F16 ? 2e-3 : dt == CLATTN_BF16 ? 2e-2 : 1e-4;
 }
 
+/* The --score-mod / --mask-mod text (NULL when s has none, or for a plain row). */
+static const char *score_mod_src(const bench *bn, const shape *s)
+{
+    return s->score_mod ? bn->opt.score_mod : NULL;
+}
+
+static const char *mask_mod_src(const bench *bn, const shape *s)
+{
+    return s->mask_mod ? bn->opt.mask_mod : NULL;
+}
+
+/* Evaluates the snippets on the device for one row: x[k - k0] = score_mod(x, b, h, q, k) and
+ * vis[k - k0] = mask_mod(b, h, q, k) != 0 for keys k0 .. k0 + n - 1. Built as the library builds
+ * them, after nothing of its own but this kernel (docs/variants.md#mods). */
+static const char mods_kernel_src[] =
+    "\n__kernel void bench_eval_mods(__global float *x, __global int *vis, int b, int h, int q,\n"
+    "                              int k0, int n)\n"
+    "{\n"
+    "    const int i = (int)get_global_id(0);\n"
+    "    if (i >= n)\n"
+    "        return;\n"
+    "#ifdef BENCH_SCORE_MOD\n"
+    "    x[i] = score_mod(x[i], b, h, q, k0 + i);\n"
+    "#endif\n"
+    "#ifdef BENCH_MASK_MOD\n"
+    "    vis[i] = mask_mod(b, h, q, k0 + i) != 0;\n"
+    "#endif\n"
+    "}\n";
+
+/* @return 0 with the evaluator built (once a run: every variant row has the same snippets), or -1
+ * with the reason printed once (the check then says it cannot check the row). */
+static int mods_ready(bench *bn, size_t n)
+{
+    if (bn->mods_failed)
+        return -1;
+    cl_int err;
+    if (!bn->mods_kernel) {
+        const char *parts[3] = {bn->opt.score_mod ? bn->opt.score_mod : "",
+                                bn->opt.mask_mod ? bn->opt.mask_mod : "", mods_kernel_src};
+        const char *nl[3] = {"\n", "\n", ""};
+        const char *src[5] = {parts[0], nl[0], parts[1], nl[1], parts[2]};
+        char opts[96];
+        snprintf(opts, sizeof opts, "-cl-std=CL1.2%s%s", bn->opt.score_mod ? " -DBENCH_SCORE_MOD" : "",
+                 bn->opt.mask_mod ? " -DBENCH_MASK_MOD" : "");
+        bn->mods_prog = clCreateProgramWithSource(bn->clctx, 5, src, NULL, &err);
+        check_cl(err, "clCreateProgramWithSource");
+        if (clBuildProgram(bn->mods_prog, 1, &bn->dev, opts, NULL, NULL) != CL_SUCCESS ||
+            !(bn->mods_kernel = clCreateKernel(bn->mods_prog, "bench_eval_mods", &err))) {
+            static char log[4096];
+            log[0] = '\0';
+            clGetProgramBuildInfo(bn->mods_prog, bn->dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, NULL);
+            log[sizeof log - 1] = '\0';
+            fprintf(stderr, "check: the score_mod/mask_mod snippets did not build on their own for the "
+                            "reference; rows with them are not checked:\n%s\n", log);
+            bn->mods_failed = 1;
+            return -1;
+        }
+    }
+    if (n > bn->mods_cap) {
+        cl_mem m[2] = {bn->mods_x, bn->mods_vis};
+        release(m, 2);
+        bn->mods_x = clCreateBuffer(bn->clctx, CL_MEM_READ_WRITE, n * sizeof(float), NULL, &err);
+        check_cl(err, "clCreateBuffer");
+        bn->mods_vis = clCreateBuffer(bn->clctx, CL_MEM_READ_WRITE, n * sizeof(cl_int), NULL, &err);
+        check_cl(err, "clCreateBuffer");
+        bn->mods_cap = n;
+    }
+    return 0;
+}
+
+/* Applies the mods to keys k0 .. k0 + n - 1 of one row: sc[k] is the logit after the softcap
+ * (-inf: hidden already, left alone); afterwards score_mod's value, or -inf where mask_mod hides
+ * the key. @return 0, or -1 when the evaluator is unavailable. */
+static int apply_mods(bench *bn, const shape *s, long long b, long long h, long long p, long long k0,
+                      long long n, double *sc)
+{
+    if (n <= 0)
+        return 0;
+    if (mods_ready(bn, (size_t)n))
+        return -1;
+    float *x = stage(bn, (size_t)n * (sizeof(float) + sizeof(cl_int)));
+    cl_int *vis = (cl_int *)(x + n);
+    for (long long k = 0; k < n; k++)
+        x[k] = (float)sc[k0 + k];
+    const cl_int a[5] = {(cl_int)b, (cl_int)h, (cl_int)p, (cl_int)k0, (cl_int)n};
+    check_cl(clSetKernelArg(bn->mods_kernel, 0, sizeof(cl_mem), &bn->mods_x), "clSetKernelArg");
+    check_cl(clSetKernelArg(bn->mods_kernel, 1, sizeof(cl_mem), &bn->mods_vis), "clSetKernelArg");
+    for (int i = 0; i < 5; i++)
+        check_cl(clSetKernelArg(bn->mods_kernel, (cl_uint)(2 + i), sizeof(cl_int), &a[i]), "clSetKernelArg");
+    const size_t global = (size_t)n;
+    check_cl(clEnqueueWriteBuffer(bn->queue, bn->mods_x, CL_FALSE, 0, global * sizeof(float), x, 0, NULL, NULL),
+             "clEnqueueWriteBuffer");
+    check_cl(clEnqueueNDRangeKernel(bn->queue, bn->mods_kernel, 1, NULL, &global, NULL, 0, NULL, NULL),
+             "clEnqueueNDRangeKernel");
+    check_cl(clEnqueueReadBuffer(bn->queue, bn->mods_x, CL_FALSE, 0, global * sizeof(float), x, 0, NULL, NULL),
+             "clEnqueueReadBuffer");
+    if (s->mask_mod)
+        check_cl(clEnqueueReadBuffer(bn->queue, bn->mods_vis, CL_FALSE, 0, global * sizeof(cl_int), vis, 0,
+                                     NULL, NULL),
+                 "clEnqueueReadBuffer");
+    check_cl(clFinish(bn->queue), "clFinish");
+    for (long long k = 0; k < n; k++) {
+        if (sc[k0 + k] == -INFINITY)
+            continue;
+        if (s->mask_mod && !vis[k])
+            sc[k0 + k] = -INFINITY;
+        else if (s->score_mod)
+            sc[k0 + k] = (double)x[k];
+    }
+    return 0;
+}
+
+/* Host values of a run's per-head variant tensors, f32 as the device holds them (NULL: none). */
+typedef struct variant_data {
+    const float *sinks;  /* [Hq] */
+    const float *slopes; /* [Hq] */
+} variant_data;
+
 /*
  * Checks scores (scores != 0: out is [B][Hq][Sq][Skv], scale·QKᵀ + mask with hidden keys -inf) or
  * attention (out is [B][Hq][Sq][Dv]; a row with no visible key is 0) against float64 on the sampled
- * rows. Q, K, V and the mask are regenerated from their streams in s's layout, K and V with s->hkv
- * heads. @return the largest element error.
+ * rows, with the variants of s in docs/variants.md's order: scale, softcap, score_mod, then the
+ * additive mask and ALiBi; visibility from key lengths, causal, the window, the chunk, -inf in the
+ * mask and mask_mod; sinks in the denominator only. Q, K, V and the mask are regenerated from
+ * their streams in s's layout, K and V with s->hkv heads (V from K's first Dv dims with --mla).
+ * @return the largest element error; NAN when a row could not be checked (the mods' evaluator did
+ * not build: said once).
  */
-static double check_attention(bench *bn, const shape *s, cl_mem out, int scores)
+static double check_attention(bench *bn, const shape *s, cl_mem out, int scores, const variant_data *vd)
 {
     const long long B = s->b, Hq = s->hq, Hkv = s->hkv, Sq = s->sq, Skv = s->skv, D = s->d,
                     Dv = s->dv, group = Hq / Hkv;
-    const double scale = (double)(float)(1.0 / sqrt((double)D)); /* what scale = 0 resolves to */
+    /* what scale = 0 resolves to, or the float the desc holds */
+    const double scale = s->scale > 0.0f ? (double)s->scale : (double)(float)(1.0 / sqrt((double)D));
+    const double cap = (double)s->softcap;
     const double cost = (double)B * Hq * Sq * Skv * (scores ? D : D + Dv);
     size_t n;
     rowpick *rows = pick_rows(B, Hq, Sq, cost, &n);
@@ -470,42 +676,61 @@ static double check_attention(bench *bn, const shape *s, cl_mem out, int scores)
             for (long long j = 0; j < Skv * D; j++)
                 kh[j] = gen_stored(ID_K, kb * (uint64_t)D + (uint64_t)j, s->dt);
             if (vh)
-                for (long long j = 0; j < Skv * Dv; j++)
-                    vh[j] = gen_stored(ID_V, kb * (uint64_t)Dv + (uint64_t)j, s->dt);
+                for (long long j = 0; j < Skv; j++)
+                    for (long long e = 0; e < Dv; e++)
+                        vh[j * Dv + e] = s->mla ? kh[j * D + e]
+                                                : gen_stored(ID_V, (kb + (uint64_t)j) * (uint64_t)Dv + (uint64_t)e,
+                                                             s->dt);
             cached_b = b;
             cached_kvh = kvh;
         }
         const uint64_t row = (uint64_t)((b * Hq + h) * Sq + i);
         for (long long d = 0; d < D; d++)
             q[d] = gen_stored(ID_Q, row * (uint64_t)D + (uint64_t)d, s->dt);
-        const long long end = row_end(bn, s, b, i);
-        double m = -INFINITY;
-        for (long long j = 0; j < end; j++) {
-            const double mask = mask_at(s, i, j);
+        const long long p = diag_pos(bn, s, b, i);
+        long long lo, hi;
+        row_span(bn, s, b, i, &lo, &hi);
+        for (long long j = 0; j < Skv; j++)
             sc[j] = -INFINITY;
-            if (mask == -INFINITY)
+        for (long long j = lo; j <= hi; j++) {
+            if (mask_at(s, i, j) == -INFINITY)
                 continue;
             double acc = 0.0;
             for (long long d = 0; d < D; d++)
                 acc += q[d] * kh[j * D + d];
-            sc[j] = acc * scale + mask;
+            sc[j] = cap > 0.0 ? cap * tanh(acc * scale / cap) : acc * scale;
+        }
+        if ((s->score_mod || s->mask_mod) && apply_mods(bn, s, b, h, p, lo, hi - lo + 1, sc)) {
+            worst = NAN;
+            break;
+        }
+        const double slope = vd && vd->slopes ? (double)vd->slopes[h] : 0.0;
+        double m = -INFINITY;
+        for (long long j = lo; j <= hi; j++) {
+            if (sc[j] == -INFINITY)
+                continue;
+            sc[j] += mask_at(s, i, j) - slope * (double)llabs(p - j);
             if (sc[j] > m)
                 m = sc[j];
         }
         if (scores) {
             for (long long j = 0; j < Skv; j++)
-                want[j] = j < end ? sc[j] : -INFINITY;
+                want[j] = sc[j];
         } else {
+            /* A sink joins the denominator only, and the running maximum: -inf is none. */
+            const double sink = vd && vd->sinks ? (double)vd->sinks[h] : -INFINITY;
+            if (sink > m)
+                m = sink;
             for (long long e = 0; e < Dv; e++)
                 want[e] = 0.0;
-            double l = 0.0;
-            for (long long j = 0; j < end; j++) {
+            double l = sink == -INFINITY ? 0.0 : exp(sink - m);
+            for (long long j = lo; j <= hi; j++) {
                 if (sc[j] == -INFINITY)
                     continue;
-                const double p = exp(sc[j] - m);
-                l += p;
+                const double w = exp(sc[j] - m);
+                l += w;
                 for (long long e = 0; e < Dv; e++)
-                    want[e] += p * vh[j * Dv + e];
+                    want[e] += w * vh[j * Dv + e];
             }
             for (long long e = 0; e < Dv && l > 0.0; e++)
                 want[e] /= l;
@@ -643,9 +868,9 @@ static void print_header(bench *bn)
              "mask");
         return;
     }
-    printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %-15s %10s %10s %9s %8s%s\n", "op", "dtype", "B", "Hq",
-           "Hkv", "Sq", "Skv", "D", "causal", "mask", "median ms", "min ms", "GFLOP/s", "GB/s",
-           bn->opt.check ? "  check (max err / tol)" : "");
+    printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %-*s %10s %10s %9s %8s%s\n", "op", "dtype", "B", "Hq",
+           "Hkv", "Sq", "Skv", "D", "causal", bn->mask_width, "mask", "median ms", "min ms", "GFLOP/s",
+           "GB/s", bn->opt.check ? "  check (max err / tol)" : "");
 }
 
 static void fmt_num(char *buf, size_t size, double v, const char *fmt)
@@ -656,18 +881,67 @@ static void fmt_num(char *buf, size_t size, double v, const char *fmt)
         snprintf(buf, size, fmt, v);
 }
 
-/* The masks of s as the mask column shows them: none, bias or window:W, then +kvlen when key
- * lengths are given. */
+/* Appends "+" (unless buf is empty) and the formatted text to buf, whose length is *n. */
+static void desc_add(char *buf, size_t size, size_t *n, const char *fmt, ...)
+{
+    if (*n + 1 >= size)
+        return;
+    if (*n)
+        buf[(*n)++] = '+';
+    va_list ap;
+    va_start(ap, fmt);
+    const int w = vsnprintf(buf + *n, size - *n, fmt, ap);
+    va_end(ap);
+    *n = w < 0 ? *n : *n + (size_t)w < size ? *n + (size_t)w : size - 1;
+}
+
+/* A window extent as the mask column shows it: "inf" when unbounded. */
+static const char *extent(long long v, char *buf, size_t size)
+{
+    if (v < 0)
+        snprintf(buf, size, "inf");
+    else
+        snprintf(buf, size, "%lld", v);
+    return buf;
+}
+
+/* The masks and variants of s as the mask column shows them, joined by "+": none, bias, window:W
+ * (the W keys ending at the diagonal) or window:L:R (a dense window mask of any extents), kvlen;
+ * then the variants: win:L:R, chunk:C, softcap:c, sinks:rand or sinks:V, alibi:B, score_mod,
+ * mask_mod, and mla (V a view of K). No commas: the CSV writes the column as it is. */
 static void mask_desc(const shape *s, char *buf, size_t size)
 {
-    int n = 0;
-    if (s->mask == MASK_WINDOW)
-        n = snprintf(buf, size, "window:%lld", s->window);
+    size_t n = 0;
+    char a[24], b[24];
+    buf[0] = '\0';
+    if (s->mask == MASK_WINDOW && s->mask_left >= 0 && s->mask_right == 0)
+        desc_add(buf, size, &n, "window:%lld", s->mask_left + 1);
+    else if (s->mask == MASK_WINDOW)
+        desc_add(buf, size, &n, "window:%s:%s", extent(s->mask_left, a, sizeof a),
+                 extent(s->mask_right, b, sizeof b));
     else if (s->mask == MASK_BIAS)
-        n = snprintf(buf, size, "bias");
+        desc_add(buf, size, &n, "bias");
     if (s->kv_lens)
-        snprintf(buf + n, size - (size_t)n, "%skvlen", n ? "+" : "");
-    else if (!n)
+        desc_add(buf, size, &n, "kvlen");
+    if (s->window)
+        desc_add(buf, size, &n, "win:%s:%s", extent(s->win_left, a, sizeof a), extent(s->win_right, b, sizeof b));
+    if (s->chunk)
+        desc_add(buf, size, &n, "chunk:%lld", s->chunk);
+    if (s->softcap > 0.0f)
+        desc_add(buf, size, &n, "softcap:%g", (double)s->softcap);
+    if (s->sinks == SINKS_RANDOM)
+        desc_add(buf, size, &n, "sinks:rand");
+    else if (s->sinks)
+        desc_add(buf, size, &n, "sinks:%g", (double)s->sink_value);
+    if (s->alibi > 0.0f)
+        desc_add(buf, size, &n, "alibi:%g", (double)s->alibi);
+    if (s->score_mod)
+        desc_add(buf, size, &n, "score_mod");
+    if (s->mask_mod)
+        desc_add(buf, size, &n, "mask_mod");
+    if (s->mla)
+        desc_add(buf, size, &n, "mla");
+    if (!n)
         snprintf(buf, size, "none");
 }
 
@@ -675,7 +949,7 @@ static void emit(bench *bn, const result *r)
 {
     print_header(bn);
     const shape *s = &r->s;
-    char mask[48] = "";
+    char mask[160] = "";
     if (r->has_shape)
         mask_desc(s, mask, sizeof mask);
     if (bn->opt.csv) {
@@ -700,7 +974,8 @@ static void emit(bench *bn, const result *r)
         fflush(stdout);
         if (r->checked)
             fprintf(stderr, "check %s%s%s%s %s: max err %.3g, tolerance %.3g: %s\n", r->op,
-                    s->causal ? " causal" : "", masked(s) ? " mask " : "", masked(s) ? mask : "",
+                    s->causal ? " causal" : "", masked(s) || has_variant(s) ? " mask " : "",
+                    masked(s) || has_variant(s) ? mask : "",
                     r->dtype, r->err, r->tol, r->err <= r->tol ? "ok" : "FAILED");
     } else {
         char n[8][32];
@@ -730,8 +1005,8 @@ static void emit(bench *bn, const result *r)
         if (r->checked)
             snprintf(chk, sizeof chk, "  %.2e / %.0e %s", r->err, r->tol,
                      r->err <= r->tol ? "ok" : "FAILED");
-        printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %-15s %10s %10s %9s %8s%s\n", r->op, r->dtype,
-               n[0], n[1], n[2], n[3], n[4], n[5], n[6], mask, ms[0], ms[1], gf, gb, chk);
+        printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %-*s %10s %10s %9s %8s%s\n", r->op, r->dtype,
+               n[0], n[1], n[2], n[3], n[4], n[5], n[6], bn->mask_width, mask, ms[0], ms[1], gf, gb, chk);
     }
     fflush(stdout);
     if (r->checked && !(r->err <= r->tol))
@@ -1013,7 +1288,7 @@ static void run_peak(bench *bn)
 typedef struct attn_job {
     int kind; /* OP_SCORES, or an attention op */
     clattn_attention_desc desc;
-    clattn_tensor q, k, v, o, mask;
+    clattn_tensor q, k, v, o, mask, sinks, slopes;
 } attn_job;
 
 static int enqueue_attn(bench *bn, void *job)
@@ -1033,10 +1308,11 @@ static int enqueue_attn(bench *bn, void *job)
 }
 
 /* Query-key pairs that contribute, summed over the batch (per head): exact under causal masking,
- * key lengths and the window mask. */
+ * key lengths, the window mask, the window and the chunk; mask_mod's hidden pairs count as
+ * visible (the host cannot evaluate it). */
 static double visible_pairs(const bench *bn, const shape *s)
 {
-    if (!s->causal && !s->kv_lens && s->mask != MASK_WINDOW)
+    if (!s->causal && !s->kv_lens && s->mask != MASK_WINDOW && !s->window && !s->chunk)
         return (double)s->b * (double)s->sq * (double)s->skv;
     double n = 0.0;
     for (long long b = 0; b < s->b; b++)
@@ -1046,8 +1322,9 @@ static double visible_pairs(const bench *bn, const shape *s)
 }
 
 /* Bytes of K and V an operation has to read: each kv head's rows of the keys that some query row
- * of its batch sees (key lengths, causal masking and the window counted exactly; a bias mask hides
- * nothing). A window's hidden keys need no K or V read, so they must not count as bytes moved. */
+ * of its batch sees (key lengths, causal masking, windows and chunks counted exactly; a bias mask
+ * and mask_mod hide nothing). A window's hidden keys need no K or V read, so they must not count
+ * as bytes moved. With --mla V is part of K's rows: K alone counts. */
 static double kv_bytes(const bench *bn, const shape *s)
 {
     double keys = 0.0;
@@ -1064,7 +1341,60 @@ static double kv_bytes(const bench *bn, const shape *s)
             }
         }
     }
-    return keys * (double)s->hkv * (double)(s->d + s->dv) * (double)esize(s->dt);
+    return keys * (double)s->hkv * (double)(s->mla ? s->d : s->d + s->dv) * (double)esize(s->dt);
+}
+
+/* The slopes clattn_alibi_slopes should give (BLOOM's and ggml's formula, docs/variants.md), to
+ * catch a library that drifts from it. */
+static double alibi_formula(long long heads, double max_bias, long long h)
+{
+    long long n = 1;
+    while (n * 2 <= heads)
+        n *= 2;
+    return h < n ? pow(pow(2.0, -max_bias / (double)n), (double)(h + 1))
+                 : pow(pow(2.0, -max_bias / (2.0 * (double)n)), (double)(2 * (h - n) + 1));
+}
+
+/* Host values of s's sinks and ALiBi slopes into hs[0 .. hq) and ha[0 .. hq) (where s has them),
+ * uploaded into m[0] and m[1] as f32 [1][Hq][1][1]. @return 0, or OP_SKIPPED. */
+static int make_variant_tensors(bench *bn, const char *op, const shape *s, cl_mem *m, float **hs,
+                                float **ha)
+{
+    *hs = *ha = NULL;
+    const size_t bytes = (size_t)s->hq * sizeof(float);
+    if (s->sinks) {
+        *hs = xmalloc(bytes);
+        for (long long h = 0; h < s->hq; h++)
+            (*hs)[h] = s->sinks == SINKS_VALUE
+                           ? s->sink_value
+                           : (float)((gen(ID_SINK, (uint64_t)h) + 1.0) * 0.5 * log((double)s->skv));
+        if (!(m[0] = make_buffer(bn, op, bytes)))
+            return OP_SKIPPED;
+        check_cl(clEnqueueWriteBuffer(bn->queue, m[0], CL_TRUE, 0, bytes, *hs, 0, NULL, NULL),
+                 "clEnqueueWriteBuffer");
+    }
+    if (s->alibi > 0.0f) {
+        *ha = xmalloc(bytes);
+        if (s->hq > INT32_MAX)
+            die(EXIT_USAGE, "--alibi: %lld heads do not fit clattn_alibi_slopes' int", s->hq);
+        const clattn_status st = clattn_alibi_slopes((int)s->hq, s->alibi, *ha);
+        if (st != CLATTN_SUCCESS)
+            die_clattn(bn, "clattn_alibi_slopes", st);
+        for (long long h = 0; h < s->hq && bn->opt.check; h++) {
+            const double want = alibi_formula(s->hq, (double)s->alibi, h);
+            if (!(fabs((double)(*ha)[h] - want) <= 1e-6 * want)) {
+                fprintf(stderr, "check: clattn_alibi_slopes(%lld, %g) gives %.9g for head %lld, the formula %.9g\n",
+                        s->hq, (double)s->alibi, (double)(*ha)[h], h, want);
+                bn->check_failed = 1;
+                break;
+            }
+        }
+        if (!(m[1] = make_buffer(bn, op, bytes)))
+            return OP_SKIPPED;
+        check_cl(clEnqueueWriteBuffer(bn->queue, m[1], CL_TRUE, 0, bytes, *ha, 0, NULL, NULL),
+                 "clEnqueueWriteBuffer");
+    }
+    return 0;
 }
 
 /* Runs scores, unfused, fused or decode on shape s into *out_r (ms_med NAN when skipped). The
@@ -1072,18 +1402,24 @@ static double kv_bytes(const bench *bn, const shape *s)
 static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
 {
     const size_t es = esize(s->dt);
+    const int own_v = kind != OP_SCORES && !s->mla;
     const uint64_t nq = (uint64_t)(s->b * s->hq * s->sq * s->d),
                    nk = (uint64_t)(s->b * s->hkv * s->skv * s->d),
                    nv = (uint64_t)(s->b * s->hkv * s->skv * s->dv),
                    no = (uint64_t)(s->b * s->hq * s->sq * (kind == OP_SCORES ? s->skv : s->dv));
     const char *name = op_names[kind];
-    cl_mem m[6] = {NULL, NULL, NULL, NULL, NULL, NULL}; /* q, k, v, out, mask, key lengths */
+    /* q, k, v, out, mask, key lengths, sinks, ALiBi slopes */
+    cl_mem m[8] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    float *sinks = NULL, *slopes = NULL;
     *out_r = new_result(name, s);
     out_r->ms_med = NAN;
     if (!(m[0] = make_buffer(bn, name, nq * es)) || !(m[1] = make_buffer(bn, name, nk * es)) ||
-        (kind != OP_SCORES && !(m[2] = make_buffer(bn, name, nv * es))) ||
-        !(m[3] = make_buffer(bn, name, no * es)) || make_masks(bn, name, s, &m[4], &m[5])) {
-        release(m, 6);
+        (own_v && !(m[2] = make_buffer(bn, name, nv * es))) ||
+        !(m[3] = make_buffer(bn, name, no * es)) || make_masks(bn, name, s, &m[4], &m[5]) ||
+        make_variant_tensors(bn, name, s, &m[6], &sinks, &slopes)) {
+        release(m, 8);
+        free(sinks);
+        free(slopes);
         return;
     }
     upload(bn, m[0], ID_Q, nq, s->dt);
@@ -1101,17 +1437,36 @@ static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
     j.desc.seq_kv = s->skv;
     j.desc.head_dim = s->d;
     j.desc.head_dim_v = s->dv;
-    j.desc.scale = 0.0f; /* 1/sqrt(head_dim) */
+    j.desc.scale = s->scale; /* 0: 1/sqrt(head_dim) */
     j.desc.causal = s->causal;
     j.desc.kv_lengths = m[5];
     j.desc.mask = mask_view(m[4], s, &j.mask);
     j.desc.algorithm = kind == OP_UNFUSED ? CLATTN_ALGORITHM_UNFUSED
                        : kind == OP_FUSED ? CLATTN_ALGORITHM_FUSED
                                           : CLATTN_ALGORITHM_AUTO;
+    j.desc.window = s->window;
+    j.desc.window_left = s->window ? s->win_left : 0;
+    j.desc.window_right = s->window ? s->win_right : 0;
+    j.desc.chunk = s->chunk;
+    j.desc.softcap = s->softcap;
+    if (m[6]) {
+        j.sinks = clattn_tensor_bhsd(m[6], CLATTN_F32, 1, s->hq, 1, 1);
+        j.desc.sinks = &j.sinks;
+    }
+    if (m[7]) {
+        j.slopes = clattn_tensor_bhsd(m[7], CLATTN_F32, 1, s->hq, 1, 1);
+        j.desc.alibi_slopes = &j.slopes;
+    }
+    j.desc.score_mod = score_mod_src(bn, s);
+    j.desc.mask_mod = mask_mod_src(bn, s);
     j.q = clattn_tensor_bhsd(m[0], s->dt, s->b, s->hq, s->sq, s->d);
     j.k = clattn_tensor_bhsd(m[1], s->dt, s->b, s->hkv, s->skv, s->d);
-    if (m[2])
+    if (m[2]) {
         j.v = clattn_tensor_bhsd(m[2], s->dt, s->b, s->hkv, s->skv, s->dv);
+    } else if (kind != OP_SCORES) { /* --mla: K's view with the first Dv of each row */
+        j.v = j.k;
+        j.v.shape[3] = s->dv;
+    }
     j.o = clattn_tensor_bhsd(m[3], s->dt, s->b, s->hq, s->sq, kind == OP_SCORES ? s->skv : s->dv);
 
     result *r = out_r;
@@ -1128,14 +1483,17 @@ static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
                           (r->ms_med * 1e6);
         }
         if (bn->opt.check) {
-            r->checked = 1;
+            const variant_data vd = {sinks, slopes};
             r->tol = tolerance(s->dt);
-            r->err = check_attention(bn, s, m[3], kind == OP_SCORES);
+            r->err = check_attention(bn, s, m[3], kind == OP_SCORES, &vd);
+            r->checked = !isnan(r->err);
         }
     } else {
         r->ms_med = NAN;
     }
-    release(m, 6);
+    release(m, 8);
+    free(sinks);
+    free(slopes);
 }
 
 typedef struct softmax_job {
@@ -1249,7 +1607,7 @@ static void run_clblast(bench *bn, const shape *sc)
     upload(bn, m[0], ID_Q, na, CLATTN_F32);
     upload(bn, m[1], ID_K, nb, CLATTN_F32);
     blas_job j = {m[0], m[1], m[2], (size_t)s.sq, (size_t)s.skv, (size_t)s.d, (size_t)batch,
-                  (float)(1.0 / sqrt((double)s.d)), CLBlastSuccess};
+                  s.scale > 0.0f ? s.scale : (float)(1.0 / sqrt((double)s.d)), CLBlastSuccess};
     result r = new_result("clblast", &s);
     if (measure(bn, enqueue_blas, &j, &r.ms_med, &r.ms_min) == 0) {
         r.gflops = 2.0 * (double)batch * (double)s.sq * (double)s.skv * s.d / (r.ms_med * 1e6);
@@ -1258,7 +1616,7 @@ static void run_clblast(bench *bn, const shape *sc)
         if (bn->opt.check) { /* not clattn's result, but proves the peer computes the same thing */
             r.checked = 1;
             r.tol = tolerance(CLATTN_F32);
-            r.err = check_attention(bn, &s, m[2], 1);
+            r.err = check_attention(bn, &s, m[2], 1, NULL);
         }
         emit(bn, &r);
     }
@@ -1273,19 +1631,27 @@ static void run_clblast(bench *bn, const shape *sc)
 /* ------------------------------------------------------------------------------------------ */
 /* Shapes                                                                                       */
 
+/* A shape of f32 with no masks or variants. */
+static shape dims(long long b, long long hq, long long sq, long long skv, long long d)
+{
+    shape s;
+    memset(&s, 0, sizeof s);
+    s.b = b;
+    s.hq = s.hkv = hq;
+    s.sq = sq;
+    s.skv = skv;
+    s.d = s.dv = d;
+    s.dt = CLATTN_F32;
+    return s;
+}
+
 static shape default_shape(const bench *bn, int op)
 {
-    shape s = {1, 8, 8, 1024, 1024, 64, 64, CLATTN_F32, 0, MASK_NONE, 0, 0};
-    if (bn->gpu)
-        s = (shape){4, 16, 16, 4096, 4096, 64, 64, CLATTN_F32, 0, MASK_NONE, 0, 0};
-    if (op == OP_SOFTMAX) {
-        s = bn->gpu ? (shape){1, 64, 64, 4096, 4096, 0, 0, CLATTN_F32, 0, MASK_NONE, 0, 0}
-                    : (shape){1, 8, 8, 1024, 1024, 0, 0, CLATTN_F32, 0, MASK_NONE, 0, 0};
-    } else if (op == OP_DECODE) {
-        s = bn->gpu ? (shape){16, 32, 32, 1, 8192, 128, 128, CLATTN_F32, 0, MASK_NONE, 0, 0}
-                    : (shape){1, 8, 8, 1, 65536, 64, 64, CLATTN_F32, 0, MASK_NONE, 0, 0};
-    }
-    return s;
+    if (op == OP_SOFTMAX)
+        return bn->gpu ? dims(1, 64, 4096, 4096, 0) : dims(1, 8, 1024, 1024, 0);
+    if (op == OP_DECODE)
+        return bn->gpu ? dims(16, 32, 1, 8192, 128) : dims(1, 8, 1, 65536, 64);
+    return bn->gpu ? dims(4, 16, 4096, 4096, 64) : dims(1, 8, 1024, 1024, 64);
 }
 
 /* The per-op default with the command line's shape options applied. */
@@ -1314,8 +1680,25 @@ static shape op_shape(const bench *bn, int op)
         s.dt = (clattn_dtype)o->dtype;
     s.causal = o->causal;
     s.mask = o->mask;
-    s.window = o->window;
+    s.mask_left = o->window - 1; /* --mask window:W: the W keys ending at the diagonal */
+    s.mask_right = 0;
     s.kv_lens = o->n_kv_len > 0;
+    s.scale = o->scale;
+    if (op == OP_UNFUSED || op == OP_FUSED || op == OP_DECODE) {
+        s.mla = o->mla;
+        s.window = o->var.window;
+        s.win_left = o->var.win_left;
+        s.win_right = o->var.win_right;
+        s.chunk = o->var.chunk;
+        s.softcap = o->var.softcap;
+        s.sinks = o->var.sinks;
+        s.sink_value = o->var.sink_value;
+        s.alibi = o->var.alibi;
+        s.score_mod = o->score_mod != NULL;
+        s.mask_mod = o->mask_mod != NULL;
+        if (s.mla && s.dv > s.d)
+            die(EXIT_USAGE, "--mla: the value dimension %lld exceeds the key dimension %lld", s.dv, s.d);
+    }
     return s;
 }
 
@@ -1347,13 +1730,34 @@ static void usage(FILE *f)
           "                  Skv: one mask for all batches, so it ignores --kv-len; causal does not)\n"
           "  --kv-len LIST   per-batch key lengths (kv_lengths), a comma list of counts cycled\n"
           "                  over the batch; the library clamps each to 0..Skv\n"
+          "  --scale X       desc.scale (default: the library's 1/sqrt(D); needed above D 256)\n"
+          "  --head-dim-v N  the same as --dim-v\n"
+          "  --mla           V is a view of K's first Dv dims (DeepSeek MLA: --dim 576 --dim-v 512\n"
+          "                  --heads-kv 1 --scale 1/sqrt(192), times YaRN's mscale^2 where the\n"
+          "                  model sets it: docs/variants.md#head-sizes); decode's GB/s counts K once\n"
           "  --iters N       timed runs per op (default 10); the median and minimum are shown\n"
           "  --warmup N      untimed runs first, covering kernel builds (default 2)\n"
           "  --csv           one header line, then one line per measurement\n"
           "  --check         compare each timed result with a float64 host reference (a sample\n"
           "                  of rows for big shapes); exit 3 above tolerance\n"
           "                  (f32 1e-4, f16 2e-3, bf16 2e-2)\n"
-          "  --help          this text\n"
+          "  --help          this text\n",
+          f);
+    /* two literals: each within the 4095 characters C requires compilers to take */
+    fputs("\n"
+          "Variants (docs/variants.md), for unfused, fused and decode. Each such op runs plain,\n"
+          "then with the variants (ratio variant ms / plain ms); a window adds the same window\n"
+          "as a dense -inf mask and attention over just its L+R+1 keys (no causal):\n"
+          "  --window L,R    row at diagonal position p sees keys p-L .. p+R (negative: unbounded)\n"
+          "  --sliding W     a model's sliding_window W: --window W-1,0\n"
+          "  --chunk C       chunked local attention: floor(k/C) == floor(p/C)\n"
+          "  --softcap C     logit = C*tanh(logit/C) (Gemma 2: 50)\n"
+          "  --sinks [V]     a sink logit per head: V for all, or (alone, or 'random') uniform in\n"
+          "                  [0, ln Skv) per head\n"
+          "  --alibi B       ALiBi with clattn_alibi_slopes(heads, B) (BLOOM: 8)\n"
+          "  --score-mod FILE, --mask-mod FILE\n"
+          "                  OpenCL C defining score_mod / mask_mod; --check evaluates them on the\n"
+          "                  device for its reference; GFLOP/s counts mask_mod's pairs as visible\n"
           "\n"
           "Default shapes, CPU devices: scores/unfused/fused B1 H8 S1024 d64 (fused also causal),\n"
           "softmax 8x1024 rows x 1024, decode B1 H8 Sq1 Skv65536 d64, copy 64 MiB.\n"
@@ -1362,14 +1766,15 @@ static void usage(FILE *f)
           "\n"
           "Timing is wall clock around enqueue + clFinish, so every kernel of an op counts.\n"
           "GFLOP/s: attention 2*Hq*pairs*(D+Dv), pairs = the (query, key) pairs of the batch\n"
-          "that contribute (causal, key lengths and window counted exactly); scores\n"
+          "that contribute (causal, key lengths, windows and chunks counted exactly); scores\n"
           "2*B*Hq*Sq*Skv*D; peak: the device's fp32 multiply-add rate (independent fma\n"
           "chains of float, float4, float8 and float16; the fastest width is shown, in the\n"
           "dtype column, its GFLOP/s from the fastest run), which bounds attention's GFLOP/s.\n"
           "GB/s (1e9 bytes): copy read+write, softmax in+out (+mask), decode Q+O (+mask) and\n"
-          "the K and V rows of the keys some query row sees (key lengths, causal and window\n"
-          "counted), scores output written. Check errors are absolute up to magnitude 1 and\n"
-          "relative above it; softmax's are relative to the row's largest probability.\n"
+          "the K and V rows of the keys some query row sees (key lengths, causal, windows and\n"
+          "chunks counted; K alone with --mla), scores output written. Check errors are\n"
+          "absolute up to magnitude 1 and relative above it; softmax's are relative to the\n"
+          "row's largest probability.\n"
           "\n"
           "Exit status: 0 ok, 1 usage or failure, 2 no OpenCL device, 3 check above tolerance.\n",
           f);
@@ -1460,6 +1865,86 @@ static void parse_kv_len(const char *v, options *o)
     }
 }
 
+/* A float option's value: finite, and > 0 unless any_sign. */
+static float parse_float(const char *opt, const char *v, int any_sign)
+{
+    char *end;
+    errno = 0;
+    const double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x) || (!any_sign && !(x > 0.0)) || fabs(x) > 3.4e38) {
+        fprintf(stderr, "clattn-bench: %s needs a finite %snumber (got '%s')\n", opt, any_sign ? "" : "positive ",
+                v);
+        exit(EXIT_USAGE);
+    }
+    return (float)x;
+}
+
+/* --window L,R: each an integer, negative for unbounded (stored as -1). */
+static void parse_window(const char *v, options *o)
+{
+    char *end;
+    errno = 0;
+    const long long l = strtoll(v, &end, 10);
+    const int ok1 = !errno && end != v && *end == ',';
+    const char *r = ok1 ? end + 1 : v;
+    const long long rr = ok1 ? strtoll(r, &end, 10) : 0;
+    if (!ok1 || errno || end == r || *end || l > ((long long)1 << 40) || rr > ((long long)1 << 40)) {
+        fprintf(stderr, "clattn-bench: --window needs L,R: two integers, negative for unbounded (got '%s')\n", v);
+        exit(EXIT_USAGE);
+    }
+    o->var.window = 1;
+    o->var.win_left = l < 0 ? -1 : l;
+    o->var.win_right = rr < 0 ? -1 : rr;
+}
+
+/* --sinks random|V: per-head random logits, or one logit (-inf: none, as the library reads it). */
+static void parse_sinks(const char *v, options *o)
+{
+    if (strcmp(v, "random") == 0 || strcmp(v, "rand") == 0) {
+        o->var.sinks = SINKS_RANDOM;
+        return;
+    }
+    char *end;
+    errno = 0;
+    const double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x == -INFINITY || (isfinite(x) && fabs(x) <= 3.4e38))) {
+        fprintf(stderr, "clattn-bench: --sinks needs random or a number (-inf: none) (got '%s')\n", v);
+        exit(EXIT_USAGE);
+    }
+    o->var.sinks = SINKS_VALUE;
+    o->var.sink_value = (float)x;
+}
+
+/* The whole of a --score-mod / --mask-mod file, as text. */
+static char *read_source(const char *opt, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "clattn-bench: %s %s: %s\n", opt, path, strerror(errno));
+        exit(EXIT_USAGE);
+    }
+    size_t n = 0, cap = 4096;
+    char *text = xmalloc(cap);
+    for (size_t got; (got = fread(text + n, 1, cap - 1 - n, f)) > 0;) {
+        n += got;
+        if (n == cap - 1) {
+            char *bigger = realloc(text, cap *= 2);
+            if (!bigger)
+                die(EXIT_ERROR, "out of host memory (%zu bytes)", cap);
+            text = bigger;
+        }
+    }
+    const int bad = ferror(f);
+    fclose(f);
+    if (bad || n == 0 || memchr(text, '\0', n)) {
+        fprintf(stderr, "clattn-bench: %s %s: %s\n", opt, path,
+                bad ? "read failed" : n == 0 ? "empty file" : "holds a NUL byte: not source text");
+        exit(EXIT_USAGE);
+    }
+    text[n] = '\0';
+    return text;
+}
+
 static void parse_args(int argc, char **argv, options *o)
 {
     memset(o, 0, sizeof *o);
@@ -1474,7 +1959,9 @@ static void parse_args(int argc, char **argv, options *o)
     } valued[] = {{"--device", 0}, {"--op", 1},      {"--batch", 2},  {"--heads", 3},
                   {"--heads-kv", 4}, {"--seq-q", 5}, {"--seq-kv", 6}, {"--dim", 7},
                   {"--dim-v", 8},  {"--dtype", 9},   {"--iters", 10}, {"--warmup", 11},
-                  {"--mask", 12},  {"--kv-len", 13}};
+                  {"--mask", 12},  {"--kv-len", 13}, {"--window", 14}, {"--sliding", 15},
+                  {"--chunk", 16}, {"--softcap", 17}, {"--sinks", 18}, {"--alibi", 19},
+                  {"--score-mod", 20}, {"--mask-mod", 21}, {"--scale", 22}, {"--head-dim-v", 8}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -1488,6 +1975,12 @@ static void parse_args(int argc, char **argv, options *o)
             continue;
         } else if (strcmp(a, "--causal") == 0) {
             o->causal = 1;
+            continue;
+        } else if (strcmp(a, "--mla") == 0) {
+            o->mla = 1;
+            continue;
+        } else if (strcmp(a, "--sinks") == 0 && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) {
+            o->var.sinks = SINKS_RANDOM; /* --sinks alone: random per-head logits */
             continue;
         }
         int what = -1;
@@ -1532,6 +2025,25 @@ static void parse_args(int argc, char **argv, options *o)
         case 11: o->warmup = (int)parse_count("--warmup", v, 0); break;
         case 12: parse_mask(v, o); break;
         case 13: parse_kv_len(v, o); break;
+        case 14: parse_window(v, o); break;
+        case 15:
+            o->var.window = 1;
+            o->var.win_left = parse_count("--sliding", v, 1) - 1;
+            o->var.win_right = 0;
+            break;
+        case 16: o->var.chunk = parse_count("--chunk", v, 1); break;
+        case 17: o->var.softcap = parse_float("--softcap", v, 0); break;
+        case 18: parse_sinks(v, o); break;
+        case 19: o->var.alibi = parse_float("--alibi", v, 0); break;
+        case 20:
+            free(o->score_mod);
+            o->score_mod = read_source("--score-mod", v);
+            break;
+        case 21:
+            free(o->mask_mod);
+            o->mask_mod = read_source("--mask-mod", v);
+            break;
+        case 22: o->scale = parse_float("--scale", v, 0); break;
         default:
             fprintf(stderr, "clattn-bench: unknown option '%s'\n", a);
             usage(stderr);
@@ -1540,6 +2052,10 @@ static void parse_args(int argc, char **argv, options *o)
     }
     if (o->iters > 100000 || o->warmup > 100000)
         die(EXIT_USAGE, "--iters and --warmup must be at most 100000");
+    /* Above 256 the library takes no default scale, since the right one is the model's (MLA). */
+    if (o->d > 256 && o->scale == 0.0f)
+        die(EXIT_USAGE, "--dim %lld needs --scale (the library's 1/sqrt(D) stops at 256; DeepSeek's MLA "
+                        "uses 1/sqrt(192) = 0.0721688 times YaRN's mscale^2, never 1/sqrt(576))", o->d);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1592,9 +2108,80 @@ static void print_ratios(const bench *bn)
                 bn->params);
     if (bn->opt.csv || bn->n_ratios == 0)
         return;
+    int ww = 22, hw = 37; /* the widths of the first runs' names, widened to the longest */
+    for (int i = 0; i < bn->n_ratios; i++) {
+        ww = (int)strlen(bn->ratios[i].what) > ww ? (int)strlen(bn->ratios[i].what) : ww;
+        hw = (int)strlen(bn->ratios[i].how) > hw ? (int)strlen(bn->ratios[i].how) : hw;
+    }
     puts("\nratios (same run):");
     for (int i = 0; i < bn->n_ratios; i++)
-        printf("  %-22s %-37s %8.4g\n", bn->ratios[i].what, bn->ratios[i].how, bn->ratios[i].v);
+        printf("  %-*s %-*s %8.4g\n", ww, bn->ratios[i].what, hw, bn->ratios[i].how, bn->ratios[i].v);
+}
+
+/* Names of the variant rows' ratios, per attention op. */
+static const char *ratio_text(int kind, int which)
+{
+    static const char *const t[3][3] = {
+        {"unfused: variants vs plain", "unfused: window vs dense mask", "unfused: window vs W keys"},
+        {"fused: variants vs plain", "fused: window vs dense mask", "fused: window vs W keys"},
+        {"decode: variants vs plain", "decode: window vs dense mask", "decode: window vs W keys"}};
+    return t[kind == OP_UNFUSED ? 0 : kind == OP_FUSED ? 1 : 2][which];
+}
+
+/* The rows a variant shape s adds after its plain row (plain_ms: its median, NAN if skipped):
+ * s itself, with the overhead ratio; with a window, the same window as a dense -inf mask
+ * [1][1][Sq][Skv] (where no other mask and no key lengths are given: the dense mask is shared by
+ * the batches, its diagonal taken against Skv) and attention over just the window's keys (both
+ * extents bounded: Skv = L + R + 1, no window and no causal, every row seeing all of them). */
+static void run_variant_rows(bench *bn, int kind, const shape *s, double plain_ms)
+{
+    FILE *info = bn->opt.csv ? stderr : stdout;
+    result r;
+    run_attn(bn, kind, s, &r);
+    if (isnan(r.ms_med))
+        return;
+    r.ratio_name = "variant_ms/plain_ms";
+    r.ratio = r.ms_med / plain_ms;
+    add_ratio(bn, ratio_text(kind, 0), "variant ms / plain ms (1: no overhead)", r.ratio);
+    emit(bn, &r);
+    if (!s->window)
+        return;
+    if (s->mask == MASK_NONE && !s->kv_lens) {
+        shape m = *s;
+        m.window = 0;
+        m.mask = MASK_WINDOW;
+        m.mask_left = s->win_left;
+        m.mask_right = s->win_right;
+        result d;
+        run_attn(bn, kind, &m, &d);
+        if (!isnan(d.ms_med)) {
+            d.ratio_name = "mask_ms/window_ms";
+            d.ratio = d.ms_med / r.ms_med;
+            add_ratio(bn, ratio_text(kind, 1), "dense-mask ms / window ms (>1: window faster)", d.ratio);
+            emit(bn, &d);
+        }
+    } else {
+        fprintf(info, "%s: no dense-mask twin of the window: it needs no --mask and no --kv-len\n",
+                op_names[kind]);
+    }
+    if (s->win_left >= 0 && s->win_right >= 0 && !s->kv_lens) {
+        shape w = *s;
+        w.window = 0;
+        w.causal = 0;
+        if (s->win_left + s->win_right + 1 < w.skv)
+            w.skv = s->win_left + s->win_right + 1;
+        result k;
+        run_attn(bn, kind, &w, &k);
+        if (!isnan(k.ms_med)) {
+            k.ratio_name = "window_ms/wkeys_ms";
+            k.ratio = r.ms_med / k.ms_med;
+            add_ratio(bn, ratio_text(kind, 2), "window ms / W-keys ms (1: cost follows keys)", k.ratio);
+            emit(bn, &k);
+        }
+    } else {
+        fprintf(info, "%s: no W-keys row: it needs both window extents bounded and no --kv-len\n",
+                op_names[kind]);
+    }
 }
 
 /* What the run's kernel programs cost to get: built from source (clBuildProgram's wall time) or
@@ -1625,6 +2212,22 @@ int main(int argc, char **argv)
     open_device(&bn);
     check_env_params(&bn);
     const options *o = &bn.opt;
+    {
+        /* The mask column's width: the longest description this run can print (a variant row's
+         * or its dense-mask twin's). */
+        char d[160];
+        shape v = op_shape(&bn, OP_FUSED);
+        mask_desc(&v, d, sizeof d);
+        bn.mask_width = strlen(d) > 15 ? (int)strlen(d) : 15;
+        if (v.window) {
+            v.window = 0;
+            v.mask = MASK_WINDOW;
+            v.mask_left = v.win_left;
+            v.mask_right = v.win_right;
+            mask_desc(&v, d, sizeof d);
+            bn.mask_width = (int)strlen(d) > bn.mask_width ? (int)strlen(d) : bn.mask_width;
+        }
+    }
 
     FILE *info = o->csv ? stderr : stdout;
     fprintf(info, "clattn-bench: clattn %s\n", clattn_version_string());
@@ -1659,8 +2262,10 @@ int main(int argc, char **argv)
         const shape s = op_shape(&bn, OP_SOFTMAX);
         run_softmax(&bn, &s);
     }
+    /* Each attention op runs its plain shape (no variants) with the peers' ratios as before, and
+     * with variants asked for the variant rows right after it (run_variant_rows). */
     if (o->ops & (1u << OP_UNFUSED)) {
-        const shape s = op_shape(&bn, OP_UNFUSED);
+        const shape v = op_shape(&bn, OP_UNFUSED), s = plain_shape(&v);
         result r;
         run_attn(&bn, OP_UNFUSED, &s, &r);
         if (!isnan(r.ms_med)) {
@@ -1668,9 +2273,11 @@ int main(int argc, char **argv)
             add_ratio(&bn, "unfused vs FMA peak", "unfused GFLOP/s / peak GFLOP/s", r.gflops / bn.peak_gflops);
             emit(&bn, &r);
         }
+        if (has_variant(&v))
+            run_variant_rows(&bn, OP_UNFUSED, &v, r.ms_med);
     }
     if (o->ops & (1u << OP_FUSED)) {
-        const shape s = op_shape(&bn, OP_FUSED);
+        const shape v = op_shape(&bn, OP_FUSED), s = plain_shape(&v);
         result r;
         run_attn(&bn, OP_FUSED, &s, &r);
         if (!isnan(r.ms_med)) {
@@ -1681,6 +2288,8 @@ int main(int argc, char **argv)
             add_ratio(&bn, "fused vs FMA peak", "fused GFLOP/s / peak GFLOP/s", r.gflops / bn.peak_gflops);
             emit(&bn, &r);
         }
+        if (has_variant(&v))
+            run_variant_rows(&bn, OP_FUSED, &v, r.ms_med);
         /* Where fused attention runs on the matrix units (clattn_matrix_report), the FMA kernel
          * too, in the same run: its parameters (the defaults a class gets, kernel=tiled) set as
          * an override, which the library never replaces by the matrix kernel. */
@@ -1717,7 +2326,7 @@ int main(int argc, char **argv)
         }
     }
     if (o->ops & (1u << OP_DECODE)) {
-        const shape s = op_shape(&bn, OP_DECODE);
+        const shape v = op_shape(&bn, OP_DECODE), s = plain_shape(&v);
         result r;
         run_attn(&bn, OP_DECODE, &s, &r);
         if (!isnan(r.ms_med)) {
@@ -1726,6 +2335,8 @@ int main(int argc, char **argv)
             add_ratio(&bn, "decode vs copy", "decode GB/s / copy GB/s", r.ratio);
             emit(&bn, &r);
         }
+        if (has_variant(&v))
+            run_variant_rows(&bn, OP_DECODE, &v, r.ms_med);
     }
     print_ratios(&bn);
     print_builds(&bn);
@@ -1733,6 +2344,14 @@ int main(int argc, char **argv)
         fputs("clattn-bench: --check: an error above tolerance (see the check column)\n", stderr);
 
     free(bn.stage);
+    cl_mem mods[2] = {bn.mods_x, bn.mods_vis};
+    release(mods, 2);
+    if (bn.mods_kernel)
+        clReleaseKernel(bn.mods_kernel);
+    if (bn.mods_prog)
+        clReleaseProgram(bn.mods_prog);
+    free(bn.opt.score_mod);
+    free(bn.opt.mask_mod);
     clattn_release(bn.ctx);
     return bn.check_failed ? EXIT_CHECK : 0;
 }

@@ -360,7 +360,8 @@ static void ref_row(const shape *s, clattn_operation op, const data *dd, long lo
     const size_t kv = (size_t)(s->skv * s->d), kv_off = (size_t)((b * s->hkv + hk) * s->skv * s->d);
     double *q = to_doubles(dd->q + ((b * s->h + h) * s->sq + i) * s->d, (size_t)s->d);
     double *k = to_doubles(dd->k + kv_off, kv);
-    const ref_attn a = {1, 1, 1, 1, (int)s->skv, (int)s->d, 0, 0.0, 0, NULL, {0, 0, 0, 0}, &kvlen};
+    const ref_attn a = {.batch = 1, .heads_q = 1, .heads_kv = 1, .seq_q = 1, .seq_kv = (int)s->skv,
+                        .head_dim = (int)s->d, .kv_len = &kvlen};
     if (op == CLATTN_OPERATION_SCORES) {
         ref_scores(&a, q, k, ref);
     } else {
@@ -435,6 +436,7 @@ static clattn_status run_once(const shape *s, clattn_operation op, const data *d
     desc.seq_q = s->sq;
     desc.seq_kv = s->skv;
     desc.head_dim = s->d;
+    desc.scale = (float)(1.0 / sqrt((double)s->d)); /* given: above 256 the library asks for it */
     desc.causal = s->causal;
     desc.kv_lengths = dd->dkvl;
     desc.algorithm = op == CLATTN_OPERATION_SCORES || op == CLATTN_OPERATION_PV || op == CLATTN_OPERATION_SOFTMAX
@@ -992,9 +994,9 @@ int main(int argc, char **argv)
                     *(idx[k] ? &s.kvlen : &s.causal) = 1;
             }
             if (!ok || s.b < 1 || s.h < 1 || s.hkv < 1 || s.h % s.hkv || s.sq < 1 || s.skv < 1 || s.d < 1 ||
-                s.d > CLATTN_MAX_HEAD_DIM || (s.causal && s.sq > s.skv))
+                s.d > CLATTN_MAX_HEAD_DIM_V || (s.causal && s.sq > s.skv))
                 die("bad --shape %s (B,H,HKV,SQ,SKV,D[,causal][,kvlen] with HKV dividing H, D <= %d)", argv[i],
-                    CLATTN_MAX_HEAD_DIM);
+                    CLATTN_MAX_HEAD_DIM_V);
             if (shape_elements(&s) > MAX_SHAPE_ELEMENTS)
                 die("bad --shape %s (a buffer of more than %.4g elements, the most this host's sizes hold)",
                     argv[i], MAX_SHAPE_ELEMENTS);

@@ -59,6 +59,11 @@ static void compare(const clattn_attention_desc *d, const double *xq, const doub
     a.mask_shape[2] = (int)d->seq_q;
     a.mask_shape[3] = (int)d->seq_kv;
     a.kv_len = kvl;
+    a.window = d->window;
+    a.window_left = d->window_left;
+    a.window_right = d->window_right;
+    a.chunk = d->chunk;
+    a.softcap = d->softcap;
     double *out = malloc(nrow * (size_t)dv * sizeof *out), *lse = malloc(nrow * sizeof *lse),
            *probs = malloc(nrow * (size_t)d->seq_kv * sizeof *probs);
     if (!out || !lse || !probs)
@@ -124,6 +129,7 @@ static void fuzz_attention(fz_state *s, int null_ctx)
     if (fz_desc_work(&d) > FZ_WORK_CAP)
         fz_validate_only(s);
     const clattn_attention_desc *dp = fz_u8(&s->in) == 255 ? NULL : &d;
+    fz_read_variants(s, &d);
 
     cl_event done = GARBAGE_EVENT;
     if (null_ctx) {

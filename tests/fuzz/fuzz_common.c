@@ -1,6 +1,7 @@
 /* Shared pieces of the entry-point fuzz harnesses; see fuzz_common.h. */
 #include "fuzz_common.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -624,6 +625,28 @@ void fz_read_desc(fz_state *s, clattn_attention_desc *d)
     d->algorithm = (clattn_algorithm)(a < 240 ? a % 3 : (int)(int32_t)fz_u64(&s->in));
 }
 
+void fz_read_variants(fz_state *s, clattn_attention_desc *d)
+{
+    /* Read last, so that inputs written before the variants existed (which end earlier: fz_u8
+     * gives 0 past the end) keep their meaning with every variant off. */
+    const uint8_t sel = fz_u8(&s->in);
+    if (sel < 128)
+        return;
+    static const int64_t sides[8] = {0, 1, 3, 16, -1, -5, 0x7fffffffLL, INT64_MIN};
+    static const float caps[8] = {0.0f, 0.5f, 30.0f, 50.0f, -1.0f, NAN, INFINITY, 1e-40f};
+    const uint8_t w = fz_u8(&s->in), c = fz_u8(&s->in), f = fz_u8(&s->in);
+    d->window = (sel & 1) ? (int)(sel >> 1 & 3) : 0;
+    /* Mostly consistent with window; sometimes set without it (refused). */
+    if (d->window || (sel & 8)) {
+        d->window_left = sides[w & 7];
+        d->window_right = sides[w >> 3 & 7];
+        if (w >> 6 == 3)
+            d->window_left = (int64_t)fz_u64(&s->in);
+    }
+    d->chunk = c < 128 ? 0 : c < 240 ? (int64_t)(c % 17) : (int64_t)fz_u64(&s->in);
+    d->softcap = caps[f & 7];
+}
+
 static int count_ok(int64_t v)
 {
     return v >= 1 && v <= 0x7fffffffLL;
@@ -634,8 +657,17 @@ int fz_desc_valid(const clattn_attention_desc *d, int check_algorithm)
     if (!count_ok(d->batch) || !count_ok(d->heads_q) || !count_ok(d->heads_kv) || !count_ok(d->seq_q) ||
         !count_ok(d->seq_kv) || !count_ok(d->head_dim))
         return 0;
+    const int64_t dv = d->head_dim_v ? d->head_dim_v : d->head_dim;
     if (d->heads_q % d->heads_kv != 0 || d->head_dim > CLATTN_MAX_HEAD_DIM || d->head_dim_v < 0 ||
-        d->head_dim_v > CLATTN_MAX_HEAD_DIM || !isfinite(d->scale))
+        dv > CLATTN_MAX_HEAD_DIM_V || !isfinite(d->scale))
+        return 0;
+    if (d->scale == 0.0f && d->head_dim > 256) /* wide heads: the caller gives the scale */
+        return 0;
+    /* The variants (docs/variants.md): window sides only with window, chunk >= 0, softcap 0 or a
+     * finite normal positive number. */
+    if (!d->window && (d->window_left != 0 || d->window_right != 0))
+        return 0;
+    if (d->chunk < 0 || !isfinite(d->softcap) || d->softcap < 0.0f || (d->softcap > 0.0f && d->softcap < FLT_MIN))
         return 0;
     if (check_algorithm && (d->algorithm < CLATTN_ALGORITHM_AUTO || d->algorithm > CLATTN_ALGORITHM_UNFUSED))
         return 0;

@@ -166,6 +166,8 @@ unsigned char **fz_after_call(fz_state *s, clattn_status st, cl_event done, cons
 /* ---- attention descriptors (fuzz_attention.c, fuzz_scores.c) ---- */
 
 void fz_read_desc(fz_state *s, clattn_attention_desc *d);
+/* The scalar variants (window, chunk, softcap), from the end of the input: off when it ends. */
+void fz_read_variants(fz_state *s, clattn_attention_desc *d);
 /* What clattn_attention (check_algorithm) or clattn_scores accept in a descriptor. */
 int fz_desc_valid(const clattn_attention_desc *d, int check_algorithm);
 /* batch·heads_q·seq_q·seq_kv·(head_dim + head_dim_v), saturating; counts below 1 count as 1. */

@@ -80,7 +80,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int i = 0; i < 4; ++i)
             if (ow[i] < 1 || ow[i] > 0x7fffffff)
                 fz_die("accepted out->shape[%d] = %lld", i, (long long)ow[i]);
-        if (ow[3] > CLATTN_MAX_HEAD_DIM || (uint64_t)ow[0] * (uint64_t)ow[1] * (uint64_t)ow[2] > 0x7fffffffULL)
+        if (ow[3] > CLATTN_MAX_HEAD_DIM_V || (uint64_t)ow[0] * (uint64_t)ow[1] * (uint64_t)ow[2] > 0x7fffffffULL)
             fz_die("accepted an out shape beyond the limits");
         if (!fz_view_valid(s, &out, wo, 0, ALL_DTYPES) || (lse.present && !fz_view_valid(s, &lse, wl, 0, BIT(CLATTN_F32))))
             fz_die("accepted an invalid out or lse view");

@@ -1,0 +1,215 @@
+/* The attention variants (docs/variants.md): validation of the descriptor's fields, and what the
+ * kernels of a call with variants take: the VARIANTS bits and the user's source (program.c puts
+ * both into every program that includes attn_common.cl while the call runs), and the arguments
+ * VARIANT_ARGS. The rules themselves are written once, in attn_common.cl. */
+#define _POSIX_C_SOURCE 200809L
+#include "internal.h"
+
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Longest score_mod or mask_mod source accepted. */
+#define MOD_MAX 65536
+
+static clattn_status check_mod(clattn_context *ctx, const char *name, const char *src)
+{
+    if (!src)
+        return CLATTN_SUCCESS;
+    const size_t n = strnlen(src, MOD_MAX + 1);
+    if (n == 0)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->%s is empty (NULL means none)", name);
+    if (n > MOD_MAX)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->%s is longer than %d bytes", name, MOD_MAX);
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__check_variants(clattn_context *ctx, const clattn_attention_desc *desc,
+                                     const clattn_tensor *out, clattn_problem *p)
+{
+    clattn_variant *v = &p->var;
+    memset(v, 0, sizeof *v);
+    v->left = v->right = INT_MAX;
+    if (!desc->window && (desc->window_left != 0 || desc->window_right != 0))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->window_left (%lld) and window_right (%lld) are set but desc->window is "
+                            "0 (off): set window = 1 to use them",
+                            (long long)desc->window_left, (long long)desc->window_right);
+    if (desc->window) {
+        /* A side that bounds no row is unbounded: left >= seq_kv (p - left < 0 for every row,
+         * p < seq_kv), right >= seq_q (p + right >= L - 1 for every row). */
+        if (desc->window_left >= 0 && desc->window_left < p->seq_kv)
+            v->left = (int)desc->window_left;
+        if (desc->window_right >= 0 && desc->window_right < p->seq_q)
+            v->right = (int)desc->window_right;
+        if (v->left != INT_MAX || v->right != INT_MAX)
+            v->bits |= CLATTN_V_RANGE;
+    }
+    if (desc->chunk < 0)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->chunk is negative (%lld)", (long long)desc->chunk);
+    if (desc->chunk > 0) {
+        /* Every chunk of at least max(seq_kv, seq_q) keys gives the same rows the same keys (a
+         * row at p >= 0 sees [0, L), one at p in [-seq_q, 0) none): the kernels' ints hold it. */
+        const int64_t cap = p->seq_kv > p->seq_q ? p->seq_kv : p->seq_q;
+        v->chunk = (int)(desc->chunk < cap ? desc->chunk : cap);
+        v->bits |= CLATTN_V_RANGE;
+    }
+    if (!isfinite(desc->softcap) || desc->softcap < 0.0f)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->softcap must be finite and positive, or 0 for none (got %g)",
+                            (double)desc->softcap);
+    /* The kernels take 1/c: below FLT_MIN (subnormal) it would be Inf. */
+    if (desc->softcap > 0.0f && desc->softcap < FLT_MIN)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->softcap %g is subnormal (below %g)",
+                            (double)desc->softcap, (double)FLT_MIN);
+    if (desc->softcap > 0.0f) {
+        v->softcap = desc->softcap;
+        v->bits |= CLATTN_V_SOFTCAP;
+    }
+    clattn_status st;
+    const unsigned f32 = CLATTN_DTYPE_BIT(CLATTN_F32);
+    if (desc->sinks) {
+        const int64_t shape[4] = {1, p->heads_q, 1, 1};
+        if ((st = clattn__check_view(ctx, "desc->sinks", desc->sinks, shape, CLATTN_VIEW_INPUT, f32, &v->sinks)))
+            return st;
+        if (out && clattn__views_overlap(out, desc->sinks))
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out overlaps desc->sinks");
+        if (desc->lse && clattn__views_overlap(desc->lse, desc->sinks))
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->lse overlaps desc->sinks");
+        v->bits |= CLATTN_V_SINKS;
+    }
+    if (desc->alibi_slopes) {
+        const int64_t shape[4] = {p->batch, p->heads_q, 1, 1};
+        if ((st = clattn__check_view(ctx, "desc->alibi_slopes", desc->alibi_slopes, shape, CLATTN_VIEW_BROADCAST, f32,
+                                     &v->alibi)))
+            return st;
+        if (out && clattn__views_overlap(out, desc->alibi_slopes))
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out overlaps desc->alibi_slopes");
+        if (desc->lse && clattn__views_overlap(desc->lse, desc->alibi_slopes))
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->lse overlaps desc->alibi_slopes");
+        v->bits |= CLATTN_V_ALIBI;
+    }
+    if ((st = check_mod(ctx, "score_mod", desc->score_mod)) || (st = check_mod(ctx, "mask_mod", desc->mask_mod)))
+        return st;
+    if (desc->score_mod) {
+        v->score_mod = desc->score_mod;
+        v->bits |= CLATTN_V_SCORE_MOD;
+    }
+    if (desc->mask_mod) {
+        v->mask_mod = desc->mask_mod;
+        v->bits |= CLATTN_V_MASK_MOD;
+    }
+    return CLATTN_SUCCESS;
+}
+
+void clattn__variant_enter(clattn_context *ctx, const clattn_problem *p)
+{
+    ctx->variant_opts[0] = '\0';
+    ctx->variant_src[0] = ctx->variant_src[1] = NULL;
+    if (!p->var.bits)
+        return;
+    /* The user's source goes into the program text, hence the binary cache's key; its hash in
+     * the options keeps programs with different sources apart in the context's own cache. */
+    char hex[33] = "0";
+    if (p->var.score_mod || p->var.mask_mod) {
+        clattn_hash h;
+        clattn__hash_init(&h);
+        clattn__hash_str(&h, p->var.score_mod ? p->var.score_mod : "");
+        clattn__hash_str(&h, "\n--\n");
+        clattn__hash_str(&h, p->var.mask_mod ? p->var.mask_mod : "");
+        clattn__hash_hex(&h, hex);
+    }
+    snprintf(ctx->variant_opts, sizeof ctx->variant_opts, " -DVARIANTS=%u -DVARIANT_SRC=0x%.16s", p->var.bits, hex);
+    ctx->variant_src[0] = p->var.score_mod;
+    ctx->variant_src[1] = p->var.mask_mod;
+}
+
+void clattn__variant_leave(clattn_context *ctx)
+{
+    ctx->variant_opts[0] = '\0';
+    ctx->variant_src[0] = ctx->variant_src[1] = NULL;
+}
+
+void clattn__variant_args(clattn_args *a, const clattn_problem *p)
+{
+    const clattn_variant *v = &p->var;
+    if (!v->bits)
+        return;
+    clattn__arg(a, sizeof(int), &v->left);
+    clattn__arg(a, sizeof(int), &v->right);
+    clattn__arg(a, sizeof(int), &v->chunk);
+    clattn__arg(a, sizeof(float), &v->softcap);
+    /* ALiBi: buffer, offset and the batch and head strides (0 where a dimension broadcasts). */
+    const cl_mem abuf = v->alibi.buffer;
+    const cl_ulong aoff = v->alibi.offset, asb = v->alibi.stride[0], ash = v->alibi.stride[1];
+    clattn__arg(a, sizeof(cl_mem), abuf ? &abuf : NULL);
+    clattn__arg(a, sizeof(cl_ulong), &aoff);
+    clattn__arg(a, sizeof(cl_ulong), &asb);
+    clattn__arg(a, sizeof(cl_ulong), &ash);
+    const cl_mem sbuf = v->sinks.buffer;
+    const cl_ulong soff = v->sinks.offset, ssh = v->sinks.stride[1];
+    clattn__arg(a, sizeof(cl_mem), sbuf ? &sbuf : NULL);
+    clattn__arg(a, sizeof(cl_ulong), &soff);
+    clattn__arg(a, sizeof(cl_ulong), &ssh);
+}
+
+clattn_status clattn_alibi_slopes(int heads, float max_bias, float *slopes)
+{
+    if (heads < 1)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_alibi_slopes: heads must be positive (got %d)", heads);
+    if (!slopes)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_alibi_slopes: slopes must not be NULL");
+    if (!isfinite(max_bias) || max_bias <= 0.0f)
+        return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT,
+                            "clattn_alibi_slopes: max_bias must be finite and positive (got %g)", (double)max_bias);
+    int n = 1; /* 2^floor(log2 heads) */
+    while (n <= heads / 2)
+        n *= 2;
+    const double m0 = pow(2.0, -(double)max_bias / n), m1 = pow(2.0, -(double)max_bias / (2.0 * n));
+    for (int h = 0; h < heads; h++)
+        slopes[h] = (float)(h < n ? pow(m0, h + 1) : pow(m1, 2 * (h - n) + 1));
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__run_scores_variant(clattn_context *ctx, const clattn_problem *p, const clattn_view *src,
+                                         const clattn_view *dst, cl_uint num_wait, const cl_event *wait,
+                                         cl_event *done)
+{
+    const int wg0 = 64;
+    int wg = (size_t)wg0 > ctx->dev.max_wg ? (int)ctx->dev.max_wg : wg0;
+    cl_kernel k = NULL;
+    clattn_status st;
+    for (;;) {
+        char opts[160];
+        snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_OUT=%d -DDT_MASK=%d -DWG=%d -DKSEL=1 -DK_scores_variant=1",
+                 (int)dst->dtype, p->has_mask ? (int)p->mask.dtype : 0, wg);
+        st = clattn__get_kernel(ctx, "scores_variant.cl", opts, "scores_variant", &k);
+        if (!st)
+            break;
+        const size_t cap = clattn__retry_cap(ctx, st, CLATTN_SOURCE_GENERIC, (size_t)wg);
+        if (!cap)
+            return st;
+        wg = (int)cap;
+    }
+    const int64_t rows = p->batch * p->heads_q * p->seq_q;
+    size_t global[3], local[3];
+    const int ny = clattn__row_grid(ctx, wg, wg, rows, global, local);
+    const int nrows = (int)rows, h = (int)p->heads_q, sq = (int)p->seq_q, skv = (int)p->seq_kv,
+              causal = p->causal, has_mask = p->has_mask;
+    clattn_args a = {k, 0, CL_SUCCESS};
+    clattn__arg_view(&a, src);
+    clattn__arg_view(&a, dst);
+    clattn__arg_view(&a, has_mask ? &p->mask : NULL);
+    clattn__arg(&a, sizeof(cl_mem), p->kv_lengths ? &p->kv_lengths : NULL);
+    clattn__arg(&a, sizeof(int), &nrows);
+    clattn__arg(&a, sizeof(int), &ny);
+    clattn__arg(&a, sizeof(int), &h);
+    clattn__arg(&a, sizeof(int), &sq);
+    clattn__arg(&a, sizeof(int), &skv);
+    clattn__arg(&a, sizeof(int), &causal);
+    clattn__arg(&a, sizeof(int), &has_mask);
+    clattn__variant_args(&a, p);
+    return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, "scores_variant");
+}
