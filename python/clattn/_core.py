@@ -1,0 +1,1203 @@
+"""Contexts, device tensors and the operations: the Python face of include/clattn.h."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+from ctypes import byref, c_float, c_int, c_int32, c_size_t, c_uint, c_void_p, pointer
+from dataclasses import dataclass
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _lib
+from ._lib import AttentionDesc, KernelParams, ProblemClass, ProgramStats, SoftmaxDesc, Tensor, decode
+
+__all__ = ["Status", "ClattnError", "Context", "DeviceTensor", "ProgramStatistics", "Params", "Device",
+           "SelectedDevice", "devices", "select_device", "alibi_slopes", "version", "version_number",
+           "to_bf16", "from_bf16", "DTYPES", "OPERATIONS"]
+
+# ---- constants ----------------------------------------------------------------------------------
+
+#: Storage types by name: the C enum value, bytes per element and the numpy type a tensor holds.
+#: bf16 is stored as uint16 bit patterns (the upper half of a float32); "i32" is only for
+#: kv_lengths buffers.
+DTYPES: Dict[str, Tuple[int, int, np.dtype]] = {
+    "f32": (0, 4, np.dtype(np.float32)),
+    "f16": (1, 2, np.dtype(np.float16)),
+    "bf16": (2, 2, np.dtype(np.uint16)),
+    "i32": (-1, 4, np.dtype(np.int32)),
+}
+_DTYPE_BY_CODE = {0: "f32", 1: "f16", 2: "bf16"}
+OPERATIONS = ("scores", "pv", "softmax", "fused", "decode", "merge")
+_ALGORITHMS = {"auto": 0, "fused": 1, "unfused": 2}
+
+# OpenCL numbers used here (CL/cl.h); fixed by the Khronos registry.
+_CL_MEM_READ_WRITE = 1 << 0
+_CL_MEM_COPY_HOST_PTR = 1 << 5
+_CL_MEM_SIZE = 0x1102
+_CL_DEVICE_NAME = 0x102B
+_CL_DEVICE_TYPE = 0x1000
+_CL_PLATFORM_NAME = 0x0902
+_CL_DEVICE_TYPE_ALL = 0xFFFFFFFF
+_CL_DEVICE_NOT_FOUND = -1
+_CL_PLATFORM_NOT_FOUND_KHR = -1001
+
+
+class Status(enum.IntEnum):
+    """clattn_status, the values of CLATTN_STATUS_LIST."""
+
+    SUCCESS = 0
+    INVALID_ARGUMENT = 1
+    UNSUPPORTED = 2
+    NO_DEVICE = 3
+    BUILD_FAILED = 4
+    OPENCL_ERROR = 5
+    OUT_OF_MEMORY = 6
+    IO_ERROR = 7
+
+
+class ClattnError(Exception):
+    """A failed clattn call.
+
+    Attributes:
+        status: the status's symbolic name, e.g. "CLATTN_INVALID_ARGUMENT".
+        code: its integer value (a :class:`Status` where known).
+        build_log: the kernel build log for CLATTN_BUILD_FAILED, else "".
+        cl_error: the raw cl_int of the last failing OpenCL call on the context (0 if none).
+
+    ``str(e)`` is the library's message (clattn_last_error), which names the argument and value.
+    """
+
+    def __init__(self, code: int, message: str, build_log: str = "", cl_error: int = 0) -> None:
+        super().__init__(message)
+        try:
+            self.code: int = Status(code)
+        except ValueError:
+            self.code = code
+        try:
+            self.status: str = decode(_lib.lib().clattn_status_name(code))
+        except OSError:
+            self.status = f"CLATTN_{Status(code).name}" if code in Status._value2member_map_ else str(code)
+        self.build_log: str = build_log
+        self.cl_error: int = cl_error
+
+    @property
+    def message(self) -> str:
+        """The library's message (the same as str(e))."""
+        return str(self)
+
+
+def _raise(code: int, ctx_handle: Optional[int]) -> None:
+    L = _lib.lib()
+    msg = decode(L.clattn_last_error(ctx_handle))
+    log = decode(L.clattn_last_build_log(ctx_handle)) if ctx_handle else ""
+    clerr = int(L.clattn_last_cl_error(ctx_handle)) if ctx_handle else 0
+    raise ClattnError(code, msg or decode(L.clattn_status_string(code)), log, clerr)
+
+
+def _check_cl(err: int, what: str) -> None:
+    if err != 0:
+        raise ClattnError(Status.OPENCL_ERROR, f"{what} failed (OpenCL error {err})", cl_error=err)
+
+
+# ---- bf16 -----------------------------------------------------------------------------------------
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float values to bf16 bit patterns (uint16), rounded to nearest even as the library stores.
+
+    NaN stays NaN (quiet), infinities stay infinite, values past bf16's largest round to infinity.
+    """
+    f = np.ascontiguousarray(x, dtype=np.float32)
+    bits = f.view(np.uint32)
+    rounded = ((bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(f)
+    if nan.any():
+        rounded = np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
+    return rounded
+
+
+def from_bf16(bits: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns (uint16) to float32 (exact)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def _dtype_name(dtype: Any) -> str:
+    if isinstance(dtype, str):
+        name = dtype.lower()
+        if name in ("float32", "fp32"):
+            name = "f32"
+        elif name in ("float16", "fp16", "half"):
+            name = "f16"
+        elif name == "bfloat16":
+            name = "bf16"
+        elif name == "int32":
+            name = "i32"
+        if name not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}: f32, f16 or bf16 (or i32 for kv_lengths)")
+        return name
+    d = np.dtype(dtype)
+    if d == np.float32 or d == np.float64:
+        return "f32"
+    if d == np.float16:
+        return "f16"
+    if d == np.int32 or d == np.int64:
+        return "i32"
+    if d == np.uint16:
+        raise ValueError("a uint16 array is ambiguous: pass dtype='bf16' to read it as bf16 bit patterns")
+    raise ValueError(f"no clattn dtype for numpy {d}: f32, f16 or bf16")
+
+
+def _host_array(a: Any, dtype: str) -> np.ndarray:
+    """a as a C-contiguous array in the storage format of dtype."""
+    arr = np.asarray(a)
+    if dtype == "bf16":
+        if arr.dtype == np.uint16:
+            return np.ascontiguousarray(arr)
+        return to_bf16(arr)
+    return np.ascontiguousarray(arr, dtype=DTYPES[dtype][2])
+
+
+# ---- devices --------------------------------------------------------------------------------------
+
+
+def _info_str(getter, obj: int, param: int) -> str:
+    size = c_size_t(0)
+    if getter(obj, param, 0, None, byref(size)) != 0 or size.value == 0:
+        return ""
+    buf = ctypes.create_string_buffer(size.value + 1)
+    if getter(obj, param, size.value, buf, None) != 0:
+        return ""
+    return buf.value.decode("utf-8", "replace").strip()
+
+
+def _platforms() -> List[int]:
+    cl = _lib.cl()
+    n = c_uint(0)
+    err = cl.clGetPlatformIDs(0, None, byref(n))
+    if err == _CL_PLATFORM_NOT_FOUND_KHR or n.value == 0:
+        return []
+    _check_cl(err, "clGetPlatformIDs")
+    ids = (c_void_p * n.value)()
+    _check_cl(cl.clGetPlatformIDs(n.value, ids, None), "clGetPlatformIDs")
+    return [int(i or 0) for i in ids]
+
+
+def _devices_of(platform: int) -> List[int]:
+    cl = _lib.cl()
+    n = c_uint(0)
+    err = cl.clGetDeviceIDs(platform, _CL_DEVICE_TYPE_ALL, 0, None, byref(n))
+    if err != 0 or n.value == 0:
+        return []
+    ids = (c_void_p * n.value)()
+    if cl.clGetDeviceIDs(platform, _CL_DEVICE_TYPE_ALL, n.value, ids, None) != 0:
+        return []
+    return [int(i or 0) for i in ids]
+
+
+def _type_name(bits: int) -> str:
+    names = [(4, "GPU"), (2, "CPU"), (8, "ACCELERATOR"), (16, "CUSTOM"), (1, "DEFAULT")]
+    got = [n for b, n in names if bits & b]
+    return "|".join(got) if got else hex(bits)
+
+
+def _device_type(device: int) -> str:
+    v = ctypes.c_uint64(0)
+    if _lib.cl().clGetDeviceInfo(device, _CL_DEVICE_TYPE, 8, byref(v), None) != 0:
+        return "n/a"
+    return _type_name(v.value)
+
+
+def _spec_of(device: int) -> str:
+    for p, plat in enumerate(_platforms()):
+        for d, dev in enumerate(_devices_of(plat)):
+            if dev == device:
+                return f"{p}:{d}"
+    return ""
+
+
+class Device(NamedTuple):
+    """One OpenCL device as clattn numbers it."""
+
+    spec: str        #: "P:D", a device spec clattn_create takes
+    platform: str    #: the platform's name
+    name: str        #: the device's name
+    type: str        #: "GPU", "CPU", "ACCELERATOR", ...
+    default: bool    #: whether clattn_create(None) picks it (CLATTN_DEVICE, else the first GPU, else any)
+
+
+class SelectedDevice(str):
+    """The "P:D" spec of a selected device (a str), with its name and the library's reason."""
+
+    name: str
+    why: str
+
+    def __new__(cls, spec: str, name: str, why: str) -> "SelectedDevice":
+        s = super().__new__(cls, spec)
+        s.name = name
+        s.why = why
+        return s
+
+
+def _select(spec: Optional[str]) -> Tuple[int, int, str]:
+    L = _lib.lib()
+    plat, dev = c_void_p(), c_void_p()
+    why = ctypes.create_string_buffer(512)
+    st = L.clattn_select_device(spec.encode() if spec else None, byref(plat), byref(dev), why, 512)
+    if st != 0:
+        _raise(st, None)
+    return int(plat.value or 0), int(dev.value or 0), why.value.decode("utf-8", "replace")
+
+
+def select_device(spec: Optional[str] = None) -> SelectedDevice:
+    """Resolves a device spec exactly as Context(spec) would, creating nothing.
+
+    spec: None or "" reads CLATTN_DEVICE, then "gpu", "cpu", "accelerator", "P:D", or a
+    case-insensitive substring of the platform or device name.
+
+    Returns the device's "P:D" spec (a str) with ``.name`` and ``.why`` (the library's reason).
+    Raises ClattnError (NO_DEVICE, UNSUPPORTED, INVALID_ARGUMENT) when nothing matches.
+    """
+    _, dev, why = _select(spec)
+    return SelectedDevice(_spec_of(dev), _info_str(_lib.cl().clGetDeviceInfo, dev, _CL_DEVICE_NAME), why)
+
+
+def devices() -> List[Device]:
+    """Every OpenCL device the ICD loader shows, with its "P:D" spec and whether it is the default.
+
+    An empty list when no OpenCL platform is installed.
+    """
+    try:
+        _, default_dev, _ = _select(None)
+    except ClattnError:
+        default_dev = 0
+    out = []
+    cl = _lib.cl()
+    for p, plat in enumerate(_platforms()):
+        pname = _info_str(cl.clGetPlatformInfo, plat, _CL_PLATFORM_NAME)
+        for d, dev in enumerate(_devices_of(plat)):
+            out.append(Device(f"{p}:{d}", pname, _info_str(cl.clGetDeviceInfo, dev, _CL_DEVICE_NAME),
+                              _device_type(dev), dev == default_dev))
+    return out
+
+
+def version() -> str:
+    """The linked library's version, "MAJOR.MINOR.PATCH" (clattn_version_string)."""
+    return decode(_lib.lib().clattn_version_string())
+
+
+def version_number() -> int:
+    """MAJOR*10000 + MINOR*100 + PATCH of the linked library."""
+    return int(_lib.lib().clattn_version_number())
+
+
+def alibi_slopes(heads: int, max_bias: float = 8.0) -> np.ndarray:
+    """The standard ALiBi slopes (BLOOM's and ggml's formula) of `heads` heads, float32[heads].
+
+    Pass them as ``alibi_slopes=`` (a 1-D array of heads_q values is taken as [1][heads_q][1][1]).
+    """
+    out = np.zeros(max(int(heads), 0), dtype=np.float32)
+    st = _lib.lib().clattn_alibi_slopes(int(heads), float(max_bias),
+                                        out.ctypes.data_as(ctypes.POINTER(c_float)) if out.size else None)
+    if st != 0:
+        _raise(st, None)
+    return out
+
+
+# ---- device tensors ---------------------------------------------------------------------------------
+
+
+class DeviceTensor:
+    """A tensor in an OpenCL buffer of a context: a [batch][heads][seq][dim] view (clattn_tensor).
+
+    Made by :meth:`Context.empty`, :meth:`Context.to_device`, :meth:`view`, the operations (their
+    outputs), or :meth:`Context.wrap` around a pyopencl array or buffer (zero-copy). Element
+    (b, h, s, d) lives at ``offset + b*strides[0] + h*strides[1] + s*strides[2] + d``, counts in
+    elements. The buffer is released when the last tensor on it goes (or :meth:`release`).
+
+    1-D "i32" tensors hold kv_lengths; every other tensor is 4-D.
+    """
+
+    __slots__ = ("_ctx", "_mem", "_base", "_keep", "_owns", "dtype", "shape", "strides", "offset",
+                 "_st", "__weakref__")
+
+    def __init__(self, ctx: "Context", mem: int, dtype: str, shape: Sequence[int],
+                 strides: Optional[Sequence[int]] = None, offset: int = 0,
+                 base: Optional["DeviceTensor"] = None, owns: bool = True, keep: Any = None) -> None:
+        self._ctx = ctx
+        self._mem = mem
+        self._base = base
+        self._keep = keep
+        self._owns = owns and base is None
+        self.dtype: str = dtype
+        self.shape: Tuple[int, ...] = tuple(int(s) for s in shape)
+        if strides is None:
+            strides = _contiguous_strides(self.shape)
+        self.strides: Tuple[int, ...] = tuple(int(s) for s in strides)
+        self.offset: int = int(offset)
+        st = Tensor()
+        st.buffer = mem
+        st.dtype = DTYPES[dtype][0]
+        st.offset = self.offset
+        if len(self.shape) == 4:
+            st.shape[:] = self.shape
+            st.stride[:] = self.strides
+        self._st = st
+
+    # -- properties
+    @property
+    def context(self) -> "Context":
+        """The context whose OpenCL context holds the buffer."""
+        return self._ctx
+
+    @property
+    def cl_mem(self) -> int:
+        """The cl_mem handle (an int), for interop; owned by this tensor (or the object it wraps)."""
+        return self._mem
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return DTYPES[self.dtype][1]
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        """The numpy type of the stored elements (uint16 for bf16)."""
+        return DTYPES[self.dtype][2]
+
+    @property
+    def size(self) -> int:
+        """Number of elements in the view."""
+        return int(np.prod(self.shape)) if self.shape else 1
+
+    def is_contiguous(self) -> bool:
+        """Whether the view is dense row-major ([b][h][s][d] with no gaps)."""
+        want = _contiguous_strides(self.shape)
+        return all(n == 1 or s == w for n, s, w in zip(self.shape, self.strides, want))
+
+    def __repr__(self) -> str:
+        extra = "" if self.is_contiguous() and self.offset == 0 else f", offset={self.offset}, strides={self.strides}"
+        return f"DeviceTensor(shape={self.shape}, dtype={self.dtype!r}{extra})"
+
+    # -- views
+    def view(self, offset: Optional[int] = None, shape: Optional[Sequence[int]] = None,
+             strides: Optional[Sequence[int]] = None) -> "DeviceTensor":
+        """Another view of the same buffer (no copy), as a clattn_tensor describes one.
+
+        offset: element index of (0, 0, 0, 0) in the buffer (absolute, not relative to this view);
+        default this view's. shape: 4 extents, default this view's. strides: 3 element strides
+        (batch, head, seq), default this view's. The library checks the view fits the buffer when
+        it is used.
+        """
+        if len(self.shape) != 4:
+            raise ValueError("view() needs a 4-D tensor")
+        shape = tuple(shape) if shape is not None else self.shape
+        strides = tuple(strides) if strides is not None else self.strides
+        if len(shape) != 4 or len(strides) != 3:
+            raise ValueError("a view has 4 extents and 3 strides (batch, head, seq)")
+        return DeviceTensor(self._ctx, self._mem, self.dtype, shape, strides,
+                            self.offset if offset is None else offset, base=self._base or self,
+                            keep=self._keep)
+
+    def seq(self, start: int, stop: int) -> "DeviceTensor":
+        """The view of sequence positions start..stop-1 (a KV cache's first n keys: seq(0, n))."""
+        if len(self.shape) != 4 or not 0 <= start <= stop <= self.shape[2]:
+            raise ValueError(f"seq({start}, {stop}) is outside 0..{self.shape[2] if len(self.shape) == 4 else '?'}")
+        return self.view(offset=self.offset + start * self.strides[2],
+                         shape=(self.shape[0], self.shape[1], stop - start, self.shape[3]))
+
+    # -- host transfers
+    def _span(self) -> Tuple[int, int]:
+        """First and one-past-last element the view touches."""
+        if self.size == 0:
+            return self.offset, self.offset
+        if len(self.shape) != 4:
+            return self.offset, self.offset + self.size
+        last = self.offset + sum((n - 1) * s for n, s in zip(self.shape[:3], self.strides)) + self.shape[3]
+        lo = self.offset + sum((n - 1) * s for n, s in zip(self.shape[:3], self.strides) if s < 0)
+        return lo, last
+
+    def numpy(self, raw: bool = False) -> np.ndarray:
+        """Reads the view back (blocking; after every command enqueued before on the queue).
+
+        Returns float32 for f32 and bf16 (bf16 widened exactly; raw=True gives the uint16 bit
+        patterns), float16 for f16, int32 for i32.
+        """
+        q = self._ctx._queue_handle()
+        es = self.itemsize
+        lo, hi = self._span()
+        host = np.empty(max(hi - lo, 0), dtype=self.numpy_dtype)
+        if host.size:
+            _check_cl(_lib.cl().clEnqueueReadBuffer(q, self._mem, 1, lo * es, host.nbytes, host.ctypes.data,
+                                                    0, None, None), "clEnqueueReadBuffer")
+        if len(self.shape) == 4 and not (self.is_contiguous() and lo == self.offset):
+            st = [s * es for s in self.strides] + [es]
+            host = np.lib.stride_tricks.as_strided(host[self.offset - lo:], shape=self.shape,
+                                                   strides=st).copy()
+        else:
+            host = host.reshape(self.shape)
+        if self.dtype == "bf16" and not raw:
+            return from_bf16(host)
+        return host
+
+    def write(self, a: Any) -> "DeviceTensor":
+        """Writes a whole array of this view's shape into the view (blocking). Returns self.
+
+        Floats are converted to the storage type (bf16: rounded to nearest even; a uint16 array
+        is taken as bf16 bit patterns).
+        """
+        host = _host_array(a, self.dtype)
+        if host.shape != self.shape:
+            if host.size == self.size and len(self.shape) != 4:
+                host = host.reshape(self.shape)
+            else:
+                raise ValueError(f"write: array shape {host.shape} differs from the tensor's {self.shape}")
+        if host.size == 0:
+            return self
+        cl = _lib.cl()
+        q = self._ctx._queue_handle()
+        es = self.itemsize
+        if len(self.shape) != 4 or self.is_contiguous():
+            _check_cl(cl.clEnqueueWriteBuffer(q, self._mem, 1, self.offset * es, host.nbytes, host.ctypes.data,
+                                              0, None, None), "clEnqueueWriteBuffer")
+            return self
+        B, H, S, D = self.shape
+        sb, sh, ss = self.strides
+        for dim, (n, s) in enumerate(zip((B, H, S), (sb, sh, ss))):
+            if n > 1 and s == 0:
+                raise ValueError("write: a view with a stride-0 (broadcast) dimension cannot be written")
+        rows_dense = S == 1 or ss == D
+        if ss < D and S > 1:
+            raise ValueError("write: rows of the view overlap (seq stride below dim)")
+        region = (c_size_t * 3)(D * es, S, 1)
+        zero = (c_size_t * 3)(0, 0, 0)
+        try:
+            for b in range(B):
+                for h in range(H):
+                    off = (self.offset + b * sb + h * sh) * es
+                    src = host[b, h]
+                    if rows_dense:
+                        err = cl.clEnqueueWriteBuffer(q, self._mem, 0, off, src.nbytes, src.ctypes.data,
+                                                      0, None, None)
+                        _check_cl(err, "clEnqueueWriteBuffer")
+                    else:
+                        origin = (c_size_t * 3)(off, 0, 0)
+                        err = cl.clEnqueueWriteBufferRect(q, self._mem, 0, origin, zero, region, ss * es, 0,
+                                                          D * es, 0, src.ctypes.data, 0, None, None)
+                        _check_cl(err, "clEnqueueWriteBufferRect")
+        finally:
+            cl.clFinish(q)  # the host array must outlive the non-blocking writes
+        return self
+
+    def write_seq(self, a: Any, start: int) -> "DeviceTensor":
+        """Writes a [B][H][n][D] array into sequence positions start..start+n-1 of this
+        [B][H][S][D] tensor (a growing KV cache: the new keys of a step). Blocking. Returns self."""
+        arr = np.asarray(a)
+        if arr.ndim != 4 or len(self.shape) != 4:
+            raise ValueError("write_seq takes a 4-D [B][H][n][D] array into a 4-D tensor")
+        n = arr.shape[2]
+        if start < 0 or start + n > self.shape[2]:
+            raise ValueError(f"write_seq: positions {start}..{start + n - 1} are outside 0..{self.shape[2] - 1}")
+        self.seq(start, start + n).write(arr)
+        return self
+
+    def fill(self, value: float = 0.0) -> "DeviceTensor":
+        """Sets every element of a contiguous tensor to value (blocking). Returns self."""
+        if not self.is_contiguous():
+            raise ValueError("fill needs a contiguous tensor")
+        self.write(np.full(self.shape, value, dtype=np.float32 if self.dtype != "i32" else np.int32))
+        return self
+
+    def to_pyopencl(self, queue: Any) -> Any:
+        """This tensor as a pyopencl.array.Array on queue (zero-copy, retains the buffer)."""
+        import pyopencl as pcl
+        import pyopencl.array as pcla
+        buf = pcl.Buffer.from_int_ptr(self._mem, retain=True)
+        es = self.itemsize
+        st = tuple(s * es for s in self.strides) + ((es,) if len(self.shape) == 4 else ())
+        return pcla.Array(queue, self.shape, self.numpy_dtype, data=buf, offset=self.offset * es, strides=st)
+
+    def release(self) -> None:
+        """Releases the buffer now if this tensor owns it (views keep their base alive otherwise)."""
+        mem, self._mem = self._mem, 0
+        if mem and self._owns:
+            try:
+                _lib.cl().clReleaseMemObject(mem)
+            except Exception:  # interpreter shutdown
+                pass
+        self._owns = False
+
+    def __del__(self) -> None:
+        if getattr(self, "_owns", False):
+            self.release()
+
+
+def _contiguous_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    if len(shape) != 4:
+        out, acc = [], 1
+        for n in reversed(shape[1:]):
+            acc *= n
+            out.append(acc)
+        return tuple(reversed(out))
+    _, H, S, D = shape
+    return (H * S * D, S * D, D)
+
+
+TensorLike = Union[np.ndarray, DeviceTensor, Any]
+
+
+# ---- context --------------------------------------------------------------------------------------
+
+
+@dataclass
+class ProgramStatistics:
+    """clattn_program_stats: what getting the kernel programs has cost this context."""
+
+    memory_hits: int
+    disk_hits: int
+    disk_rejects: int
+    disk_writes: int
+    builds: int
+    build_seconds: float
+    build_seconds_max: float
+    build_slowest: str
+    disk_untrusted: int
+
+
+@dataclass
+class Params:
+    """The kernel parameters a problem class would use (clattn_get_params), and their origin."""
+
+    operation: str
+    values: Dict[str, int]
+    source: str   #: "generic", "vendor", "built-in", "user file", "environment", "override"
+    origin: str   #: e.g. the tuning file and its entry line
+    kernel: Optional[str] = None  #: the DIRECT parameter's kernel name where it has one
+
+    def __str__(self) -> str:
+        vals = " ".join(f"{k}={v}" for k, v in self.values.items())
+        return f"{vals}  [{self.source}: {self.origin}]"
+
+
+def _op_index(op: Union[str, int]) -> int:
+    if isinstance(op, int):
+        return op
+    try:
+        return OPERATIONS.index(op.lower())
+    except ValueError:
+        raise ValueError(f"unknown operation {op!r}: one of {', '.join(OPERATIONS)}") from None
+
+
+class Context:
+    """A clattn context: one OpenCL device, its in-order queue, kernel programs and tuning.
+
+    ``Context(device=None)`` creates one with clattn_create: device None or "" reads
+    CLATTN_DEVICE, then "gpu", "cpu", "accelerator", "P:D" or a name substring. Use it as a
+    context manager or call :meth:`close`. One thread at a time per context (as in C).
+
+    Operations take numpy arrays (copied in, computed, read back: blocking) or DeviceTensors
+    (enqueued, not waited for; results are DeviceTensors; :meth:`DeviceTensor.numpy` waits).
+    """
+
+    def __init__(self, device: Optional[str] = None, *, _handle: Optional[int] = None) -> None:
+        L = _lib.lib()
+        self._h: Optional[int] = None
+        self._keep: Any = None
+        if _handle is not None:
+            self._h = _handle
+        else:
+            h = c_void_p()
+            st = L.clattn_create(device.encode() if device else None, byref(h))
+            if st != 0:
+                _raise(st, None)
+            self._h = int(h.value)
+        self._lib = L
+        self._cl = _lib.cl()
+        self._queue = int(L.clattn_queue(self._h) or 0)
+        self._clctx = int(L.clattn_cl_context(self._h) or 0)
+
+    @classmethod
+    def from_queue(cls, queue: Any) -> "Context":
+        """A context enqueueing on the caller's in-order queue: a pyopencl.CommandQueue or a raw
+        cl_command_queue handle (int). The queue is retained; use the same queue for your own
+        pyopencl work so that the order of commands is kept."""
+        handle = getattr(queue, "int_ptr", queue)
+        h = c_void_p()
+        st = _lib.lib().clattn_create_from_queue(c_void_p(int(handle)), byref(h))
+        if st != 0:
+            _raise(st, None)
+        ctx = cls(_handle=int(h.value))
+        ctx._keep = queue
+        return ctx
+
+    # -- lifetime
+    def close(self) -> None:
+        """Releases the context (clattn_release). Tensors made on it keep their buffers."""
+        h, self._h = self._h, None
+        if h:
+            try:
+                self._lib.clattn_release(h)
+            except Exception:
+                pass
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_h", None):
+            self.close()
+
+    def _handle(self) -> int:
+        if not self._h:
+            raise ValueError("the clattn Context is closed")
+        return self._h
+
+    def _queue_handle(self) -> int:
+        if not self._h:
+            raise ValueError("the clattn Context is closed")
+        return self._queue
+
+    def _fail(self, st: int) -> None:
+        _raise(st, self._h)
+
+    # -- handles and reports
+    @property
+    def handle(self) -> int:
+        """The clattn_context pointer (an int)."""
+        return self._handle()
+
+    @property
+    def cl_queue(self) -> int:
+        """The cl_command_queue handle (an int)."""
+        return self._queue_handle()
+
+    @property
+    def cl_context(self) -> int:
+        """The cl_context handle (an int)."""
+        self._handle()
+        return self._clctx
+
+    @property
+    def cl_device(self) -> int:
+        """The cl_device_id handle (an int)."""
+        return int(self._lib.clattn_device(self._handle()) or 0)
+
+    @property
+    def device_name(self) -> str:
+        """The device's name (CL_DEVICE_NAME)."""
+        return _info_str(self._cl.clGetDeviceInfo, self.cl_device, _CL_DEVICE_NAME)
+
+    @property
+    def device_spec(self) -> str:
+        """The device's "P:D" spec ("" when the ICD loader lists it nowhere)."""
+        return _spec_of(self.cl_device)
+
+    @property
+    def device_key(self) -> str:
+        """The tuning store's key of the device (clattn_device_key)."""
+        buf = ctypes.create_string_buffer(4096)
+        st = self._lib.clattn_device_key(self.cl_device, buf, 4096)
+        if st != 0:
+            _raise(st, None)
+        return buf.value.decode("utf-8", "replace")
+
+    @property
+    def matrix_report(self) -> str:
+        """One line on the matrix units (clattn_matrix_report)."""
+        return decode(self._lib.clattn_matrix_report(self._handle()))
+
+    @property
+    def cache_report(self) -> str:
+        """One line on the kernel binary cache (clattn_cache_report)."""
+        return decode(self._lib.clattn_cache_report(self._handle()))
+
+    @property
+    def tuning_report(self) -> str:
+        """What reading the tuning store found (clattn_tuning_report)."""
+        return decode(self._lib.clattn_tuning_report(self._handle()))
+
+    @property
+    def tuning_path(self) -> str:
+        """The user tuning file of this device (it may not exist yet)."""
+        buf = ctypes.create_string_buffer(8192)
+        st = self._lib.clattn_tuning_path(self._handle(), buf, 8192)
+        if st != 0:
+            self._fail(st)
+        return buf.value.decode("utf-8", "replace")
+
+    def reload_tuning(self) -> None:
+        """Re-reads the user tuning file (clattn_reload_tuning)."""
+        st = self._lib.clattn_reload_tuning(self._handle())
+        if st != 0:
+            self._fail(st)
+
+    def program_stats(self) -> ProgramStatistics:
+        """Kernel builds and cache hits so far (clattn_get_program_stats)."""
+        s = ProgramStats()
+        st = self._lib.clattn_get_program_stats(self._handle(), byref(s))
+        if st != 0:
+            self._fail(st)
+        return ProgramStatistics(s.memory_hits, s.disk_hits, s.disk_rejects, s.disk_writes, s.builds,
+                                 s.build_seconds, s.build_seconds_max,
+                                 s.build_slowest.decode("utf-8", "replace"), s.disk_untrusted)
+
+    def finish(self) -> None:
+        """Waits for everything enqueued on the context's queue (clFinish)."""
+        _check_cl(self._cl.clFinish(self._queue_handle()), "clFinish")
+
+    # -- parameters
+    def get_params(self, op: Union[str, int], dtype: str = "f32", head_dim: int = 64, seq_q: int = 1024,
+                   seq_kv: int = 1024, causal: bool = False, masked: bool = False, *,
+                   heads_q: Optional[int] = None, heads_kv: Optional[int] = None,
+                   head_dim_v: int = 0) -> Params:
+        """The parameters a call of this problem class would use now, and where they come from.
+
+        op: "scores", "pv", "softmax", "fused", "decode" or "merge". head_dim is ignored (0) for
+        softmax and merge. With heads_q and heads_kv, answers as clattn_get_call_params (decode
+        counts packed query rows).
+        """
+        o = _op_index(op)
+        pc = ProblemClass()
+        pc.operation = o
+        pc.dtype = DTYPES[_dtype_name(dtype)][0]
+        pc.head_dim = 0 if OPERATIONS[o] in ("softmax", "merge") else head_dim
+        pc.seq_q, pc.seq_kv, pc.causal, pc.masked = seq_q, seq_kv, int(causal), int(masked)
+        kp = KernelParams()
+        if heads_q is not None or heads_kv is not None:
+            hq = heads_q if heads_q is not None else heads_kv
+            hkv = heads_kv if heads_kv is not None else heads_q
+            st = self._lib.clattn_get_call_params(self._handle(), byref(pc), hq, hkv, head_dim_v, byref(kp))
+        else:
+            st = self._lib.clattn_get_params(self._handle(), byref(pc), byref(kp))
+        if st != 0:
+            self._fail(st)
+        L = self._lib
+        values = {decode(L.clattn_param_name(o, i)): int(kp.values[i]) for i in range(kp.count)}
+        kernel = None
+        for i in range(kp.count):
+            name = L.clattn_param_value_name(o, i, kp.values[i])
+            if name:
+                kernel = decode(name)
+        return Params(OPERATIONS[o], values, decode(L.clattn_params_source_name(kp.source)),
+                      kp.origin.decode("utf-8", "replace"), kernel)
+
+    def set_params(self, op: Union[str, int], values: Union[None, Sequence[int], Dict[str, Union[int, str]]]) -> None:
+        """Overrides the parameters of op for every later call on this context.
+
+        values: a full list in the operation's order (clattn_param_name), or a dict by name whose
+        missing names keep the values get_params gives now (a kernel choice may be given by its
+        name, {"DIRECT": "lanes"}), or None to remove the override.
+        """
+        o = _op_index(op)
+        L = self._lib
+        if values is None:
+            st = L.clattn_set_params(self._handle(), o, None, 0)
+            if st != 0:
+                self._fail(st)
+            return
+        n = L.clattn_param_count(o)
+        names = [decode(L.clattn_param_name(o, i)) for i in range(n)]
+        if isinstance(values, dict):
+            current = self.get_params(o).values
+            vals = []
+            unknown = set(values) - set(names)
+            if unknown:
+                raise ValueError(f"unknown parameter(s) {sorted(unknown)} of {OPERATIONS[o]}: {', '.join(names)}")
+            for i, name in enumerate(names):
+                v = values.get(name, current.get(name, 0))
+                if isinstance(v, str):
+                    for cand in range(L.clattn_param_max(o, i) + 1):
+                        if decode(L.clattn_param_value_name(o, i, cand)) == v:
+                            v = cand
+                            break
+                    else:
+                        raise ValueError(f"{name}={v!r} names no kernel of {OPERATIONS[o]}")
+                vals.append(int(v))
+        else:
+            vals = [int(v) for v in values]
+        arr = (c_int * max(len(vals), 1))(*vals)
+        st = L.clattn_set_params(self._handle(), o, arr, len(vals))
+        if st != 0:
+            self._fail(st)
+
+    # -- tensors
+    def _alloc(self, nbytes: int, host: Optional[np.ndarray] = None) -> int:
+        err = c_int32(0)
+        flags = _CL_MEM_READ_WRITE | (_CL_MEM_COPY_HOST_PTR if host is not None else 0)
+        mem = self._cl.clCreateBuffer(self.cl_context, flags, max(nbytes, 1),
+                                      host.ctypes.data if host is not None else None, byref(err))
+        if err.value != 0 or not mem:
+            code = Status.OUT_OF_MEMORY if err.value in (-4, -5, -6, -61) else Status.OPENCL_ERROR
+            raise ClattnError(code, f"clCreateBuffer of {nbytes} bytes failed (OpenCL error {err.value})",
+                              cl_error=err.value)
+        return int(mem)
+
+    def empty(self, shape: Sequence[int], dtype: str = "f32") -> DeviceTensor:
+        """A new contiguous device tensor of shape ([B, H, S, D], or [B] for "i32"), contents
+        undefined."""
+        name = _dtype_name(dtype)
+        shape = tuple(int(s) for s in shape)
+        n = int(np.prod(shape)) if shape else 1
+        return DeviceTensor(self, self._alloc(n * DTYPES[name][1]), name, shape)
+
+    def zeros(self, shape: Sequence[int], dtype: str = "f32") -> DeviceTensor:
+        """A new contiguous device tensor of zeros."""
+        name = _dtype_name(dtype)
+        return self.to_device(np.zeros(shape, dtype=DTYPES[name][2]), name)
+
+    def to_device(self, a: Any, dtype: Optional[str] = None) -> DeviceTensor:
+        """Copies a host array into a new contiguous device tensor (blocking).
+
+        dtype: "f32", "f16", "bf16" (or "i32"); default from the array (float64 -> f32, int -> i32;
+        a uint16 array needs dtype="bf16"). Floats are converted, bf16 rounded to nearest even.
+        """
+        if isinstance(a, DeviceTensor):
+            return a
+        arr = np.asarray(a)
+        name = _dtype_name(dtype if dtype is not None else arr.dtype)
+        host = _host_array(arr, name)
+        return DeviceTensor(self, self._alloc(host.nbytes, host), name, host.shape)
+
+    def wrap(self, obj: Any, shape: Optional[Sequence[int]] = None, dtype: Optional[str] = None,
+             strides: Optional[Sequence[int]] = None, offset: int = 0) -> DeviceTensor:
+        """A DeviceTensor viewing someone else's buffer, zero-copy: a pyopencl.array.Array (shape,
+        strides, offset and dtype taken from it), or a pyopencl.Buffer / raw cl_mem int with shape
+        (and dtype, strides in elements, offset in elements). The object is kept alive by the
+        tensor and never released by it. It must live in this context's OpenCL context."""
+        if isinstance(obj, DeviceTensor):
+            return obj
+        if hasattr(obj, "base_data") and hasattr(obj, "strides") and hasattr(obj, "queue"):  # pyopencl Array
+            a = obj
+            name = _dtype_name(dtype if dtype is not None else a.dtype)
+            es = DTYPES[name][1]
+            if a.ndim != 4:
+                raise ValueError(f"a pyopencl array for clattn must be 4-D [B][H][S][D] (got {a.shape})")
+            if a.strides[3] != es:
+                raise ValueError("the last dimension of a pyopencl array must be contiguous")
+            st = [s // es for s in a.strides[:3]]
+            return DeviceTensor(self, int(a.base_data.int_ptr), name, a.shape, st, a.offset // es,
+                                owns=False, keep=a)
+        if shape is None:
+            raise ValueError("wrap: a buffer needs shape=")
+        handle = int(getattr(obj, "int_ptr", obj))
+        name = _dtype_name(dtype or "f32")
+        shape = tuple(shape)
+        return DeviceTensor(self, handle, name, shape,
+                            tuple(strides) if strides is not None else None, offset, owns=False, keep=obj)
+
+    def _tensor(self, x: Any, dtype: Optional[str], temps: list) -> DeviceTensor:
+        """x as a DeviceTensor: itself, a wrapped pyopencl array, or a numpy upload (kept in temps)."""
+        if isinstance(x, DeviceTensor):
+            return x
+        if hasattr(x, "base_data") and hasattr(x, "queue"):
+            return self.wrap(x, dtype=dtype)
+        arr = np.asarray(x)
+        if arr.ndim != 4:
+            raise ValueError(f"clattn tensors are 4-D [B][H][S][D] arrays (got shape {arr.shape})")
+        t = self.to_device(arr, dtype)
+        temps.append(t)
+        return t
+
+    def _small(self, x: Any, heads: int, temps: list) -> DeviceTensor:
+        """sinks / alibi_slopes: a 1-D array of per-head values becomes f32 [1][heads][1][1]."""
+        if isinstance(x, DeviceTensor) or hasattr(x, "base_data"):
+            return self._tensor(x, "f32", temps)
+        arr = np.asarray(x, dtype=np.float32)
+        if arr.ndim == 1:
+            arr = arr.reshape(1, -1, 1, 1)
+        elif arr.ndim == 2:
+            arr = arr.reshape(arr.shape[0], arr.shape[1], 1, 1)
+        return self._tensor(arr, "f32", temps)
+
+    def _kvlen(self, x: Any, temps: list) -> int:
+        if x is None:
+            return 0
+        if isinstance(x, DeviceTensor):
+            if x.dtype != "i32" or x.offset != 0:
+                raise ValueError("kv_lengths as a DeviceTensor must be an 'i32' tensor at offset 0")
+            return x.cl_mem
+        if hasattr(x, "base_data"):  # pyopencl array
+            if x.offset != 0:
+                raise ValueError("kv_lengths as a pyopencl array must start at offset 0")
+            temps.append(x)
+            return int(x.base_data.int_ptr)
+        arr = np.ascontiguousarray(np.asarray(x).reshape(-1), dtype=np.int32)
+        t = DeviceTensor(self, self._alloc(arr.nbytes, arr), "i32", arr.shape)
+        temps.append(t)
+        return t.cl_mem
+
+    def _out(self, given: Any, shape: Tuple[int, ...], dtype: str, temps: list) -> Tuple[DeviceTensor, Optional[np.ndarray]]:
+        """The output tensor: a given DeviceTensor / pyopencl array, a numpy array to fill after
+        the call, or a new one."""
+        if given is None or given is True:
+            return self.empty(shape, dtype), None
+        if isinstance(given, np.ndarray):
+            if given.shape != shape:
+                raise ValueError(f"out has shape {given.shape}, the result {shape}")
+            return self.empty(shape, dtype), given
+        return self._tensor(given, None, temps), None
+
+    @staticmethod
+    def _deliver(t: DeviceTensor, host: Optional[np.ndarray], as_numpy: bool) -> Any:
+        if host is not None:
+            host[...] = t.numpy()
+            return host
+        if as_numpy:
+            return t.numpy()
+        return t
+
+    # -- operations
+    def attention(self, q: TensorLike, k: TensorLike, v: TensorLike, *, causal: bool = False,
+                  scale: float = 0.0, mask: Optional[TensorLike] = None, kv_lengths: Any = None,
+                  lse: Any = False, probabilities: Any = False, algorithm: str = "auto",
+                  head_dim_v: Optional[int] = None,
+                  window: Optional[Tuple[Optional[int], Optional[int]]] = None, chunk: int = 0,
+                  softcap: float = 0.0, sinks: Optional[TensorLike] = None,
+                  alibi_slopes: Optional[TensorLike] = None, score_mod: Optional[str] = None,
+                  mask_mod: Optional[str] = None, out: Any = None, dtype: Optional[str] = None) -> Any:
+        """softmax(Q·Kᵀ·scale + mask)·V (clattn_attention), with every option of the C descriptor.
+
+        q: [B][Hq][Sq][D], k: [B][Hkv][Skv][D], v: [B][Hkv][Skv][Dv], Hkv dividing Hq (grouped
+        query: head h reads kv head h // (Hq/Hkv)); numpy arrays, DeviceTensors or pyopencl arrays.
+        dtype: the storage type for numpy inputs ("f32", "f16", "bf16"; default from q).
+
+        causal: bottom-right aligned (row i sees key j iff j <= i + L - Sq, L the batch's keys).
+        scale: 0 means 1/sqrt(D). mask: additive f32/f16 [B|1][Hq|1][Sq|1][Skv], -inf hides.
+        kv_lengths: per-batch int32 key counts (a sequence, array, or 'i32' DeviceTensor).
+        lse: True (or a tensor/array to write) for the f32 [B][Hq][Sq][1] log-sum-exp.
+        probabilities: True (or a tensor/array) for the [B][Hq][Sq][Skv] softmax (unfused path).
+        algorithm: "auto", "fused" or "unfused". head_dim_v: defaults to v's last extent.
+        window: (left, right) sliding window around the diagonal position, None or negative
+        unbounded. chunk: chunked local attention. softcap: c·tanh(x/c) of the scaled logits.
+        sinks: f32 per query head ([Hq] or [1][Hq][1][1]). alibi_slopes: f32 [Hq],
+        [1|B][Hq] or [B|1][Hq][1][1]. score_mod / mask_mod: OpenCL C source text
+        (docs/variants.md). out: where to write the result (DeviceTensor, pyopencl array or numpy
+        array).
+
+        Returns out, or a tuple (out, lse?, probabilities?) of those asked for. With numpy q the
+        results are numpy arrays (bf16 read back as float32) and the call blocks; with device q
+        they are DeviceTensors and the call only enqueues.
+        """
+        h = self._handle()
+        temps: list = []
+        as_numpy = isinstance(q, np.ndarray) or not (isinstance(q, DeviceTensor) or hasattr(q, "base_data"))
+        dt = _dtype_name(dtype) if dtype is not None else None
+        if dt is None and as_numpy:
+            dt = _dtype_name(np.asarray(q).dtype)
+        tq = self._tensor(q, dt, temps)
+        dt = tq.dtype
+        tk = self._tensor(k, dt, temps)
+        tv = self._tensor(v, dt, temps)
+        B, Hq, Sq, D = tq.shape
+        Hkv, Skv = tk.shape[1], tk.shape[2]
+        Dv = tv.shape[3]
+        d = AttentionDesc()
+        d.batch, d.heads_q, d.heads_kv, d.seq_q, d.seq_kv, d.head_dim = B, Hq, Hkv, Sq, Skv, D
+        d.head_dim_v = Dv if head_dim_v is None else head_dim_v
+        d.scale = scale
+        d.causal = 1 if causal else 0
+        try:
+            d.algorithm = _ALGORITHMS[algorithm]
+        except KeyError:
+            raise ValueError(f"algorithm must be one of {', '.join(_ALGORITHMS)} (got {algorithm!r})") from None
+        if mask is not None:
+            mdt = "f16" if (isinstance(mask, np.ndarray) and mask.dtype == np.float16) else "f32"
+            d.mask = pointer(self._tensor(mask, mdt, temps)._st)
+        if kv_lengths is not None:
+            d.kv_lengths = self._kvlen(kv_lengths, temps)
+        if window is not None:
+            left, right = window
+            d.window = 1
+            d.window_left = -1 if left is None else int(left)
+            d.window_right = -1 if right is None else int(right)
+        d.chunk = int(chunk)
+        d.softcap = softcap
+        if sinks is not None:
+            d.sinks = pointer(self._small(sinks, Hq, temps)._st)
+        if alibi_slopes is not None:
+            d.alibi_slopes = pointer(self._small(alibi_slopes, Hq, temps)._st)
+        if score_mod is not None:
+            d.score_mod = score_mod.encode()
+        if mask_mod is not None:
+            d.mask_mod = mask_mod.encode()
+        t_out, host_out = self._out(out, (B, Hq, Sq, d.head_dim_v if head_dim_v else Dv), dt, temps)
+        t_lse = host_lse = t_p = host_p = None
+        if lse is not False and lse is not None:
+            t_lse, host_lse = self._out(lse, (B, Hq, Sq, 1), "f32", temps)
+            d.lse = pointer(t_lse._st)
+        if probabilities is not False and probabilities is not None:
+            t_p, host_p = self._out(probabilities, (B, Hq, Sq, Skv), "f32", temps)
+            d.probabilities = pointer(t_p._st)
+        st = self._lib.clattn_attention(h, byref(d), tq._st, tk._st, tv._st, t_out._st, 0, None, None)
+        if st != 0:
+            self._fail(st)
+        result = self._deliver(t_out, host_out, as_numpy)
+        if t_lse is None and t_p is None:
+            return result
+        res = [result]
+        if t_lse is not None:
+            res.append(self._deliver(t_lse, host_lse, as_numpy))
+        if t_p is not None:
+            res.append(self._deliver(t_p, host_p, as_numpy))
+        return tuple(res)
+
+    def scores(self, q: TensorLike, k: TensorLike, *, causal: bool = False, scale: float = 0.0,
+               mask: Optional[TensorLike] = None, kv_lengths: Any = None,
+               window: Optional[Tuple[Optional[int], Optional[int]]] = None, chunk: int = 0,
+               softcap: float = 0.0, alibi_slopes: Optional[TensorLike] = None,
+               score_mod: Optional[str] = None, mask_mod: Optional[str] = None, out: Any = None,
+               out_dtype: str = "f32", dtype: Optional[str] = None) -> Any:
+        """scale·Q·Kᵀ + mask (clattn_scores) into [B][Hq][Sq][Skv] (out_dtype, f32 by default);
+        keys hidden by causal, kv_lengths, the window, chunk or mask_mod are -inf. The variants'
+        logit steps apply (softcap, score_mod, mask, ALiBi) as in attention. Numpy in, numpy out
+        (blocking); device in, DeviceTensor out (enqueued)."""
+        h = self._handle()
+        temps: list = []
+        as_numpy = not (isinstance(q, DeviceTensor) or hasattr(q, "base_data"))
+        dt = _dtype_name(dtype) if dtype is not None else (_dtype_name(np.asarray(q).dtype) if as_numpy else None)
+        tq = self._tensor(q, dt, temps)
+        tk = self._tensor(k, tq.dtype, temps)
+        B, Hq, Sq, D = tq.shape
+        d = AttentionDesc()
+        d.batch, d.heads_q, d.heads_kv, d.seq_q, d.seq_kv, d.head_dim = B, Hq, tk.shape[1], Sq, tk.shape[2], D
+        d.scale = scale
+        d.causal = 1 if causal else 0
+        if mask is not None:
+            mdt = "f16" if (isinstance(mask, np.ndarray) and mask.dtype == np.float16) else "f32"
+            d.mask = pointer(self._tensor(mask, mdt, temps)._st)
+        if kv_lengths is not None:
+            d.kv_lengths = self._kvlen(kv_lengths, temps)
+        if window is not None:
+            left, right = window
+            d.window = 1
+            d.window_left = -1 if left is None else int(left)
+            d.window_right = -1 if right is None else int(right)
+        d.chunk = int(chunk)
+        d.softcap = softcap
+        if alibi_slopes is not None:
+            d.alibi_slopes = pointer(self._small(alibi_slopes, Hq, temps)._st)
+        if score_mod is not None:
+            d.score_mod = score_mod.encode()
+        if mask_mod is not None:
+            d.mask_mod = mask_mod.encode()
+        t_out, host_out = self._out(out, (B, Hq, Sq, tk.shape[2]), _dtype_name(out_dtype), temps)
+        st = self._lib.clattn_scores(h, byref(d), tq._st, tk._st, t_out._st, 0, None, None)
+        if st != 0:
+            self._fail(st)
+        return self._deliver(t_out, host_out, as_numpy)
+
+    def softmax(self, x: TensorLike, *, scale: float = 0.0, causal: bool = False,
+                mask: Optional[TensorLike] = None, kv_lengths: Any = None, out: Any = None,
+                dtype: Optional[str] = None) -> Any:
+        """Row-wise softmax of scale·x + mask (clattn_softmax) over the last axis of a
+        [B][H][rows][cols] tensor; scale 0 means 1. Hidden entries (mask -inf, past kv_lengths,
+        above the causal diagonal) give -0.0. out=x (a DeviceTensor) computes in place."""
+        h = self._handle()
+        temps: list = []
+        as_numpy = not (isinstance(x, DeviceTensor) or hasattr(x, "base_data"))
+        dt = _dtype_name(dtype) if dtype is not None else (_dtype_name(np.asarray(x).dtype) if as_numpy else None)
+        tx = self._tensor(x, dt, temps)
+        B, H, R, C = tx.shape
+        d = SoftmaxDesc()
+        d.batch, d.heads, d.rows, d.cols = B, H, R, C
+        d.scale = scale
+        d.causal = 1 if causal else 0
+        if mask is not None:
+            mdt = "f16" if (isinstance(mask, np.ndarray) and mask.dtype == np.float16) else "f32"
+            d.mask = pointer(self._tensor(mask, mdt, temps)._st)
+        if kv_lengths is not None:
+            d.kv_lengths = self._kvlen(kv_lengths, temps)
+        t_out, host_out = self._out(out, (B, H, R, C), tx.dtype, temps)
+        st = self._lib.clattn_softmax(h, byref(d), tx._st, t_out._st, 0, None, None)
+        if st != 0:
+            self._fail(st)
+        return self._deliver(t_out, host_out, as_numpy)
+
+    def merge(self, parts_out: Sequence[TensorLike], parts_lse: Sequence[TensorLike], *,
+              out: Any = None, lse: Any = True, dtype: Optional[str] = None) -> Any:
+        """Combines partial attention results over disjoint key ranges (clattn_merge).
+
+        parts_out: each [B][H][S][Dv]; parts_lse: each f32 [B][H][S][1] (or [B][H][S] arrays).
+        Returns (out, lse) (lse=False: out alone), numpy for numpy parts, else DeviceTensors.
+        """
+        h = self._handle()
+        if len(parts_out) != len(parts_lse):
+            raise ValueError(f"{len(parts_out)} parts_out but {len(parts_lse)} parts_lse")
+        n = len(parts_out)
+        temps: list = []
+        as_numpy = n > 0 and not (isinstance(parts_out[0], DeviceTensor) or hasattr(parts_out[0], "base_data"))
+        dt = _dtype_name(dtype) if dtype is not None else None
+        tos, tls = [], []
+        for po, pl in zip(parts_out, parts_lse):
+            t = self._tensor(po, dt, temps)
+            dt = t.dtype
+            tos.append(t)
+            if not (isinstance(pl, DeviceTensor) or hasattr(pl, "base_data")):
+                pl = np.asarray(pl, dtype=np.float32)
+                if pl.ndim == 3:
+                    pl = pl[..., None]
+            tls.append(self._tensor(pl, "f32", temps))
+        arr_o = (Tensor * max(n, 1))(*[t._st for t in tos])
+        arr_l = (Tensor * max(n, 1))(*[t._st for t in tls])
+        shape = tos[0].shape if n else (1, 1, 1, 1)
+        t_out, host_out = self._out(out, shape, dt or "f32", temps)
+        t_lse = host_lse = None
+        if lse is not False and lse is not None:
+            t_lse, host_lse = self._out(lse, shape[:3] + (1,), "f32", temps)
+        st = self._lib.clattn_merge(h, n, arr_o if n else None, arr_l if n else None, t_out._st,
+                                    t_lse._st if t_lse is not None else None, 0, None, None)
+        if st != 0:
+            self._fail(st)
+        o = self._deliver(t_out, host_out, as_numpy)
+        if t_lse is None:
+            return o
+        return o, self._deliver(t_lse, host_lse, as_numpy)
+
+    def attention_host(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False,
+                       scale: float = 0.0, algorithm: str = "auto", window=None, chunk: int = 0,
+                       softcap: float = 0.0, score_mod: Optional[str] = None, mask_mod: Optional[str] = None,
+                       lse: bool = False, dtype: Optional[str] = None) -> Any:
+        """The host convenience call (clattn_attention_host): contiguous host arrays in, the
+        library copies, computes and reads back (blocking). No mask, key lengths, sinks or ALiBi
+        (use attention). Returns out, or (out, lse [B][Hq][Sq]) with lse=True."""
+        h = self._handle()
+        dt = _dtype_name(dtype) if dtype is not None else _dtype_name(np.asarray(q).dtype)
+        hq, hk, hv = (_host_array(a, dt) for a in (q, k, v))
+        for name, a in (("q", hq), ("k", hk), ("v", hv)):
+            if a.ndim != 4:
+                raise ValueError(f"{name} must be 4-D [B][H][S][D] (got {a.shape})")
+        B, Hq, Sq, D = hq.shape
+        d = AttentionDesc()
+        d.batch, d.heads_q, d.heads_kv, d.seq_q, d.seq_kv, d.head_dim = B, Hq, hk.shape[1], Sq, hk.shape[2], D
+        d.head_dim_v = hv.shape[3]
+        d.scale = scale
+        d.causal = 1 if causal else 0
+        d.algorithm = _ALGORITHMS[algorithm]
+        if window is not None:
+            d.window, d.window_left, d.window_right = 1, -1 if window[0] is None else window[0], \
+                -1 if window[1] is None else window[1]
+        d.chunk = int(chunk)
+        d.softcap = softcap
+        if score_mod is not None:
+            d.score_mod = score_mod.encode()
+        if mask_mod is not None:
+            d.mask_mod = mask_mod.encode()
+        out = np.empty((B, Hq, Sq, hv.shape[3]), dtype=DTYPES[dt][2])
+        l = np.empty((B, Hq, Sq), dtype=np.float32) if lse else None
+        st = self._lib.clattn_attention_host(h, byref(d), DTYPES[dt][0], hq.ctypes.data, hk.ctypes.data,
+                                             hv.ctypes.data, out.ctypes.data,
+                                             l.ctypes.data_as(ctypes.POINTER(c_float)) if l is not None else None)
+        if st != 0:
+            self._fail(st)
+        res = from_bf16(out) if dt == "bf16" else out
+        return (res, l) if lse else res
+
+    def __repr__(self) -> str:
+        if not self._h:
+            return "<clattn.Context closed>"
+        return f"<clattn.Context on {self.device_name!r}>"
+
