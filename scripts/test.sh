@@ -94,7 +94,9 @@ if [ "${CLATTN_PYTHON:-1}" != 0 ]; then
   "${pip[@]}" --force-reinstall --no-deps ./python
   # From the repository root, so that `import clattn` finds the installed package, not python/clattn;
   # the kernels go to the shared cache like every other step's.
-  CLATTN_CACHE_DIR="$cache" "$ci/venv/bin/python" -m pytest -q -p no:cacheprovider "${py_tests[@]}"
+  # The model packages were installed above: their absence fails the examples' tests, not skips.
+  CLATTN_CACHE_DIR="$cache" CLATTN_REQUIRE_MODELS=1 "$ci/venv/bin/python" -m pytest -q -p no:cacheprovider \
+    "${py_tests[@]}"
   step_done
 else
   step_skipped "Python package (CLATTN_PYTHON=0)"

