@@ -91,6 +91,12 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
              c.nw, c.bn, c.dp, c.dvp, c.qreg, emulate ? 0 : 1, mf.on ? " -DMFLAGS=1" : "");
     cl_kernel k;
     clattn_status st = clattn__get_kernel(ctx, "fused_mma.cl", opts, "fused_mma", &k);
+    if (st == CLATTN_BUILD_FAILED && !explicit_ && (p->var.score_mod || p->var.mask_mod)) {
+        /* With the user's score_mod or mask_mod the fault may be theirs: the FMA kernel runs
+         * this call (and reports a snippet that does not compile), the matrix units stay. */
+        clattn__clear_error(ctx);
+        return CLATTN_SUCCESS;
+    }
     if (st != CLATTN_SUCCESS && !emulate && !explicit_) {
         /* The driver refused the inline PTX (an older PTX version, say) or the kernel as built:
          * the matrix units are given up for this context, the FMA kernel runs. */
