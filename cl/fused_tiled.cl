@@ -115,7 +115,8 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS VARIANT_ARGS)
         const int pos = row % seq_q, hq = hk * group + row / seq_q;
         m[i] = NEG_INF;
         l[i] = 0.0f;
-        const int end = row_span(causal, pos, seq_q, L, b, hq, &vp, &vr[i]);
+        /* a row past R (never stored, rend 0) takes the last row's head: its ALiBi slope is read */
+        const int end = row_span(causal, pos, seq_q, L, b, hk * group + min(row, R - 1) / seq_q, &vp, &vr[i]);
         rend[i] = row < R ? min(k_hi, end) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
         for (int c = 0; c < NV; c++)
