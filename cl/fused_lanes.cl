@@ -406,9 +406,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
                 for (int n = 0; n < nkeys; n++)
                     sbk[n * LANES + lv].v = var_rows16(sbk[n * LANES + lv].v, kt + n, posv[lv], slopev[lv], &vp);
             }
-            if (VAR_PER_KEY) {
-            } else
-#endif
+#else
             if (guarded) {
                 int n = 0;
 #if MASK_LANES
@@ -451,6 +449,7 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
                     }
                 }
             }
+#endif
             float16 mx = (float16)(NEG_INF);
             for (int n = 0; n < nkeys; n++)
                 mx = MAX_SKIP_NAN(mx, sbk[n * LANES + lv].v);

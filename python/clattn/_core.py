@@ -1004,26 +1004,8 @@ class Context:
             d.algorithm = _ALGORITHMS[algorithm]
         except KeyError:
             raise ValueError(f"algorithm must be one of {', '.join(_ALGORITHMS)} (got {algorithm!r})") from None
-        if mask is not None:
-            mdt = "f16" if (isinstance(mask, np.ndarray) and mask.dtype == np.float16) else "f32"
-            d.mask = pointer(self._tensor(mask, mdt, temps)._st)
-        if kv_lengths is not None:
-            d.kv_lengths = self._kvlen(kv_lengths, temps)
-        if window is not None:
-            left, right = window
-            d.window = 1
-            d.window_left = -1 if left is None else int(left)
-            d.window_right = -1 if right is None else int(right)
-        d.chunk = int(chunk)
-        d.softcap = softcap
-        if sinks is not None:
-            d.sinks = pointer(self._small(sinks, Hq, temps)._st)
-        if alibi_slopes is not None:
-            d.alibi_slopes = pointer(self._small(alibi_slopes, Hq, temps)._st)
-        if score_mod is not None:
-            d.score_mod = score_mod.encode()
-        if mask_mod is not None:
-            d.mask_mod = mask_mod.encode()
+        self._fill_desc(d, Hq, temps, mask, kv_lengths, window, chunk, softcap, sinks, alibi_slopes,
+                        score_mod, mask_mod)
         t_out, host_out = self._out(out, (B, Hq, Sq, d.head_dim_v if head_dim_v else Dv), dt, temps)
         t_lse = host_lse = t_p = host_p = None
         if lse is not False and lse is not None:
@@ -1045,27 +1027,10 @@ class Context:
             res.append(self._deliver(t_p, host_p, as_numpy))
         return tuple(res)
 
-    def scores(self, q: TensorLike, k: TensorLike, *, causal: bool = False, scale: float = 0.0,
-               mask: Optional[TensorLike] = None, kv_lengths: Any = None,
-               window: Optional[Tuple[Optional[int], Optional[int]]] = None, chunk: int = 0,
-               softcap: float = 0.0, alibi_slopes: Optional[TensorLike] = None,
-               score_mod: Optional[str] = None, mask_mod: Optional[str] = None, out: Any = None,
-               out_dtype: str = "f32", dtype: Optional[str] = None) -> Any:
-        """scale·Q·Kᵀ + mask (clattn_scores) into [B][Hq][Sq][Skv] (out_dtype, f32 by default);
-        keys hidden by causal, kv_lengths, the window, chunk or mask_mod are -inf. The variants'
-        logit steps apply (softcap, score_mod, mask, ALiBi) as in attention. Numpy in, numpy out
-        (blocking); device in, DeviceTensor out (enqueued)."""
-        h = self._handle()
-        temps: list = []
-        as_numpy = not (isinstance(q, DeviceTensor) or hasattr(q, "base_data"))
-        dt = _dtype_name(dtype) if dtype is not None else (_dtype_name(np.asarray(q).dtype) if as_numpy else None)
-        tq = self._tensor(q, dt, temps)
-        tk = self._tensor(k, tq.dtype, temps)
-        B, Hq, Sq, D = tq.shape
-        d = AttentionDesc()
-        d.batch, d.heads_q, d.heads_kv, d.seq_q, d.seq_kv, d.head_dim = B, Hq, tk.shape[1], Sq, tk.shape[2], D
-        d.scale = scale
-        d.causal = 1 if causal else 0
+    def _fill_desc(self, d: "AttentionDesc", Hq: int, temps: list, mask: Any, kv_lengths: Any,
+                   window: Any, chunk: int, softcap: float, sinks: Any, alibi_slopes: Any,
+                   score_mod: Optional[str], mask_mod: Optional[str]) -> None:
+        """The descriptor fields attention and scores share: the mask, key lengths and variants."""
         if mask is not None:
             mdt = "f16" if (isinstance(mask, np.ndarray) and mask.dtype == np.float16) else "f32"
             d.mask = pointer(self._tensor(mask, mdt, temps)._st)
@@ -1078,12 +1043,38 @@ class Context:
             d.window_right = -1 if right is None else int(right)
         d.chunk = int(chunk)
         d.softcap = softcap
+        if sinks is not None:
+            d.sinks = pointer(self._small(sinks, Hq, temps)._st)
         if alibi_slopes is not None:
             d.alibi_slopes = pointer(self._small(alibi_slopes, Hq, temps)._st)
         if score_mod is not None:
             d.score_mod = score_mod.encode()
         if mask_mod is not None:
             d.mask_mod = mask_mod.encode()
+
+    def scores(self, q: TensorLike, k: TensorLike, *, causal: bool = False, scale: float = 0.0,
+               mask: Optional[TensorLike] = None, kv_lengths: Any = None,
+               window: Optional[Tuple[Optional[int], Optional[int]]] = None, chunk: int = 0,
+               softcap: float = 0.0, alibi_slopes: Optional[TensorLike] = None,
+               score_mod: Optional[str] = None, mask_mod: Optional[str] = None, out: Any = None,
+               out_dtype: str = "f32", dtype: Optional[str] = None) -> Any:
+        """scale·Q·Kᵀ + mask (clattn_scores) into [B][Hq][Sq][Skv] (out_dtype, f32 by default);
+        keys hidden by causal, kv_lengths, the window, chunk or mask_mod are -inf. The variants'
+        logit steps apply (softcap, mask, ALiBi, then score_mod) as in attention. Numpy in, numpy out
+        (blocking); device in, DeviceTensor out (enqueued)."""
+        h = self._handle()
+        temps: list = []
+        as_numpy = not (isinstance(q, DeviceTensor) or hasattr(q, "base_data"))
+        dt = _dtype_name(dtype) if dtype is not None else (_dtype_name(np.asarray(q).dtype) if as_numpy else None)
+        tq = self._tensor(q, dt, temps)
+        tk = self._tensor(k, tq.dtype, temps)
+        B, Hq, Sq, D = tq.shape
+        d = AttentionDesc()
+        d.batch, d.heads_q, d.heads_kv, d.seq_q, d.seq_kv, d.head_dim = B, Hq, tk.shape[1], Sq, tk.shape[2], D
+        d.scale = scale
+        d.causal = 1 if causal else 0
+        self._fill_desc(d, Hq, temps, mask, kv_lengths, window, chunk, softcap, None, alibi_slopes,
+                        score_mod, mask_mod)
         t_out, host_out = self._out(out, (B, Hq, Sq, tk.shape[2]), _dtype_name(out_dtype), temps)
         st = self._lib.clattn_scores(h, byref(d), tq._st, tk._st, t_out._st, 0, None, None)
         if st != 0:
