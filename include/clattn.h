@@ -85,12 +85,26 @@ CLATTN_API const char *clattn_status_name(clattn_status status);
 typedef enum clattn_dtype {
     CLATTN_F32 = 0,  /* IEEE binary32 */
     CLATTN_F16 = 1,  /* IEEE binary16, read and written with vload_half/vstore_half (no cl_khr_fp16 needed) */
-    CLATTN_BF16 = 2  /* upper 16 bits of binary32, rounded to nearest even on store */
+    CLATTN_BF16 = 2, /* upper 16 bits of binary32, rounded to nearest even on store */
+    /* KV-cache storage types (docs/kvcache.md), for k and v of the fused attention path and the
+     * caches clattn_kv_append writes; decoded in the kernels, arithmetic in f32. */
+    CLATTN_I8 = 3,       /* int8 q; x = s·q with one f32 scale s per (token, kv head): clattn_kv_layout */
+    CLATTN_FP8_E4M3 = 4, /* OCP fp8 E4M3 ("fn": no infinities, S.1111.111 is NaN) times a per-tensor scale */
+    CLATTN_FP8_E5M2 = 5, /* OCP fp8 E5M2 (binary16's upper byte) times a per-tensor scale */
+    CLATTN_Q8_0 = 6,     /* ggml's q8_0: blocks of 32 along dim, 34 bytes: f16 d, then 32 int8 q; x = d·q */
+    CLATTN_Q4_0 = 7      /* ggml's q4_0: blocks of 32 along dim, 18 bytes: f16 d, then 16 bytes; byte j's
+                          * low nibble is element j, its high nibble element j + 16; x = d·(nibble - 8) */
 } clattn_dtype;
 
-/** @return bytes per element of `dtype`, or 0 for an unknown value. */
+/** @return bytes per element of `dtype` (per block of clattn_dtype_block elements for q8_0 and
+ * q4_0: 34 and 18), or 0 for an unknown value. */
 CLATTN_API size_t clattn_dtype_size(clattn_dtype dtype);
-/** @return "f32", "f16" or "bf16"; NULL for an unknown value. */
+/** @return elements per block of `dtype`: 32 for q8_0 and q4_0, 1 for the others, 0 for an unknown
+ * value. A tensor of a block type has head_dim, offset and strides in elements, each a multiple of
+ * 32: element e of a row starts at byte (e / 32)·clattn_dtype_size. */
+CLATTN_API int clattn_dtype_block(clattn_dtype dtype);
+/** @return "f32", "f16", "bf16", "i8", "fp8_e4m3", "fp8_e5m2", "q8_0" or "q4_0"; NULL for an
+ * unknown value. */
 CLATTN_API const char *clattn_dtype_name(clattn_dtype dtype);
 
 typedef enum clattn_algorithm {
@@ -121,6 +135,37 @@ CLATTN_API clattn_tensor clattn_tensor_bhsd(cl_mem buffer, clattn_dtype dtype, i
 /** @return a [b][h][s][d] view of a buffer laid out as [b][s][h][d] (the "BSHD" layout). */
 CLATTN_API clattn_tensor clattn_tensor_bshd(cl_mem buffer, clattn_dtype dtype, int64_t b, int64_t s,
                                             int64_t h, int64_t d);
+
+/**
+ * How K and V are stored when they are not one strided view per batch (docs/kvcache.md): in pages
+ * addressed by a block table, and the scales of quantized storage. Pointed to by
+ * clattn_attention_desc.kv; zero-initialise it and fill what applies.
+ */
+typedef struct clattn_kv_layout {
+    /* Paged KV, with page_size > 0: the k and v given to clattn_attention are page pools of shape
+     * [num_pages][heads_kv][page_size][dim] (num_pages: the pool's extent, any strides, so vLLM's
+     * [pages][page_size][heads][dim] "NHD" and [pages][heads][page_size][dim] "HND" both work), and
+     * key j of batch b is row j % page_size of page block_table[b][j / page_size]. block_table:
+     * int32 at element block_table_offset + b·block_table_stride + n, n < ceil(seq_kv / page_size),
+     * where desc->seq_kv bounds the keys of every batch and desc->kv_lengths gives each batch's
+     * (entries past a batch's keys are not read). A page index outside [0, num_pages) is read as
+     * page 0 or num_pages - 1, whichever is nearer: never outside the pool, the keys meaningless.
+     * Pages may repeat (shared prefixes). 0: k and v are plain views [batch][heads_kv][seq_kv][dim]. */
+    int64_t page_size;
+    cl_mem block_table;
+    int64_t block_table_offset;
+    int64_t block_table_stride;
+    /* CLATTN_I8 K or V: the f32 scales of each (token, kv head), a view of k's (v's) shape with dim
+     * 1, paged like k when page_size > 0. Required for I8, refused otherwise. */
+    const clattn_tensor *k_scales;
+    const clattn_tensor *v_scales;
+    /* CLATTN_FP8_E4M3 / E5M2 K or V: the per-tensor scale (x = scale·fp8), vLLM's k_scale and
+     * v_scale; 0 means 1. Must be 0 for other types. */
+    float k_scale;
+    float v_scale;
+    /* Must be zero; later options go here. */
+    int64_t reserved[8];
+} clattn_kv_layout;
 
 /**
  * What to compute. Shapes: q [batch][heads_q][seq_q][head_dim], k [batch][heads_kv][seq_kv][head_dim],
@@ -185,11 +230,19 @@ typedef struct clattn_attention_desc {
      * gives CLATTN_BUILD_FAILED with the log. NULL: none. */
     const char *score_mod;
     const char *mask_mod;
+    /* Optional: paged K/V and the scales of quantized K/V (clattn_kv_layout). NULL: k and v are
+     * plain [batch][heads_kv][seq_kv][dim] views of the query's dtype. K and V of the quantized
+     * types (each its own) are taken by the fused path only. (A union keeps the slot 8 bytes
+     * wide where pointers are 4.) */
+    union {
+        const clattn_kv_layout *kv;
+        int64_t kv_slot_;
+    };
     /* Must be zero (refused otherwise). Later versions put new options here, each off at zero, so
      * that the descriptor keeps its size and a program built against this header keeps working
      * with them (zero-initialise the descriptor: `clattn_attention_desc d = {0};` or designated
      * initialisers). */
-    int64_t reserved[16];
+    int64_t reserved[15];
 } clattn_attention_desc;
 
 /**
@@ -340,6 +393,61 @@ CLATTN_API clattn_status clattn_merge(clattn_context *ctx, int num_parts,
 CLATTN_API clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_desc *desc,
                                                clattn_dtype dtype, const void *q, const void *k,
                                                const void *v, void *out, float *lse);
+
+/* ---- KV append with rotary embedding (docs/kvcache.md#append) ------------------------------ */
+typedef enum clattn_rope {
+    CLATTN_ROPE_NONE = 0,        /* no rotation: q is copied (when q_out differs), k and v stored */
+    CLATTN_ROPE_INTERLEAVED = 1, /* pairs (2i, 2i + 1) rotate together: GPT-J, llama.cpp's "norm" */
+    CLATTN_ROPE_NEOX = 2         /* pairs (i, i + rope_dims / 2): GPT-NeoX, Hugging Face's Llama */
+} clattn_rope;
+
+/**
+ * One step of an inference engine before attention: rotate the new tokens' q and k by their
+ * positions and write the new k and v into the cache (FlashAttention's flash_attn_with_kvcache
+ * without the attention). Pair i of the rotated dims (rope_dims of them, from dim 0) turns by the
+ * angle pos·theta^(-2i / rope_dims), or takes cos and sin from the caller's tables:
+ * (x, y) -> (x·cos - y·sin, x·sin + y·cos). Dims past rope_dims are copied unchanged.
+ */
+typedef struct clattn_kv_append_desc {
+    int64_t batch;
+    int64_t heads_q;    /* 0 when q is NULL */
+    int64_t heads_kv;
+    int64_t seq_new;    /* new tokens of each batch, 1 .. CLATTN_MAX_SEQ */
+    int64_t head_dim;   /* q and k; 1 .. CLATTN_MAX_HEAD_DIM */
+    int64_t head_dim_v; /* v; 0 means head_dim */
+    clattn_rope rope;
+    int64_t rope_dims;  /* even, <= head_dim; 0 means head_dim */
+    float rope_theta;   /* the base; 0 means 10000 */
+    /* Optional f32 tables [1][1][positions][rope_dims / 2], both or neither: row pos holds the cos
+     * and sin of each pair's angle at position pos; they replace rope_theta. */
+    const clattn_tensor *rope_cos;
+    const clattn_tensor *rope_sin;
+    /* Optional int32 [batch]: the position of each batch's first new token (its cache length
+     * before the append); token t sits at positions[b] + t. NULL: 0. */
+    cl_mem positions;
+    /* Where k and v go. NULL or page_size 0: k_cache and v_cache are [batch][heads_kv][max_seq][dim]
+     * views and token t of batch b goes to row positions[b] + t (rows past max_seq are not
+     * written). Paged: to row s % page_size of page s / page_size of the pools, s =
+     * slot_mapping[b·seq_new + t] (vLLM's slot mapping, int32); a negative s skips the token.
+     * The caches' I8 scales are written to kv->k_scales / v_scales; fp8 values are stored as
+     * x / scale, rounded to nearest even and saturated to the largest finite value. */
+    const clattn_kv_layout *kv;
+    cl_mem slot_mapping;
+    int64_t reserved[8]; /* must be zero */
+} clattn_kv_append_desc;
+
+/**
+ * q [batch][heads_q][seq_new][head_dim] (may be NULL, with q_out) rotated into q_out (the same
+ * view as q: in place; q_out's dtype may differ from q's among f32/f16/bf16); k_new
+ * [batch][heads_kv][seq_new][head_dim] rotated and v_new [batch][heads_kv][seq_new][head_dim_v]
+ * written into k_cache and v_cache, of any storage type (quantized as the type says: q8_0 and q4_0
+ * with ggml's rounding, block by block).
+ */
+CLATTN_API clattn_status clattn_kv_append(clattn_context *ctx, const clattn_kv_append_desc *desc,
+                                          const clattn_tensor *q, const clattn_tensor *k_new,
+                                          const clattn_tensor *v_new, const clattn_tensor *q_out,
+                                          const clattn_tensor *k_cache, const clattn_tensor *v_cache,
+                                          cl_uint num_wait, const cl_event *wait, cl_event *done);
 
 /* ---- Kernel parameters and the tuning store -------------------------------------------------
  * Every kernel's tile sizes, work-group shape, vector width and splits are integer parameters

@@ -292,8 +292,8 @@ void clattn__cache_store(clattn_context *ctx, const char *hex, const unsigned ch
 typedef struct clattn_view {
     cl_mem buffer;
     clattn_dtype dtype;
-    cl_ulong offset;
-    cl_ulong stride[3];
+    cl_ulong offset;    /* in elements; in bytes for the block types (q8_0, q4_0) */
+    cl_ulong stride[3]; /* likewise */
 } clattn_view;
 
 enum {
@@ -301,7 +301,8 @@ enum {
     CLATTN_VIEW_OUTPUT = 1,      /* must not overlap itself */
     CLATTN_VIEW_BROADCAST = 2    /* dims 0..2 may have extent 1 where the shape wants more */
 };
-#define CLATTN_DTYPES_ALL 7u
+#define CLATTN_DTYPES_ALL 7u /* f32, f16, bf16 */
+#define CLATTN_DTYPES_KV 0xffu /* and the KV-cache storage types */
 #define CLATTN_DTYPE_BIT(d) (1u << (unsigned)(d))
 
 clattn_status clattn__check_view(clattn_context *ctx, const char *name, const clattn_tensor *t,

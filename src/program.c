@@ -54,7 +54,7 @@ char *clattn__load_source(const char *file, size_t *len)
 /* The files a program of each kernel file is assembled from, in order, before the file itself:
  * one kernel family a file, the rules several families share in files of their own. A file not
  * listed takes common.cl alone (a file added through CLATTN_KERNEL_DIR); common.cl takes nothing. */
-#define MAX_SHARED 4
+#define MAX_SHARED 5
 static const struct {
     const char *file;
     const char *shared[MAX_SHARED]; /* NULL-terminated when shorter */
@@ -66,13 +66,14 @@ static const struct {
     {"layout.cl", {"common.cl", "gemm_common.cl"}},
     {"gemm_tiled.cl", {"common.cl", "gemm_common.cl"}},
     {"gemm_direct.cl", {"common.cl", "gemm_common.cl"}},
-    {"fused_tiled.cl", {"common.cl", "attn_common.cl"}},
-    {"scores_variant.cl", {"common.cl", "attn_common.cl"}},
-    {"fused_direct.cl", {"common.cl", "attn_common.cl", "fused_cpu_common.cl"}},
-    {"fused_lanes.cl", {"common.cl", "attn_common.cl", "fused_cpu_common.cl"}},
-    {"decode.cl", {"common.cl", "attn_common.cl"}},
-    {"decode_lanes.cl", {"common.cl", "attn_common.cl"}},
-    {"fused_mma.cl", {"common.cl", "attn_common.cl", "mma_layout.cl", "mma.cl"}},
+    {"fused_tiled.cl", {"common.cl", "kv_access.cl", "attn_common.cl"}},
+    {"scores_variant.cl", {"common.cl", "kv_access.cl", "attn_common.cl"}},
+    {"fused_direct.cl", {"common.cl", "kv_access.cl", "attn_common.cl", "fused_cpu_common.cl"}},
+    {"fused_lanes.cl", {"common.cl", "kv_access.cl", "attn_common.cl", "fused_cpu_common.cl"}},
+    {"decode.cl", {"common.cl", "kv_access.cl", "attn_common.cl"}},
+    {"decode_lanes.cl", {"common.cl", "kv_access.cl", "attn_common.cl"}},
+    {"fused_mma.cl", {"common.cl", "kv_access.cl", "attn_common.cl", "mma_layout.cl", "mma.cl"}},
+    {"kv_append.cl", {"common.cl", "kv_access.cl"}},
 };
 static const char *const default_parts[MAX_SHARED] = {"common.cl"};
 

@@ -37,8 +37,23 @@ size_t clattn_dtype_size(clattn_dtype dtype)
     case CLATTN_F16:
     case CLATTN_BF16:
         return 2;
+    case CLATTN_I8:
+    case CLATTN_FP8_E4M3:
+    case CLATTN_FP8_E5M2:
+        return 1;
+    case CLATTN_Q8_0:
+        return 34;
+    case CLATTN_Q4_0:
+        return 18;
     }
     return 0;
+}
+
+int clattn_dtype_block(clattn_dtype dtype)
+{
+    if (dtype == CLATTN_Q8_0 || dtype == CLATTN_Q4_0)
+        return 32;
+    return clattn_dtype_size(dtype) ? 1 : 0;
 }
 
 const char *clattn_dtype_name(clattn_dtype dtype)
@@ -50,6 +65,16 @@ const char *clattn_dtype_name(clattn_dtype dtype)
         return "f16";
     case CLATTN_BF16:
         return "bf16";
+    case CLATTN_I8:
+        return "i8";
+    case CLATTN_FP8_E4M3:
+        return "fp8_e4m3";
+    case CLATTN_FP8_E5M2:
+        return "fp8_e5m2";
+    case CLATTN_Q8_0:
+        return "q8_0";
+    case CLATTN_Q4_0:
+        return "q4_0";
     }
     return NULL;
 }

@@ -92,9 +92,21 @@ clattn_status clattn__check_view(clattn_context *ctx, const char *name, const cl
         if (t->stride[i] < 0)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s->stride[%d] (%s) is negative (%lld)",
                                 name, i, dims[i], (long long)t->stride[i]);
+    /* Block types (q8_0, q4_0): rows start on a block and hold whole blocks. */
+    const int64_t blk = clattn_dtype_block(t->dtype);
+    if (blk > 1) {
+        if (shape[3] % blk || t->offset % blk || t->stride[0] % blk || t->stride[1] % blk || t->stride[2] % blk)
+            return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                                "%s is %s, stored in blocks of %lld along dim: its dim (%lld), offset (%lld) and "
+                                "strides (%lld/%lld/%lld) must be multiples of %lld",
+                                name, dtype_name(t->dtype), (long long)blk, (long long)shape[3],
+                                (long long)t->offset, (long long)t->stride[0], (long long)t->stride[1],
+                                (long long)t->stride[2], (long long)blk);
+    }
     int ok;
     uint64_t hi = last_index(t, shape, &ok), bytes = 0;
-    if (!ok || !clattn__add_ok(hi, 1, &bytes) || !clattn__mul_ok(bytes, clattn_dtype_size(t->dtype), &bytes))
+    if (!ok || !clattn__add_ok(hi, 1, &bytes) ||
+        !clattn__mul_ok(bytes / (uint64_t)blk, clattn_dtype_size(t->dtype), &bytes))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "%s: offset + strides x shape overflows 64 bits", name);
     char label[64];
@@ -138,11 +150,13 @@ clattn_status clattn__check_view(clattn_context *ctx, const char *name, const cl
             span = (uint64_t)t->stride[d] * (uint64_t)(shape[d] - 1) + span;
         }
     }
+    /* In the kernels' units: elements, bytes for the block types. */
+    const cl_ulong unit = blk > 1 ? (cl_ulong)clattn_dtype_size(t->dtype) : 1;
     out->buffer = t->buffer;
     out->dtype = t->dtype;
-    out->offset = (cl_ulong)t->offset;
+    out->offset = (cl_ulong)t->offset / (cl_ulong)blk * unit;
     for (int i = 0; i < 3; i++)
-        out->stride[i] = shape[i] == 1 ? 0 : (cl_ulong)t->stride[i];
+        out->stride[i] = shape[i] == 1 ? 0 : (cl_ulong)t->stride[i] / (cl_ulong)blk * unit;
     return CLATTN_SUCCESS;
 }
 
@@ -194,9 +208,9 @@ int clattn__bytes_overlap(cl_mem a, uint64_t a_lo, uint64_t a_hi, cl_mem b, uint
 static void view_bytes(const clattn_tensor *t, uint64_t *lo, uint64_t *hi)
 {
     int ok;
-    const uint64_t e = clattn_dtype_size(t->dtype);
-    *lo = (uint64_t)t->offset * e;
-    *hi = (last_index(t, t->shape, &ok) + 1) * e;
+    const uint64_t e = clattn_dtype_size(t->dtype), blk = (uint64_t)clattn_dtype_block(t->dtype);
+    *lo = (uint64_t)t->offset / blk * e;
+    *hi = (last_index(t, t->shape, &ok) + blk) / blk * e;
 }
 
 /* Conservative: the byte ranges of two checked views intersect, in one buffer or in storage two
