@@ -107,4 +107,44 @@ void ref_softmax_rows(const ref_softmax *s, const double *in, double *out);
 void ref_merge(int parts, int rows, int dv, const double *const *part_out,
                const double *const *part_lse, double *out, double *lse);
 
+/* ---- KV append (clattn_kv_append, docs/kv-append.md; ref/clattn_ref_rope.c) ---------------- */
+
+/* Rotary embedding of one head row. style 0: none; 1: interleaved pairs (2i, 2i + 1); 2: NeoX
+ * pairs (i, i + rope_dims / 2). Pair i turns by pos·theta^(-2i / rope_dims) (theta 0: 10000), or
+ * by the angle whose cos and sin are row pos of the tables (both [table_rows][rope_dims / 2]; pos
+ * clamped into [0, table_rows)): (x, y) -> (x·cos - y·sin, x·sin + y·cos). Dims from rope_dims
+ * on are copied. */
+typedef struct ref_rope {
+    int style;
+    int head_dim; /* at most 1024 */
+    int rope_dims;
+    double theta;
+    const double *cos_table, *sin_table; /* NULL: theta */
+    long long table_rows;
+} ref_rope;
+double ref_rope_angle(const ref_rope *r, long long pos, int i);
+/* x (head_dim values) of a token at pos rotated into out (may be x). */
+void ref_rope_row(const ref_rope *r, long long pos, const double *x, double *out);
+
+/* binary16 bits of x rounded to nearest even (overflow: inf; NaN: quiet NaN; the sign of zero
+ * kept), and the value of such bits. */
+unsigned short ref_f16_bits(double x);
+double ref_f16_value(unsigned short h);
+/* OCP fp8 codes of x, rounded to nearest even, |x| at or above the largest finite value (448,
+ * 57344) saturated to it, NaN 0x7f with x's sign; and the values of codes. */
+unsigned char ref_fp8_e4m3(double x);
+unsigned char ref_fp8_e5m2(double x);
+double ref_fp8_e4m3_value(unsigned char c);
+double ref_fp8_e5m2_value(unsigned char c);
+/* ggml's reference quantizers (quantize_row_q8_0_ref, quantize_row_q4_0_ref) of n floats (a
+ * multiple of 32) into n / 32 blocks of 34 / 18 bytes, in float arithmetic as ggml's; NaN
+ * elements are skipped by the maximum and stored as q 0. And the blocks' values. */
+void ref_quantize_q8_0(const float *x, int n, unsigned char *out);
+void ref_quantize_q4_0(const float *x, int n, unsigned char *out);
+void ref_dequantize_q8_0(const unsigned char *in, int n, double *x);
+void ref_dequantize_q4_0(const unsigned char *in, int n, double *x);
+/* clattn's i8 row: s = amax / 127 (float), q_j = round(x_j / s) (halves away from 0), 0 where s
+ * is 0; returns s. */
+float ref_quantize_i8(const float *x, int n, signed char *q);
+
 #endif /* CLATTN_REF_H */
