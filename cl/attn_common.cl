@@ -336,11 +336,12 @@ inline float4 row_load4(__global const T_IN *p, int i, int n)
 }
 
 /* The argument list of the attention kernels (fused, fused_direct, fused_lanes, decode_rows in
- * decode.cl), set in this order by clattn__fused_launch in src/fused.c; TKV is the element type of K and V. */
-#define ATTN_KERNEL_ARGS(TKV)                                                                   \
+ * decode.cl), set in this order by clattn__fused_launch in src/fused.c; TK and TV are the
+ * element types of K and V (kv_access.cl: T_K and T_V as stored, float for the CPU copies). */
+#define ATTN_KERNEL_ARGS(TK, TV)                                                                \
     __global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_sh, ulong q_ss,                    \
-        __global const TKV *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,                 \
-        __global const TKV *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,                 \
+        __global const TK *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,                  \
+        __global const TV *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,                  \
         __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,                     \
         __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,                   \
         __global const T_MASK *mask, ulong m_off, ulong m_sb, ulong m_sh, ulong m_ss,           \

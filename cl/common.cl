@@ -153,10 +153,8 @@ inline float16 ld16_tail(__global const T_IN *p, int col, int n)
  * scores_in_place in gemm_direct.cl): a query row is held as DP16 = 16·ceil(head_dim / 16)
  * floats, zero past head_dim, so that a key's dot product is a sum of float16 products whose 16
  * lanes are added at the end (hsum16x16, for 16 keys at once). KV_FULL 1 when head_dim (and
- * head_dim_v) are multiples of 16: no tail loads. qk16_row and qk16_tile are always inlined:
- * PoCL 3.1 left qk16_row a call, in which vload_half16 of a K row of odd head_dim (not 16-byte
- * aligned) became an aligned load that faulted; inlined, the loads are unaligned ones, as in the
- * kernels. */
+ * head_dim_v) are multiples of 16: no tail loads. qk16_row and qk16_tile, which read the K rows,
+ * are in kv_access.cl. */
 typedef union qrow {
     float f[DP16];
     float16 v[DP16 / 16];
@@ -189,25 +187,6 @@ inline float16 hsum16x16(const float16 *t)
     return (float16)(y[0].even, y[1].even) + (float16)(y[0].odd, y[1].odd);
 }
 
-/* Lane e: the dot product of row q with key kc + e, whose K row starts (kc + e)·k_ss elements
- * into Kb; keys past klast load key klast (the caller hides or drops them). The 16 keys' loads
- * are unrolled: more misses in flight, which bandwidth-bound decodes of few rows need more than
- * fewer loads. */
-__attribute__((always_inline)) inline float16 qk16_row(const qrow *q, __global const T_IN *Kb, ulong k_ss, int kc, int klast, int D)
-{
-    float16 t[16];
-#pragma unroll
-    for (int e = 0; e < 16; e++) {
-        __global const T_IN *kr = Kb + (ulong)min(kc + e, klast) * k_ss;
-        float16 acc = (float16)(0.0f);
-#pragma unroll
-        for (int c = 0; c < DP16 / 16 - 1; c++)
-            acc = MAD(q->v[c], LD16_IN(kr, 16 * c), acc);
-        t[e] = MAD(q->v[DP16 / 16 - 1], ld16_row(kr, DP16 - 16, D), acc);
-    }
-    return hsum16x16(t);
-}
-
 /* qk16_tile's register tile: QT_R rows by QT_E keys of float16 accumulators, plus QT_E K
  * vectors: 4 x 4 where the registers hold 32 float16 (AVX-512), 2 x 2 where they hold 8
  * (AVX2: 8 accumulators, 4 K vectors and a Q vector in 16 ymm, where 4 x 4 spilled every
@@ -229,47 +208,6 @@ __attribute__((always_inline)) inline float16 qk16_row(const qrow *q, __global c
 #define QK_TILE_FOR(rm) ((rm) % QT_R == 0)
 #endif
 
-/* qk16_row for the QT_R rows q[0..QT_R-1] into s[0..QT_R-1], in register tiles of QT_R rows by
- * QT_E keys: a K vector serves QT_R rows and a Q vector QT_E keys, so a multiply-add costs
- * 1/QT_R + 1/QT_E loads instead of 2 (where many rows read each K row: grouped-query heads,
- * prefill rows). The 16 K rows stay in L1 while the caller's row tiles pass over them. */
-__attribute__((always_inline)) inline void qk16_tile(const qrow *q, __global const T_IN *Kb, ulong k_ss, int kc, int klast, int D,
-                       float16 *s)
-{
-    float16 t[QT_R][16];
-#pragma unroll 1
-    for (int e0 = 0; e0 < 16; e0 += QT_E) {
-        __global const T_IN *kr[QT_E];
-        float16 acc[QT_R][QT_E];
-#pragma unroll
-        for (int e = 0; e < QT_E; e++) {
-            kr[e] = Kb + (ulong)min(kc + e0 + e, klast) * k_ss;
-#pragma unroll
-            for (int i = 0; i < QT_R; i++)
-                acc[i][e] = (float16)(0.0f);
-        }
-#pragma unroll
-        for (int c = 0; c < DP16 / 16; c++) {
-            float16 kv[QT_E];
-#pragma unroll
-            for (int e = 0; e < QT_E; e++)
-                kv[e] = c < DP16 / 16 - 1 ? LD16_IN(kr[e], 16 * c) : ld16_row(kr[e], DP16 - 16, D);
-#pragma unroll
-            for (int i = 0; i < QT_R; i++)
-#pragma unroll
-                for (int e = 0; e < QT_E; e++)
-                    acc[i][e] = MAD(q[i].v[c], kv[e], acc[i][e]);
-        }
-#pragma unroll
-        for (int i = 0; i < QT_R; i++)
-#pragma unroll
-            for (int e = 0; e < QT_E; e++)
-                t[i][e0 + e] = acc[i][e];
-    }
-#pragma unroll
-    for (int i = 0; i < QT_R; i++)
-        s[i] = hsum16x16(t[i]);
-}
 #endif
 #endif
 

@@ -93,7 +93,7 @@
 #define SCR_FLOATS (SP_FLOATS > FIN_FLOATS ? SP_FLOATS : FIN_FLOATS)
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-decode_rows(ATTN_KERNEL_ARGS(T_IN) VARIANT_ARGS)
+decode_rows(ATTN_KERNEL_ARGS(T_K, T_V) VARIANT_ARGS KVC_ARGS)
 {
     const vparams vp = VP_MAKE;
     __local float4 Qs[RM][DP / 4];
@@ -110,8 +110,9 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN) VARIANT_ARGS)
                                        causal, kvlen, r0, min(R, r0 + RM) - 1, STEP, &vp);
     const int b = w.b, hk = w.hk, k_hi = w.k_hi;
 
-    __global const T_IN *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
-    __global const T_IN *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
+    __global const T_K *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk);
+    __global const T_V *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk);
+    const kv_src ksrc = K_SRC(b, hk), vsrc = V_SRC(b, hk); /* paged rows, scales (kv_access.cl) */
 
     stage_q_rows((__local float *)Qs, DP, RM, DP, t, WG, Q + q_off + (ulong)b * q_sb, q_sh, q_ss, hk,
                  group, seq_q, R, r0, D);
@@ -154,14 +155,14 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN) VARIANT_ARGS)
                         const int n = (p0 + pb) * RP + kr, kk = kg0 + n;
                         const int ok = p0 + pb < NPASS && n < W && kk < k_hi &&
                                        (!KEY_TEST(has_mask) || key_seen(mask, has_mask, mrow, rend, vr, RM, kk));
-                        __global const T_IN *kr_p = Kb + (ulong)(ok ? kk : 0) * k_ss;
+                        __global const T_K *kr_p = Kb + kv_row(&ksrc, ok ? kk : 0, k_sb, k_ss);
 #pragma unroll
                         for (int u = 0; u < CPL; u++) {
                             const int ch = kc + KL * u;
 #if KFULL
-                            kv[pb][u] = ok && ch < DP / 4 ? LD4_IN(kr_p, 4 * ch) : (float4)(0.0f);
+                            kv[pb][u] = ok && ch < DP / 4 ? LD4_K(kr_p, 4 * ch) : (float4)(0.0f);
 #else
-                            kv[pb][u] = ok && ch < DP / 4 ? row_load4(kr_p, 4 * ch, D) : (float4)(0.0f);
+                            kv[pb][u] = ok && ch < DP / 4 ? row_load4_k(kr_p, 4 * ch, D) : (float4)(0.0f);
 #endif
                         }
                     }
@@ -201,16 +202,16 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN) VARIANT_ARGS)
         if (key < k_hi && (!KEY_TEST(has_mask) || key_seen(mask, has_mask, mrow, rend, vr, RM, key))) {
             /* LC loads of the key's row are issued before their products, so that each
              * work-item has several requests in flight (the loop bounds are constants). */
-            __global const T_IN *kr = Kb + (ulong)key * k_ss;
+            __global const T_K *kr = Kb + kv_row(&ksrc, key, k_sb, k_ss);
             for (int d0 = 0; d0 < DP / 4; d0 += LC) {
                 float4 kv[LC];
 #pragma unroll
                 for (int e = 0; e < LC; e++) {
                     const int d = 4 * (d0 + e);
 #if KFULL /* head_dim a multiple of 4: plain 16-byte loads the compiler can issue together */
-                    kv[e] = d0 + e < DP / 4 ? LD4_IN(kr, d) : (float4)(0.0f);
+                    kv[e] = d0 + e < DP / 4 ? LD4_K(kr, d) : (float4)(0.0f);
 #else
-                    kv[e] = d0 + e < DP / 4 ? row_load4(kr, d, D) : (float4)(0.0f);
+                    kv[e] = d0 + e < DP / 4 ? row_load4_k(kr, d, D) : (float4)(0.0f);
 #endif
                 }
 #pragma unroll
@@ -228,8 +229,10 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN) VARIANT_ARGS)
             }
         }
 #endif
+        /* int8 and fp8 K: the key's scale (read for keys of the range only) */
+        const float ksc = K_UNIT_SCALE || key >= k_hi ? 1.0f : k_scale_of(&ksrc, key);
         for (int i = 0; i < RM; i++) {
-            float x = s[i] * scale;
+            float x = s[i] * ksc * scale;
             if (VAR_PER_KEY) {
                 x = var_key(x, key, rend[i], &vr[i], &vp, has_mask, mask, mrow[i]);
             } else if (key >= rend[i]) {
@@ -288,12 +291,17 @@ decode_rows(ATTN_KERNEL_ARGS(T_IN) VARIANT_ARGS)
             float4 v[LC];
 #pragma unroll
             for (int e = 0; e < LC; e++) {
-                __global const T_IN *vr = Vb + (ulong)(kg0 + n0 + e) * v_ss;
+                v[e] = (float4)(0.0f);
+                if (n0 + e < nk && Sv(g, n0 + e) != 0.0f) {
+                    __global const T_V *vr = Vb + kv_row(&vsrc, kg0 + n0 + e, v_sb, v_ss);
 #if VFULL /* no lane past head_dim_v, which is a multiple of 4 */
-                v[e] = n0 + e < nk && Sv(g, n0 + e) != 0.0f ? LD4_IN(vr, c) : (float4)(0.0f);
+                    v[e] = LD4_V(vr, c);
 #else
-                v[e] = n0 + e < nk && Sv(g, n0 + e) != 0.0f ? row_load4(vr, c, DV) : (float4)(0.0f);
+                    v[e] = row_load4_v(vr, c, DV);
 #endif
+                    if (!V_UNIT_SCALE)
+                        v[e] *= v_scale_of(&vsrc, kg0 + n0 + e);
+                }
             }
 #pragma unroll
             for (int e = 0; e < LC; e++) {

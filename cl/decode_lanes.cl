@@ -115,7 +115,7 @@ inline float lane_xor(float v, int x)
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-decode_lanes(ATTN_KERNEL_ARGS(T_IN) VARIANT_ARGS)
+decode_lanes(ATTN_KERNEL_ARGS(T_IN, T_IN) VARIANT_ARGS)
 {
     const vparams vp = VP_MAKE;
     __local float4 Qs[RM][QP];

@@ -36,12 +36,16 @@
  * Chunks of 16 keys (NS 1), their scores from qk16_row or qk16_tile (common.cl; DP = DP16).
  * KV_FULL 1 when head_dim and head_dim_v are multiples of 16 (no tail loads). */
 #if IN_PLACE
-#define T_KV T_IN
+#define T_KV T_IN /* fused_lanes; fused_direct reads K and V as stored (T_K, T_V: kv_access.cl) */
+#define T_KD T_K
+#define T_VD T_V
 #if NS != 1 || DP != DP16
 #error "IN_PLACE needs NS 1 and DP = DP16"
 #endif
 #else
 #define T_KV float /* the f32 copies (transpose_k16 in layout.cl, pack_v in fused_direct.cl) */
+#define T_KD float
+#define T_VD float
 #endif
 
 /* How far a score may exceed the row's reference before the reference moves: 8·ln 2, so

@@ -40,7 +40,7 @@
 #endif
 /* Vector c of a V row (c a constant after unrolling): only the last one can be short, since
  * 16·(DV16 - 1) < head_dim_v. */
-#define LDV16(p, c) ((c) < DV16 - 1 ? LD16_IN((p), 16 * (c)) : ld16_row((p), 16 * (c), DV))
+#define LDV16(p, c) ((c) < DV16 - 1 ? LD16_V((p), 16 * (c)) : ld16_row_v((p), 16 * (c), DV))
 #else
 /* Columns 16c..16c+15 of the V copy's key row at p: panel c of the head (v_sh = DV16 panels). */
 #define LDV16(p, c) vload16(0, (p) + (ulong)(c) * (v_sh / DV16))
@@ -166,7 +166,7 @@ inline int run_end(uint vhid, int n, int nkeys)
 
 #if !KSEL || K_fused_direct
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
-fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
+fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
 {
     const vparams vp = VP_MAKE;
     const int R = group * seq_q, nrb = (R + RM - 1) / RM; /* row blocks, grid y (or x, flat) */
@@ -180,8 +180,9 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
 
     /* The head's keys and values: K[key][d] and V[key][c] in place, or the panels of the
      * copies, Kt[key / DBN][d][key % DBN] (k_ss = DBN) and Vp[c / 16][key][c % 16] (v_ss = 16). */
-    __global const T_KV *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
-    __global const T_KV *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
+    __global const T_KD *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk);
+    __global const T_VD *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk);
+    const kv_src ksrc = K_SRC(b, hk), vsrc = V_SRC(b, hk); /* in place: paged rows, scales */
 
 #if IN_PLACE
     qrow qs[RM]; /* DP = DP16 */
@@ -236,7 +237,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
 #pragma unroll 1
             for (int i0 = 0; i0 < RM; i0 += QT_R) {
                 float16 t[QT_R];
-                qk16_tile(qs + i0, Kb, k_ss, kc, k_hi - 1, D, t);
+                qk16_tile(qs + i0, Kb, &ksrc, k_sb, k_ss, kc, k_hi - 1, D, t);
 #pragma unroll
                 for (int i = 0; i < QT_R; i++)
                     sb[i0 + i].v[ch] = t[i] * scale;
@@ -244,7 +245,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
 #else
 #pragma unroll 1
             for (int i = 0; i < RM; i++)
-                sb[i].v[ch] = qk16_row(qs + i, Kb, k_ss, kc, k_hi - 1, D) * scale;
+                sb[i].v[ch] = qk16_row(qs + i, Kb, &ksrc, k_sb, k_ss, kc, k_hi - 1, D) * scale;
 #endif
 #else
             float16 s[RM][NS];
@@ -359,7 +360,10 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
          * never reaches O. A block in which no row hides a key goes unchecked in one run: with an
          * additive mask of finite values (biases) every block does (9.82 ms against 11.9 when
          * every masked block was checked). See docs/measurements.md#fused-direct. */
-        __global const T_KV *vp0 = Vb + (ulong)kt * v_ss;
+        /* Key kt + n's V row (kv_row: the copies' too, never paged) and its scale (1 but for
+         * int8 and fp8 V, where it multiplies the key's p). */
+#define VROW(n) (Vb + kv_row(&vsrc, kt + (n), v_sb, v_ss))
+#define VSCALE(n) (V_UNIT_SCALE ? 1.0f : v_scale_of(&vsrc, kt + (n)))
 #if PV_TILE
         /* O in register tiles of PR rows x PC vectors, each over all the block's keys: per key a
          * tile loads PC V vectors and PR probabilities for PR·PC multiply-adds, where a whole
@@ -378,21 +382,22 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
                 int n = 0;
                 while (n < nkeys) { /* n a multiple of 16: unchecked vectors, then one checked */
                     const int nfree = run_end(vhid, n, nkeys), n1 = min(nfree + 16, nkeys);
-                    __global const T_KV *vp = vp0 + (ulong)n * v_ss;
-                    for (; n < nfree; n++, vp += v_ss) {
+                    for (; n < nfree; n++) {
+                        __global const T_VD *vp = VROW(n);
+                        const float vs = VSCALE(n);
                         float16 vv[PC];
 #pragma unroll
                         for (int c = 0; c < PC; c++)
                             vv[c] = LDV16(vp, c0 + c);
 #pragma unroll
                         for (int i = 0; i < PR; i++) {
-                            const float16 p = (float16)(sb[i0 + i].f[n]);
+                            const float16 p = (float16)(sb[i0 + i].f[n] * vs);
 #pragma unroll
                             for (int c = 0; c < PC; c++)
                                 acc[i][c] = MAD(p, vv[c], acc[i][c]);
                         }
                     }
-                    for (; n < n1; n++, vp += v_ss) {
+                    for (; n < n1; n++) {
                         float pn[PR];
                         int seen = 0;
 #pragma unroll
@@ -402,6 +407,8 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
                         }
                         if (!seen)
                             continue;
+                        __global const T_VD *vp = VROW(n);
+                        const float vs = VSCALE(n);
                         float16 vv[PC];
 #pragma unroll
                         for (int c = 0; c < PC; c++)
@@ -411,7 +418,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
                             if (!IS_HIDDEN(pn[i])) {
 #pragma unroll
                                 for (int c = 0; c < PC; c++)
-                                    acc[i][c] = MAD((float16)(pn[i]), vv[c], acc[i][c]);
+                                    acc[i][c] = MAD((float16)(pn[i] * vs), vv[c], acc[i][c]);
                             }
                     }
                 }
@@ -426,12 +433,13 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
         int n = 0;
         while (n < nkeys) { /* n a multiple of 16: unchecked vectors, then one checked */
             const int nfree = run_end(vhid, n, nkeys), n1 = min(nfree + 16, nkeys);
-            __global const T_KV *vp = vp0 + (ulong)n * v_ss;
-            for (; n < nfree; n++, vp += v_ss) {
+            for (; n < nfree; n++) {
+                __global const T_VD *vp = VROW(n);
+                const float vs = VSCALE(n);
                 float pn[RM];
                 ROWS_LOOP
                 for (int i = 0; i < RM; i++)
-                    pn[i] = sb[i].f[n];
+                    pn[i] = sb[i].f[n] * vs;
 #pragma unroll
                 for (int c = 0; c < DV16; c++) {
                     const float16 vv = LDV16(vp, c);
@@ -440,7 +448,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
                         o[i][c] = MAD((float16)(pn[i]), vv, o[i][c]);
                 }
             }
-            for (; n < n1; n++, vp += v_ss) {
+            for (; n < n1; n++) {
                 float pn[RM];
                 int seen = 0;
                 ROWS_LOOP
@@ -450,6 +458,8 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
                 }
                 if (!seen)
                     continue;
+                __global const T_VD *vp = VROW(n);
+                const float vs = VSCALE(n);
                 /* Each V vector is loaded once for all rows (a load per row made RM copies of the
                  * tail loads: slow to compile). */
 #pragma unroll
@@ -458,11 +468,13 @@ fused_direct(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
                     ROWS_LOOP
                     for (int i = 0; i < RM; i++)
                         if (!IS_HIDDEN(pn[i]))
-                            o[i][c] = MAD((float16)(pn[i]), vv, o[i][c]);
+                            o[i][c] = MAD((float16)(pn[i] * vs), vv, o[i][c]);
                 }
             }
         }
 #endif
+#undef VROW
+#undef VSCALE
     }
 
     O += o_off + (ulong)split * o_split;

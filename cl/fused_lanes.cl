@@ -238,7 +238,7 @@ DEFINE_LANES_PV(lanes_pv_f32, const float *, lanes_vrow_f32)
 
 #if !KSEL || K_fused_lanes
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
-fused_lanes(ATTN_KERNEL_ARGS(T_KV) MFLAG_ARGS VARIANT_ARGS)
+fused_lanes(ATTN_KERNEL_ARGS(T_KV, T_KV) MFLAG_ARGS VARIANT_ARGS)
 {
     const vparams vp = VP_MAKE;
     const int R = group * seq_q, nrb = (R + RM - 1) / RM; /* row blocks, grid y (or x, flat) */

@@ -101,7 +101,7 @@ inline tlv ld_chunk(__global const TL *p, int i, int n)
 
 #if !KSEL || K_fused_mma
 __kernel __attribute__((reqd_work_group_size(NWI, 1, 1))) void
-fused_mma(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS VARIANT_ARGS)
+fused_mma(ATTN_KERNEL_ARGS(T_IN, T_IN) MFLAG_ARGS VARIANT_ARGS)
 {
     const vparams vp = VP_MAKE;
     __local TL sm[SM_ELEMS] __attribute__((aligned(16)));

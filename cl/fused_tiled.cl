@@ -65,7 +65,7 @@
 #define OWN_COL(tx, s) (VW * ((tx) + WGX * (s)))
 #if !KSEL || K_fused
 __kernel __attribute__((reqd_work_group_size(WGX, WGY, 1))) void
-fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS VARIANT_ARGS)
+fused(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
 {
     const vparams vp = VP_MAKE;
     /* Q and P are read 4 columns at a time (vload4): their rows are padded by 4 words, which
@@ -96,8 +96,9 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS VARIANT_ARGS)
     /* Every work-item reads every row's span: the range stays the work-group's. */
     NARROW_KEYS(r0, min(R, r0 + BM), 16);
 
-    __global const T_IN *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
-    __global const T_IN *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
+    __global const T_K *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk);
+    __global const T_V *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk);
+    const kv_src ksrc = K_SRC(b, hk), vsrc = V_SRC(b, hk); /* paged rows, scales (kv_access.cl) */
 
     /* Stage Q once. */
     stage_q_rows(&Qs[0][0], DP + 4, BM, DP, lid, NWI, Q + q_off + (ulong)b * q_sb, q_sh, q_ss, hk,
@@ -139,7 +140,12 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS VARIANT_ARGS)
         for (int e = lid; e < BN * (DP / 4); e += NWI) {
             const int n = e % BN, d = 4 * (e / BN);
             const int key = kt + n;
-            const float4 x = key < k_hi ? row_load4(Kb + (ulong)key * k_ss, d, D) : (float4)(0.0f);
+            float4 x = (float4)(0.0f);
+            if (key < k_hi) {
+                x = row_load4_k(Kb + kv_row(&ksrc, key, k_sb, k_ss), d, D);
+                if (!K_UNIT_SCALE)
+                    x *= k_scale_of(&ksrc, key);
+            }
             Ks(d, n) = x.s0;
             Ks(d + 1, n) = x.s1;
             Ks(d + 2, n) = x.s2;
@@ -214,7 +220,12 @@ fused(ATTN_KERNEL_ARGS(T_IN) MFLAG_ARGS VARIANT_ARGS)
         for (int e = lid; e < BN * (DVP / 4); e += NWI) {
             const int n = e / (DVP / 4), c = 4 * (e % (DVP / 4));
             const int key = kt + n;
-            const float4 x = key < k_hi ? row_load4(Vb + (ulong)key * v_ss, c, DV) : (float4)(0.0f);
+            float4 x = (float4)(0.0f);
+            if (key < k_hi) {
+                x = row_load4_v(Vb + kv_row(&vsrc, key, v_sb, v_ss), c, DV);
+                if (!V_UNIT_SCALE)
+                    x *= v_scale_of(&vsrc, key);
+            }
             vstore4(x, 0, &Vs(n, c));
         }
 

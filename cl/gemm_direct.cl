@@ -34,7 +34,7 @@
     }
 
 /* Elements col..col+15 of a row of A (n elements) as float16, 0 past n. Always inlined: see
- * qk16_row in common.cl for what PoCL 3.1 made of vload_half16 in a called function. */
+ * qk16_row in kv_access.cl for what PoCL 3.1 made of vload_half16 in a called function. */
 __attribute__((always_inline)) inline float16 ld16_a(__global const T_A *p, int col, int n)
 {
     if (col + 15 < n)
@@ -167,7 +167,7 @@ scores_direct(GEMM_KERNEL_ARGS(float))
 #if defined(DP16)
 /* Scores on CPUs with K read in place (DIRECT 1 with KT 0, or with few query rows: see
  * src/scores.c): one work-item per RM rows and 256 keys, in chunks of 16 keys through
- * qk16_tile (where QK_TILE_FOR(RM), common.cl) or qk16_row. With few rows the Kᵀ
+ * qk16_tile (where QK_TILE_FOR(RM), common.cl) or qk16_row (kv_access.cl). With few rows the Kᵀ
  * copy's write and second read of K cost more than the horizontal sums of in-place dot
  * products. Grid x = ceil(N / 256), y = ceil(M / RM), z = batch·heads (work-group 1x1x1). */
 #define SIP_KEYS 256
@@ -177,6 +177,7 @@ scores_in_place(GEMM_KERNEL_ARGS(T_IN))
 {
     DIRECT_INDICES(SIP_KEYS);
     __global const T_IN *Bb = B + b_off + (ulong)b * b_sb + (ulong)hk * b_sh;
+    const kv_src rows = {0}; /* plain rows (kv_access.cl) */
     qrow q[RM];
 #pragma unroll 1
     for (int i = 0; i < RM; i++) {
@@ -200,11 +201,11 @@ scores_in_place(GEMM_KERNEL_ARGS(T_IN))
 #if QK_TILE_FOR(RM)
 #pragma unroll 1
         for (int i0 = 0; i0 < RM; i0 += QT_R)
-            qk16_tile(q + i0, Bb, b_ss, kc, N - 1, K, s + i0);
+            qk16_tile(q + i0, Bb, &rows, 0, b_ss, kc, N - 1, K, s + i0);
 #else
 #pragma unroll 1
         for (int i = 0; i < RM; i++)
-            s[i] = qk16_row(q + i, Bb, b_ss, kc, N - 1, K);
+            s[i] = qk16_row(q + i, Bb, &rows, 0, b_ss, kc, N - 1, K);
 #endif
 #pragma unroll 1
         for (int i = 0; i < RM && m0 + i < M; i++) {

@@ -394,7 +394,7 @@ CLATTN_API clattn_status clattn_attention_host(clattn_context *ctx, const clattn
                                                clattn_dtype dtype, const void *q, const void *k,
                                                const void *v, void *out, float *lse);
 
-/* ---- KV append with rotary embedding (docs/kvcache.md#append) ------------------------------ */
+/* ---- KV append with rotary embedding (docs/kv-append.md) ------------------------------------ */
 typedef enum clattn_rope {
     CLATTN_ROPE_NONE = 0,        /* no rotation: q is copied (when q_out differs), k and v stored */
     CLATTN_ROPE_INTERLEAVED = 1, /* pairs (2i, 2i + 1) rotate together: GPT-J, llama.cpp's "norm" */

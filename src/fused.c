@@ -127,6 +127,7 @@ clattn_status clattn__fused_launch(clattn_context *ctx, const clattn_problem *p,
         clattn__arg(&a, sizeof(int), &mf->chunks);
     }
     clattn__variant_args(&a, p);
+    clattn__kv_args(&a, p);
     if (splits == 1)
         return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, name);
     char what[64];
@@ -184,7 +185,19 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
         clattn__decode_tiled_default(ctx, R, p->head_dim, p->head_dim_v, source, pp.v);
     int kernel = decode ? pp.decode.DIRECT : pp.fused.DIRECT;
     const int chosen = kernel == (decode ? CLATTN_KERNEL_MMA_DECODE : CLATTN_KERNEL_MMA_FUSED);
-    if (chosen || clattn__matrix_auto(ctx, p->seq_q, R, source)) {
+    /* Paged or quantized K/V (p->kv.on) is read by fused_direct in place, decode_rows and the
+     * tiled kernel (cl/kv_access.cl): a choice of the matrix kernel (tuned or set, for every
+     * call) gives way to the FMA kernels' defaults, decode_lanes to decode_rows, fused_lanes
+     * to fused_direct (docs/kvcache.md#kernels). */
+    if (p->kv.on && chosen) {
+        clattn__generic_defaults(bucket.op, &pp);
+        const char *what;
+        clattn__vendor_defaults(&ctx->dev, bucket.op, &pp, &what);
+        if (decode)
+            clattn__decode_tiled_default(ctx, R, p->head_dim, p->head_dim_v, CLATTN_SOURCE_VENDOR, pp.v);
+        kernel = decode ? pp.decode.DIRECT : pp.fused.DIRECT;
+    }
+    if (!p->kv.on && (chosen || clattn__matrix_auto(ctx, p->seq_q, R, source))) {
         const int explicit_ = source >= CLATTN_SOURCE_ENVIRONMENT;
         const int emulate = ctx->matrix_mode == CLATTN_MATRIX_EMULATE;
         if (!emulate && (ctx->matrix_mode == CLATTN_MATRIX_OFF || !ctx->matrix_backend)) {
@@ -210,6 +223,12 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
             kernel = decode ? pp.decode.DIRECT : pp.fused.DIRECT;
         }
     }
+    if (p->kv.on && decode && (kernel == CLATTN_KERNEL_LANES || kernel == CLATTN_KERNEL_LANES_LOCAL)) {
+        /* decode_rows with each lane reading its own keys' rows, 8 loads in flight */
+        kernel = pp.decode.DIRECT = CLATTN_KERNEL_ROWS;
+        pp.decode_rows.KL = 1;
+        pp.decode_rows.LC = 8;
+    }
     if (decode && kernel >= CLATTN_KERNEL_ROWS && kernel <= CLATTN_KERNEL_LANES_LOCAL) {
         /* A kernel compiled with more registers than its work-group allows is refitted to what it
          * allows (clattn__retry_cap); with no group left that fits, the tiled kernel runs. */
@@ -229,7 +248,7 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
          * times slower on CPUs (PoCL, 2-core AMD EPYC, AVX2, B1 H8 Sq256 Skv8192 d64 causal, min
          * ms: copies 46-49, in place 33, tiled 375-411). */
         int used;
-        for (int in_place = clattn__direct_in_place(ctx, R, p->seq_q, p->seq_kv, p->head_dim + p->head_dim_v);
+        for (int in_place = p->kv.on || clattn__direct_in_place(ctx, R, p->seq_q, p->seq_kv, p->head_dim + p->head_dim_v);
              in_place <= 1; in_place++) {
             clattn_status st = clattn__fused_run_direct(ctx, p, &pp, in_place, num_wait, wait, done, &used);
             if (st || used)

@@ -27,6 +27,10 @@
  * Journal: docs/measurements.md#kv-in-place-512 */
 #define KV_IN_PLACE_512 (1 << 19)
 
+/* Packed rows per block of fused_direct for paged or quantized K/V (which fused_lanes does not
+ * read) with more rows than LANES_MIN_ROWS: QK_TILE's multiple of 4 (common.cl). */
+#define KV_ROWS 16
+
 int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
                             int64_t dk_plus_dv)
 {
@@ -60,8 +64,8 @@ clattn_status clattn__fused_run_direct(clattn_context *ctx, const clattn_problem
      * prefill). An explicit RM (the tuner's) keeps fused_direct, in blocks of at most 32 rows. */
     int rm0 = in_place && !decode ? 0 : decode ? pp->decode.RM : pp->fused.RM, lanes = 0;
     if (in_place && rm0 <= 0) {
-        if (R < LANES_MIN_ROWS) {
-            rm0 = R;
+        if (R < LANES_MIN_ROWS || p->kv.on) { /* fused_lanes reads plain K and V only */
+            rm0 = R < KV_ROWS ? R : KV_ROWS;
         } else {
             lanes = clattn__ceil_div_int(clattn__ceil_div_int(R, clattn__ceil_div_int(R, LANES_ROWS)), 16);
             rm0 = 16 * lanes;

@@ -15,13 +15,18 @@ clattn_status clattn_attention_host(clattn_context *ctx, const clattn_attention_
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc must not be NULL");
     if (!q || !k || !v || !out)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "q, k, v and out must not be NULL");
-    if (desc->mask || desc->kv_lengths || desc->lse || desc->probabilities || desc->sinks || desc->alibi_slopes)
+    if (desc->mask || desc->kv_lengths || desc->lse || desc->probabilities || desc->sinks || desc->alibi_slopes ||
+        desc->kv)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                            "clattn_attention_host takes no mask, kv_lengths, lse, probabilities, sinks or "
-                            "alibi_slopes tensors in desc (use clattn_attention)");
+                            "clattn_attention_host takes no mask, kv_lengths, lse, probabilities, sinks, "
+                            "alibi_slopes or kv in desc (use clattn_attention)");
     const size_t es = clattn_dtype_size(dtype);
     if (es == 0)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "dtype %d is not a clattn_dtype", (int)dtype);
+    if (clattn__kv_type(dtype))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "dtype %s: clattn_attention_host takes f32, f16 or bf16 arrays (KV-cache types: "
+                            "clattn_attention)", clattn_dtype_name(dtype));
     clattn_status st = clattn__check_desc(ctx, desc, 1);
     if (st)
         return st;

@@ -113,7 +113,7 @@ struct clattn_context {
     /* Set during an attention or scores call with variants (src/variant.c): the options every
      * kernel that includes attn_common.cl is built with ("" otherwise), and the user's score_mod
      * and mask_mod source, assembled before attn_common.cl (NULL where absent). */
-    char variant_opts[96];
+    char variant_opts[160]; /* and the KV storage's options (clattn__kv_options) */
     const char *variant_src[2];
 
     /* Tuning: the user file of this device (if any, valid), built-in tables that match it,
@@ -345,6 +345,20 @@ typedef struct clattn_variant {
     const char *score_mod, *mask_mod;
 } clattn_variant;
 
+/* How K and V are stored (src/kv.c, docs/kvcache.md) as the kernels take it (kv_access.cl): on
+ * when they are paged or of a KV-cache type; then the fused kernels are built with KVC, PAGE,
+ * DT_K and DT_V and take KVC_ARGS. */
+typedef struct clattn_kvstore {
+    int on;
+    int page;              /* page size; 0: not paged */
+    clattn_dtype kt, vt;   /* storage types of K and V */
+    cl_mem bt;             /* block table (int32), element offset and batch stride */
+    cl_ulong bt_off, bt_sb, bt_hi; /* bt_hi: one past the last entry read */
+    int k_np, v_np;        /* pages of the pools */
+    clattn_view ks, vs;    /* int8 scales (buffer NULL where absent) */
+    float k_fs, v_fs;      /* fp8 per-tensor scales (1 where absent) */
+} clattn_kvstore;
+
 typedef struct clattn_problem {
     int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, head_dim_v;
     float scale;
@@ -354,7 +368,19 @@ typedef struct clattn_problem {
     clattn_view q, k, v, out, mask, lse, probs;
     cl_mem kv_lengths;
     clattn_variant var;
+    clattn_kvstore kv;
 } clattn_problem;
+/* validate.c: m is a readable buffer of this context holding at least count int32 values. */
+clattn_status clattn__check_ints(clattn_context *ctx, cl_mem m, const char *name, uint64_t count);
+/* kv.c: whether dtype is a KV-cache storage type (i8, fp8, q8_0, q4_0); checks desc->kv and the k
+ * and v views of an attention call (paged pools, storage types, scales) into p->k, p->v, p->kv;
+ * whether t overlaps the block table; the kernels' options (" -DKVC=1 ...", "" when off) and
+ * arguments (KVC_ARGS, cl/kv_access.cl). */
+int clattn__kv_type(clattn_dtype dtype);
+clattn_status clattn__check_kv(clattn_context *ctx, const clattn_attention_desc *desc, const clattn_tensor *k,
+                               const clattn_tensor *v, clattn_problem *p);
+int clattn__table_overlaps(const clattn_kvstore *kv, const clattn_tensor *t);
+void clattn__kv_options(const clattn_problem *p, char *buf, size_t size);
 /* variant.c: checks desc's variant fields against p (sizes filled) and fills p->var. */
 clattn_status clattn__check_variants(clattn_context *ctx, const clattn_attention_desc *desc,
                                      const clattn_tensor *out, clattn_problem *p);
@@ -391,6 +417,8 @@ clattn_status clattn__run_scores_variant(clattn_context *ctx, const clattn_probl
                                          cl_event *done);
 /* Appends the kernels' VARIANT_ARGS (attn_common.cl) when p has variants. */
 void clattn__variant_args(clattn_args *a, const clattn_problem *p);
+/* Appends the fused kernels' KVC_ARGS (cl/kv_access.cl) when p->kv.on. */
+void clattn__kv_args(clattn_args *a, const clattn_problem *p);
 clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims, const size_t *global,
                               const size_t *local, cl_uint num_wait, const cl_event *wait,
                               cl_event *done, const char *what);

@@ -65,7 +65,7 @@ static const struct {
     {"mask_pass.cl", {"common.cl"}},
     {"layout.cl", {"common.cl", "gemm_common.cl"}},
     {"gemm_tiled.cl", {"common.cl", "gemm_common.cl"}},
-    {"gemm_direct.cl", {"common.cl", "gemm_common.cl"}},
+    {"gemm_direct.cl", {"common.cl", "kv_access.cl", "gemm_common.cl"}},
     {"fused_tiled.cl", {"common.cl", "kv_access.cl", "attn_common.cl"}},
     {"scores_variant.cl", {"common.cl", "kv_access.cl", "attn_common.cl"}},
     {"fused_direct.cl", {"common.cl", "kv_access.cl", "attn_common.cl", "fused_cpu_common.cl"}},

@@ -482,7 +482,7 @@ clattn_status clattn_get_params(clattn_context *ctx, const clattn_problem_class 
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "pc->operation is not a clattn_operation (%d)",
                             (int)pc->operation);
     if ((unsigned)pc->dtype > CLATTN_BF16)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "pc->dtype is not a clattn_dtype (%d)",
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "pc->dtype must be f32, f16 or bf16, the query's type (got %d)",
                             (int)pc->dtype);
     if (pc->head_dim < 0 || pc->head_dim > CLATTN_MAX_HEAD_DIM || pc->seq_q < 0 || pc->seq_kv < 0)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,

@@ -232,6 +232,13 @@ const char *clattn__first_overlap(const clattn_tensor *t, int n, const clattn_te
     return NULL;
 }
 
+int clattn__table_overlaps(const clattn_kvstore *kv, const clattn_tensor *t)
+{
+    uint64_t lo, hi;
+    view_bytes(t, &lo, &hi);
+    return clattn__bytes_overlap(kv->bt, 4u * kv->bt_off, 4u * kv->bt_hi, t->buffer, lo, hi);
+}
+
 int clattn__kvlen_overlaps(cl_mem kvlen, int64_t batch, const clattn_tensor *t)
 {
     uint64_t lo, hi;
@@ -298,6 +305,18 @@ clattn_status clattn__check_kvlen(clattn_context *ctx, cl_mem kvlen, int64_t bat
                             "kv_lengths has %zu bytes, needs %lld int32 values (batch)", size,
                             (long long)batch);
     return check_access(ctx, kvlen, "kv_lengths", 0);
+}
+
+clattn_status clattn__check_ints(clattn_context *ctx, cl_mem m, const char *name, uint64_t count)
+{
+    size_t size = 0;
+    clattn_status st = check_mem(ctx, m, name, &size);
+    if (st)
+        return st;
+    if (count > (uint64_t)size / 4u)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s has %zu bytes, needs %llu int32 values", name,
+                            size, (unsigned long long)count);
+    return check_access(ctx, m, name, 0);
 }
 
 /* Sequence lengths and counts go into int kernel arguments. */
@@ -413,28 +432,47 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
         return st;
     p->dtype = q->dtype;
     unsigned same = CLATTN_DTYPE_BIT(q->dtype);
-    if (k && k->buffer && clattn_dtype_size(k->dtype) != 0 && k->dtype != q->dtype)
+    /* K and V of the KV-cache types (src/kv.c, attention only) each may have its own type. */
+    const int kv_types = need_v && ((k && clattn__kv_type(k->dtype)) || (v && clattn__kv_type(v->dtype)));
+    if (!need_v && desc->kv)
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                            "desc->kv: clattn_scores reads K as one plain view (paged or quantized K is "
+                            "read by clattn_attention's fused path)");
+    if (!need_v && k && clattn__kv_type(k->dtype))
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                            "k->dtype %s: clattn_scores reads K of the query's type (KV-cache types are "
+                            "read by clattn_attention's fused path)", dtype_name(k->dtype));
+    if (k && k->buffer && clattn_dtype_size(k->dtype) != 0 && k->dtype != q->dtype && !clattn__kv_type(k->dtype))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "k->dtype (%s) differs from q->dtype (%s)",
                             dtype_name(k->dtype), dtype_name(q->dtype));
-    if ((st = clattn__check_view(ctx, "k", k, ks, CLATTN_VIEW_INPUT, same, &p->k)))
-        return st;
+    if (need_v && v && v->buffer && clattn_dtype_size(v->dtype) != 0 && v->dtype != q->dtype &&
+        !clattn__kv_type(v->dtype))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "v->dtype (%s) differs from q->dtype (%s)",
+                            dtype_name(v->dtype), dtype_name(q->dtype));
+    if (need_v && (desc->kv || kv_types)) {
+        if ((st = clattn__check_kv(ctx, desc, k, v, p)))
+            return st;
+    } else {
+        memset(&p->kv, 0, sizeof p->kv);
+        if ((st = clattn__check_view(ctx, "k", k, ks, CLATTN_VIEW_INPUT, same, &p->k)) ||
+            (need_v && (st = clattn__check_view(ctx, "v", v, vs, CLATTN_VIEW_INPUT, same, &p->v))))
+            return st;
+    }
     if (need_v) {
-        if (v && v->buffer && clattn_dtype_size(v->dtype) != 0 && v->dtype != q->dtype)
-            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                                "v->dtype (%s) differs from q->dtype (%s)", dtype_name(v->dtype),
-                                dtype_name(q->dtype));
         if (out && out->buffer && clattn_dtype_size(out->dtype) != 0 && out->dtype != q->dtype)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                                 "out->dtype (%s) differs from q->dtype (%s)", dtype_name(out->dtype),
                                 dtype_name(q->dtype));
-        if ((st = clattn__check_view(ctx, "v", v, vs, CLATTN_VIEW_INPUT, same, &p->v)) ||
-            (st = clattn__check_view(ctx, "out", out, os, CLATTN_VIEW_OUTPUT, same, &p->out)))
+        if ((st = clattn__check_view(ctx, "out", out, os, CLATTN_VIEW_OUTPUT, same, &p->out)))
             return st;
-        const clattn_tensor *ins[3] = {q, k, v};
-        const char *const in_names[3] = {"q", "k", "v"};
-        const char *hit = clattn__first_overlap(out, 3, ins, in_names);
+        const clattn_tensor *ins[5] = {q, k, v, desc->kv ? desc->kv->k_scales : NULL,
+                                       desc->kv ? desc->kv->v_scales : NULL};
+        const char *const in_names[5] = {"q", "k", "v", "desc->kv->k_scales", "desc->kv->v_scales"};
+        const char *hit = clattn__first_overlap(out, 5, ins, in_names);
         if (hit)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out overlaps %s (an input)", hit);
+        if (p->kv.page && clattn__table_overlaps(&p->kv, out))
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out overlaps desc->kv->block_table");
     }
     if (desc->mask) {
         p->has_mask = 1;
@@ -451,11 +489,15 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
         if ((st = clattn__check_view(ctx, "desc->lse", desc->lse, ls, CLATTN_VIEW_OUTPUT,
                                      CLATTN_DTYPE_BIT(CLATTN_F32), &p->lse)))
             return st;
-        const clattn_tensor *ts[5] = {out, q, k, v, desc->mask};
-        const char *const names[5] = {"out", "q", "k", "v", "desc->mask"};
-        const char *hit = clattn__first_overlap(desc->lse, 5, ts, names);
+        const clattn_tensor *ts[7] = {out, q, k, v, desc->mask, desc->kv ? desc->kv->k_scales : NULL,
+                                      desc->kv ? desc->kv->v_scales : NULL};
+        const char *const names[7] = {"out", "q", "k", "v", "desc->mask", "desc->kv->k_scales",
+                                      "desc->kv->v_scales"};
+        const char *hit = clattn__first_overlap(desc->lse, 7, ts, names);
         if (hit)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->lse overlaps %s", hit);
+        if (p->kv.page && clattn__table_overlaps(&p->kv, desc->lse))
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->lse overlaps desc->kv->block_table");
     }
     if (need_v && desc->probabilities) {
         if ((st = clattn__check_view(ctx, "desc->probabilities", desc->probabilities, ms,

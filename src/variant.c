@@ -108,8 +108,13 @@ void clattn__variant_enter(clattn_context *ctx, const clattn_problem *p)
 {
     ctx->variant_opts[0] = '\0';
     ctx->variant_src[0] = ctx->variant_src[1] = NULL;
-    if (!p->var.bits)
+    /* The KV storage's options (src/kv.c) go with the variants' to every attention program. */
+    char kv[64];
+    clattn__kv_options(p, kv, sizeof kv);
+    if (!p->var.bits) {
+        snprintf(ctx->variant_opts, sizeof ctx->variant_opts, "%s", kv);
         return;
+    }
     /* The user's source goes into the program text, hence the binary cache's key; its hash in
      * the options keeps programs with different sources apart in the context's own cache. */
     char hex[33] = "0";
@@ -121,7 +126,7 @@ void clattn__variant_enter(clattn_context *ctx, const clattn_problem *p)
         clattn__hash_str(&h, p->var.mask_mod ? p->var.mask_mod : "");
         clattn__hash_hex(&h, hex);
     }
-    snprintf(ctx->variant_opts, sizeof ctx->variant_opts, " -DVARIANTS=%u -DVARIANT_SRC=0x%.16s", p->var.bits, hex);
+    snprintf(ctx->variant_opts, sizeof ctx->variant_opts, " -DVARIANTS=%u -DVARIANT_SRC=0x%.16s%s", p->var.bits, hex, kv);
     ctx->variant_src[0] = p->var.score_mod;
     ctx->variant_src[1] = p->var.mask_mod;
 }

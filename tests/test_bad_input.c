@@ -717,11 +717,16 @@ MUT(a_mask_stride_2_62, f->mask.stride[1] = INT64_C(1) << 62)
 MUT(a_k_f16, f->k.dtype = CLATTN_F16)
 MUT(a_v_f16, f->v.dtype = CLATTN_F16)
 MUT(a_out_bf16, f->out.dtype = CLATTN_BF16)
-MUT(a_q_dtype_7, f->q.dtype = (clattn_dtype)7)
+MUT(a_q_dtype_99, f->q.dtype = (clattn_dtype)99)
 MUT(a_q_dtype_negative, f->q.dtype = (clattn_dtype)-1)
-MUT(a_k_dtype_7, f->k.dtype = (clattn_dtype)7)
+MUT(a_k_dtype_99, f->k.dtype = (clattn_dtype)99)
+/* KV-cache types (issue 73) where only f32/f16/bf16 go */
+MUT(a_q_q8_0, f->q.dtype = CLATTN_Q8_0)
+MUT(a_out_i8, f->out.dtype = CLATTN_I8)
+MUT(a_mask_fp8, f->mask.dtype = CLATTN_FP8_E4M3)
+MUT(a_k_i8_no_scales, f->k.dtype = CLATTN_I8)
 MUT(a_mask_bf16, f->mask.dtype = CLATTN_BF16)
-MUT(a_mask_dtype_7, f->mask.dtype = (clattn_dtype)7)
+MUT(a_mask_dtype_99, f->mask.dtype = (clattn_dtype)99)
 MUT(a_mask_keys, f->mask.shape[3] = SKV - 1)
 MUT(a_mask_heads_2, f->mask.shape[1] = 2)
 MUT(a_mask_rows, f->mask.shape[2] = 2)
@@ -878,7 +883,7 @@ MUT(s_scores_is_k, f->scores.buffer = base(f, BUF_K))
 MUT(s_scores_is_mask, f->scores.buffer = base(f, BUF_MASK))
 MUT(s_scores_self_overlap, f->scores.stride[2] = SKV - 1)
 MUT(s_scores_one_short, f->scores.offset = 1)
-MUT(s_scores_dtype_7, f->scores.dtype = (clattn_dtype)7)
+MUT(s_scores_dtype_99, f->scores.dtype = (clattn_dtype)99)
 MUT(s_scores_foreign, f->scores.buffer = fx_new(f, NM * 4, 1))
 MUT(s_kvlen_too_small, f->desc.kv_lengths = fx_new(f, 4, 0))
 MUT(s_scores_read_only, f->scores.buffer = fx_new_flags(f, NM * 4, CL_MEM_READ_ONLY))
@@ -950,7 +955,7 @@ MUT(x_mask_overlaps_out, f->smask.buffer = base(f, BUF_SOUT))
 MUT(x_mask_broadcast_ok, f->smask.shape[0] = 1; f->smask.shape[1] = 1; f->smask.shape[2] = 1)
 MUT(x_out_self_overlap, f->sout.stride[2] = SKV - 1)
 MUT(x_out_one_short, f->sout.offset = 1)
-MUT(x_in_dtype_7, f->sin.dtype = (clattn_dtype)7)
+MUT(x_in_dtype_99, f->sin.dtype = (clattn_dtype)99)
 MUT(x_in_stride_negative, f->sin.stride[1] = -1)
 MUT(x_kvlen_too_small, f->sdesc.kv_lengths = fx_new(f, 4, 0))
 MUT(x_in_foreign, f->sin.buffer = fx_new(f, NM * 4, 1))
@@ -982,7 +987,7 @@ MUT(m_part_lse_is_lse, f->part_lse[0].buffer = base(f, BUF_MLSE))
 MUT(m_lse_overlaps_out, f->mlse.buffer = base(f, BUF_MOUT); f->mlse.offset = (int64_t)(NO - NL))
 MUT(m_part_null_buffer, f->part_out[1].buffer = NULL)
 MUT(m_part_one_short, f->part_out[1].offset = 1)
-MUT(m_part_dtype_7, f->part_out[0].dtype = (clattn_dtype)7)
+MUT(m_part_dtype_99, f->part_out[0].dtype = (clattn_dtype)99)
 MUT(m_out_self_overlap, f->mout.stride[2] = DV / 2)
 MUT(m_part_foreign, f->part_out[0].buffer = fx_new(f, NO * 4, 1))
 MUT(m_null_lse_ok, f->mlsep = NULL)
@@ -1000,7 +1005,8 @@ MUT(h_mask, f->hdesc.mask = &f->mask)
 MUT(h_kv_lengths, f->hdesc.kv_lengths = base(f, BUF_KVLEN))
 MUT(h_lse_tensor, f->hdesc.lse = &f->lse)
 MUT(h_probabilities, f->hdesc.probabilities = &f->probs)
-MUT(h_dtype_7, f->hdtype = (clattn_dtype)7)
+MUT(h_dtype_99, f->hdtype = (clattn_dtype)99)
+MUT(h_dtype_q4_0, f->hdtype = CLATTN_Q4_0)
 MUT(h_dtype_negative, f->hdtype = (clattn_dtype)-1)
 MUT(h_seq_q_zero, f->hdesc.seq_q = 0)
 MUT(h_head_dim_577, f->hdesc.head_dim = 577; f->hdesc.scale = 0.05f)
@@ -1138,11 +1144,15 @@ static const row rows[] = {
     {"k_f16_q_f32", E_ATTENTION, a_k_f16, INV, "k->dtype", "f16"},
     {"v_f16_q_f32", E_ATTENTION, a_v_f16, INV, "v->dtype", "f16"},
     {"out_bf16_q_f32", E_ATTENTION, a_out_bf16, INV, "out->dtype", "bf16"},
-    {"q_dtype_7", E_ATTENTION, a_q_dtype_7, INV, "q->dtype", "7"},
+    {"q_dtype_99", E_ATTENTION, a_q_dtype_99, INV, "q->dtype", "99"},
     {"q_dtype_negative", E_ATTENTION, a_q_dtype_negative, INV, "q->dtype", "-1"},
-    {"k_dtype_7", E_ATTENTION, a_k_dtype_7, INV, "k->dtype", "7"},
+    {"k_dtype_99", E_ATTENTION, a_k_dtype_99, INV, "k->dtype", "99"},
+    {"q_q8_0", E_ATTENTION, a_q_q8_0, INV, "q->dtype", "q8_0"},
+    {"out_i8", E_ATTENTION, a_out_i8, INV, "out->dtype", "i8"},
+    {"mask_fp8", E_ATTENTION, a_mask_fp8, INV, "desc->mask->dtype", "fp8_e4m3"},
+    {"k_i8_no_scales", E_ATTENTION, a_k_i8_no_scales, INV, "k_scales", "i8"},
     {"mask_bf16", E_ATTENTION, a_mask_bf16, INV, "desc->mask->dtype", "bf16"},
-    {"mask_dtype_7", E_ATTENTION, a_mask_dtype_7, INV, "desc->mask->dtype", "7"},
+    {"mask_dtype_99", E_ATTENTION, a_mask_dtype_99, INV, "desc->mask->dtype", "99"},
     {"mask_keys_not_seq_kv", E_ATTENTION, a_mask_keys, INV, "desc->mask->shape[3]", "4"},
     {"mask_heads_2_of_4", E_ATTENTION, a_mask_heads_2, INV, "desc->mask->shape[1]", "2"},
     {"mask_rows_2_of_3", E_ATTENTION, a_mask_rows, INV, "desc->mask->shape[2]", "2"},
@@ -1218,7 +1228,7 @@ static const row rows[] = {
     {"scores_is_mask", E_SCORES, s_scores_is_mask, INV, "scores overlaps", NULL},
     {"scores_overlaps_itself", E_SCORES, s_scores_self_overlap, INV, "scores is an output", "stride 4"},
     {"scores_one_element_short", E_SCORES, s_scores_one_short, INV, "scores needs 484", "480"},
-    {"scores_dtype_7", E_SCORES, s_scores_dtype_7, INV, "scores->dtype", "7"},
+    {"scores_dtype_99", E_SCORES, s_scores_dtype_99, INV, "scores->dtype", "99"},
     {"scores_other_context", E_SCORES, s_scores_foreign, INV, "scores->buffer", "another OpenCL context"},
     {"seq_kv_zero", E_SCORES, a_seq_kv_zero, INV, "desc->seq_kv", "0"},
     {"heads_q_not_multiple_of_heads_kv", E_SCORES, a_heads_q_not_multiple, INV, "heads_q", "3"},
@@ -1275,7 +1285,7 @@ static const row rows[] = {
     {"mask_overlaps_out", E_SOFTMAX, x_mask_overlaps_out, INV, "desc->mask overlaps out", NULL},
     {"out_overlaps_itself", E_SOFTMAX, x_out_self_overlap, INV, "out is an output", "stride 4"},
     {"out_one_element_short", E_SOFTMAX, x_out_one_short, INV, "out needs 484", "480"},
-    {"in_dtype_7", E_SOFTMAX, x_in_dtype_7, INV, "in->dtype", "7"},
+    {"in_dtype_99", E_SOFTMAX, x_in_dtype_99, INV, "in->dtype", "99"},
     {"in_stride_negative", E_SOFTMAX, x_in_stride_negative, INV, "in->stride[1]", "-1"},
     {"kv_lengths_too_small", E_SOFTMAX, x_kvlen_too_small, INV, "kv_lengths", "4 bytes"},
     {"in_other_context", E_SOFTMAX, x_in_foreign, INV, "in->buffer", "another OpenCL context"},
@@ -1313,7 +1323,7 @@ static const row rows[] = {
     {"lse_overlaps_out", E_MERGE, m_lse_overlaps_out, INV, "lse overlaps out", NULL},
     {"part_null_buffer", E_MERGE, m_part_null_buffer, INV, "part_out[1]->buffer", "NULL"},
     {"part_one_element_short", E_MERGE, m_part_one_short, INV, "part_out[1] needs 388", "384"},
-    {"part_dtype_7", E_MERGE, m_part_dtype_7, INV, "part_out[0]->dtype", "7"},
+    {"part_dtype_99", E_MERGE, m_part_dtype_99, INV, "part_out[0]->dtype", "99"},
     {"out_overlaps_itself", E_MERGE, m_out_self_overlap, INV, "out is an output", "stride 2"},
     {"part_other_context", E_MERGE, m_part_foreign, INV, "part_out[0]->buffer", "another OpenCL context"},
     {"part_subbuffer_of_out", E_MERGE, m_part_subbuffer_of_out, INV, "part 0 overlaps", NULL},
@@ -1335,7 +1345,8 @@ static const row rows[] = {
     {"kv_lengths_given", E_HOST, h_kv_lengths, INV, "kv_lengths", NULL},
     {"lse_tensor_given", E_HOST, h_lse_tensor, INV, "lse", NULL},
     {"probabilities_given", E_HOST, h_probabilities, INV, "probabilities", NULL},
-    {"dtype_7", E_HOST, h_dtype_7, INV, "dtype", "7"},
+    {"dtype_99", E_HOST, h_dtype_99, INV, "dtype", "99"},
+    {"dtype_q4_0", E_HOST, h_dtype_q4_0, INV, "dtype", "q4_0"},
     {"dtype_negative", E_HOST, h_dtype_negative, INV, "dtype", "-1"},
     {"seq_q_zero", E_HOST, h_seq_q_zero, INV, "seq_q", "0"},
     {"head_dim_577", E_HOST, h_head_dim_577, UNS, "head_dim", "577"},

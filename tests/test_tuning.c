@@ -2623,7 +2623,8 @@ static void test_call_params(void **state)
     assert_string_equal(clattn_dtype_name(CLATTN_F32), "f32");
     assert_string_equal(clattn_dtype_name(CLATTN_F16), "f16");
     assert_string_equal(clattn_dtype_name(CLATTN_BF16), "bf16");
-    assert_null(clattn_dtype_name((clattn_dtype)3));
+    assert_string_equal(clattn_dtype_name(CLATTN_Q4_0), "q4_0");
+    assert_null(clattn_dtype_name((clattn_dtype)8));
     /* Kernel names of the choice parameter only. */
     assert_string_equal(clattn_param_value_name(CLATTN_OPERATION_DECODE, 6, 4), "lanes");
     assert_string_equal(clattn_param_value_name(CLATTN_OPERATION_SCORES, 8, 1), "direct");
