@@ -349,37 +349,41 @@ inline float4 row_load4(__global const T_IN *p, int i, int n)
         int heads_kv, int group, int D, int DV, int causal, int has_mask, int has_lse,          \
         int splits, int split_len, float scale
 
+/* What one work-group covers: grid z = (batch·heads_kv + kv head)·splits + split, packed rows
+ * r0..r1, and the keys [k_lo, k_hi) of its split that those rows may see (causal: the positions
+ * of the first and last rows bound the range of all), every row seeing the keys in
+ * [k_vis, k_all) (k_vis 0 but with a window or chunk, whose rows start at different keys).
+ * The batch's query rows: sq (seq_q, or its packed sequence's length, VARLEN) from row q0 of Q,
+ * O and LSE; its keys from row k0 of K and V (0 but for packed K/V). */
+typedef struct work_range {
+    int split, z, b, hk, L, k_lo, k_hi, k_all, k_vis;
+    int q0, sq, k0;
+} work_range;
+
 /* Copies the nr packed query rows r0.. of kv head (b, hk) to local memory, row r at
  * dst + r·pitch (pitch a multiple of 4 floats, dst 16-byte aligned), as dp / 4 float4 each:
- * zero past head_dim D and for rows at or past R = group·seq_q. Qb = Q + q_off + b·q_sb; the
- * nwi work-items of the group share the copy (lid their index); the caller's barrier follows. */
+ * zero past head_dim D and for rows at or past R = group·seq_q or past the batch's w->sq. Qb =
+ * Q + q_off + b·q_sb, row i of the batch at w->q0 + i; the nwi work-items of the group share the
+ * copy (lid their index); the caller's barrier follows. */
 inline void stage_q_rows(__local float *dst, int pitch, int nr, int dp, int lid, int nwi,
                          __global const T_IN *Qb, ulong q_sh, ulong q_ss, int hk, int group,
-                         int seq_q, int R, int r0, int D)
+                         int seq_q, int R, int r0, int D, const work_range *w)
 {
     for (int e = lid; e < nr * (dp / 4); e += nwi) {
         const int r = e / (dp / 4), d = 4 * (e % (dp / 4));
         const int row = r0 + r;
         float4 x = (float4)(0.0f);
-        if (row < R) {
-            const int hq = hk * group + row / seq_q, i = row % seq_q;
-            x = row_load4(Qb + (ulong)hq * q_sh + (ulong)i * q_ss, d, D);
-        }
+        const int hq = hk * group + row / seq_q, i = row % seq_q;
+        if (row < R && i < w->sq)
+            x = row_load4(Qb + (ulong)hq * q_sh + (ulong)(w->q0 + i) * q_ss, d, D);
         vstore4(x, 0, dst + r * pitch + d);
     }
 }
 
-/* What one work-group covers: grid z = (batch·heads_kv + kv head)·splits + split, packed rows
- * r0..r1, and the keys [k_lo, k_hi) of its split that those rows may see (causal: the positions
- * of the first and last rows bound the range of all), every row seeing the keys in
- * [k_vis, k_all) (k_vis 0 but with a window or chunk, whose rows start at different keys). */
-typedef struct work_range {
-    int split, z, b, hk, L, k_lo, k_hi, k_all, k_vis;
-} work_range;
 
 inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv, int seq_q,
                                 int seq_kv, int causal, __global const int *kvlen, int r0, int r1,
-                                int step, const vparams *vp)
+                                int step, const vparams *vp, const kv_seqs *ks)
 {
     work_range w;
     w.split = zz % splits;
@@ -387,6 +391,21 @@ inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv,
     w.b = w.z / heads_kv;
     w.hk = w.z % heads_kv;
     w.L = keys_of_batch(kvlen, w.b, seq_kv);
+    w.q0 = 0;
+    w.sq = seq_q;
+    w.k0 = 0;
+#if VARLEN
+    if (ks->cu_q) {
+        const int2 s = packed_seq(ks->cu_q, w.b, seq_q, ks->total_q);
+        w.q0 = s.x;
+        w.sq = s.y;
+    }
+    if (ks->cu_k) {
+        const int2 s = packed_seq(ks->cu_k, w.b, seq_kv, ks->total_k);
+        w.k0 = s.x;
+        w.L = min(w.L, s.y);
+    }
+#endif
     const int spans = (r0 / seq_q) != (r1 / seq_q);
     const int i_min = spans ? 0 : r0 % seq_q;
     const int i_max = spans ? seq_q - 1 : r1 % seq_q;
@@ -394,8 +413,8 @@ inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv,
     /* k_lo + split_len may pass INT_MAX for the last split of a long range: compare instead. */
     const int end = split_len >= w.L - w.k_lo ? w.L : w.k_lo + split_len;
     vrow first, last;
-    const int end_min = row_span(causal, i_min, seq_q, w.L, w.b, 0, vp, &first);
-    const int end_max = row_span(causal, i_max, seq_q, w.L, w.b, 0, vp, &last);
+    const int end_min = row_span(causal, i_min, w.sq, w.L, w.b, 0, vp, &first);
+    const int end_max = row_span(causal, i_max, w.sq, w.L, w.b, 0, vp, &last);
     w.k_hi = min(end, end_max);
     w.k_all = min(w.k_hi, end_min);
     w.k_vis = last.beg; /* the first key the last row sees: every row sees it on */
@@ -554,7 +573,7 @@ inline int var_hides_block(int rows, const int *rend, const vrow *vr, int kt, in
  * end), each stopping at its first, and write kt to `seen` when they find one: from the mask's
  * flags (MFLAGS: a work-item a row's 16-key chunk) or, with a mask, from the mask itself
  * (neighbouring work-items at neighbouring keys). Reads the kernel's own b, hk, group, seq_q,
- * causal, L, R, r0, kt, k_hi and mask (or flag) arguments. */
+ * causal, L, R, r0, kt, k_hi, w and mask (or flag) arguments. */
 #if MFLAGS
 #define MARK_SEEN_TILE(bm, bn, nwi, lid, seen)                                                     \
     do {                                                                                           \
@@ -564,7 +583,7 @@ inline int var_hides_block(int rows, const int *rend, const vrow *vr, int kt, in
             if (row_ >= R)                                                                         \
                 continue;                                                                          \
             const int pos_ = row_ % seq_q, hq_ = hk * group + row_ / seq_q;                        \
-            const int end_ = min(min(kt + (bn), k_hi), causal_end(causal, pos_, seq_q, L));        \
+            const int end_ = min(min(kt + (bn), k_hi), causal_end(causal, pos_, w.sq, L));         \
             if (max(16 * c_, kt) < end_ && !mflags[MFLAG_ROW(b, hq_, pos_) + (ulong)c_]) {         \
                 (seen) = kt;                                                                       \
                 break;                                                                             \
@@ -581,7 +600,7 @@ inline int var_hides_block(int rows, const int *rend, const vrow *vr, int kt, in
             const int pos_ = row_ % seq_q, hq_ = hk * group + row_ / seq_q;                        \
             const ulong mr_ = m_off + (ulong)b * m_sb + (ulong)hq_ * m_sh + (ulong)pos_ * m_ss;    \
             vrow vr_;                                                                              \
-            if (key_ < row_span(causal, pos_, seq_q, L, b, hq_, &vp, &vr_) && var_visible(key_, &vr_) && \
+            if (key_ < row_span(causal, pos_, w.sq, L, b, hq_, &vp, &vr_) && var_visible(key_, &vr_) && \
                 (!has_mask || LD_MASK(mask, mr_ + key_) != NEG_INF)) {                             \
                 (seen) = kt;                                                                       \
                 break;                                                                             \

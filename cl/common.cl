@@ -264,6 +264,18 @@ inline int keys_of_batch(__global const int *kvlen, int b, int seq_kv)
     return clamp(kvlen[b], 0, seq_kv);
 }
 
+/* Sequence b of a packed (varlen) batch, FlashAttention's cu_seqlens: its first row cu[b] and its
+ * length cu[b + 1] - cu[b], clamped to [0, max] and to the rows [0, total) of the packed tensor
+ * (a first row outside it: no rows), so that no row outside the view is read or written. */
+inline int2 packed_seq(__global const int *cu, int b, int max, int total)
+{
+    const int s0 = cu[b];
+    if (s0 < 0 || s0 >= total)
+        return (int2)(0, 0);
+    const long n = clamp((long)cu[b + 1] - (long)s0, 0L, (long)min(max, total - s0));
+    return (int2)(s0, (int)n);
+}
+
 /* The causal rule, written once: bottom-right aligned, row i of seq_q sees key j iff
  * j <= i + (L - seq_q), where L is the number of keys of the batch. Returns one past the last
  * visible key of row i (may be <= 0: no key). */

@@ -106,16 +106,17 @@ decode_rows(ATTN_KERNEL_ARGS(T_K, T_V) VARIANT_ARGS KVC_ARGS)
     const int t = get_local_id(0), g = t / W, j = t % W;
     const int R = group * seq_q;
     const int r0 = GROUP_ID(1) * RM;
+    const kv_seqs seqs = KV_SEQS();
     const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
-                                       causal, kvlen, r0, min(R, r0 + RM) - 1, STEP, &vp);
+                                       causal, kvlen, r0, min(R, r0 + RM) - 1, STEP, &vp, &seqs);
     const int b = w.b, hk = w.hk, k_hi = w.k_hi;
 
-    __global const T_K *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk);
-    __global const T_V *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk);
+    __global const T_K *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk) + (ulong)w.k0 * k_ss;
+    __global const T_V *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk) + (ulong)w.k0 * v_ss;
     const kv_src ksrc = K_SRC(b, hk), vsrc = V_SRC(b, hk); /* paged rows, scales (kv_access.cl) */
 
     stage_q_rows((__local float *)Qs, DP, RM, DP, t, WG, Q + q_off + (ulong)b * q_sb, q_sh, q_ss, hk,
-                 group, seq_q, R, r0, D);
+                 group, seq_q, R, r0, D, &w);
 
     float m[RM], l[RM];
     int rend[RM];
@@ -128,8 +129,8 @@ decode_rows(ATTN_KERNEL_ARGS(T_K, T_V) VARIANT_ARGS KVC_ARGS)
         m[i] = NEG_INF;
         l[i] = 0.0f;
         /* a row past R (never stored, rend 0) takes the last row's head: its ALiBi slope is read */
-        const int end = row_span(causal, pos, seq_q, w.L, b, hk * group + min(row, R - 1) / seq_q, &vp, &vr[i]);
-        rend[i] = row < R ? min(k_hi, end) : 0;
+        const int end = row_span(causal, pos, w.sq, w.L, b, hk * group + min(row, R - 1) / seq_q, &vp, &vr[i]);
+        rend[i] = row < R && pos < w.sq ? min(k_hi, end) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
         o[i] = (float4)(0.0f);
     }
@@ -348,17 +349,19 @@ decode_rows(ATTN_KERNEL_ARGS(T_K, T_V) VARIANT_ARGS KVC_ARGS)
     LSE += l_off + (ulong)w.split * l_split;
     for (int i = 0; i < RM; i++) {
         const int row = r0 + i;
-        if (row >= R)
-            continue;
         const int hq = hk * group + row / seq_q, pos = row % seq_q;
+        if (row >= R || pos >= w.sq)
+            continue;
+        /* the caller's rows of a packed sequence start at w.q0; split partials are not packed */
+        const int opos = pos + (splits > 1 ? 0 : w.q0);
         /* No visible key: exactly 0 and LSE -inf; all-NaN scores leave m = -inf but l = NaN. */
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
         float lse;
         const float sf = sink_join(m[i], l[i], empty, hq, splits, &vp, &lse);
-        __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
+        __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)opos * o_ss;
         store4_row(orow, c, empty ? (float4)(0.0f) : o_from_half4(o[i]) * sf, DV);
         if (has_lse && j == 0)
-            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = lse;
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)opos * l_ss] = lse;
     }
 #undef Sc
 #undef Pr

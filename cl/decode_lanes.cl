@@ -124,15 +124,16 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN, T_IN) VARIANT_ARGS)
     const int t = get_local_id(0), g = t / LANES, j = t % LANES;
     const int R = group * seq_q;
     const int r0 = GROUP_ID(1) * RM;
+    const kv_seqs seqs = KV_SEQS();
     const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
-                                       causal, kvlen, r0, min(R, r0 + RM) - 1, KG * KU, &vp);
+                                       causal, kvlen, r0, min(R, r0 + RM) - 1, KG * KU, &vp, &seqs);
     const int b = w.b, hk = w.hk, k_hi = w.k_hi;
 
     __global const T_IN *Kb = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
     __global const T_IN *Vb = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
 
     stage_q_rows((__local float *)Qs, 4 * QP, RM, 4 * QP, t, WG, Q + q_off + (ulong)b * q_sb, q_sh, q_ss,
-                 hk, group, seq_q, R, r0, D);
+                 hk, group, seq_q, R, r0, D, &w);
 
     float m[RM], l[RM];
     int rend[RM];

@@ -171,8 +171,9 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
     const vparams vp = VP_MAKE;
     const int R = group * seq_q, nrb = (R + RM - 1) / RM; /* row blocks, grid y (or x, flat) */
     const int r0 = TILE_Y(1, nrb) * RM;
+    const kv_seqs seqs = KV_SEQS();
     const work_range w = work_range_of(TILE_Z(1, nrb), splits, split_len, heads_kv, seq_q, seq_kv,
-                                       causal, kvlen, r0, min(R, r0 + RM) - 1, DBN, &vp);
+                                       causal, kvlen, r0, min(R, r0 + RM) - 1, DBN, &vp, &seqs);
     const int split = w.split, z = w.z, b = w.b, hk = w.hk, L = w.L;
     int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
     const int k_vis = w.k_vis;
@@ -180,8 +181,8 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
 
     /* The head's keys and values: K[key][d] and V[key][c] in place, or the panels of the
      * copies, Kt[key / DBN][d][key % DBN] (k_ss = DBN) and Vp[c / 16][key][c % 16] (v_ss = 16). */
-    __global const T_KD *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk);
-    __global const T_VD *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk);
+    __global const T_KD *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk) + (ulong)w.k0 * k_ss;
+    __global const T_VD *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk) + (ulong)w.k0 * v_ss;
     const kv_src ksrc = K_SRC(b, hk), vsrc = V_SRC(b, hk); /* in place: paged rows, scales */
 
 #if IN_PLACE
@@ -201,13 +202,15 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
     for (int i = 0; i < RM; i++) {
         const int row = min(r0 + i, R - 1); /* rows past R compute on a copy, never stored */
         const int pos = row % seq_q, hq = hk * group + row / seq_q;
-        __global const T_IN *qrow = Q + q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)pos * q_ss;
+        /* past a packed sequence's rows (VARLEN): its last row's copy (or its first), never stored */
+        const int qpos = w.q0 + min(pos, max(w.sq - 1, 0));
+        __global const T_IN *qrow = Q + q_off + (ulong)b * q_sb + (ulong)hq * q_sh + (ulong)qpos * q_ss;
         for (int d = 0; d < DP; d++)
             qs[i].f[d] = d < D ? LD_IN(qrow, d) : 0.0f;
         m[i] = NEG_INF;
         l[i] = 0.0f;
-        const int end = row_span(causal, pos, seq_q, L, b, hq, &vp, &vr[i]);
-        rend[i] = r0 + i < R ? min(k_hi, end) : 0;
+        const int end = row_span(causal, pos, w.sq, L, b, hq, &vp, &vr[i]);
+        rend[i] = r0 + i < R && pos < w.sq ? min(k_hi, end) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
         frow[i] = MFLAG_ROW(b, hq, pos);
 #pragma unroll
@@ -482,15 +485,17 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
     ROWS_LOOP
     for (int i = 0; i < RM; i++) {
         const int row = r0 + i;
-        if (row >= R)
-            continue;
         const int hq = hk * group + row / seq_q, pos = row % seq_q;
+        if (row >= R || pos >= w.sq)
+            continue;
+        /* the caller's rows of a packed sequence start at w.q0; split partials are not packed */
+        const int opos = pos + (splits > 1 ? 0 : w.q0);
         /* No visible key: 0 and LSE -inf. A row whose scores were all NaN keeps m = -inf too
          * (fmax skips NaN) but has l = NaN: it is NaN, not empty. */
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
         float lse;
         const float sf = sink_join(m[i], l[i], empty, hq, splits, &vp, &lse);
-        __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
+        __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)opos * o_ss;
         /* f32 whole vectors are stored as they are; the rest of the row (f16/bf16 output, or
          * the f32 tail) goes through ob and a rolled loop of element stores. */
         float ob[16 * DV16];
@@ -509,7 +514,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
         for (int col = DT_OUT == 0 ? DV / 16 * 16 : 0; col < DV; col++)
             ST_OUT(orow, col, ob[col]);
         if (has_lse)
-            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = lse;
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)opos * l_ss] = lse;
     }
 }
 #endif

@@ -243,8 +243,9 @@ fused_lanes(ATTN_KERNEL_ARGS(T_KV, T_KV) MFLAG_ARGS VARIANT_ARGS)
     const vparams vp = VP_MAKE;
     const int R = group * seq_q, nrb = (R + RM - 1) / RM; /* row blocks, grid y (or x, flat) */
     const int r0 = TILE_Y(1, nrb) * RM;
+    const kv_seqs seqs = KV_SEQS();
     const work_range w = work_range_of(TILE_Z(1, nrb), splits, split_len, heads_kv, seq_q, seq_kv,
-                                       causal, kvlen, r0, min(R, r0 + RM) - 1, 16, &vp);
+                                       causal, kvlen, r0, min(R, r0 + RM) - 1, 16, &vp, &seqs);
     const int split = w.split, b = w.b, hk = w.hk, L = w.L;
     int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
     const int k_vis = w.k_vis;

@@ -121,8 +121,9 @@ fused_mma(ATTN_KERNEL_ARGS(T_IN, T_IN) MFLAG_ARGS VARIANT_ARGS)
 #endif
     const int R = group * seq_q;
     const int r0 = GROUP_ID(1) * BM;
+    const kv_seqs seqs = KV_SEQS();
     const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
-                                       causal, kvlen, r0, min(R, r0 + BM) - 1, 16, &vp);
+                                       causal, kvlen, r0, min(R, r0 + BM) - 1, 16, &vp, &seqs);
     const int split = w.split, b = w.b, hk = w.hk, L = w.L;
     int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
     NARROW_KEYS(r0, min(R, r0 + BM), 16);

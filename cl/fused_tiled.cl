@@ -89,20 +89,21 @@ fused(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
     const int lid = ty * WGX + tx;
     const int R = group * seq_q;
     const int r0 = GROUP_ID(1) * BM;
+    const kv_seqs seqs = KV_SEQS();
     const work_range w = work_range_of(GROUP_ID(2), splits, split_len, heads_kv, seq_q, seq_kv,
-                                       causal, kvlen, r0, min(R, r0 + BM) - 1, 16, &vp);
+                                       causal, kvlen, r0, min(R, r0 + BM) - 1, 16, &vp, &seqs);
     const int split = w.split, b = w.b, hk = w.hk, L = w.L;
     int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
     /* Every work-item reads every row's span: the range stays the work-group's. */
     NARROW_KEYS(r0, min(R, r0 + BM), 16);
 
-    __global const T_K *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk);
-    __global const T_V *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk);
+    __global const T_K *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk) + (ulong)w.k0 * k_ss;
+    __global const T_V *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk) + (ulong)w.k0 * v_ss;
     const kv_src ksrc = K_SRC(b, hk), vsrc = V_SRC(b, hk); /* paged rows, scales (kv_access.cl) */
 
     /* Stage Q once. */
     stage_q_rows(&Qs[0][0], DP + 4, BM, DP, lid, NWI, Q + q_off + (ulong)b * q_sb, q_sh, q_ss, hk,
-                 group, seq_q, R, r0, D);
+                 group, seq_q, R, r0, D, &w);
 
     /* Per-row state of this work-item's rows: running max m and sum l of e^(s - m);
      * o is kept normalised (a convex combination of V rows, at half scale: it cannot overflow). */
@@ -117,8 +118,8 @@ fused(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
         m[i] = NEG_INF;
         l[i] = 0.0f;
         /* a row past R (never stored, rend 0) takes the last row's head: its ALiBi slope is read */
-        const int end = row_span(causal, pos, seq_q, L, b, hk * group + min(row, R - 1) / seq_q, &vp, &vr[i]);
-        rend[i] = row < R ? min(k_hi, end) : 0;
+        const int end = row_span(causal, pos, w.sq, L, b, hk * group + min(row, R - 1) / seq_q, &vp, &vr[i]);
+        rend[i] = row < R && pos < w.sq ? min(k_hi, end) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
         for (int c = 0; c < NV; c++)
             o[i][c] = (floatV)(0.0f);
@@ -318,15 +319,17 @@ fused(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
     LSE += l_off + (ulong)split * l_split;
     for (int i = 0; i < RM; i++) {
         const int row = r0 + ty * RM + i;
-        if (row >= R)
-            continue;
         const int hq = hk * group + row / seq_q, pos = row % seq_q;
+        if (row >= R || pos >= w.sq)
+            continue;
+        /* the caller's rows of a packed sequence start at w.q0; split partials are not packed */
+        const int opos = pos + (splits > 1 ? 0 : w.q0);
         /* No visible key: output exactly 0 and LSE -inf. A row whose scores were all NaN also
          * keeps m = -inf (fmax skips NaN) but has l = NaN: it is NaN, not empty. */
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
         float lse;
         const float sf = sink_join(m[i], l[i], empty, hq, splits, &vp, &lse);
-        __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
+        __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)opos * o_ss;
         for (int c = 0; c < NV; c++) {
             float t[VW];
             vstoreV(empty ? (floatV)(0.0f) : o[i][c], 0, t);
@@ -334,7 +337,7 @@ fused(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
                 store4_row(orow, OWN_COL(tx, c) + q, o_from_half4(vload4(0, t + q)) * sf, DV);
         }
         if (has_lse && tx == 0)
-            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = lse;
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)opos * l_ss] = lse;
     }
 }
 #endif

@@ -26,6 +26,9 @@
 #ifndef PAGE
 #define PAGE 0
 #endif
+#ifndef VARLEN
+#define VARLEN 0 /* 1: q/out/lse packed by cu_seqlens_q, or k/v by cu_seqlens_k (kv_seqs) */
+#endif
 
 #if defined(DT_IN)
 #ifndef DT_K
@@ -190,7 +193,8 @@ typedef struct kv_src {
 #define KVC_ARGS                                                                                 \
     , __global const int *kv_bt, ulong bt_off, ulong bt_sb, int k_np, int v_np,                  \
         __global const float *k_sc, ulong ks_off, ulong ks_sb, ulong ks_sh, ulong ks_ss,         \
-        __global const float *v_sc, ulong vs_off, ulong vs_sb, ulong vs_sh, ulong vs_ss, float k_fs, float v_fs
+        __global const float *v_sc, ulong vs_off, ulong vs_sb, ulong vs_sh, ulong vs_ss, float k_fs, \
+        float v_fs, __global const int *cu_q, __global const int *cu_k, int total_q, int total_k
 inline kv_src kv_src_of(__global const int *bt, ulong bt_off, ulong bt_sb, int np, __global const float *sc,
                         ulong s_off, ulong s_sb, ulong s_sh, ulong s_ss, float fs, int b, int hk)
 {
@@ -213,6 +217,23 @@ inline kv_src kv_src_of(__global const int *bt, ulong bt_off, ulong bt_sb, int n
 #define KVC_ARGS
 #define K_SRC(b, hk) ((kv_src){0})
 #define V_SRC(b, hk) ((kv_src){0})
+#endif
+
+/* Packed sequences (VARLEN): cu_q / cu_k, FlashAttention's cu_seqlens_q / _k of batch + 1 entries
+ * (NULL where that side is not packed), and the packed tensors' rows total_q / total_k. Each
+ * batch's first row and length are work_range_of's (attn_common.cl): w.q0, w.sq, w.k0, w.L. */
+typedef struct kv_seqs {
+#if VARLEN
+    __global const int *cu_q, *cu_k;
+    int total_q, total_k;
+#else
+    int none;
+#endif
+} kv_seqs;
+#if VARLEN
+#define KV_SEQS() ((kv_seqs){cu_q, cu_k, total_q, total_k})
+#else
+#define KV_SEQS() ((kv_seqs){0})
 #endif
 
 /* Units from the kv head's base to key's row (sb the pool's page stride, ss the row stride). */

@@ -6,7 +6,8 @@
  * merge_strided: the parts lie in one f32 buffer at a fixed stride (flash-decoding splits). With
  *                attention sinks (SK not NULL: query head h's at SK[sk_off + h·sk_sh]) the sink
  *                is one more part, of lse s_h and output 0: it joins the denominator once,
- *                however many splits there are (docs/variants.md).
+ *                however many splits there are (docs/variants.md). CU (not NULL): the output is
+ *                packed by cu_seqlens_q (docs/kvcache.md#varlen).
  * merge_pair:    folds one more part (any storage type) into an accumulator; clattn_merge chains
  *                it over the caller's parts, which may live in separate buffers. The accumulator
  *                keeps its row maximum m and weight sum s = Σ exp(lse_p - m) apart, not an LSE
@@ -27,7 +28,8 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
               __global T_OUT *O, ulong o_off, ulong o_sb, ulong o_sh, ulong o_ss,
               __global float *LSE, ulong l_off, ulong l_sb, ulong l_sh, ulong l_ss,
               ulong p_split, ulong pl_split, int parts, int rows, int ny, int heads, int seq,
-              int DV, int has_lse, __global const float *SK, ulong sk_off, ulong sk_sh)
+              int DV, int has_lse, __global const float *SK, ulong sk_off, ulong sk_sh,
+              __global const int *CU, int total)
 {
     const int c = get_global_id(0);
     const long grow = (long)get_global_id(1) + (long)ny * (long)get_global_id(2);
@@ -35,6 +37,15 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
         return;
     const int row = (int)grow;
     const int i = row % seq, bh = row / seq, h = bh % heads, b = bh / heads;
+    /* Packed output (CU: cu_seqlens_q of the attention, total its rows): row i of batch b goes to
+     * row CU[b] + i, rows past the sequence nowhere (their parts were never written). */
+    int oi = i;
+    if (CU) {
+        const int2 sq = packed_seq(CU, b, seq, total);
+        if (i >= sq.y)
+            return;
+        oi = sq.x + i;
+    }
     const ulong lrow = pl_off + (ulong)b * pl_sb + (ulong)h * pl_sh + (ulong)i * pl_ss;
     const ulong prow = p_off + (ulong)b * p_sb + (ulong)h * p_sh + (ulong)i * p_ss;
 
@@ -80,10 +91,10 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
         }
     }
     if (c < DV)
-        ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)i * o_ss + c,
+        ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)oi * o_ss + c,
                mx == NEG_INF ? 0.0f : o_from_half(acc));
     if (has_lse && c == 0)
-        LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] =
+        LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)oi * l_ss] =
             mx == NEG_INF ? NEG_INF : mx + log(sum);
 }
 #endif

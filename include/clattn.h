@@ -138,8 +138,9 @@ CLATTN_API clattn_tensor clattn_tensor_bshd(cl_mem buffer, clattn_dtype dtype, i
 
 /**
  * How K and V are stored when they are not one strided view per batch (docs/kvcache.md): in pages
- * addressed by a block table, and the scales of quantized storage. Pointed to by
- * clattn_attention_desc.kv; zero-initialise it and fill what applies.
+ * addressed by a block table, the scales of quantized storage, and sequences of different lengths
+ * packed end to end (q as well). Pointed to by clattn_attention_desc.kv; zero-initialise it and
+ * fill what applies.
  */
 typedef struct clattn_kv_layout {
     /* Paged KV, with page_size > 0: the k and v given to clattn_attention are page pools of shape
@@ -163,6 +164,16 @@ typedef struct clattn_kv_layout {
      * v_scale; 0 means 1. Must be 0 for other types. */
     float k_scale;
     float v_scale;
+    /* Packed variable-length batches (FlashAttention's varlen form), int32 [batch + 1] each, NULL
+     * where that side is not packed. cu_seqlens_q: q, out and lse have batch extent 1 and
+     * total_q rows (shape[2]); sequence b's rows are cu[b] .. cu[b + 1] - 1 and desc->seq_q is
+     * the longest. cu_seqlens_k: k and v likewise ([1][heads_kv][total_k][dim]), sequence b's
+     * keys are rows cu[b] .. cu[b + 1] - 1, desc->seq_kv the longest (kv_lengths, when given,
+     * shortens them further); not with pages, whose keys the block table addresses. Causal is
+     * bottom-right within each sequence. Lengths are clamped to [0, seq_q] (seq_kv) and to the
+     * packed rows: rows outside every sequence are neither read nor written. */
+    cl_mem cu_seqlens_q;
+    cl_mem cu_seqlens_k;
     /* Must be zero; later options go here. */
     int64_t reserved[8];
 } clattn_kv_layout;
@@ -230,8 +241,8 @@ typedef struct clattn_attention_desc {
      * gives CLATTN_BUILD_FAILED with the log. NULL: none. */
     const char *score_mod;
     const char *mask_mod;
-    /* Optional: paged K/V and the scales of quantized K/V (clattn_kv_layout). NULL: k and v are
-     * plain [batch][heads_kv][seq_kv][dim] views of the query's dtype. K and V of the quantized
+    /* Optional: paged K/V, the scales of quantized K/V and packed sequences (clattn_kv_layout).
+     * NULL: k and v are plain [batch][heads_kv][seq_kv][dim] views of the query's dtype. K and V of the quantized
      * types (each its own) are taken by the fused path only. (A union keeps the slot 8 bytes
      * wide where pointers are 4.) */
     union {

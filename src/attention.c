@@ -115,9 +115,10 @@ clattn_status clattn_attention(clattn_context *ctx, const clattn_attention_desc 
     }
     if (p.kv.on && algo == CLATTN_ALGORITHM_UNFUSED)
         return clattn__fail(ctx, CLATTN_UNSUPPORTED,
-                            "%s K/V (%s, %s) are read by the fused path only: the unfused path%s needs plain K "
-                            "and V of the query's type",
-                            p.kv.page ? "paged" : "quantized", clattn_dtype_name(p.kv.kt), clattn_dtype_name(p.kv.vt),
+                            "%s K/V (%s, %s) are read by the fused path only: the unfused path%s needs plain Q, K "
+                            "and V, K and V of the query's type",
+                            p.kv.page ? "paged" : p.kv.varlen ? "packed (varlen)" : "quantized",
+                            clattn_dtype_name(p.kv.kt), clattn_dtype_name(p.kv.vt),
                             desc->probabilities ? " (desc->probabilities)" : "");
     clattn__variant_enter(ctx, &p);
     st = algo == CLATTN_ALGORITHM_UNFUSED ? run_unfused(ctx, &p, num_wait, wait, done)

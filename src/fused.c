@@ -137,7 +137,7 @@ clattn_status clattn__fused_launch(clattn_context *ctx, const clattn_problem *p,
         return st;
     return clattn__run_merge(ctx, splits, p->batch, p->heads_q, p->seq_q, p->head_dim_v, &out, &lse,
                              &p->out, p->lse.buffer ? &p->lse : NULL, p->var.sinks.buffer ? &p->var.sinks : NULL,
-                             0, NULL, done);
+                             p->kv.cu_q, p->kv.total_q, 0, NULL, done);
 }
 
 

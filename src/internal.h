@@ -357,6 +357,9 @@ typedef struct clattn_kvstore {
     int k_np, v_np;        /* pages of the pools */
     clattn_view ks, vs;    /* int8 scales (buffer NULL where absent) */
     float k_fs, v_fs;      /* fp8 per-tensor scales (1 where absent) */
+    int varlen;            /* packed sequences: cu_q and/or cu_k, rows of the packed tensors */
+    cl_mem cu_q, cu_k;
+    int total_q, total_k;
 } clattn_kvstore;
 
 typedef struct clattn_problem {
@@ -604,7 +607,7 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
 clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,
                                 int64_t seq, int64_t dv, const clattn_view *part_out,
                                 const clattn_view *part_lse, const clattn_view *out,
-                                const clattn_view *lse, const clattn_view *sinks, cl_uint num_wait, const cl_event *wait,
-                                cl_event *done);
+                                const clattn_view *lse, const clattn_view *sinks, cl_mem cu_q, int total_q,
+                                cl_uint num_wait, const cl_event *wait, cl_event *done);
 
 #endif

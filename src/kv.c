@@ -1,6 +1,7 @@
 /* K and V as a KV cache stores them (docs/kvcache.md): paged pools addressed through a block
- * table, and the KV-cache storage types (int8 with per-token scales, fp8 with per-tensor scales,
- * ggml's q8_0 and q4_0), which the fused kernels read and decode in place (cl/kv_access.cl). */
+ * table, the KV-cache storage types (int8 with per-token scales, fp8 with per-tensor scales,
+ * ggml's q8_0 and q4_0), which the fused kernels read and decode in place (cl/kv_access.cl), and
+ * sequences of different lengths packed end to end (varlen). */
 #include "internal.h"
 
 #include <math.h>
@@ -74,6 +75,33 @@ clattn_status clattn__check_kv(clattn_context *ctx, const clattn_attention_desc 
     if (kv->page_size < 0 || kv->page_size > CLATTN_MAX_SEQ)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->kv->page_size must be 0 .. %lld (got %lld)",
                             (long long)CLATTN_MAX_SEQ, (long long)kv->page_size);
+    /* Packed sequences: cu_seqlens of batch + 1 int32 each; packed K and V are [1][heads_kv][total_k][.]. */
+    if (kv->cu_seqlens_q || kv->cu_seqlens_k) {
+        clattn_status st;
+        if ((kv->cu_seqlens_q &&
+             (st = clattn__check_ints(ctx, kv->cu_seqlens_q, "desc->kv->cu_seqlens_q", (uint64_t)p->batch + 1))) ||
+            (kv->cu_seqlens_k &&
+             (st = clattn__check_ints(ctx, kv->cu_seqlens_k, "desc->kv->cu_seqlens_k", (uint64_t)p->batch + 1))))
+            return st;
+        if (kv->cu_seqlens_k && kv->page_size)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                "desc->kv->cu_seqlens_k with page_size %lld: paged keys are addressed by the block "
+                                "table (give each batch's length in desc->kv_lengths)",
+                                (long long)kv->page_size);
+        s->varlen = 1;
+        s->cu_q = kv->cu_seqlens_q;
+        s->cu_k = kv->cu_seqlens_k;
+        if (kv->cu_seqlens_k) {
+            const int64_t total = k->shape[2];
+            if (total < 1 || total > 0x7fffffffLL)
+                return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                    "desc->kv->cu_seqlens_k: k->shape[2] holds the packed keys, 1 .. %d (got %lld)",
+                                    0x7fffffff, (long long)total);
+            ks[0] = vs[0] = 1;
+            ks[2] = vs[2] = total;
+            s->total_k = (int)total;
+        }
+    }
     if (kv->page_size == 0) {
         if (kv->block_table || kv->block_table_offset || kv->block_table_stride)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
@@ -128,7 +156,7 @@ clattn_status clattn__check_kv(clattn_context *ctx, const clattn_attention_desc 
         return st;
     s->kt = k->dtype;
     s->vt = v->dtype;
-    s->on = s->page > 0 || clattn__kv_type(s->kt) || clattn__kv_type(s->vt);
+    s->on = s->page > 0 || clattn__kv_type(s->kt) || clattn__kv_type(s->vt) || s->varlen;
     return CLATTN_SUCCESS;
 }
 
@@ -139,7 +167,8 @@ void clattn__kv_options(const clattn_problem *p, char *buf, size_t size)
             buf[0] = '\0';
         return;
     }
-    snprintf(buf, size, " -DKVC=1 -DPAGE=%d -DDT_K=%d -DDT_V=%d", p->kv.page, (int)p->kv.kt, (int)p->kv.vt);
+    snprintf(buf, size, " -DKVC=1 -DPAGE=%d -DDT_K=%d -DDT_V=%d -DVARLEN=%d", p->kv.page, (int)p->kv.kt,
+             (int)p->kv.vt, p->kv.varlen);
 }
 
 void clattn__kv_args(clattn_args *a, const clattn_problem *p)
@@ -161,4 +190,8 @@ void clattn__kv_args(clattn_args *a, const clattn_problem *p)
     }
     clattn__arg(a, sizeof(float), &s->k_fs);
     clattn__arg(a, sizeof(float), &s->v_fs);
+    clattn__arg(a, sizeof(cl_mem), s->cu_q ? &s->cu_q : NULL);
+    clattn__arg(a, sizeof(cl_mem), s->cu_k ? &s->cu_k : NULL);
+    clattn__arg(a, sizeof(int), &s->total_q);
+    clattn__arg(a, sizeof(int), &s->total_k);
 }

@@ -49,8 +49,8 @@ int clattn__row_grid(const clattn_context *ctx, int wg, int64_t dv, int64_t rows
 clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, int64_t heads,
                                 int64_t seq, int64_t dv, const clattn_view *part_out,
                                 const clattn_view *part_lse, const clattn_view *out,
-                                const clattn_view *lse, const clattn_view *sinks, cl_uint num_wait,
-                                const cl_event *wait, cl_event *done)
+                                const clattn_view *lse, const clattn_view *sinks, cl_mem cu_q, int total_q,
+                                cl_uint num_wait, const cl_event *wait, cl_event *done)
 {
     char opts[128];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_OUT=%d", (int)out->dtype);
@@ -84,6 +84,8 @@ clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, i
     clattn__arg(&a, sizeof(cl_mem), sbuf ? &sbuf : NULL);
     clattn__arg(&a, sizeof(cl_ulong), &soff);
     clattn__arg(&a, sizeof(cl_ulong), &ssh);
+    clattn__arg(&a, sizeof(cl_mem), cu_q ? &cu_q : NULL); /* a packed output (varlen) */
+    clattn__arg(&a, sizeof(int), &total_q);
     return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, "merge_strided");
 }
 

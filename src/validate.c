@@ -422,12 +422,20 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
     p->causal = desc->causal != 0;
     p->kv_lengths = desc->kv_lengths;
 
-    const int64_t qs[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim};
+    /* Packed query rows (varlen, src/kv.c): q, out and lse are [1][heads_q][total_q][.], total_q
+     * the rows q has. */
+    const int packed_q = need_v && desc->kv && desc->kv->cu_seqlens_q;
+    const int64_t qb = packed_q ? 1 : p->batch, qn = packed_q && q ? q->shape[2] : p->seq_q;
+    if (packed_q && (qn < 1 || qn > MAX_EXTENT))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->kv->cu_seqlens_q: q->shape[2] holds the packed rows, 1 .. %lld (got %lld)",
+                            (long long)MAX_EXTENT, (long long)qn);
+    const int64_t qs[4] = {qb, p->heads_q, qn, p->head_dim};
     const int64_t ks[4] = {p->batch, p->heads_kv, p->seq_kv, p->head_dim};
     const int64_t vs[4] = {p->batch, p->heads_kv, p->seq_kv, dv};
-    const int64_t os[4] = {p->batch, p->heads_q, p->seq_q, dv};
+    const int64_t os[4] = {qb, p->heads_q, qn, dv};
     const int64_t ms[4] = {p->batch, p->heads_q, p->seq_q, p->seq_kv};
-    const int64_t ls[4] = {p->batch, p->heads_q, p->seq_q, 1};
+    const int64_t ls[4] = {qb, p->heads_q, qn, 1};
     if ((st = clattn__check_view(ctx, "q", q, qs, CLATTN_VIEW_INPUT, CLATTN_DTYPES_ALL, &p->q)))
         return st;
     p->dtype = q->dtype;
@@ -452,6 +460,8 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
     if (need_v && (desc->kv || kv_types)) {
         if ((st = clattn__check_kv(ctx, desc, k, v, p)))
             return st;
+        if (packed_q)
+            p->kv.total_q = (int)qn;
     } else {
         memset(&p->kv, 0, sizeof p->kv);
         if ((st = clattn__check_view(ctx, "k", k, ks, CLATTN_VIEW_INPUT, same, &p->k)) ||

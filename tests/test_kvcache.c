@@ -404,6 +404,235 @@ static void run_case(void **state)
         fail_msg("%s: %d checks failed", c->name, tu_failures);
 }
 
+/* ---- packed sequences (varlen) ---- */
+
+typedef struct varlen_case {
+    const char *name;
+    clattn_dtype qt, kt; /* q and out; K and V */
+    int B, Hq, Hkv, Sq, Skv, D;
+    int causal;
+    int packed_k; /* K and V packed by cu_seqlens_k too; else [B][Hkv][Skv][D], or paged */
+    int page;     /* with !packed_k: paged K/V (page size) */
+    int mask;
+    int splits;   /* DECODE's SPLITS for this context: the partials' merge writes packed rows */
+} varlen_case;
+
+static const varlen_case varlen_cases[] = {
+    {"varlen_prefill_causal", F32, F32, 3, 4, 2, 13, 40, 32, 1, 1, 0, 0, 0},
+    {"varlen_q_only_mask", F16, F16, 3, 4, 4, 9, 33, 48, 0, 0, 0, 1, 0},
+    {"varlen_paged_q8_0", F32, Q8, 3, 8, 2, 6, 50, 64, 1, 0, 16, 0, 0},
+    {"varlen_decode", F32, F32, 4, 8, 2, 1, 70, 64, 0, 1, 0, 0, 0},
+    {"varlen_decode_splits", BF16, BF16, 3, 4, 2, 2, 300, 64, 1, 1, 0, 0, 4},
+};
+
+/* Sequence b's query rows and keys: varied, one sequence longer than seq_q (its rows past seq_q
+ * are clamped away: neither read nor written), one empty. */
+static int vq_len(const varlen_case *c, int b) { return b == 0 ? c->Sq + 2 : b == 1 ? (c->Sq + 1) / 2 : b == 2 ? 0 : 1; }
+static int vk_len(const varlen_case *c, int b) { return b == 0 ? c->Skv : b == 1 ? c->Skv / 2 + 3 : b == 2 ? 5 : c->Skv - 1; }
+
+static void run_varlen(void **state)
+{
+    const varlen_case *c = *state;
+    clattn_context *ctx = tu_ctx_get();
+    tu_rng r;
+    tu_seed(&r, tu_seed_of(c->name));
+    const int B = c->B, Hq = c->Hq, Hkv = c->Hkv, Sq = c->Sq, Skv = c->Skv, D = c->D, page = c->page;
+    int cuq[9], cuk[9], lens[8];
+    cuq[0] = cuk[0] = 0;
+    for (int b = 0; b < B; b++) {
+        cuq[b + 1] = cuq[b] + vq_len(c, b);
+        lens[b] = vk_len(c, b);
+        cuk[b + 1] = cuk[b] + lens[b];
+    }
+    const int total_q = cuq[B] + 3; /* 3 trailing rows no sequence has */
+    const int total_k = cuk[B] + 2;
+    /* Q [total_q][Hq][D] (FlashAttention's packed layout), out likewise, lse [Hq][total_q] */
+    const size_t nq = (size_t)total_q * Hq * D, es = clattn_dtype_size(c->qt);
+    void *qh = tu_xalloc(nq * es);
+    double *qd = tu_xdoubles(nq);
+    tu_fill(&r, c->qt, qh, qd, nq, -1.0, 1.0);
+    /* K and V rows: packed [total_k][Hkv][D], or [B][Hkv][Skv][D], or pages (one batch's pages in
+     * order, page b·nb + n) */
+    const int nb = page ? (Skv + page - 1) / page : 0;
+    const size_t nrows = c->packed_k ? (size_t)total_k * Hkv : page ? (size_t)B * nb * page * Hkv : (size_t)B * Hkv * Skv;
+    const size_t rb = ref_kv_row_bytes((int)c->kt, D);
+    unsigned char *kbytes = tu_xalloc(nrows * rb), *vbytes = tu_xalloc(nrows * rb);
+    double *kv_[2] = {tu_xdoubles(nrows * (size_t)D), tu_xdoubles(nrows * (size_t)D)};
+    float unused;
+    for (size_t row = 0; row < nrows; row++) {
+        make_row(&r, c->kt, kbytes + row * rb, D, &unused, 1.0f, 0, kv_[0] + row * (size_t)D);
+        make_row(&r, c->kt, vbytes + row * rb, D, &unused, 1.0f, 0, kv_[1] + row * (size_t)D);
+    }
+    int *bt = NULL;
+    if (page) {
+        bt = tu_xalloc(sizeof(int) * (size_t)B * nb);
+        for (int i = 0; i < B * nb; i++)
+            bt[i] = B * nb - 1 - i; /* reversed: batch b's pages from the top of the pool */
+    }
+    float *mh = NULL;
+    double *md = NULL;
+    const size_t nm = (size_t)B * Sq * Skv;
+    if (c->mask) {
+        mh = tu_xalloc(sizeof(float) * nm);
+        md = tu_xdoubles(nm);
+        for (size_t i = 0; i < nm; i++) {
+            md[i] = tu_uniform(&r, 0.0, 1.0) < 0.2 ? -INFINITY : tu_uniform(&r, -2.0, 2.0);
+            mh[i] = (float)md[i];
+        }
+    }
+    /* the reference, one sequence at a time; rows outside every sequence keep the sentinel */
+    const size_t no = (size_t)total_q * Hq * D, nl = (size_t)Hq * total_q;
+    double *want = tu_xdoubles(no), *want_lse = tu_xdoubles(nl);
+    unsigned char *covered = tu_xalloc((size_t)total_q);
+    memset(covered, 0, (size_t)total_q);
+    for (int b = 0; b < B; b++) {
+        const int sq = vq_len(c, b) < Sq ? vq_len(c, b) : Sq, L = lens[b] < Skv ? lens[b] : Skv;
+        if (sq == 0)
+            continue;
+        double *q1 = tu_xdoubles((size_t)Hq * sq * D), *k1 = tu_xdoubles((size_t)Hkv * Skv * D),
+               *v1 = tu_xdoubles((size_t)Hkv * Skv * D), *o1 = tu_xdoubles((size_t)Hq * sq * D),
+               *l1 = tu_xdoubles((size_t)Hq * sq), *m1 = c->mask ? tu_xdoubles((size_t)sq * Skv) : NULL;
+        for (int h = 0; h < Hq; h++)
+            for (int i = 0; i < sq; i++)
+                memcpy(q1 + ((size_t)h * sq + i) * D, qd + (((size_t)cuq[b] + i) * Hq + h) * D, sizeof(double) * D);
+        for (int h = 0; h < Hkv; h++)
+            for (int j = 0; j < Skv; j++) {
+                size_t row;
+                if (c->packed_k)
+                    row = j < L ? ((size_t)cuk[b] + j) * Hkv + h : 0;
+                else if (page)
+                    row = (((size_t)bt[b * nb + j / page] * page) + j % page) * Hkv + h; /* NHD pool */
+                else
+                    row = ((size_t)b * Hkv + h) * Skv + j;
+                memcpy(k1 + ((size_t)h * Skv + j) * D, kv_[0] + row * D, sizeof(double) * D);
+                memcpy(v1 + ((size_t)h * Skv + j) * D, kv_[1] + row * D, sizeof(double) * D);
+            }
+        if (m1)
+            memcpy(m1, md + (size_t)b * Sq * Skv, sizeof(double) * (size_t)sq * Skv);
+        ref_attn ra = {0};
+        ra.batch = 1;
+        ra.heads_q = Hq;
+        ra.heads_kv = Hkv;
+        ra.seq_q = sq;
+        ra.seq_kv = Skv;
+        ra.head_dim = D;
+        ra.scale = (double)(float)(1.0 / sqrt((double)D));
+        ra.causal = c->causal;
+        ra.kv_len = &L;
+        if (m1) {
+            ra.mask = m1;
+            ra.mask_shape[0] = ra.mask_shape[1] = 1;
+            ra.mask_shape[2] = sq;
+            ra.mask_shape[3] = Skv;
+        }
+        ref_attention(&ra, q1, k1, v1, o1, l1, NULL);
+        for (int h = 0; h < Hq; h++)
+            for (int i = 0; i < sq; i++) {
+                const size_t t = (size_t)cuq[b] + i;
+                covered[t] = 1;
+                memcpy(want + (t * Hq + h) * D, o1 + ((size_t)h * sq + i) * D, sizeof(double) * D);
+                want_lse[(size_t)h * total_q + t] = l1[(size_t)h * sq + i];
+            }
+    }
+    /* device */
+    unsigned char *osent = tu_xalloc(no * es);
+    memset(osent, 0x5a, no * es);
+    float *lsent = tu_xalloc(sizeof(float) * nl);
+    for (size_t i = 0; i < nl; i++)
+        lsent[i] = 12345.0f;
+    cl_mem qb = tu_xbuffer(nq * es, qh), ob = tu_xbuffer(no * es, osent), lb = tu_xbuffer(sizeof(float) * nl, lsent);
+    cl_mem kb = tu_xbuffer(nrows * rb, kbytes), vb = tu_xbuffer(nrows * rb, vbytes);
+    cl_mem cuqb = tu_xbuffer(sizeof(int) * (size_t)(B + 1), cuq), cukb = tu_xbuffer(sizeof(int) * (size_t)(B + 1), cuk);
+    cl_mem lenb = tu_xbuffer(sizeof(int) * (size_t)B, lens);
+    cl_mem btb = page ? tu_xbuffer(sizeof(int) * (size_t)B * nb, bt) : NULL;
+    cl_mem mb = c->mask ? tu_xbuffer(sizeof(float) * nm, mh) : NULL;
+    clattn_tensor q = {qb, c->qt, 0, {1, Hq, total_q, D}, {0, D, (int64_t)Hq * D}};
+    clattn_tensor out = {ob, c->qt, 0, {1, Hq, total_q, D}, {0, D, (int64_t)Hq * D}};
+    clattn_tensor lse = {lb, F32, 0, {1, Hq, total_q, 1}, {0, total_q, 1}};
+    clattn_tensor k, v;
+    if (c->packed_k) {
+        k = (clattn_tensor){kb, c->kt, 0, {1, Hkv, total_k, D}, {0, D, (int64_t)Hkv * D}};
+    } else if (page) {
+        k = (clattn_tensor){kb, c->kt, 0, {B * nb, Hkv, page, D}, {(int64_t)page * Hkv * D, D, (int64_t)Hkv * D}};
+    } else {
+        k = clattn_tensor_bhsd(kb, c->kt, B, Hkv, Skv, D);
+    }
+    v = k;
+    v.buffer = vb;
+    clattn_tensor mask = clattn_tensor_bhsd(mb, F32, B, 1, Sq, Skv);
+    clattn_kv_layout kv = {0};
+    kv.cu_seqlens_q = cuqb;
+    kv.cu_seqlens_k = c->packed_k ? cukb : NULL;
+    kv.page_size = page;
+    kv.block_table = btb;
+    kv.block_table_stride = nb;
+    clattn_attention_desc desc = {0};
+    desc.batch = B;
+    desc.heads_q = Hq;
+    desc.heads_kv = Hkv;
+    desc.seq_q = Sq;
+    desc.seq_kv = Skv;
+    desc.head_dim = D;
+    desc.causal = c->causal;
+    desc.kv_lengths = c->packed_k ? NULL : lenb;
+    desc.mask = c->mask ? &mask : NULL;
+    desc.lse = &lse;
+    desc.kv = &kv;
+    if (c->splits) {
+        /* the call's decode parameters with SPLITS replaced, as an override on this context */
+        const clattn_problem_class pc = {CLATTN_OPERATION_DECODE, c->qt, D, Sq, Skv, c->causal, 1};
+        clattn_kernel_params kp;
+        if (clattn_get_call_params(ctx, &pc, Hq, Hkv, D, &kp) != CLATTN_SUCCESS)
+            fail_msg("clattn_get_call_params: %s", clattn_last_error(ctx));
+        for (int i = 0; i < kp.count; i++)
+            if (strcmp(clattn_param_name(CLATTN_OPERATION_DECODE, i), "SPLITS") == 0)
+                kp.values[i] = c->splits;
+        if (clattn_set_params(ctx, CLATTN_OPERATION_DECODE, kp.values, kp.count) != CLATTN_SUCCESS)
+            fail_msg("clattn_set_params: %s", clattn_last_error(ctx));
+    }
+    const clattn_status s = clattn_attention(ctx, &desc, &q, &k, &v, &out, 0, NULL, NULL);
+    if (c->splits)
+        clattn_set_params(ctx, CLATTN_OPERATION_DECODE, NULL, 0);
+    if (s != CLATTN_SUCCESS)
+        fail_msg("%s: %s: %s", c->name, clattn_status_name(s), clattn_last_error(ctx));
+    tu_finish(ctx);
+    unsigned char *oh = tu_xalloc(no * es);
+    float *lh = tu_xalloc(sizeof(float) * nl);
+    tu_read(ctx, ob, no * es, oh);
+    tu_read(ctx, lb, sizeof(float) * nl, lh);
+    tu_failures = 0;
+    double *got = tu_xdoubles(no), *got_lse = tu_xdoubles(nl);
+    for (int t = 0; t < total_q; t++) {
+        if (!covered[t]) { /* outside every sequence (or clamped away): untouched */
+            if (memcmp(oh + (size_t)t * Hq * D * es, osent, (size_t)Hq * D * es) != 0)
+                fail_msg("%s: packed row %d (no sequence's) was written", c->name, t);
+            for (int h = 0; h < Hq; h++)
+                if (lh[(size_t)h * total_q + t] != 12345.0f)
+                    fail_msg("%s: lse of packed row %d (no sequence's) was written", c->name, t);
+            continue;
+        }
+        for (int h = 0; h < Hq; h++) {
+            for (int e = 0; e < D; e++) {
+                const size_t i = ((size_t)t * Hq + h) * D + (size_t)e;
+                got[i] = tu_load(c->qt, oh, i);
+            }
+            got_lse[(size_t)h * total_q + t] = lh[(size_t)h * total_q + t];
+        }
+    }
+    for (int t = 0; t < total_q; t++)
+        if (!covered[t]) {
+            for (size_t i = (size_t)t * Hq * D; i < (size_t)(t + 1) * Hq * D; i++)
+                got[i] = want[i] = 0.0;
+            for (int h = 0; h < Hq; h++)
+                got_lse[(size_t)h * total_q + t] = want_lse[(size_t)h * total_q + t] = 0.0;
+        }
+    const double o_eps = c->qt == F16 ? 0x1p-10 : c->qt == BF16 ? 0x1p-7 : 0.0;
+    tu_check_close("out", got, want, no, 3e-5 + o_eps, 2e-4 + o_eps);
+    tu_check_close("lse", got_lse, want_lse, nl, 2e-5, 1e-5);
+    if (tu_failures)
+        fail_msg("%s: %d checks failed", c->name, tu_failures);
+}
+
 /* ---- the decoders' own rules, checked against values known by heart ---- */
 static void test_fp8_values(void **state)
 {
@@ -483,6 +712,10 @@ static const bad_case bad_cases[] = {
     {"kv_reserved", CLATTN_INVALID_ARGUMENT, "reserved"},
     {"i8_q_types", CLATTN_INVALID_ARGUMENT, "q->dtype"},
     {"pool_too_small", CLATTN_INVALID_ARGUMENT, "needs"},
+    {"cu_k_with_pages", CLATTN_INVALID_ARGUMENT, "cu_seqlens_k"},
+    {"cu_q_too_small", CLATTN_INVALID_ARGUMENT, "cu_seqlens_q"},
+    {"varlen_q_batch_2", CLATTN_INVALID_ARGUMENT, "q->shape[0]"},
+    {"unfused_varlen", CLATTN_UNSUPPORTED, "packed"},
 };
 
 static void test_refusal(void **state)
@@ -528,8 +761,27 @@ static void test_refusal(void **state)
     } else if (!strcmp(n, "page_negative")) {
         kv.page_size = -16;
         kv.block_table = btb;
+    } else if (!strcmp(n, "varlen_q_batch_2")) {
+        kv.cu_seqlens_q = btb; /* q keeps its batch extent 2: refused */
+    } else if (!strcmp(n, "cu_q_too_small") || !strcmp(n, "unfused_varlen")) {
+        /* q and out packed: [1][H][2 rows][D] in [rows][H][D] order */
+        q.shape[0] = out.shape[0] = 1;
+        q.shape[2] = out.shape[2] = 2;
+        q.stride[2] = out.stride[2] = (int64_t)H * D;
+        q.stride[1] = out.stride[1] = D;
+        kv.cu_seqlens_q = btb; /* {0, 1, 1, 0}: any values, they are read on the device */
+        if (!strcmp(n, "cu_q_too_small")) {
+            kv.cu_seqlens_q = small; /* 3 ints: batch 3 needs 4 */
+            desc.batch = 3;
+            k.shape[0] = v.shape[0] = 1; /* batch 3 of K/V would need 3: broadcast one */
+            k.stride[0] = v.stride[0] = 0;
+        } else {
+            desc.algorithm = CLATTN_ALGORITHM_UNFUSED;
+        }
     } else if (!strcmp(n, "table_too_small") || !strcmp(n, "table_stride_short") || !strcmp(n, "unfused_paged") ||
-               !strcmp(n, "scores_paged") || !strcmp(n, "pool_too_small")) {
+               !strcmp(n, "scores_paged") || !strcmp(n, "pool_too_small") || !strcmp(n, "cu_k_with_pages")) {
+        if (!strcmp(n, "cu_k_with_pages"))
+            kv.cu_seqlens_k = btb;
         kv.page_size = page;
         kv.block_table = !strcmp(n, "table_too_small") ? small : btb;
         kv.block_table_stride = !strcmp(n, "table_stride_short") ? 1 : 2;
@@ -592,6 +844,11 @@ int main(void)
         if (decode_only && cases[i].Sq > 16)
             continue;
         tu_add_test("attention", cases[i].name, run_case, &cases[i]);
+    }
+    for (size_t i = 0; i < N_OF(varlen_cases); ++i) {
+        if (decode_only && varlen_cases[i].Sq > 16)
+            continue;
+        tu_add_test("varlen", varlen_cases[i].name, run_varlen, &varlen_cases[i]);
     }
     if (!forced) {
         tu_add_test("fp8", "values", test_fp8_values, NULL);

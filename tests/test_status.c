@@ -124,22 +124,34 @@ static void test_version_string(void **state)
 typedef struct dtype_row {
     const char *name;
     int dtype;
-    size_t size;
+    size_t size;     /* bytes per element, or per block */
+    int block;       /* elements per block */
+    const char *str; /* clattn_dtype_name */
 } dtype_row;
 
 static const dtype_row dtype_rows[] = {
-    {"f32", CLATTN_F32, 4},
-    {"f16", CLATTN_F16, 2},
-    {"bf16", CLATTN_BF16, 2},
-    {"unknown_3", 3, 0},
-    {"unknown_minus_1", -1, 0},
-    {"unknown_1000", 1000, 0},
+    {"f32", CLATTN_F32, 4, 1, "f32"},
+    {"f16", CLATTN_F16, 2, 1, "f16"},
+    {"bf16", CLATTN_BF16, 2, 1, "bf16"},
+    {"i8", CLATTN_I8, 1, 1, "i8"},
+    {"fp8_e4m3", CLATTN_FP8_E4M3, 1, 1, "fp8_e4m3"},
+    {"fp8_e5m2", CLATTN_FP8_E5M2, 1, 1, "fp8_e5m2"},
+    {"q8_0", CLATTN_Q8_0, 34, 32, "q8_0"}, /* ggml's block: f16 d and 32 int8 */
+    {"q4_0", CLATTN_Q4_0, 18, 32, "q4_0"}, /* f16 d and 16 bytes of nibbles */
+    {"unknown_8", 8, 0, 0, NULL},
+    {"unknown_minus_1", -1, 0, 0, NULL},
+    {"unknown_1000", 1000, 0, 0, NULL},
 };
 
 static void test_dtype_size(void **state)
 {
     const dtype_row *r = *state;
     assert_int_equal(clattn_dtype_size((clattn_dtype)r->dtype), r->size);
+    assert_int_equal(clattn_dtype_block((clattn_dtype)r->dtype), r->block);
+    if (r->str)
+        assert_string_equal(clattn_dtype_name((clattn_dtype)r->dtype), r->str);
+    else
+        assert_null(clattn_dtype_name((clattn_dtype)r->dtype));
 }
 
 /* =============================== NULL safety =============================== */
