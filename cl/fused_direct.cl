@@ -36,7 +36,13 @@
 #if IN_PLACE
 /* The scores in register tiles (qk16_tile) where RM rows take them (QK_TILE_FOR, common.cl). */
 #ifndef QK_TILE
+#if DT_K >= 3
+/* K of a KV-cache type (kv_access.cl): decoding costs more than the loads, and qk16_row decodes
+ * a key's row once per query row; the tile decodes it once per QT_R rows. */
+#define QK_TILE (RM % QT_R == 0)
+#else
 #define QK_TILE QK_TILE_FOR(RM)
+#endif
 #endif
 /* Vector c of a V row (c a constant after unrolling): only the last one can be short, since
  * 16·(DV16 - 1) < head_dim_v. */
@@ -231,6 +237,20 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
         } sb[RM];
         for (int ch = 0; ch < nch; ch++) {
             const int kc = kt + ch * DBN;
+#if IN_PLACE && KV_PREFETCH && defined(__clang__)
+            /* Paged K/V: while the chunk's scores are computed, the K rows of the same keys of the
+             * next block and the chunk's V rows (used after the block's softmax) into L2: pages in
+             * table order are scattered, and the CPU's own prefetchers stop at each page. */
+#pragma unroll
+            for (int e = 0; e < 16; e++) {
+                __global const uchar *kn = (__global const uchar *)(Kb + kv_row(&ksrc, min(kc + NB + e, k_hi - 1), k_sb, k_ss));
+                __global const uchar *vn = (__global const uchar *)(Vb + kv_row(&vsrc, min(kc + e, k_hi - 1), v_sb, v_ss));
+                for (int x = 0; x < K_ROW_BYTES(D); x += 64)
+                    __builtin_prefetch((const void *)(uintptr_t)(kn + x), 0, 2);
+                for (int x = 0; x < V_ROW_BYTES(DV); x += 64)
+                    __builtin_prefetch((const void *)(uintptr_t)(vn + x), 0, 2);
+            }
+#endif
 #if IN_PLACE
             /* Keys past the range load the range's last key; they are hidden below (guarded).
              * The rows go through a rolled loop and only a row's last 16 elements can be short

@@ -141,6 +141,10 @@ inline float16 kvld16_7(kvp_t p, int i)
 #define LD4_V(p, i) CAT(kvld4_, DT_V)(p, i)
 #define LD16_V(p, i) CAT(kvld16_, DT_V)(p, i)
 #endif
+/* Bytes of a K (V) row of n elements. */
+#define KV_ROW_BYTES(dt, T, n) ((dt) == 6 ? (n) / 32 * 34 : (dt) == 7 ? (n) / 32 * 18 : (n) * (int)sizeof(T))
+#define K_ROW_BYTES(n) KV_ROW_BYTES(DT_K, T_K, n)
+#define V_ROW_BYTES(n) KV_ROW_BYTES(DT_V, T_V, n)
 /* A block type's rows hold whole blocks (head sizes multiples of 32): no tails. */
 #define KV_BLOCKED(dt) ((dt) == 6 || (dt) == 7)
 

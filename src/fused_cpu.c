@@ -121,6 +121,8 @@ clattn_status clattn__fused_run_direct(clattn_context *ctx, const clattn_problem
     if (lanes)
         snprintf(lanes_opt, sizeof lanes_opt, " -DLANES=%d -DLPF=%d", lanes,
                  (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0);
+    else if (p->kv.page && (ctx->dev.type & CL_DEVICE_TYPE_CPU)) /* fused_direct: paged K/V's prefetches */
+        snprintf(lanes_opt, sizeof lanes_opt, " -DKV_PREFETCH=1");
     /* The program holds the kernels taken from it below and no others (KSEL, common.cl). */
     char opts[400];
     snprintf(opts, sizeof opts,

@@ -3,6 +3,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -318,6 +319,12 @@ clattn_status clattn__check_ints(clattn_context *ctx, cl_mem m, const char *name
                             size, (unsigned long long)count);
     return check_access(ctx, m, name, 0);
 }
+
+/* The descriptor's kv slot keeps the size of the reserved int64 it replaced (ABI 0.2), pointers
+ * of 4 bytes included. */
+_Static_assert(sizeof(((clattn_attention_desc *)0)->kv_slot_) == 8, "the kv slot is 8 bytes");
+_Static_assert(sizeof(clattn_attention_desc) - offsetof(clattn_attention_desc, kv_slot_) == 16 * sizeof(int64_t),
+               "the descriptor ends with 16 int64 slots");
 
 /* Sequence lengths and counts go into int kernel arguments. */
 #define MAX_EXTENT 0x7fffffffLL

@@ -93,7 +93,7 @@ clattn_dtype fz_dtype(fz_reader *r, clattn_dtype usual)
         return usual;
     if (sel < 15)
         return (clattn_dtype)(((int)usual + 1 + sel % 2) % 3);
-    static const int invalid[] = {3, -1, 255, 0x7fffffff};
+    static const int invalid[] = {8, -1, 255, 0x7fffffff}; /* 3-7: the KV-cache types */
     return (clattn_dtype)invalid[fz_u8(r) % 4];
 }
 
