@@ -18,6 +18,7 @@
 #define V_SINKS 8
 #define V_SCORE_MOD 16
 #define V_MASK_MOD 32
+#define V_OFFSET 64 /* a slice of a longer sequence: p moves by q_offset - k_offset */
 #ifndef VARIANTS
 #define VARIANTS 0
 #endif
@@ -31,21 +32,24 @@
 
 #if VARIANTS
 /* v_left / v_right: the window's sides, INT_MAX where unbounded (the host maps every side that
- * bounds nothing to it); v_chunk: 0 for none, else at most max(seq_kv, seq_q); v_cap: the softcap,
+ * bounds nothing to it); v_chunk: 0 for none, else at most max(seq_kv, seq_q) + |v_delta| (without
+ * a k_offset; CLATTN_MAX_SEQ with one); v_delta: q_offset - k_offset (V_OFFSET); v_korg: k_offset
+ * mod chunk, where the call's keys start in chunk numbering; v_cap: the softcap,
  * 0 for none; ALiBi slopes f32 at v_a_off + b·v_a_sb + h·v_a_sh (v_a_sb 0 when batches share them);
  * sinks at v_s_off + h·v_s_sh. */
 #define VARIANT_ARGS                                                                               \
-    , int v_left, int v_right, int v_chunk, float v_cap, __global const float *v_alibi, ulong v_a_off, \
-        ulong v_a_sb, ulong v_a_sh, __global const float *v_sinks, ulong v_s_off, ulong v_s_sh
+    , int v_left, int v_right, int v_chunk, int v_delta, int v_korg, float v_cap,                      \
+        __global const float *v_alibi,                                                                 \
+        ulong v_a_off, ulong v_a_sb, ulong v_a_sh, __global const float *v_sinks, ulong v_s_off, ulong v_s_sh
 typedef struct vparams {
-    int left, right, chunk;
+    int left, right, chunk, delta, korg;
     float cap;
     __global const float *alibi;
     ulong a_off, a_sb, a_sh;
     __global const float *sinks;
     ulong s_off, s_sh;
 } vparams;
-#define VP_MAKE {v_left, v_right, v_chunk, v_cap, v_alibi, v_a_off, v_a_sb, v_a_sh, v_sinks, v_s_off, v_s_sh}
+#define VP_MAKE {v_left, v_right, v_chunk, v_delta, v_korg, v_cap, v_alibi, v_a_off, v_a_sb, v_a_sh, v_sinks, v_s_off, v_s_sh}
 #else
 #define VARIANT_ARGS
 typedef struct vparams {
@@ -65,23 +69,40 @@ typedef struct vrow {
  * it may see (causal, the window's right side, its chunk; may be <= r->beg: no key). In 32-bit
  * ints without overflow: p lies in (-2^31, 2^31 - 2^20), the window's sides are compared before
  * they are added, and a chunk's bounds are computed in 64 bits. */
+/* The diagonal position of row i (of seq_q; L keys): i + L - seq_q, moved by q_offset - k_offset
+ * (V_OFFSET). */
+inline int row_pos(int i, int seq_q, int L, const vparams *vp)
+{
+#if VARIANTS & V_OFFSET
+    return i + (L - seq_q) + vp->delta;
+#else
+    return i + (L - seq_q);
+#endif
+}
+
 inline int row_span(int causal, int i, int seq_q, int L, int b, int hq, const vparams *vp, vrow *r)
 {
-    int end = causal_end(causal, i, seq_q, L);
     r->b = b;
     r->h = hq;
-    r->p = i + (L - seq_q);
+    r->p = row_pos(i, seq_q, L, vp);
     r->beg = 0;
     r->slope = 0.0f;
+#if VARIANTS & V_OFFSET
+    int end = causal ? clamp(r->p + 1, 0, L) : L;
+#else
+    int end = causal_end(causal, i, seq_q, L);
+#endif
 #if VARIANTS & V_RANGE
     const int p = r->p;
     if (vp->left < p)
         r->beg = p - vp->left;
-    if (vp->right < seq_q - 1 - i) /* p + right + 1 < L */
+    if ((long)vp->right < (long)L - 1 - (long)p) /* p + right + 1 < L */
         end = min(end, p + vp->right + 1);
     if (vp->chunk > 0) {
-        const long c = p >= 0 ? p / vp->chunk : -(long)((-(long)p - 1) / vp->chunk) - 1;
-        const long cs = c * vp->chunk, ce = cs + vp->chunk;
+        /* chunks counted from the keys' global origin: key j at korg + j (k_offset mod chunk) */
+        const long pg = (long)p + vp->korg;
+        const long c = pg >= 0 ? pg / vp->chunk : -((-pg - 1) / vp->chunk) - 1;
+        const long cs = c * vp->chunk - vp->korg, ce = cs + vp->chunk;
         r->beg = max(r->beg, (int)clamp(cs, 0L, (long)L));
         end = min(end, (int)clamp(ce, 0L, (long)L));
     }
@@ -90,6 +111,16 @@ inline int row_span(int causal, int i, int seq_q, int L, int b, int hq, const vp
     r->slope = vp->alibi[vp->a_off + (ulong)b * vp->a_sb + (ulong)hq * vp->a_sh];
 #endif
     return end;
+}
+
+/* One past the last key row i may see by the causal rule alone (p moved by V_OFFSET). */
+inline int row_end(int causal, int i, int seq_q, int L, const vparams *vp)
+{
+#if VARIANTS & V_OFFSET
+    return causal ? clamp(row_pos(i, seq_q, L, vp) + 1, 0, L) : L;
+#else
+    return causal_end(causal, i, seq_q, L);
+#endif
 }
 
 /* Whether key (below the row's end) is visible: at or past its first key, and mask_mod. */
@@ -583,7 +614,7 @@ inline int var_hides_block(int rows, const int *rend, const vrow *vr, int kt, in
             if (row_ >= R)                                                                         \
                 continue;                                                                          \
             const int pos_ = row_ % seq_q, hq_ = hk * group + row_ / seq_q;                        \
-            const int end_ = min(min(kt + (bn), k_hi), causal_end(causal, pos_, w.sq, L));         \
+            const int end_ = min(min(kt + (bn), k_hi), row_end(causal, pos_, w.sq, L, &vp));       \
             if (max(16 * c_, kt) < end_ && !mflags[MFLAG_ROW(b, hq_, pos_) + (ulong)c_]) {         \
                 (seen) = kt;                                                                       \
                 break;                                                                             \

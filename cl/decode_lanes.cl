@@ -164,7 +164,7 @@ decode_lanes(ATTN_KERNEL_ARGS(T_IN, T_IN) VARIANT_ARGS)
         const int p = j + LANES * s, row = r0 + p / KU;
         const int pos = row % seq_q, hq = hk * group + row / seq_q;
         pkey[s] = p % KU;
-        pend[s] = p < RM * KU && row < R ? min(k_hi, causal_end(causal, pos, seq_q, w.L)) : 0;
+        pend[s] = p < RM * KU && row < R ? min(k_hi, row_end(causal, pos, seq_q, w.L, &vp)) : 0;
         pmrow[s] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
     }
 #endif

@@ -180,7 +180,8 @@ typedef struct clattn_kv_layout {
 
 /**
  * What to compute. Shapes: q [batch][heads_q][seq_q][head_dim], k [batch][heads_kv][seq_kv][head_dim],
- * v [batch][heads_kv][seq_kv][head_dim_v], out [batch][heads_q][seq_q][head_dim_v].
+ * v [batch][heads_kv][seq_kv][head_dim_v], out [batch][heads_q][seq_q][head_dim_v]. out has the
+ * query's dtype or f32 (the parts of a split attention stay f32 until clattn_merge).
  */
 typedef struct clattn_attention_desc {
     int64_t batch;
@@ -249,11 +250,20 @@ typedef struct clattn_attention_desc {
         const clattn_kv_layout *kv;
         int64_t kv_slot_;
     };
+    /* A call over a slice of a longer sequence (sequence parallelism, chunked prefill): the
+     * diagonal position of row i becomes p = i + L - seq_q + q_offset - k_offset, so that causal,
+     * the window, the chunk and ALiBi see global positions (docs/usage.md#slices). Query rows
+     * [q0, q0 + seq_q) against keys [k0, k0 + L) of a self-attention: q_offset = q0 - (L - seq_q),
+     * k_offset = k0 (equal blocks: q0 and k0). A slice that no row sees any key of runs no
+     * attention kernel: its rows are 0 with an LSE of -inf (or the sink). |q_offset - k_offset| +
+     * max(seq_q, seq_kv) must not exceed CLATTN_MAX_SEQ. */
+    int64_t q_offset;
+    int64_t k_offset;
     /* Must be zero (refused otherwise). Later versions put new options here, each off at zero, so
      * that the descriptor keeps its size and a program built against this header keeps working
      * with them (zero-initialise the descriptor: `clattn_attention_desc d = {0};` or designated
      * initialisers). */
-    int64_t reserved[15];
+    int64_t reserved[13];
 } clattn_attention_desc;
 
 /**

@@ -120,6 +120,13 @@ clattn_status clattn_attention(clattn_context *ctx, const clattn_attention_desc 
                             p.kv.page ? "paged" : p.kv.varlen ? "packed (varlen)" : "quantized",
                             clattn_dtype_name(p.kv.kt), clattn_dtype_name(p.kv.vt),
                             desc->probabilities ? " (desc->probabilities)" : "");
+    if (!desc->probabilities && clattn__all_keys_hidden(&p))
+        /* A block no row sees any key of (a slice above the diagonal, outside the window): no
+         * attention kernel runs; every row is empty, 0 and an LSE of -inf (or its sink), written
+         * by the merge of no parts. */
+        return clattn__run_merge(ctx, 0, p.batch, p.heads_q, p.seq_q, p.head_dim_v, &p.out, &p.out, &p.out,
+                                 p.lse.buffer ? &p.lse : NULL, p.var.sinks.buffer ? &p.var.sinks : NULL, NULL, 0,
+                                 num_wait, wait, done);
     clattn__variant_enter(ctx, &p);
     st = algo == CLATTN_ALGORITHM_UNFUSED ? run_unfused(ctx, &p, num_wait, wait, done)
                                           : clattn__run_fused(ctx, &p, num_wait, wait, done);

@@ -337,9 +337,10 @@ int clattn__kvlen_overlaps(cl_mem kvlen, int64_t batch, const clattn_tensor *t);
 #define CLATTN_V_SINKS 8u
 #define CLATTN_V_SCORE_MOD 16u
 #define CLATTN_V_MASK_MOD 32u
+#define CLATTN_V_OFFSET 64u /* q_offset - k_offset != 0: delta moves every row's diagonal position */
 typedef struct clattn_variant {
     unsigned bits;
-    int left, right, chunk;
+    int left, right, chunk, delta, korg; /* korg: k_offset mod chunk, the keys' chunk origin */
     float softcap;
     clattn_view sinks, alibi;
     const char *score_mod, *mask_mod;
@@ -387,6 +388,9 @@ void clattn__kv_options(const clattn_problem *p, char *buf, size_t size);
 /* variant.c: checks desc's variant fields against p (sizes filled) and fills p->var. */
 clattn_status clattn__check_variants(clattn_context *ctx, const clattn_attention_desc *desc,
                                      const clattn_tensor *out, clattn_problem *p);
+/* variant.c: whether causal, the window and the chunk hide every key from every row of p (known
+ * on the host: no key lengths, no packed sequences), so that the call only writes empty rows. */
+int clattn__all_keys_hidden(const clattn_problem *p);
 /* Sets ctx->variant_opts and variant_src for the kernels of a call of p (clears them without
  * variants); clattn__variant_leave clears them. */
 void clattn__variant_enter(clattn_context *ctx, const clattn_problem *p);

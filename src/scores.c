@@ -417,8 +417,12 @@ clattn_status clattn__run_pv(clattn_context *ctx, const clattn_problem *p, const
     /* Keys hidden by a window, a chunk or the mods (-0 in P, like masked ones) must be skipped
      * too, not multiplied: P·V's NaN-safe path, which has_mask selects (MODE 1 reads no mask). */
     clattn_problem pv = *p;
-    if (p->var.bits & (CLATTN_V_RANGE | CLATTN_V_MASK_MOD | CLATTN_V_SCORE_MOD))
+    if (p->var.bits & (CLATTN_V_RANGE | CLATTN_V_MASK_MOD | CLATTN_V_SCORE_MOD | CLATTN_V_OFFSET))
         pv.has_mask = 1;
+    /* A moved diagonal (q_offset, k_offset): P's -0 entries say which keys are hidden; P·V's own
+     * causal range would cut the visible keys past the unmoved diagonal. */
+    if (p->var.bits & CLATTN_V_OFFSET)
+        pv.causal = 0;
     return gemm(ctx, 1, &pv, &pp, source, probs, v, &p->out, (int)p->seq_q, (int)p->head_dim_v,
                 (int)p->seq_kv, num_wait, wait, done);
 }

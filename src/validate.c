@@ -476,11 +476,15 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
             return st;
     }
     if (need_v) {
-        if (out && out->buffer && clattn_dtype_size(out->dtype) != 0 && out->dtype != q->dtype)
+        /* out: the query's type, or f32 whatever it is (the parts of a split attention keep f32
+         * until they are merged). */
+        if (out && out->buffer && clattn_dtype_size(out->dtype) != 0 && out->dtype != q->dtype &&
+            out->dtype != CLATTN_F32)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                                "out->dtype (%s) differs from q->dtype (%s)", dtype_name(out->dtype),
+                                "out->dtype (%s) is neither q->dtype (%s) nor f32", dtype_name(out->dtype),
                                 dtype_name(q->dtype));
-        if ((st = clattn__check_view(ctx, "out", out, os, CLATTN_VIEW_OUTPUT, same, &p->out)))
+        if ((st = clattn__check_view(ctx, "out", out, os, CLATTN_VIEW_OUTPUT, same | CLATTN_DTYPE_BIT(CLATTN_F32),
+                                     &p->out)))
             return st;
         const clattn_tensor *ins[5] = {q, k, v, desc->kv ? desc->kv->k_scales : NULL,
                                        desc->kv ? desc->kv->v_scales : NULL};

@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Longest score_mod or mask_mod source accepted. */
@@ -37,23 +38,49 @@ clattn_status clattn__check_variants(clattn_context *ctx, const clattn_attention
                             "desc->window_left (%lld) and window_right (%lld) are set but desc->window is "
                             "0 (off): set window = 1 to use them",
                             (long long)desc->window_left, (long long)desc->window_right);
+    /* A slice of a longer sequence (q_offset, k_offset): p moves by delta. |delta| + max(seq_q,
+     * seq_kv) <= CLATTN_MAX_SEQ keeps p, p + 1 and the window's bounds in int, as without it. */
+    const int64_t big = p->seq_kv > p->seq_q ? p->seq_kv : p->seq_q;
+    if (desc->q_offset < -CLATTN_MAX_SEQ || desc->q_offset > CLATTN_MAX_SEQ || desc->k_offset < -CLATTN_MAX_SEQ ||
+        desc->k_offset > CLATTN_MAX_SEQ || llabs(desc->q_offset - desc->k_offset) > CLATTN_MAX_SEQ - big)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->q_offset (%lld) - k_offset (%lld) is too far: |q_offset - k_offset| + max(seq_q, "
+                            "seq_kv) must not exceed %lld",
+                            (long long)desc->q_offset, (long long)desc->k_offset, (long long)CLATTN_MAX_SEQ);
+    const int64_t delta = desc->q_offset - desc->k_offset;
+    if (delta) {
+        v->delta = (int)delta;
+        v->bits |= CLATTN_V_OFFSET;
+    }
     if (desc->window) {
-        /* A side that bounds no row is unbounded: left >= seq_kv (p - left < 0 for every row,
-         * p < seq_kv), right >= seq_q (p + right >= L - 1 for every row). */
-        if (desc->window_left >= 0 && desc->window_left < p->seq_kv)
+        /* A side that bounds no row is unbounded: left >= seq_kv + max(delta, 0) (p - left < 0 for
+         * every row, p < seq_kv + delta), right >= seq_q - min(delta, 0) (p + right >= L - 1 for
+         * every row, p >= L - seq_q + delta). */
+        if (desc->window_left >= 0 && desc->window_left < p->seq_kv + (delta > 0 ? delta : 0))
             v->left = (int)desc->window_left;
-        if (desc->window_right >= 0 && desc->window_right < p->seq_q)
+        if (desc->window_right >= 0 && desc->window_right < p->seq_q - (delta < 0 ? delta : 0))
             v->right = (int)desc->window_right;
         if (v->left != INT_MAX || v->right != INT_MAX)
             v->bits |= CLATTN_V_RANGE;
     }
     if (desc->chunk < 0)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->chunk is negative (%lld)", (long long)desc->chunk);
-    if (desc->chunk > 0) {
-        /* Every chunk of at least max(seq_kv, seq_q) keys gives the same rows the same keys (a
-         * row at p >= 0 sees [0, L), one at p in [-seq_q, 0) none): the kernels' ints hold it. */
-        const int64_t cap = p->seq_kv > p->seq_q ? p->seq_kv : p->seq_q;
+    if (desc->chunk > 0 && desc->k_offset == 0) {
+        /* Every chunk of at least max(seq_kv, seq_q) + |delta| keys gives the same rows the same
+         * keys (a row at p in [0, cap) sees [0, L), one at p in [-cap, 0) none): the kernels'
+         * ints hold it. */
+        const int64_t cap = big + (delta < 0 ? -delta : delta);
         v->chunk = (int)(desc->chunk < cap ? desc->chunk : cap);
+        v->bits |= CLATTN_V_RANGE;
+    } else if (desc->chunk > 0) {
+        /* Keys from k_offset on: chunks are counted from global position 0, so the call's key j
+         * sits at k_offset + j; the kernels take the origin k_offset mod chunk (korg). */
+        if (desc->chunk > CLATTN_MAX_SEQ)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                "desc->chunk (%lld) with a k_offset must not exceed %lld", (long long)desc->chunk,
+                                (long long)CLATTN_MAX_SEQ);
+        v->chunk = (int)desc->chunk;
+        v->korg = (int)(((desc->k_offset % desc->chunk) + desc->chunk) % desc->chunk);
         v->bits |= CLATTN_V_RANGE;
     }
     if (!isfinite(desc->softcap) || desc->softcap < 0.0f)
@@ -145,6 +172,8 @@ void clattn__variant_args(clattn_args *a, const clattn_problem *p)
     clattn__arg(a, sizeof(int), &v->left);
     clattn__arg(a, sizeof(int), &v->right);
     clattn__arg(a, sizeof(int), &v->chunk);
+    clattn__arg(a, sizeof(int), &v->delta);
+    clattn__arg(a, sizeof(int), &v->korg);
     clattn__arg(a, sizeof(float), &v->softcap);
     /* ALiBi: buffer, offset and the batch and head strides (0 where a dimension broadcasts). */
     const cl_mem abuf = v->alibi.buffer;
@@ -217,4 +246,36 @@ clattn_status clattn__run_scores_variant(clattn_context *ctx, const clattn_probl
     clattn__arg(&a, sizeof(int), &has_mask);
     clattn__variant_args(&a, p);
     return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, "scores_variant");
+}
+
+/* floor(a / b), b > 0 */
+static int64_t floor_div(int64_t a, int64_t b)
+{
+    return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+int clattn__all_keys_hidden(const clattn_problem *p)
+{
+    const clattn_variant *v = &p->var;
+    if (p->kv_lengths || p->kv.varlen || !(p->causal || (v->bits & CLATTN_V_RANGE)))
+        return 0;
+    /* Rows' diagonal positions run from p0 (row 0) to pn (the last); every rule's first and
+     * last visible key grow with p, so the union of the rows' keys lies in [beg(p0), end(pn)). */
+    const int64_t L = p->seq_kv, p0 = L - p->seq_q + v->delta, pn = p0 + p->seq_q - 1;
+    int64_t beg = 0, end = L;
+    if (p->causal && pn + 1 < end)
+        end = pn + 1;
+    if (v->left != INT_MAX && p0 - v->left > beg)
+        beg = p0 - v->left;
+    if (v->right != INT_MAX && pn + v->right + 1 < end)
+        end = pn + v->right + 1;
+    if (v->chunk > 0) {
+        const int64_t c0 = floor_div(p0 + v->korg, v->chunk) * v->chunk - v->korg,
+                      c1 = (floor_div(pn + v->korg, v->chunk) + 1) * v->chunk - v->korg;
+        if (c0 > beg)
+            beg = c0;
+        if (c1 < end)
+            end = c1;
+    }
+    return end <= beg || end <= 0;
 }
