@@ -439,7 +439,9 @@ inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv,
 #endif
     const int spans = (r0 / seq_q) != (r1 / seq_q);
     const int i_min = spans ? 0 : r0 % seq_q;
-    const int i_max = spans ? seq_q - 1 : r1 % seq_q;
+    /* A packed sequence shorter than seq_q (VARLEN): its rows past w.sq are dead, and a block of
+     * dead rows alone has no keys to see (its range below comes out empty). */
+    const int i_max = min(spans ? seq_q - 1 : r1 % seq_q, max(w.sq - 1, i_min));
     w.k_lo = w.split * split_len; /* below seq_kv: the host makes (splits - 1)·split_len < seq_kv */
     /* k_lo + split_len may pass INT_MAX for the last split of a long range: compare instead. */
     const int end = split_len >= w.L - w.k_lo ? w.L : w.k_lo + split_len;
@@ -457,6 +459,10 @@ inline work_range work_range_of(int zz, int splits, int split_len, int heads_kv,
 #endif
 #if VAR_GUARD
     w.k_all = 0; /* every block is checked key by key */
+#endif
+#if VARLEN
+    if (i_min >= w.sq)
+        w.k_hi = w.k_lo;
 #endif
     return w;
 }

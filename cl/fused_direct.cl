@@ -136,12 +136,21 @@ inline float hsum16(float16 v)
 #if !KSEL || K_pack_v
 __kernel void pack_v(__global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh, ulong v_ss,
                      __global float *Vp, ulong vp_off, ulong vp_sz, int N, int DV, int heads_kv,
-                     __global const int *kspan, ulong ks_off, __global const int *kvlen)
+                     __global const int *kspan, ulong ks_off, __global const int *kvlen, __global const int *cu_k,
+                     int total_k)
 {
     const int n = get_global_id(0), z = get_global_id(1);
     if (n >= N)
         return;
     const int b = z / heads_kv, hk = z % heads_kv, start = n / DBN * DBN;
+    /* packed V (cu_k, FlashAttention's cu_seqlens_k): sequence b's rows from cu_k[b] on */
+    ulong base = (ulong)b * v_sb;
+    if (cu_k) {
+        const int2 seq = packed_seq(cu_k, b, N, total_k);
+        if (n >= seq.y)
+            return;
+        base = (ulong)seq.x * v_ss;
+    }
     if (kvlen && start >= keys_of_batch(kvlen, b, N))
         return;
     if (kspan) {
@@ -149,7 +158,7 @@ __kernel void pack_v(__global const T_IN *V, ulong v_off, ulong v_sb, ulong v_sh
         if (start + DBN <= 16 * kspan[at] || start >= 16 * kspan[at + 1])
             return;
     }
-    __global const T_IN *src = V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh + (ulong)n * v_ss;
+    __global const T_IN *src = V + v_off + base + (ulong)hk * v_sh + (ulong)n * v_ss;
     __global float *dst = Vp + vp_off + (ulong)z * vp_sz + (ulong)n * 16;
     for (int c = 0; c < DV16; c++)
         vstore16(16 * c + 16 <= DV ? LD16_IN(src, 16 * c) : ld16_tail(src, 16 * c, DV), 0,
@@ -187,8 +196,10 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
 
     /* The head's keys and values: K[key][d] and V[key][c] in place, or the panels of the
      * copies, Kt[key / DBN][d][key % DBN] (k_ss = DBN) and Vp[c / 16][key][c % 16] (v_ss = 16). */
-    __global const T_KD *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk) + (ulong)w.k0 * k_ss;
-    __global const T_VD *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk) + (ulong)w.k0 * v_ss;
+    /* Packed K/V (VARLEN): the sequence's rows from w.k0 on; the copies hold each batch's keys
+     * from 0. */
+    __global const T_KD *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk) + (ulong)(IN_PLACE ? w.k0 : 0) * k_ss;
+    __global const T_VD *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk) + (ulong)(IN_PLACE ? w.k0 : 0) * v_ss;
     const kv_src ksrc = K_SRC(b, hk), vsrc = V_SRC(b, hk); /* in place: paged rows, scales */
 
 #if IN_PLACE

@@ -3,6 +3,18 @@
  * bf16 Q or V for the CPU GEMMs (widen_q, widen_v). Assembled after common.cl and gemm_common.cl
  * (KT_PANEL). */
 
+/* Keys of batch b whose rows the copies read: packed K (cu_k, FlashAttention's cu_seqlens_k, NULL
+ * otherwise) holds sequence b's rows from cu_k[b] on (packed_seq, common.cl), else the batch's N
+ * rows from b·k_sb. packed_keys: .y the keys (N unpacked); packed_base: the first row's offset. */
+inline int2 packed_keys(__global const int *cu_k, int b, int N, int total_k)
+{
+    return cu_k ? packed_seq(cu_k, b, N, total_k) : (int2)(0, N);
+}
+inline ulong packed_base(__global const int *cu_k, int b, int N, int total_k, ulong k_sb, ulong k_ss)
+{
+    return cu_k ? (ulong)packed_seq(cu_k, b, N, total_k).x * k_ss : (ulong)b * k_sb;
+}
+
 /* Whether the panel of KT_PANEL keys (16 without panels) holding key n of kv head z (batch
  * z / heads_kv) is copied (transpose_k below): it starts below the batch's key length (kvlen,
  * NULL: N) and meets the head's span in kspan (NULL: every key). */
@@ -31,13 +43,17 @@ inline int panel_seen(__global const int *kspan, ulong ks_off, __global const in
 #if !KSEL || K_transpose_k
 __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
                           __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D,
-                          int heads_kv, __global const int *kspan, ulong ks_off, __global const int *kvlen)
+                          int heads_kv, __global const int *kspan, ulong ks_off, __global const int *kvlen,
+                          __global const int *cu_k, int total_k)
 {
     const int n = get_global_id(0), z = get_global_id(1);
     if (n >= N || !panel_seen(kspan, ks_off, kvlen, heads_kv, N, z, n))
         return;
     const int b = z / heads_kv, hk = z % heads_kv;
-    __global const T_IN *src = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh + (ulong)n * k_ss;
+    if (n >= packed_keys(cu_k, b, N, total_k).y)
+        return;
+    __global const T_IN *src = K + k_off + packed_base(cu_k, b, N, total_k, k_sb, k_ss) + (ulong)hk * k_sh +
+                               (ulong)n * k_ss;
 #if KT_PANEL
     __global float *dst =
         Kt + kt_off + (ulong)z * kt_sz + (ulong)(n / KT_PANEL) * KT_PANEL * D + n % KT_PANEL;
@@ -62,13 +78,18 @@ __kernel void transpose_k(__global const T_IN *K, ulong k_off, ulong k_sb, ulong
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
 transpose_k16(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss,
               __global float *Kt, ulong kt_off, ulong kt_sz, ulong kt_ss, int N, int D, int heads_kv,
-              __global const int *kspan, ulong ks_off, __global const int *kvlen)
+              __global const int *kspan, ulong ks_off, __global const int *kvlen, __global const int *cu_k,
+              int total_k)
 {
     const int n0 = get_group_id(0) * 16, z = GROUP_ID(1);
     if (!panel_seen(kspan, ks_off, kvlen, heads_kv, N, z, n0))
         return;
     const int b = z / heads_kv, hk = z % heads_kv;
-    __global const T_IN *src = K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh;
+    /* packed K (cu_k): the sequence's keys only, repeated past its last one like keys past N */
+    __global const T_IN *src = K + k_off + packed_base(cu_k, b, N, total_k, k_sb, k_ss) + (ulong)hk * k_sh;
+    N = packed_keys(cu_k, b, N, total_k).y;
+    if (n0 >= N)
+        return;
 #if KT_PANEL
     __global float *dst =
         Kt + kt_off + (ulong)z * kt_sz + (ulong)(n0 / KT_PANEL) * KT_PANEL * D + n0 % KT_PANEL;

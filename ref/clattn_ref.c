@@ -67,7 +67,7 @@ static int variant_hides(const ref_attn *a, int b, int h, long long pos, int j)
         if (a->window_right >= 0 && (long long)j > pos + a->window_right)
             return 1;
     }
-    if (a->chunk > 0 && floor_div(j, a->chunk) != floor_div(pos, a->chunk))
+    if (a->chunk > 0 && floor_div(a->k_offset + j, a->chunk) != floor_div(a->k_offset + pos, a->chunk))
         return 1;
     if (a->mask_mod != NULL && a->mask_mod(b, h, pos, j, a->mod_user) == 0)
         return 1;
@@ -80,8 +80,8 @@ static double score(const ref_attn *a, double scale, int len, const double *q, c
                     int b, int h, int i, int j, int *visible)
 {
     *visible = 0;
-    const long long pos = (long long)i + (long long)len - (long long)a->seq_q;
-    if (j >= len || causal_hides(a->causal, i, j, a->seq_q, len) || variant_hides(a, b, h, pos, j))
+    const long long pos = (long long)i + (long long)len - (long long)a->seq_q + a->q_offset - a->k_offset;
+    if (j >= len || (a->causal && (long long)j > pos) || variant_hides(a, b, h, pos, j))
         return -INFINITY;
     double m = mask_at(a->mask, a->mask_shape, b, h, i, j);
     if (m == -INFINITY)

@@ -65,6 +65,10 @@ typedef struct ref_attn {
     ref_score_mod score_mod;              /* NULL: none */
     ref_mask_mod mask_mod;                /* NULL: none */
     void *mod_user;                       /* passed to score_mod and mask_mod */
+    /* A slice of a longer sequence (issue 75): p = i + L - seq_q + q_offset - k_offset, causal
+     * hides j > p, and chunks count from the keys' global origin (key j at k_offset + j):
+     * floor((k_offset + j) / chunk) == floor((k_offset + p) / chunk). 0, 0: none. */
+    long long q_offset, k_offset;
 } ref_attn;
 
 /* The logits x of every visible key into s [B][Hq][Sq][Skv], as clattn_scores writes them:

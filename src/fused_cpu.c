@@ -176,6 +176,8 @@ clattn_status clattn__fused_run_direct(clattn_context *ctx, const clattn_problem
     clattn__arg(&a, sizeof(cl_mem), mf.on ? &kspan : NULL);
     clattn__arg(&a, sizeof(cl_ulong), &ks_off);
     clattn__arg(&a, sizeof(cl_mem), p->kv_lengths ? &p->kv_lengths : NULL);
+    clattn__arg(&a, sizeof(cl_mem), p->kv.cu_k ? &p->kv.cu_k : NULL); /* packed V (varlen) */
+    clattn__arg(&a, sizeof(int), &p->kv.total_k);
     const size_t pglobal[2] = {(size_t)(((uint64_t)p->seq_kv + 15) / 16 * 16), (size_t)zs};
     const size_t plocal[2] = {16, 1};
     if ((st = clattn__enqueue(ctx, &a, 2, pglobal, ctx->dev.max_wg >= 16 ? plocal : NULL, 0, NULL,

@@ -320,6 +320,9 @@ clattn_status clattn__run_transpose_k(clattn_context *ctx, const clattn_problem 
     clattn__arg(&a, sizeof(cl_mem), kspan ? &kspan : NULL);
     clattn__arg(&a, sizeof(cl_ulong), &ks_off);
     clattn__arg(&a, sizeof(cl_mem), kvlen ? &kvlen : NULL);
+    /* packed K (varlen: fused_direct's copies) */
+    clattn__arg(&a, sizeof(cl_mem), p->kv.cu_k ? &p->kv.cu_k : NULL);
+    clattn__arg(&a, sizeof(int), &p->kv.total_k);
     const size_t blocks = (size_t)(((uint64_t)p->seq_kv + 15) / 16),
                  zs = (size_t)(p->batch * p->heads_kv);
     const size_t local[2] = {cpu ? 1 : 16, 1};

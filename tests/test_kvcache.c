@@ -423,6 +423,9 @@ static const varlen_case varlen_cases[] = {
     {"varlen_paged_q8_0", F32, Q8, 3, 8, 2, 6, 50, 64, 1, 0, 16, 0, 0},
     {"varlen_decode", F32, F32, 4, 8, 2, 1, 70, 64, 0, 1, 0, 0, 0},
     {"varlen_decode_splits", BF16, BF16, 3, 4, 2, 2, 300, 64, 1, 1, 0, 0, 4},
+    /* more than 64 packed rows a kv head: the CPU's copies of K and V (transpose_k16, pack_v) */
+    {"varlen_prefill_copies", F32, F32, 3, 8, 2, 40, 60, 64, 1, 1, 0, 0, 0},
+    {"varlen_prefill_copies_mask_f16", F16, F16, 4, 4, 1, 33, 70, 48, 0, 1, 0, 1, 0},
 };
 
 /* Sequence b's query rows and keys: varied, one sequence longer than seq_q (its rows past seq_q

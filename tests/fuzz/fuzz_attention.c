@@ -64,6 +64,8 @@ static void compare(const clattn_attention_desc *d, const double *xq, const doub
     a.window_right = d->window_right;
     a.chunk = d->chunk;
     a.softcap = d->softcap;
+    a.q_offset = d->q_offset;
+    a.k_offset = d->k_offset;
     double *out = malloc(nrow * (size_t)dv * sizeof *out), *lse = malloc(nrow * sizeof *lse),
            *probs = malloc(nrow * (size_t)d->seq_kv * sizeof *probs);
     if (!out || !lse || !probs)

@@ -645,6 +645,14 @@ void fz_read_variants(fz_state *s, clattn_attention_desc *d)
     }
     d->chunk = c < 128 ? 0 : c < 240 ? (int64_t)(c % 17) : (int64_t)fz_u64(&s->in);
     d->softcap = caps[f & 7];
+    /* A slice of a longer sequence (q_offset, k_offset), read after the others for the same
+     * reason: small shifts mostly, sometimes any 64-bit value (refused past CLATTN_MAX_SEQ). */
+    static const int64_t offs[8] = {0, 1, 5, 16, -3, -17, 0x7ff00000LL, INT64_MIN};
+    const uint8_t o = fz_u8(&s->in);
+    if (o >= 128) {
+        d->q_offset = o >= 240 ? (int64_t)fz_u64(&s->in) : offs[o & 7];
+        d->k_offset = offs[o >> 3 & 7];
+    }
 }
 
 static int count_ok(int64_t v)
@@ -668,6 +676,14 @@ int fz_desc_valid(const clattn_attention_desc *d, int check_algorithm)
     if (!d->window && (d->window_left != 0 || d->window_right != 0))
         return 0;
     if (d->chunk < 0 || !isfinite(d->softcap) || d->softcap < 0.0f || (d->softcap > 0.0f && d->softcap < FLT_MIN))
+        return 0;
+    /* Offsets: each within CLATTN_MAX_SEQ, their difference plus the longer sequence too; a chunk
+     * with a k_offset at most CLATTN_MAX_SEQ. */
+    const int64_t big = d->seq_q > d->seq_kv ? d->seq_q : d->seq_kv;
+    if (d->q_offset < -CLATTN_MAX_SEQ || d->q_offset > CLATTN_MAX_SEQ || d->k_offset < -CLATTN_MAX_SEQ ||
+        d->k_offset > CLATTN_MAX_SEQ || llabs(d->q_offset - d->k_offset) > CLATTN_MAX_SEQ - big)
+        return 0;
+    if (d->k_offset != 0 && d->chunk > CLATTN_MAX_SEQ)
         return 0;
     if (check_algorithm && (d->algorithm < CLATTN_ALGORITHM_AUTO || d->algorithm > CLATTN_ALGORITHM_UNFUSED))
         return 0;

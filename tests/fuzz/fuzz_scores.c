@@ -106,6 +106,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         a.window_right = d.window_right;
         a.chunk = d.chunk;
         a.softcap = d.softcap;
+        a.q_offset = d.q_offset;
+        a.k_offset = d.k_offset;
         ref_scores(&a, xq, xk, want);
         /* Rounded to the output's storage type, as the device must store it. */
         for (size_t i = 0; i < n; ++i) {
