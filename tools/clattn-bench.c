@@ -4,12 +4,44 @@
  * every timed result against a float64 host reference.
  *
  *   clattn-bench [--device SPEC] [--op LIST] [shape options] [--causal] [--mask KIND]
- *                [--kv-len LIST] [variant options] [--iters N] [--warmup N] [--csv] [--check]
- *                [--help]
+ *                [--kv-len LIST] [variant options] [KV-cache options] [--varlen LIST]
+ *                [--iters N] [--warmup N] [--csv] [--check] [--help]
  *
  * Variant options (docs/variants.md) apply to the attention ops (unfused, fused, decode): each
  * such op then runs plain first and with the variants next, so the overhead is a ratio of the
  * same run; a window adds the same window as a dense -inf mask and attention over just its keys.
+ *
+ * KV-cache options (docs/kvcache.md), for fused and decode (unfused takes plain K/V only):
+ *   --kv-type T | K,V   K and V stored as f32, f16, bf16 (the --dtype's own), i8 (random f32 scales
+ *                       per (token, kv head)), fp8_e4m3, fp8_e5m2 (per-tensor scales 0.5 for K,
+ *                       0.25 for V), q8_0 or q4_0 (ggml's blocks of 32: --dim multiples of 32)
+ *   --page N            paged K/V: pools of N-key pages, shuffled, through a block table (each batch
+ *                       its own pages; the pool exactly the pages the key lengths need); 0: contiguous
+ *   --page-layout L     nhd (default: vLLM's [pages][page][heads][dim]) or hnd ([pages][heads][page][dim])
+ * With any of them, fused and decode run their plain row (contiguous K/V of --dtype) and then the
+ * KV row, the same problem with K/V stored so. Its peer is the plain row (with variant options:
+ * the variant row, contiguous); its ratio is KV ms / peer ms, and both rows show the K/V bytes
+ * streamed per second (KV GB/s: the stored bytes of the K and V rows the problem reads, q8_0/q4_0
+ * block scales and i8 scales included), the KV row's over the peer's in the closing ratios. A paged
+ * KV row also gets a same-layout peer, run just before it: K and V of its storage types, contiguous
+ * in the row order of the pool's pages, [B][Skv][Hkv][D] ("BSHD", clattn_tensor_bshd, the mask
+ * column's "bshd") for NHD, [B][Hkv][Skv][D] for HND (not run for HND with K and V of --dtype: the
+ * plain row is that peer); the paged row's second ratio is paged ms / same-layout ms. --check
+ * decodes the stored bytes with the reference's decoder (ref/clattn_ref_kv.c) for its reference.
+ *
+ * Packed sequences (docs/kvcache.md, varlen), for fused:
+ *   --varlen L1,L2,...  self-attention prefill of sequences of these lengths (sequence b: L_b
+ *                       queries, L_b keys; --causal typical), packed end to end in
+ *                       FlashAttention's layout ([total][heads][dim]: shape {1, H, total, D},
+ *                       stride {0, D, H·D}). Replaces the fused op's rows by two: one
+ *                       clattn_attention call a sequence (batch 1, seq_q = seq_kv = L_b, views of
+ *                       the same buffers), all enqueued then one clFinish, timed as one job; and
+ *                       ONE call on the packed batch (cu_seqlens_q = cu_seqlens_k = the prefix
+ *                       sums, batch = the number of lengths, seq_q = seq_kv = the longest), with
+ *                       the ratio packed ms / one call each ms. --batch, --seq-q and --seq-kv are
+ *                       not used; heads, dims, --dtype, --scale and --causal are; masks, key
+ *                       lengths, variants, --mla and KV-cache options are refused. --check compares
+ *                       both outputs with float64 per sequence and prints their largest difference.
  *
  * Method (see PERFORMANCE.md): each operation is enqueued and the queue drained with clFinish, with
  * a CLOCK_MONOTONIC wall clock around both, so every kernel an operation enqueues is timed (the
@@ -28,6 +60,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "clattn.h"
+#include "clattn_ref_kv.h"
 #include "storage.h"
 
 #ifdef CLATTN_HAVE_CLBLAST
@@ -55,7 +88,11 @@
 
 #define SEED 0x5eedc1a7701ULL
 /* Generator streams, one per input tensor, so Q, K, V and the softmax input differ. */
-enum { ID_Q = 1, ID_K = 2, ID_V = 3, ID_S = 4, ID_M = 5, ID_SINK = 6 };
+enum { ID_Q = 1, ID_K = 2, ID_V = 3, ID_S = 4, ID_M = 5, ID_SINK = 6, ID_KS = 7, ID_VS = 8, ID_PAGE = 9 };
+/* fp8 K and V: the per-tensor scales (x = scale·fp8) of --kv-type fp8_*; codes of magnitude at most
+ * 4, so |K| <= 2 and |V| <= 1. */
+#define FP8_K_SCALE 0.5f
+#define FP8_V_SCALE 0.25f
 
 /* --mask: no additive mask; finite values in [-1, 1) (the mask is read, hides nothing); a
  * window of keys around each row's diagonal key, -inf elsewhere (--mask window:W: the W keys
@@ -94,6 +131,18 @@ typedef struct shape {
     float sink_value; /* SINKS_VALUE */
     float alibi;      /* max_bias of clattn_alibi_slopes */
     int score_mod, mask_mod;
+    /* KV-cache storage (clattn_kv_layout), fused and decode only: kv 1 for the KV row (desc.kv
+     * given), K stored as kt and V as vt (a plain row: dt), paged with `page` keys a page (0:
+     * contiguous), hnd 1 for [pages][heads][page][dim] pools, else [pages][page][heads][dim];
+     * bshd 1 (page 0 only): contiguous K/V in [B][Skv][Hkv][D] order, the row order of an NHD
+     * pool (the paged row's same-layout peer). */
+    int kv;
+    clattn_dtype kt, vt;
+    long long page;
+    int hnd;
+    int bshd;
+    /* --varlen rows (fused): 1 the packed call, 2 one call a sequence; 0 otherwise. */
+    int varlen;
 } shape;
 
 /* --sinks: SINKS_RANDOM gives per-head logits uniform in [0, ln Skv) (a sink then weighs between
@@ -114,6 +163,12 @@ typedef struct options {
     char *score_mod, *mask_mod;           /* --score-mod / --mask-mod file contents */
     long long kv_len[MAX_KV_LENS];        /* --kv-len, cycled over the batch */
     int n_kv_len;                         /* 0: no key lengths */
+    long long varlen[MAX_KV_LENS];        /* --varlen: the packed sequences' lengths */
+    int n_varlen;                         /* 0: no --varlen */
+    int kv;                               /* 1: --kv-type, --page or --page-layout given */
+    int kt, vt;                           /* --kv-type; -1: --dtype's */
+    long long page;                       /* --page; 0: contiguous */
+    int hnd;                              /* --page-layout hnd */
     int iters, warmup, csv, check;
 } options;
 
@@ -126,6 +181,9 @@ typedef struct result {
     double ms_med, ms_min, gflops, gbps;
     const char *ratio_name;
     double ratio;
+    double kv_gbps;      /* attention: K/V bytes read / time (kv_bytes) */
+    double kv_ratio;     /* a KV row: its kv_gbps / its peer's */
+    double layout_ratio; /* a paged row: its ms / the contiguous same-layout row's ms */
     int checked;
     double err, tol;
 } result;
@@ -446,10 +504,22 @@ static int has_variant(const shape *s)
            s->mask_mod;
 }
 
-/* s without its variants: the plain row measured beside a variant row. */
-static shape plain_shape(const shape *s)
+/* s with K and V contiguous in its dtype: the peer of a KV row. */
+static shape contiguous_shape(const shape *s)
 {
     shape p = *s;
+    p.kv = 0;
+    p.kt = p.vt = p.dt;
+    p.page = 0;
+    p.hnd = 0;
+    p.bshd = 0;
+    return p;
+}
+
+/* s without its variants and KV storage: the plain row measured beside a variant or KV row. */
+static shape plain_shape(const shape *s)
+{
+    shape p = contiguous_shape(s);
     p.window = 0;
     p.win_left = p.win_right = p.chunk = 0;
     p.softcap = p.alibi = p.sink_value = 0.0f;
@@ -507,6 +577,243 @@ static long long row_visible(const bench *bn, const shape *s, long long b, long 
     long long lo, hi;
     row_span(bn, s, b, i, &lo, &hi);
     return hi >= lo ? hi - lo + 1 : 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* KV-cache storage (--kv-type, --page)                                                         */
+
+/* The storage types of K and V of shape s (its dtype in a plain row). */
+static clattn_dtype k_type(const shape *s)
+{
+    return s->kv ? s->kt : s->dt;
+}
+
+static clattn_dtype v_type(const shape *s)
+{
+    return s->kv ? s->vt : s->dt;
+}
+
+/* Bytes of a row of d elements of dt (d a multiple of 32 for q8_0 and q4_0). */
+static uint64_t row_bytes(clattn_dtype dt, long long d)
+{
+    return (uint64_t)d / (uint64_t)clattn_dtype_block(dt) * (uint64_t)clattn_dtype_size(dt);
+}
+
+static int is_fp8(clattn_dtype dt)
+{
+    return dt == CLATTN_FP8_E4M3 || dt == CLATTN_FP8_E5M2;
+}
+
+/* Element idx of stream id mapped to [lo, hi], as a float. */
+static float gen_range(unsigned id, uint64_t idx, double lo, double hi)
+{
+    return (float)(lo + (hi - lo) * 0.5 * ((double)gen(id, idx) + 1.0));
+}
+
+/*
+ * The stored bytes of logical row `row` ((b·Hkv + h)·Skv + j) of K (id ID_K) or V (ID_V): d
+ * elements of dt at p, from the counter-based generator (element e of the row is element
+ * row·d + e of the stream, its scales elements of ID_KS / ID_VS). f32/f16/bf16: the plain row's
+ * values, so a paged row holds what the contiguous one does. i8: q = round(127·u), the row's scale
+ * in [0.75, 1]/127; fp8: codes of magnitude at most 4 (never NaN or infinity) times the per-tensor
+ * scale; q8_0: d in [0.75, 1]/127, q in -127 .. 127; q4_0: d in [0.75, 1]/8, nibbles 0 .. 15. So
+ * every value lies in [-1, 1] (fp8 K: [-2, 2]).
+ * @return the scale ref_kv_decode_row applies: the row's (i8), the tensor's (fp8), else 1.
+ */
+static double kv_row(unsigned id, clattn_dtype dt, uint64_t row, long long d, unsigned char *p)
+{
+    const unsigned sid = id == ID_K ? ID_KS : ID_VS;
+    const uint64_t e0 = row * (uint64_t)d;
+    switch (dt) {
+    case CLATTN_I8:
+        for (long long e = 0; e < d; e++)
+            p[e] = (unsigned char)(signed char)lrint(127.0 * gen(id, e0 + (uint64_t)e));
+        return gen_range(sid, row, 0.75 / 127, 1.0 / 127);
+    case CLATTN_FP8_E4M3:
+    case CLATTN_FP8_E5M2: {
+        const unsigned top = dt == CLATTN_FP8_E4M3 ? 0x48 : 0x44; /* the code of 4.0 */
+        for (long long e = 0; e < d; e++) {
+            const float u = gen(id, e0 + (uint64_t)e);
+            unsigned c = (unsigned)(fabsf(u) * (float)(top + 1));
+            c = c > top ? top : c;
+            p[e] = (unsigned char)(c | (u < 0.0f ? 0x80u : 0u));
+        }
+        return id == ID_K ? FP8_K_SCALE : FP8_V_SCALE;
+    }
+    case CLATTN_Q8_0:
+    case CLATTN_Q4_0: {
+        const int q8 = dt == CLATTN_Q8_0;
+        const double top = q8 ? 127.0 : 8.0;
+        for (long long blk = 0; blk < d / 32; blk++) {
+            unsigned char *b = p + (size_t)blk * clattn_dtype_size(dt);
+            const uint16_t h =
+                f32_to_f16(gen_range(sid, row * (uint64_t)(d / 32) + (uint64_t)blk, 0.75 / top, 1.0 / top));
+            b[0] = (unsigned char)(h & 0xff); /* little-endian, as ggml stores it */
+            b[1] = (unsigned char)(h >> 8);
+            if (!q8)
+                memset(b + 2, 0, 16);
+            for (int e = 0; e < 32; e++) {
+                const float u = gen(id, e0 + (uint64_t)(blk * 32 + e));
+                if (q8) {
+                    b[2 + e] = (unsigned char)(signed char)lrint(127.0 * u);
+                } else { /* byte j: element j in the low nibble, j + 16 in the high one */
+                    unsigned nib = (unsigned)((u + 1.0f) * 8.0f);
+                    nib = nib > 15 ? 15 : nib;
+                    b[2 + e % 16] |= (unsigned char)(e < 16 ? nib : nib << 4);
+                }
+            }
+        }
+        return 1.0;
+    }
+    default: /* f32, f16, bf16 */
+        for (long long e = 0; e < d; e++)
+            store(p, (size_t)e, dt, gen(id, e0 + (uint64_t)e));
+        return 1.0;
+    }
+}
+
+/* Where the rows of a KV row's K or V store lie: contiguous [B][Hkv][Skv] (or [B][Skv][Hkv] with
+ * bshd), or a pool of pages [pages][Hkv][page] (HND) or [pages][page][Hkv] (NHD) addressed by a
+ * block table. */
+typedef struct kv_pages {
+    long long page;   /* keys a page; 0: contiguous */
+    long long nb;     /* block-table entries per batch: ceil(Skv / page) */
+    long long npages; /* pages in the pool */
+    int hnd;
+    int bshd;         /* contiguous only: [B][Skv][Hkv] rows */
+    cl_int *table;    /* [B][nb]: batch b's n-th page; entries past its keys 0 (never read) */
+    long long *owner; /* [npages]: b·nb + n of the entry naming the page; -1: none */
+} kv_pages;
+
+/* Each batch gets the pages its keys need (batch_keys), no more, at places in the pool shuffled
+ * by the generator (stream ID_PAGE): neighbouring keys of a sequence are not neighbours in memory. */
+static void kv_pages_make(const bench *bn, const shape *s, kv_pages *pg)
+{
+    memset(pg, 0, sizeof *pg);
+    if (!s->kv)
+        return;
+    if (!s->page) {
+        pg->bshd = s->bshd;
+        return;
+    }
+    pg->page = s->page;
+    pg->hnd = s->hnd;
+    pg->nb = (s->skv + s->page - 1) / s->page;
+    long long total = 0;
+    for (long long b = 0; b < s->b; b++)
+        total += (batch_keys(bn, s, b) + s->page - 1) / s->page;
+    pg->npages = total ? total : 1; /* every batch empty: one page nobody reads */
+    if (pg->npages > INT32_MAX)
+        die(EXIT_USAGE, "--page %lld: %lld pages, more than a block table's int32 holds", s->page, pg->npages);
+    long long *perm = xmalloc_n((uint64_t)pg->npages, sizeof *perm);
+    for (long long i = 0; i < pg->npages; i++)
+        perm[i] = i;
+    for (long long i = pg->npages - 1; i > 0; i--) {
+        const long long k = (long long)(splitmix64(SEED ^ ((uint64_t)ID_PAGE << 56) ^ (uint64_t)i) %
+                                        (uint64_t)(i + 1)),
+                        t = perm[i];
+        perm[i] = perm[k];
+        perm[k] = t;
+    }
+    pg->table = xmalloc_n((uint64_t)(s->b * pg->nb), sizeof *pg->table);
+    pg->owner = xmalloc_n((uint64_t)pg->npages, sizeof *pg->owner);
+    for (long long i = 0; i < pg->npages; i++)
+        pg->owner[i] = -1;
+    long long next = 0;
+    for (long long b = 0; b < s->b; b++) {
+        const long long need = (batch_keys(bn, s, b) + s->page - 1) / s->page;
+        for (long long n = 0; n < pg->nb; n++) {
+            const long long at = b * pg->nb + n;
+            pg->table[at] = n < need ? (cl_int)perm[next] : 0;
+            if (n < need)
+                pg->owner[perm[next++]] = at;
+        }
+    }
+    free(perm);
+}
+
+static void kv_pages_free(kv_pages *pg)
+{
+    free(pg->table);
+    free(pg->owner);
+    memset(pg, 0, sizeof *pg);
+}
+
+/* Rows (one per key and kv head) of a K or V store. */
+static uint64_t kv_store_rows(const shape *s, const kv_pages *pg)
+{
+    return pg->page ? (uint64_t)(pg->npages * pg->page * s->hkv) : (uint64_t)(s->b * s->hkv * s->skv);
+}
+
+/* The logical row ((b·Hkv + h)·Skv + j) physical row r of a store holds, or -1 for a row no key
+ * uses (the tail of a batch's last page, a page no batch owns). */
+static int64_t kv_logical_row(const shape *s, const kv_pages *pg, uint64_t r)
+{
+    if (!pg->page && pg->bshd) { /* r = (b·Skv + j)·Hkv + h */
+        const uint64_t H = (uint64_t)s->hkv, S = (uint64_t)s->skv;
+        return (int64_t)((r / (S * H) * H + r % H) * S + r / H % S);
+    }
+    if (!pg->page)
+        return (int64_t)r;
+    const uint64_t P = (uint64_t)pg->page, H = (uint64_t)s->hkv;
+    const uint64_t p = r / (P * H), h = pg->hnd ? r / P % H : r % H, t = pg->hnd ? r % P : r / H % P;
+    const long long o = pg->owner[p];
+    if (o < 0)
+        return -1;
+    const long long b = o / pg->nb, j = o % pg->nb * pg->page + (long long)t;
+    return j < s->skv ? (int64_t)(((uint64_t)b * H + h) * (uint64_t)s->skv + (uint64_t)j) : -1;
+}
+
+/* The view of a store of d elements a row (d 1: the i8 scales beside it). */
+static clattn_tensor kv_view(const shape *s, const kv_pages *pg, cl_mem buf, clattn_dtype dt, long long d)
+{
+    if (!pg->page)
+        return pg->bshd ? clattn_tensor_bshd(buf, dt, s->b, s->skv, s->hkv, d)
+                        : clattn_tensor_bhsd(buf, dt, s->b, s->hkv, s->skv, d);
+    return pg->hnd ? clattn_tensor_bhsd(buf, dt, pg->npages, s->hkv, pg->page, d)
+                   : clattn_tensor_bshd(buf, dt, pg->npages, pg->page, s->hkv, d);
+}
+
+/* Fills K's (id ID_K) or V's (ID_V) store of dt, d elements a row: each row's bytes from kv_row at
+ * its place (a row no key uses: zero bytes), and with sbuf (i8) the rows' f32 scales in the same
+ * order. */
+static void upload_kv(bench *bn, cl_mem buf, cl_mem sbuf, unsigned id, clattn_dtype dt, long long d,
+                      const shape *s, const kv_pages *pg)
+{
+    const uint64_t rb = row_bytes(dt, d), rows = kv_store_rows(s, pg);
+    const uint64_t per = UPLOAD_CHUNK * 4 / (rb + 4) ? UPLOAD_CHUNK * 4 / (rb + 4) : 1;
+    float *sc = stage(bn, (size_t)(per * (rb + 4)));
+    unsigned char *h = (unsigned char *)(sc + per);
+    for (uint64_t at = 0; at < rows; at += per) {
+        const size_t n = (size_t)(rows - at < per ? rows - at : per);
+        for (size_t i = 0; i < n; i++) {
+            const int64_t lr = kv_logical_row(s, pg, at + i);
+            if (lr < 0) {
+                memset(h + i * rb, 0, (size_t)rb);
+                sc[i] = 0.0f;
+            } else {
+                sc[i] = (float)kv_row(id, dt, (uint64_t)lr, d, h + i * rb);
+            }
+        }
+        check_cl(clEnqueueWriteBuffer(bn->queue, buf, CL_TRUE, (size_t)(at * rb), n * (size_t)rb, h, 0, NULL,
+                                      NULL),
+                 "clEnqueueWriteBuffer");
+        if (sbuf)
+            check_cl(clEnqueueWriteBuffer(bn->queue, sbuf, CL_TRUE, (size_t)at * sizeof(float), n * sizeof(float),
+                                          sc, 0, NULL, NULL),
+                     "clEnqueueWriteBuffer");
+    }
+}
+
+/* Bytes an attention op reads per visible key and kv head: K's row and V's (K's alone with
+ * --mla), in their storage types, q8_0/q4_0 block scales and i8 row scales included. */
+static double key_bytes(const shape *s)
+{
+    const clattn_dtype kt = k_type(s), vt = v_type(s);
+    double n = (double)row_bytes(kt, s->d) + (kt == CLATTN_I8 ? 4.0 : 0.0);
+    if (!s->mla)
+        n += (double)row_bytes(vt, s->dv) + (vt == CLATTN_I8 ? 4.0 : 0.0);
+    return n;
 }
 
 /* |got - want| measured on O(1) values: absolute up to magnitude 1, relative above it. Matching
@@ -665,6 +972,8 @@ static double check_attention(bench *bn, const shape *s, cl_mem out, int scores,
     double *kh = xmalloc_n((uint64_t)(Skv * D), sizeof *kh);
     double *vh = scores ? NULL : xmalloc_n((uint64_t)(Skv * Dv), sizeof *vh);
     double *q = xmalloc_n((uint64_t)D, sizeof *q), *sc = xmalloc_n((uint64_t)Skv, sizeof *sc);
+    /* a KV row's stored bytes of one K or V row (f32 is the widest type) */
+    unsigned char *raw = s->kv ? xmalloc_n((uint64_t)(D > Dv ? D : Dv), 4) : NULL;
     const long long width = scores ? Skv : Dv;
     double *got = xmalloc_n((uint64_t)width, sizeof *got), *want = xmalloc_n((uint64_t)width, sizeof *want);
     long long cached_b = -1, cached_kvh = -1;
@@ -673,14 +982,27 @@ static double check_attention(bench *bn, const shape *s, cl_mem out, int scores,
         const long long b = rows[r].b, h = rows[r].h, i = rows[r].i, kvh = h / group;
         if (b != cached_b || kvh != cached_kvh) {
             const uint64_t kb = (uint64_t)((b * Hkv + kvh) * Skv);
-            for (long long j = 0; j < Skv * D; j++)
-                kh[j] = gen_stored(ID_K, kb * (uint64_t)D + (uint64_t)j, s->dt);
-            if (vh)
+            if (s->kv) { /* the stored bytes, decoded by the reference (ref/clattn_ref_kv.c) */
+                for (long long j = 0; j < Skv; j++) {
+                    double f = kv_row(ID_K, s->kt, kb + (uint64_t)j, D, raw);
+                    ref_kv_decode_row((int)s->kt, raw, (int)D, f, kh + j * D);
+                    if (!vh || s->mla)
+                        continue;
+                    f = kv_row(ID_V, s->vt, kb + (uint64_t)j, Dv, raw);
+                    ref_kv_decode_row((int)s->vt, raw, (int)Dv, f, vh + j * Dv);
+                }
+            } else {
+                for (long long j = 0; j < Skv * D; j++)
+                    kh[j] = gen_stored(ID_K, kb * (uint64_t)D + (uint64_t)j, s->dt);
+            }
+            if (vh && s->mla)
                 for (long long j = 0; j < Skv; j++)
                     for (long long e = 0; e < Dv; e++)
-                        vh[j * Dv + e] = s->mla ? kh[j * D + e]
-                                                : gen_stored(ID_V, (kb + (uint64_t)j) * (uint64_t)Dv + (uint64_t)e,
-                                                             s->dt);
+                        vh[j * Dv + e] = kh[j * D + e];
+            else if (vh && !s->kv)
+                for (long long j = 0; j < Skv; j++)
+                    for (long long e = 0; e < Dv; e++)
+                        vh[j * Dv + e] = gen_stored(ID_V, (kb + (uint64_t)j) * (uint64_t)Dv + (uint64_t)e, s->dt);
             cached_b = b;
             cached_kvh = kvh;
         }
@@ -742,6 +1064,7 @@ static double check_attention(bench *bn, const shape *s, cl_mem out, int scores,
     free(rows);
     free(kh);
     free(vh);
+    free(raw);
     free(q);
     free(sc);
     free(got);
@@ -861,13 +1184,15 @@ static void print_header(bench *bn)
         return;
     bn->header_done = 1;
     if (bn->opt.csv) {
-        puts("op,device,dtype,B,Hq,Hkv,Sq,Skv,D,causal,ms_median,ms_min,gflops,gbps,ratio_name,ratio,"
-             "mask");
+        /* the KV columns only in a run with KV options: other runs keep the columns readers know */
+        printf("op,device,dtype,B,Hq,Hkv,Sq,Skv,D,causal,ms_median,ms_min,gflops,gbps,ratio_name,ratio,"
+               "mask%s\n",
+               bn->opt.kv ? ",kv_k,kv_v,page,page_layout,kv_gbps,kv_gbps_ratio,same_layout_ratio" : "");
         return;
     }
-    printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %-*s %10s %10s %9s %8s%s\n", "op", "dtype", "B", "Hq",
+    printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %-*s %10s %10s %9s %8s%s%s\n", "op", "dtype", "B", "Hq",
            "Hkv", "Sq", "Skv", "D", "causal", bn->mask_width, "mask", "median ms", "min ms", "GFLOP/s",
-           "GB/s", bn->opt.check ? "  check (max err / tol)" : "");
+           "GB/s", bn->opt.kv ? "   KV GB/s" : "", bn->opt.check ? "  check (max err / tol)" : "");
 }
 
 static void fmt_num(char *buf, size_t size, double v, const char *fmt)
@@ -905,7 +1230,9 @@ static const char *extent(long long v, char *buf, size_t size)
 /* The masks and variants of s as the mask column shows them, joined by "+": none, bias, window:W
  * (the W keys ending at the diagonal) or window:L:R (a dense window mask of any extents), kvlen;
  * then the variants: win:L:R, chunk:C, softcap:c, sinks:rand or sinks:V, alibi:B, score_mod,
- * mask_mod, and mla (V a view of K). No commas: the CSV writes the column as it is. */
+ * mask_mod, and mla (V a view of K); a KV row's storage, kv:T (kv:K/V where they differ), and
+ * page:N:nhd or page:N:hnd, or bshd (contiguous in [B][Skv][Hkv][D] order); varlen:packed or
+ * varlen:each (--varlen). No commas: the CSV writes the column as it is. */
 static void mask_desc(const shape *s, char *buf, size_t size)
 {
     size_t n = 0;
@@ -938,6 +1265,16 @@ static void mask_desc(const shape *s, char *buf, size_t size)
         desc_add(buf, size, &n, "mask_mod");
     if (s->mla)
         desc_add(buf, size, &n, "mla");
+    if (s->kv && s->kt == s->vt)
+        desc_add(buf, size, &n, "kv:%s", clattn_dtype_name(s->kt));
+    else if (s->kv)
+        desc_add(buf, size, &n, "kv:%s/%s", clattn_dtype_name(s->kt), clattn_dtype_name(s->vt));
+    if (s->kv && s->page)
+        desc_add(buf, size, &n, "page:%lld:%s", s->page, s->hnd ? "hnd" : "nhd");
+    else if (s->kv && s->bshd)
+        desc_add(buf, size, &n, "bshd");
+    if (s->varlen)
+        desc_add(buf, size, &n, s->varlen == 1 ? "varlen:packed" : "varlen:each");
     if (!n)
         snprintf(buf, size, "none");
 }
@@ -967,12 +1304,24 @@ static void emit(bench *bn, const result *r)
         csv_num(r->gbps, "%.6g");
         printf(",%s", r->ratio_name && !isnan(r->ratio) ? r->ratio_name : "");
         csv_num(r->ratio_name ? r->ratio : NAN, "%.4g");
-        printf(",%s\n", mask);
+        printf(",%s", mask);
+        if (bn->opt.kv && !isnan(r->kv_gbps))
+            printf(",%s,%s,%lld,%s", clattn_dtype_name(k_type(s)), clattn_dtype_name(v_type(s)),
+                   s->kv ? s->page : 0LL,
+                   s->kv && s->page ? (s->hnd ? "hnd" : "nhd") : s->kv && s->bshd ? "bshd" : "");
+        else if (bn->opt.kv)
+            fputs(",,,,", stdout);
+        if (bn->opt.kv) {
+            csv_num(r->kv_gbps, "%.6g");
+            csv_num(r->kv_ratio, "%.4g");
+            csv_num(r->layout_ratio, "%.4g");
+        }
+        putchar('\n');
         fflush(stdout);
+        const int described = masked(s) || has_variant(s) || s->kv || s->varlen;
         if (r->checked)
             fprintf(stderr, "check %s%s%s%s %s: max err %.3g, tolerance %.3g: %s\n", r->op,
-                    s->causal ? " causal" : "", masked(s) || has_variant(s) ? " mask " : "",
-                    masked(s) || has_variant(s) ? mask : "",
+                    s->causal ? " causal" : "", described ? " mask " : "", described ? mask : "",
                     r->dtype, r->err, r->tol, r->err <= r->tol ? "ok" : "FAILED");
     } else {
         char n[8][32];
@@ -994,16 +1343,21 @@ static void emit(bench *bn, const result *r)
                 snprintf(n[i], 32, "-");
             snprintf(mask, sizeof mask, "-");
         }
-        char ms[2][32], gf[32], gb[32], chk[64] = "";
+        char ms[2][32], gf[32], gb[32], kvb[48] = "", chk[64] = "";
         fmt_num(ms[0], 32, r->ms_med, "%.3f");
         fmt_num(ms[1], 32, r->ms_min, "%.3f");
         fmt_num(gf, 32, r->gflops, "%.2f");
         fmt_num(gb, 32, r->gbps, "%.2f");
+        if (bn->opt.kv) {
+            char t[32];
+            fmt_num(t, sizeof t, r->kv_gbps, "%.2f");
+            snprintf(kvb, sizeof kvb, "  %8s", t);
+        }
         if (r->checked)
             snprintf(chk, sizeof chk, "  %.2e / %.0e %s", r->err, r->tol,
                      r->err <= r->tol ? "ok" : "FAILED");
-        printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %-*s %10s %10s %9s %8s%s\n", r->op, r->dtype,
-               n[0], n[1], n[2], n[3], n[4], n[5], n[6], bn->mask_width, mask, ms[0], ms[1], gf, gb, chk);
+        printf("%-8s %-5s %3s %4s %4s %6s %7s %7s %6s %-*s %10s %10s %9s %8s%s%s\n", r->op, r->dtype,
+               n[0], n[1], n[2], n[3], n[4], n[5], n[6], bn->mask_width, mask, ms[0], ms[1], gf, gb, kvb, chk);
     }
     fflush(stdout);
     if (r->checked && !(r->err <= r->tol))
@@ -1115,7 +1469,7 @@ static result new_result(const char *op, const shape *s)
     } else {
         r.dtype = "-";
     }
-    r.gflops = r.gbps = r.ratio = r.err = NAN;
+    r.gflops = r.gbps = r.ratio = r.err = r.kv_gbps = r.kv_ratio = r.layout_ratio = NAN;
     return r;
 }
 
@@ -1286,6 +1640,8 @@ typedef struct attn_job {
     int kind; /* OP_SCORES, or an attention op */
     clattn_attention_desc desc;
     clattn_tensor q, k, v, o, mask, sinks, slopes;
+    clattn_kv_layout kv;   /* a KV row's */
+    clattn_tensor ks, vs;  /* its i8 scales */
 } attn_job;
 
 static int enqueue_attn(bench *bn, void *job)
@@ -1321,7 +1677,8 @@ static double visible_pairs(const bench *bn, const shape *s)
 /* Bytes of K and V an operation has to read: each kv head's rows of the keys that some query row
  * of its batch sees (key lengths, causal masking, windows and chunks counted exactly; a bias mask
  * and mask_mod hide nothing). A window's hidden keys need no K or V read, so they must not count
- * as bytes moved. With --mla V is part of K's rows: K alone counts. */
+ * as bytes moved. With --mla V is part of K's rows: K alone counts. A KV row counts the bytes its
+ * storage types hold (key_bytes). */
 static double kv_bytes(const bench *bn, const shape *s)
 {
     double keys = 0.0;
@@ -1338,7 +1695,7 @@ static double kv_bytes(const bench *bn, const shape *s)
             }
         }
     }
-    return keys * (double)s->hkv * (double)(s->mla ? s->d : s->d + s->dv) * (double)esize(s->dt);
+    return keys * (double)s->hkv * key_bytes(s);
 }
 
 /* The slopes clattn_alibi_slopes should give (BLOOM's and ggml's formula, docs/variants.md), to
@@ -1395,34 +1752,54 @@ static int make_variant_tensors(bench *bn, const char *op, const shape *s, cl_me
 }
 
 /* Runs scores, unfused, fused or decode on shape s into *out_r (ms_med NAN when skipped). The
- * caller adds the ratio against its peer and emits the line. */
+ * caller adds the ratio against its peer and emits the line. A KV row (s->kv) stores K and V as
+ * its types say, in pages with s->page. */
 static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
 {
     const size_t es = esize(s->dt);
     const int own_v = kind != OP_SCORES && !s->mla;
+    const clattn_dtype kt = k_type(s), vt = v_type(s);
+    kv_pages pg;
+    kv_pages_make(bn, s, &pg);
+    const uint64_t rows = kv_store_rows(s, &pg);
     const uint64_t nq = (uint64_t)(s->b * s->hq * s->sq * s->d),
                    nk = (uint64_t)(s->b * s->hkv * s->skv * s->d),
                    nv = (uint64_t)(s->b * s->hkv * s->skv * s->dv),
                    no = (uint64_t)(s->b * s->hq * s->sq * (kind == OP_SCORES ? s->skv : s->dv));
     const char *name = op_names[kind];
-    /* q, k, v, out, mask, key lengths, sinks, ALiBi slopes */
-    cl_mem m[8] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    /* q, k, v, out, mask, key lengths, sinks, ALiBi slopes; a KV row's block table, K and V
+     * scales (i8) */
+    cl_mem m[11] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     float *sinks = NULL, *slopes = NULL;
     *out_r = new_result(name, s);
     out_r->ms_med = NAN;
-    if (!(m[0] = make_buffer(bn, name, nq * es)) || !(m[1] = make_buffer(bn, name, nk * es)) ||
-        (own_v && !(m[2] = make_buffer(bn, name, nv * es))) ||
+    if (!(m[0] = make_buffer(bn, name, nq * es)) || !(m[1] = make_buffer(bn, name, rows * row_bytes(kt, s->d))) ||
+        (own_v && !(m[2] = make_buffer(bn, name, rows * row_bytes(vt, s->dv)))) ||
         !(m[3] = make_buffer(bn, name, no * es)) || make_masks(bn, name, s, &m[4], &m[5]) ||
-        make_variant_tensors(bn, name, s, &m[6], &sinks, &slopes)) {
-        release(m, 8);
+        make_variant_tensors(bn, name, s, &m[6], &sinks, &slopes) ||
+        (pg.page && !(m[8] = make_buffer(bn, name, (uint64_t)(s->b * pg.nb) * sizeof(cl_int)))) ||
+        (kt == CLATTN_I8 && !(m[9] = make_buffer(bn, name, rows * sizeof(float)))) ||
+        (own_v && vt == CLATTN_I8 && !(m[10] = make_buffer(bn, name, rows * sizeof(float))))) {
+        release(m, 11);
         free(sinks);
         free(slopes);
+        kv_pages_free(&pg);
         return;
     }
     upload(bn, m[0], ID_Q, nq, s->dt);
-    upload(bn, m[1], ID_K, nk, s->dt);
-    if (m[2])
-        upload(bn, m[2], ID_V, nv, s->dt);
+    if (s->kv) {
+        upload_kv(bn, m[1], m[9], ID_K, kt, s->d, s, &pg);
+        if (m[2])
+            upload_kv(bn, m[2], m[10], ID_V, vt, s->dv, s, &pg);
+        if (m[8])
+            check_cl(clEnqueueWriteBuffer(bn->queue, m[8], CL_TRUE, 0, (size_t)(s->b * pg.nb) * sizeof(cl_int),
+                                          pg.table, 0, NULL, NULL),
+                     "clEnqueueWriteBuffer");
+    } else {
+        upload(bn, m[1], ID_K, nk, s->dt);
+        if (m[2])
+            upload(bn, m[2], ID_V, nv, s->dt);
+    }
 
     attn_job j;
     memset(&j, 0, sizeof j);
@@ -1457,12 +1834,30 @@ static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
     j.desc.score_mod = score_mod_src(bn, s);
     j.desc.mask_mod = mask_mod_src(bn, s);
     j.q = clattn_tensor_bhsd(m[0], s->dt, s->b, s->hq, s->sq, s->d);
-    j.k = clattn_tensor_bhsd(m[1], s->dt, s->b, s->hkv, s->skv, s->d);
+    j.k = kv_view(s, &pg, m[1], kt, s->d);
     if (m[2]) {
-        j.v = clattn_tensor_bhsd(m[2], s->dt, s->b, s->hkv, s->skv, s->dv);
+        j.v = kv_view(s, &pg, m[2], vt, s->dv);
     } else if (kind != OP_SCORES) { /* --mla: K's view with the first Dv of each row */
         j.v = j.k;
         j.v.shape[3] = s->dv;
+    }
+    if (s->kv) {
+        j.kv.page_size = pg.page;
+        j.kv.block_table = m[8];
+        j.kv.block_table_stride = pg.page ? pg.nb : 0;
+        if (m[9]) {
+            j.ks = kv_view(s, &pg, m[9], CLATTN_F32, 1);
+            j.kv.k_scales = &j.ks;
+        }
+        if (m[10]) {
+            j.vs = kv_view(s, &pg, m[10], CLATTN_F32, 1);
+            j.kv.v_scales = &j.vs;
+        } else if (m[9] && s->mla) { /* V is K's view: its scales too */
+            j.kv.v_scales = &j.ks;
+        }
+        j.kv.k_scale = is_fp8(kt) ? FP8_K_SCALE : 0.0f;
+        j.kv.v_scale = is_fp8(vt) ? (s->mla ? FP8_K_SCALE : FP8_V_SCALE) : 0.0f;
+        j.desc.kv = &j.kv;
     }
     j.o = clattn_tensor_bhsd(m[3], s->dt, s->b, s->hq, s->sq, kind == OP_SCORES ? s->skv : s->dv);
 
@@ -1474,6 +1869,7 @@ static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
             r->gbps = (double)(no * es) / (r->ms_med * 1e6);
         } else {
             r->gflops = 2.0 * s->hq * visible_pairs(bn, s) * (double)(s->d + s->dv) / (r->ms_med * 1e6);
+            r->kv_gbps = kv_bytes(bn, s) / (r->ms_med * 1e6);
             if (kind == OP_DECODE)
                 r->gbps = ((double)((nq + no) * es) + kv_bytes(bn, s) +
                            (m[4] ? (double)(s->sq * s->skv) * (double)esize(mask_dtype(s)) : 0.0)) /
@@ -1488,9 +1884,298 @@ static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
     } else {
         r->ms_med = NAN;
     }
-    release(m, 8);
+    release(m, 11);
     free(sinks);
     free(slopes);
+    kv_pages_free(&pg);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* --varlen: packed sequences (clattn_kv_layout.cu_seqlens_q / cu_seqlens_k) against one call a
+ * sequence                                                                                     */
+
+/* Both rows' calls: the packed call (one), or one call a sequence (n), each with its own
+ * descriptor and views q, k, v, out. */
+typedef struct varlen_job {
+    long long calls;
+    clattn_attention_desc *desc; /* [calls] */
+    clattn_tensor *t;            /* [calls][4]: q, k, v, out */
+} varlen_job;
+
+static int enqueue_varlen(bench *bn, void *job)
+{
+    const varlen_job *j = job;
+    for (long long c = 0; c < j->calls; c++) {
+        const clattn_tensor *t = j->t + 4 * c;
+        const clattn_status st = clattn_attention(bn->ctx, &j->desc[c], &t[0], &t[1], &t[2], &t[3], 0, NULL, NULL);
+        if (st == CLATTN_UNSUPPORTED) {
+            fprintf(stderr, "fused: varlen: skipped: %s\n", clattn_last_error(bn->ctx));
+            return OP_SKIPPED;
+        }
+        if (st != CLATTN_SUCCESS)
+            die_clattn(bn, "fused (varlen)", st);
+    }
+    return 0;
+}
+
+/* A view of rows r0 .. r0 + n - 1 of a packed [total][h][d] buffer: shape {1, h, n, d}, stride
+ * {0, d, h·d} (FlashAttention's varlen layout). */
+static clattn_tensor packed_view(cl_mem buf, clattn_dtype dt, long long h, long long r0, long long n, long long d)
+{
+    clattn_tensor t;
+    memset(&t, 0, sizeof t);
+    t.buffer = buf;
+    t.dtype = dt;
+    t.offset = r0 * h * d;
+    t.shape[0] = 1;
+    t.shape[1] = h;
+    t.shape[2] = n;
+    t.shape[3] = d;
+    t.stride[0] = 0;
+    t.stride[1] = d;
+    t.stride[2] = h * d;
+    return t;
+}
+
+/*
+ * Checks the packed output `out` ([total][Hq][Dv]) against float64, sequence by sequence: sequence
+ * b (rows cu[b] .. cu[b+1] - 1, L of them) is self-attention of its own L queries and L keys,
+ * causal top-left (= bottom-right: as many keys as rows), element (t, h, e) of q, k and v being
+ * element (t·H + h)·D + e of its stream (the packed buffers are the streams in order). Every row
+ * when a sequence's reference is cheap, else SAMPLE_ROWS rows of each head (pick_rows).
+ * @return the largest element error.
+ */
+static double check_varlen(bench *bn, const shape *s, const long long *cu, long long n, cl_mem out)
+{
+    const long long Hq = s->hq, Hkv = s->hkv, D = s->d, Dv = s->dv, group = Hq / Hkv;
+    const double scale = s->scale > 0.0f ? (double)s->scale : (double)(float)(1.0 / sqrt((double)D));
+    const long long Lmax = s->skv;
+    double *kh = xmalloc_n((uint64_t)(Lmax * D), sizeof *kh), *vh = xmalloc_n((uint64_t)(Lmax * Dv), sizeof *vh);
+    double *q = xmalloc_n((uint64_t)D, sizeof *q), *sc = xmalloc_n((uint64_t)Lmax, sizeof *sc);
+    double *got = xmalloc_n((uint64_t)Dv, sizeof *got), *want = xmalloc_n((uint64_t)Dv, sizeof *want);
+    double worst = 0.0;
+    for (long long b = 0; b < n; b++) {
+        const long long L = cu[b + 1] - cu[b], t0 = cu[b];
+        size_t nr;
+        rowpick *rows = pick_rows(1, Hq, L, (double)Hq * L * L * (double)(D + Dv), &nr);
+        long long cached_kvh = -1;
+        for (size_t r = 0; r < nr; r++) {
+            const long long h = rows[r].h, i = rows[r].i, kvh = h / group;
+            if (kvh != cached_kvh) {
+                for (long long j = 0; j < L; j++) {
+                    const uint64_t kr = (uint64_t)((t0 + j) * Hkv + kvh);
+                    for (long long e = 0; e < D; e++)
+                        kh[j * D + e] = gen_stored(ID_K, kr * (uint64_t)D + (uint64_t)e, s->dt);
+                    for (long long e = 0; e < Dv; e++)
+                        vh[j * Dv + e] = gen_stored(ID_V, kr * (uint64_t)Dv + (uint64_t)e, s->dt);
+                }
+                cached_kvh = kvh;
+            }
+            const uint64_t qr = (uint64_t)((t0 + i) * Hq + h);
+            for (long long e = 0; e < D; e++)
+                q[e] = gen_stored(ID_Q, qr * (uint64_t)D + (uint64_t)e, s->dt);
+            const long long end = s->causal ? i + 1 : L;
+            double m = -INFINITY;
+            for (long long j = 0; j < end; j++) {
+                double acc = 0.0;
+                for (long long e = 0; e < D; e++)
+                    acc += q[e] * kh[j * D + e];
+                sc[j] = acc * scale;
+                if (sc[j] > m)
+                    m = sc[j];
+            }
+            double l = 0.0;
+            for (long long e = 0; e < Dv; e++)
+                want[e] = 0.0;
+            for (long long j = 0; j < end; j++) {
+                const double w = exp(sc[j] - m);
+                l += w;
+                for (long long e = 0; e < Dv; e++)
+                    want[e] += w * vh[j * Dv + e];
+            }
+            for (long long e = 0; e < Dv; e++)
+                want[e] /= l;
+            read_row(bn, out, qr * (uint64_t)Dv, (size_t)Dv, s->dt, got);
+            for (long long e = 0; e < Dv; e++) {
+                const double err = elem_err(got[e], want[e], fabs(want[e]) > 1.0 ? fabs(want[e]) : 1.0);
+                if (err > worst)
+                    worst = err;
+            }
+        }
+        free(rows);
+    }
+    free(kh);
+    free(vh);
+    free(q);
+    free(sc);
+    free(got);
+    free(want);
+    return worst;
+}
+
+/* The largest element difference between two outputs of `count` elements (elem_err). */
+static double compare_outputs(bench *bn, cl_mem a, cl_mem b, uint64_t count, clattn_dtype dt)
+{
+    const size_t chunk = (size_t)1 << 20;
+    double *x = xmalloc_n(chunk, sizeof *x), *y = xmalloc_n(chunk, sizeof *y), worst = 0.0;
+    for (uint64_t at = 0; at < count; at += chunk) {
+        const size_t n = (size_t)(count - at < chunk ? count - at : chunk);
+        read_row(bn, a, at, n, dt, x);
+        read_row(bn, b, at, n, dt, y);
+        for (size_t i = 0; i < n; i++) {
+            const double err = elem_err(x[i], y[i], fabs(y[i]) > 1.0 ? fabs(y[i]) : 1.0);
+            if (err > worst)
+                worst = err;
+        }
+    }
+    free(x);
+    free(y);
+    return worst;
+}
+
+/*
+ * --varlen L1,L2,...: the fused op on n sequences packed end to end, self-attention prefill
+ * (sequence b: L_b queries and L_b keys), q, k, v and out in FlashAttention's layout
+ * ([total][heads][dim]: packed_view). First one clattn_attention call per sequence (batch 1,
+ * seq_q = seq_kv = L_b, views of the same packed buffers), all enqueued and then one clFinish,
+ * timed as one job; then ONE call on the packed batch (batch n, seq_q = seq_kv = the longest,
+ * cu_seqlens_q = cu_seqlens_k = the prefix sums), with the ratio packed ms / one call each ms.
+ * s is the fused shape (heads, dims, dtype, causal, scale); its batch and lengths are replaced.
+ */
+static void run_varlen(bench *bn, const shape *s0)
+{
+    const options *o = &bn->opt;
+    const long long n = o->n_varlen;
+    long long *cu = xmalloc_n((uint64_t)n + 1, sizeof *cu);
+    cl_int *cu32 = xmalloc_n((uint64_t)n + 1, sizeof *cu32);
+    long long Lmax = 0;
+    double pairs = 0.0;
+    cu[0] = 0;
+    for (long long b = 0; b < n; b++) {
+        const long long L = o->varlen[b];
+        cu[b + 1] = cu[b] + L;
+        Lmax = L > Lmax ? L : Lmax;
+        pairs += s0->causal ? (double)L * (double)(L + 1) / 2.0 : (double)L * (double)L;
+    }
+    const long long total = cu[n];
+    if (total > INT32_MAX)
+        die(EXIT_USAGE, "--varlen: %lld rows in all, more than cu_seqlens' int32 holds", total);
+    for (long long b = 0; b <= n; b++)
+        cu32[b] = (cl_int)cu[b];
+    shape s = *s0;
+    s.b = n;
+    s.sq = s.skv = Lmax;
+    const long long Hq = s.hq, Hkv = s.hkv, D = s.d, Dv = s.dv;
+    const size_t es = esize(s.dt);
+    const uint64_t nq = (uint64_t)(total * Hq * D), nk = (uint64_t)(total * Hkv * D),
+                   nv = (uint64_t)(total * Hkv * Dv), no = (uint64_t)(total * Hq * Dv);
+    /* q, k, v, out of the packed call, out of the calls each, cu_seqlens */
+    cl_mem m[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    if (!(m[0] = make_buffer(bn, "fused", nq * es)) || !(m[1] = make_buffer(bn, "fused", nk * es)) ||
+        !(m[2] = make_buffer(bn, "fused", nv * es)) || !(m[3] = make_buffer(bn, "fused", no * es)) ||
+        !(m[4] = make_buffer(bn, "fused", no * es)) ||
+        !(m[5] = make_buffer(bn, "fused", (uint64_t)(n + 1) * sizeof(cl_int)))) {
+        release(m, 6);
+        free(cu);
+        free(cu32);
+        return;
+    }
+    upload(bn, m[0], ID_Q, nq, s.dt);
+    upload(bn, m[1], ID_K, nk, s.dt);
+    upload(bn, m[2], ID_V, nv, s.dt);
+    check_cl(clEnqueueWriteBuffer(bn->queue, m[5], CL_TRUE, 0, (size_t)(n + 1) * sizeof(cl_int), cu32, 0, NULL,
+                                  NULL),
+             "clEnqueueWriteBuffer");
+    /* NaN in every output element first (all-ones bytes: NaN in f32, f16 and bf16), so a row a
+     * call fails to write shows in --check */
+    const cl_uchar ones = 0xff;
+    for (int i = 3; i <= 4; i++)
+        check_cl(clEnqueueFillBuffer(bn->queue, m[i], &ones, 1, 0, (size_t)(no * es), 0, NULL, NULL),
+                 "clEnqueueFillBuffer");
+    check_cl(clFinish(bn->queue), "clFinish");
+
+    clattn_attention_desc base;
+    memset(&base, 0, sizeof base);
+    base.heads_q = Hq;
+    base.heads_kv = Hkv;
+    base.head_dim = D;
+    base.head_dim_v = Dv;
+    base.scale = s.scale;
+    base.causal = s.causal;
+    base.algorithm = CLATTN_ALGORITHM_FUSED;
+
+    /* one call a sequence */
+    varlen_job each = {n, xmalloc_n((uint64_t)n, sizeof(clattn_attention_desc)),
+                       xmalloc_n((uint64_t)n * 4, sizeof(clattn_tensor))};
+    for (long long b = 0; b < n; b++) {
+        const long long L = cu[b + 1] - cu[b];
+        each.desc[b] = base;
+        each.desc[b].batch = 1;
+        each.desc[b].seq_q = each.desc[b].seq_kv = L;
+        each.t[4 * b + 0] = packed_view(m[0], s.dt, Hq, cu[b], L, D);
+        each.t[4 * b + 1] = packed_view(m[1], s.dt, Hkv, cu[b], L, D);
+        each.t[4 * b + 2] = packed_view(m[2], s.dt, Hkv, cu[b], L, Dv);
+        each.t[4 * b + 3] = packed_view(m[4], s.dt, Hq, cu[b], L, Dv);
+    }
+    /* the packed call */
+    clattn_kv_layout kv;
+    memset(&kv, 0, sizeof kv);
+    kv.cu_seqlens_q = kv.cu_seqlens_k = m[5];
+    clattn_attention_desc pd = base;
+    pd.batch = n;
+    pd.seq_q = pd.seq_kv = Lmax;
+    pd.kv = &kv;
+    clattn_tensor pt[4] = {packed_view(m[0], s.dt, Hq, 0, total, D), packed_view(m[1], s.dt, Hkv, 0, total, D),
+                           packed_view(m[2], s.dt, Hkv, 0, total, Dv), packed_view(m[3], s.dt, Hq, 0, total, Dv)};
+    varlen_job packed = {1, &pd, pt};
+
+    shape se = s, sp = s;
+    se.varlen = 2;
+    sp.varlen = 1;
+    result re = new_result("fused", &se), rp = new_result("fused", &sp);
+    re.ms_med = rp.ms_med = NAN;
+    if (measure(bn, enqueue_varlen, &each, &re.ms_med, &re.ms_min) == 0) {
+        re.gflops = 2.0 * (double)Hq * pairs * (double)(D + Dv) / (re.ms_med * 1e6);
+        for (long long b = 0; b < n; b++) {
+            shape one = s0[0];
+            one.b = 1;
+            one.sq = one.skv = cu[b + 1] - cu[b];
+            note_attn_params(bn, OP_FUSED, &one);
+        }
+        if (o->check) {
+            re.tol = tolerance(s.dt);
+            re.err = check_varlen(bn, &s, cu, n, m[4]);
+            re.checked = 1;
+        }
+        emit(bn, &re);
+    } else {
+        re.ms_med = NAN;
+    }
+    if (measure(bn, enqueue_varlen, &packed, &rp.ms_med, &rp.ms_min) == 0) {
+        rp.gflops = 2.0 * (double)Hq * pairs * (double)(D + Dv) / (rp.ms_med * 1e6);
+        note_attn_params(bn, OP_FUSED, &s);
+        if (!isnan(re.ms_med)) {
+            rp.ratio_name = "packed_ms/each_ms";
+            rp.ratio = rp.ms_med / re.ms_med;
+            add_ratio(bn, "fused: varlen packed vs one call each", "packed ms / one call each ms (<= 1: packing pays)",
+                      rp.ratio);
+        }
+        if (o->check) {
+            rp.tol = tolerance(s.dt);
+            rp.err = check_varlen(bn, &s, cu, n, m[3]);
+            rp.checked = 1;
+        }
+        emit(bn, &rp);
+        if (o->check && !isnan(re.ms_med))
+            fprintf(o->csv ? stderr : stdout,
+                    "fused: varlen: packed output vs one call each's: max element difference %.3g\n",
+                    compare_outputs(bn, m[3], m[4], no, s.dt));
+    }
+    release(m, 6);
+    free(each.desc);
+    free(each.t);
+    free(cu);
+    free(cu32);
 }
 
 typedef struct softmax_job {
@@ -1695,6 +2380,25 @@ static shape op_shape(const bench *bn, int op)
         s.mask_mod = o->mask_mod != NULL;
         if (s.mla && s.dv > s.d)
             die(EXIT_USAGE, "--mla: the value dimension %lld exceeds the key dimension %lld", s.dv, s.d);
+        s.kv = o->kv;
+        s.kt = o->kt >= 0 ? (clattn_dtype)o->kt : s.dt;
+        s.vt = o->vt >= 0 ? (clattn_dtype)o->vt : s.dt;
+        s.page = o->page;
+        s.hnd = o->hnd;
+        for (int w = 0; w < 2 && s.kv; w++) {
+            const clattn_dtype t = w ? s.vt : s.kt;
+            const long long d = w ? s.dv : s.d;
+            if (t <= CLATTN_BF16 && t != s.dt)
+                die(EXIT_USAGE, "--kv-type: %s %s needs --dtype %s (K and V of f32, f16 or bf16 are the "
+                    "query's type)", w ? "V" : "K", clattn_dtype_name(t), clattn_dtype_name(t));
+            if (clattn_dtype_block(t) > 1 && d % clattn_dtype_block(t))
+                die(EXIT_USAGE, "--kv-type %s: %s's dimension %lld is not a multiple of %d", clattn_dtype_name(t),
+                    w ? "V" : "K", d, clattn_dtype_block(t));
+        }
+        if (s.kv && s.mla && s.vt != s.kt)
+            die(EXIT_USAGE, "--mla with --kv-type: V is a view of K, so it has K's type (one type, not K,V)");
+        if (s.kv && s.mla)
+            s.vt = s.kt;
     }
     return s;
 }
@@ -1755,6 +2459,30 @@ static void usage(FILE *f)
           "  --score-mod FILE, --mask-mod FILE\n"
           "                  OpenCL C defining score_mod / mask_mod; --check evaluates them on the\n"
           "                  device for its reference; GFLOP/s counts mask_mod's pairs as visible\n"
+          "\n"
+          "KV caches (docs/kvcache.md), for fused and decode. Each runs its plain row, then the KV\n"
+          "row (ratio KV ms / plain ms; with variants, against the variant row), and both show\n"
+          "KV GB/s, the stored K and V bytes read per second (block and i8 scales included):\n"
+          "  --kv-type T     K and V stored as T, or K,V (e.g. q8_0,q4_0): f32, f16, bf16 (= --dtype),\n"
+          "                  i8 (random f32 scale per token and head), fp8_e4m3, fp8_e5m2 (per-tensor\n"
+          "                  scales 0.5 for K, 0.25 for V), q8_0, q4_0 (dims multiples of 32)\n"
+          "  --page N        paged K/V: N keys a page, pages shuffled in a pool of exactly the pages\n"
+          "                  the key lengths need, through a block table (0: contiguous)\n"
+          "  --page-layout L nhd ([pages][page][heads][dim], default) or hnd ([pages][heads][page][dim])\n"
+          "A paged row gets a same-layout peer first: K/V of its types, contiguous in its pages'\n"
+          "row order ([B][Skv][Hkv][D], mask column bshd, for nhd; [B][Hkv][Skv][D] for hnd, not\n"
+          "run when that is the plain row), and the ratio paged ms / same-layout ms.\n"
+          "--check decodes the stored bytes with the float64 reference's decoder. --csv adds the\n"
+          "columns kv_k, kv_v, page, page_layout, kv_gbps, kv_gbps_ratio, same_layout_ratio (only\n"
+          "with these options).\n"
+          "\n"
+          "Packed sequences (docs/kvcache.md), for fused:\n"
+          "  --varlen LIST   self-attention prefill of sequences of these lengths (L_b queries and\n"
+          "                  L_b keys each), packed [total][heads][dim]: one call a sequence (all\n"
+          "                  enqueued, one clFinish), then ONE call with cu_seqlens_q/_k (ratio\n"
+          "                  packed ms / one call each ms). --batch/--seq-q/--seq-kv unused; no\n"
+          "                  masks, --kv-len, variants, --mla or KV options. --check compares both\n"
+          "                  with float64 per sequence and prints their largest difference\n"
           "\n"
           "Default shapes, CPU devices: scores/unfused/fused B1 H8 S1024 d64 (fused also causal),\n"
           "softmax 8x1024 rows x 1024, decode B1 H8 Sq1 Skv65536 d64, copy 64 MiB.\n"
@@ -1862,6 +2590,33 @@ static void parse_kv_len(const char *v, options *o)
     }
 }
 
+/* --varlen L[,L...]: 1 to MAX_KV_LENS sequence lengths, each 1 .. CLATTN_MAX_SEQ. */
+static void parse_varlen(const char *v, options *o)
+{
+    o->n_varlen = 0;
+    for (const char *p = v;; p++) {
+        char item[32];
+        const size_t len = strcspn(p, ",");
+        if (o->n_varlen == MAX_KV_LENS || len == 0 || len >= sizeof item) {
+            fprintf(stderr, "clattn-bench: --varlen needs 1 to %d comma-separated lengths (got '%s')\n", MAX_KV_LENS,
+                    v);
+            exit(EXIT_USAGE);
+        }
+        memcpy(item, p, len);
+        item[len] = '\0';
+        const long long n = parse_count("--varlen", item, 1);
+        if (n > CLATTN_MAX_SEQ) {
+            fprintf(stderr, "clattn-bench: --varlen: %lld is longer than CLATTN_MAX_SEQ (%lld)\n", n,
+                    (long long)CLATTN_MAX_SEQ);
+            exit(EXIT_USAGE);
+        }
+        o->varlen[o->n_varlen++] = n;
+        p += len;
+        if (!*p)
+            break;
+    }
+}
+
 /* A float option's value: finite, and > 0 unless any_sign. */
 static float parse_float(const char *opt, const char *v, int any_sign)
 {
@@ -1912,6 +2667,31 @@ static void parse_sinks(const char *v, options *o)
     o->var.sink_value = (float)x;
 }
 
+/* --kv-type T or K,V: storage types by clattn_dtype_name. */
+static void parse_kv_type(const char *v, options *o)
+{
+    int t[2] = {-1, -1}, n = 0;
+    for (const char *p = v;; p++) {
+        const size_t len = strcspn(p, ",");
+        for (int d = 0; n < 2 && clattn_dtype_name((clattn_dtype)d); d++)
+            if (strlen(clattn_dtype_name((clattn_dtype)d)) == len &&
+                strncmp(p, clattn_dtype_name((clattn_dtype)d), len) == 0)
+                t[n] = d;
+        if (n == 2 || t[n] < 0) {
+            fprintf(stderr, "clattn-bench: --kv-type needs T or K,V, each f32, f16, bf16, i8, fp8_e4m3, fp8_e5m2, "
+                            "q8_0 or q4_0 (got '%s')\n", v);
+            exit(EXIT_USAGE);
+        }
+        n++;
+        p += len;
+        if (!*p)
+            break;
+    }
+    o->kv = 1;
+    o->kt = t[0];
+    o->vt = t[n - 1];
+}
+
 /* The whole of a --score-mod / --mask-mod file, as text. */
 static char *read_source(const char *opt, const char *path)
 {
@@ -1948,6 +2728,7 @@ static void parse_args(int argc, char **argv, options *o)
     o->ops = (1u << OP_COUNT) - 1;
     o->b = o->hq = o->hkv = o->sq = o->skv = o->d = o->dv = -1;
     o->dtype = -1;
+    o->kt = o->vt = -1;
     o->iters = 10;
     o->warmup = 2;
     static const struct {
@@ -1958,7 +2739,8 @@ static void parse_args(int argc, char **argv, options *o)
                   {"--dim-v", 8},  {"--dtype", 9},   {"--iters", 10}, {"--warmup", 11},
                   {"--mask", 12},  {"--kv-len", 13}, {"--window", 14}, {"--sliding", 15},
                   {"--chunk", 16}, {"--softcap", 17}, {"--sinks", 18}, {"--alibi", 19},
-                  {"--score-mod", 20}, {"--mask-mod", 21}, {"--scale", 22}, {"--head-dim-v", 8}};
+                  {"--score-mod", 20}, {"--mask-mod", 21}, {"--scale", 22}, {"--head-dim-v", 8},
+                  {"--kv-type", 23}, {"--page", 24}, {"--page-layout", 25}, {"--varlen", 26}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -2041,6 +2823,23 @@ static void parse_args(int argc, char **argv, options *o)
             o->mask_mod = read_source("--mask-mod", v);
             break;
         case 22: o->scale = parse_float("--scale", v, 0); break;
+        case 23: parse_kv_type(v, o); break;
+        case 24:
+            o->kv = 1;
+            o->page = parse_count("--page", v, 0);
+            if (o->page > INT32_MAX)
+                die(EXIT_USAGE, "--page: %lld keys a page is more than clattn takes", o->page);
+            break;
+        case 25:
+            o->kv = 1;
+            if (strcmp(v, "nhd") == 0 || strcmp(v, "hnd") == 0) {
+                o->hnd = v[0] == 'h';
+            } else {
+                fprintf(stderr, "clattn-bench: --page-layout must be nhd or hnd (got '%s')\n", v);
+                exit(EXIT_USAGE);
+            }
+            break;
+        case 26: parse_varlen(v, o); break;
         default:
             fprintf(stderr, "clattn-bench: unknown option '%s'\n", a);
             usage(stderr);
@@ -2049,6 +2848,13 @@ static void parse_args(int argc, char **argv, options *o)
     }
     if (o->iters > 100000 || o->warmup > 100000)
         die(EXIT_USAGE, "--iters and --warmup must be at most 100000");
+    /* --varlen times plain attention of packed sequences: what else changes the problem is refused
+     * rather than silently left out (its reference checks plain causal or non-causal attention) */
+    if (o->n_varlen &&
+        (o->mask != MASK_NONE || o->n_kv_len || o->mla || o->kv || o->var.window || o->var.chunk ||
+         o->var.softcap > 0.0f || o->var.sinks || o->var.alibi > 0.0f || o->score_mod || o->mask_mod))
+        die(EXIT_USAGE, "--varlen takes the shape options (--heads, --heads-kv, --dim, --dim-v, --dtype, --scale) "
+                        "and --causal only: not --mask, --kv-len, --mla, variants or KV-cache options");
     /* Above 256 the library takes no default scale, since the right one is the model's (MLA). */
     if (o->d > 256 && o->scale == 0.0f)
         die(EXIT_USAGE, "--dim %lld needs --scale (the library's 1/sqrt(D) stops at 256; DeepSeek's MLA "
@@ -2115,26 +2921,34 @@ static void print_ratios(const bench *bn)
         printf("  %-*s %-*s %8.4g\n", ww, bn->ratios[i].what, hw, bn->ratios[i].how, bn->ratios[i].v);
 }
 
-/* Names of the variant rows' ratios, per attention op. */
+/* Names of the variant and KV rows' ratios, per attention op. */
 static const char *ratio_text(int kind, int which)
 {
-    static const char *const t[3][3] = {
-        {"unfused: variants vs plain", "unfused: window vs dense mask", "unfused: window vs W keys"},
-        {"fused: variants vs plain", "fused: window vs dense mask", "fused: window vs W keys"},
-        {"decode: variants vs plain", "decode: window vs dense mask", "decode: window vs W keys"}};
+    static const char *const t[3][7] = {
+        {"unfused: variants vs plain", "unfused: window vs dense mask", "unfused: window vs W keys",
+         "unfused: KV time vs contiguous", "unfused: KV bytes/s vs contiguous",
+         "unfused: contiguous same layout vs plain", "unfused: paged vs contiguous same layout"},
+        {"fused: variants vs plain", "fused: window vs dense mask", "fused: window vs W keys",
+         "fused: KV time vs contiguous", "fused: KV bytes/s vs contiguous",
+         "fused: contiguous same layout vs plain", "fused: paged vs contiguous same layout"},
+        {"decode: variants vs plain", "decode: window vs dense mask", "decode: window vs W keys",
+         "decode: KV time vs contiguous", "decode: KV bytes/s vs contiguous",
+         "decode: contiguous same layout vs plain", "decode: paged vs contiguous same layout"}};
     return t[kind == OP_UNFUSED ? 0 : kind == OP_FUSED ? 1 : 2][which];
 }
 
 /* The rows a variant shape s adds after its plain row (plain_ms: its median, NAN if skipped):
- * s itself, with the overhead ratio; with a window, the same window as a dense -inf mask
+ * s itself, with the overhead ratio, into *vr (ms_med NAN if skipped); with a window, the same
+ * window as a dense -inf mask
  * [1][1][Sq][Skv] (where no other mask and no key lengths are given: the dense mask is shared by
  * the batches, its diagonal taken against Skv) and attention over just the window's keys (both
  * extents bounded: Skv = L + R + 1, no window and no causal, every row seeing all of them). */
-static void run_variant_rows(bench *bn, int kind, const shape *s, double plain_ms)
+static void run_variant_rows(bench *bn, int kind, const shape *s, double plain_ms, result *vr)
 {
     FILE *info = bn->opt.csv ? stderr : stdout;
     result r;
     run_attn(bn, kind, s, &r);
+    *vr = r;
     if (isnan(r.ms_med))
         return;
     r.ratio_name = "variant_ms/plain_ms";
@@ -2179,6 +2993,52 @@ static void run_variant_rows(bench *bn, int kind, const shape *s, double plain_m
         fprintf(info, "%s: no W-keys row: it needs both window extents bounded and no --kv-len\n",
                 op_names[kind]);
     }
+}
+
+/* The KV rows of shape s (s->kv: K and V in their storage types, paged with s->page) after its
+ * peer, the same problem with contiguous K and V of s's dtype in [B][Hkv][Skv][D] order (the
+ * plain row, or the variant row with variants). Paged, first the same-layout contiguous row: K
+ * and V of s's storage types without pages, in the row order of the pool's pages
+ * ([B][Skv][Hkv][D] for NHD, [B][Hkv][Skv][D] for HND), unless that is the peer itself (HND with
+ * K and V of the dtype); its ratio is its ms / the peer's. Then the KV row: the time ratio KV ms /
+ * peer ms, the K/V bytes streamed per second of both rows (kv_bytes / time) and their ratio, and
+ * paged, its ms / the same-layout row's ms. */
+static void run_kv_rows(bench *bn, int kind, const shape *s, const result *peer)
+{
+    /* 1: the same-layout row is a row of its own (else the peer is it) */
+    const int own = s->page && (!s->hnd || s->kt != s->dt || s->vt != s->dt);
+    result c;
+    c.ms_med = NAN;
+    if (own) {
+        shape cs = *s;
+        cs.page = 0;
+        cs.hnd = 0;
+        cs.bshd = !s->hnd;
+        run_attn(bn, kind, &cs, &c);
+        if (!isnan(c.ms_med)) {
+            c.ratio_name = "kv_ms/peer_ms";
+            c.ratio = c.ms_med / peer->ms_med;
+            c.kv_ratio = c.kv_gbps / peer->kv_gbps;
+            add_ratio(bn, ratio_text(kind, 5),
+                      cs.bshd ? "contiguous BSHD KV ms / contiguous BHSD ms" : "contiguous BHSD KV ms / plain BHSD ms",
+                      c.ratio);
+            emit(bn, &c);
+        }
+    }
+    result r;
+    run_attn(bn, kind, s, &r);
+    if (isnan(r.ms_med))
+        return;
+    r.ratio_name = "kv_ms/peer_ms";
+    r.ratio = r.ms_med / peer->ms_med;
+    r.kv_ratio = r.kv_gbps / peer->kv_gbps;
+    add_ratio(bn, ratio_text(kind, 3), "KV ms / contiguous BHSD ms (1: no overhead)", r.ratio);
+    add_ratio(bn, ratio_text(kind, 4), "KV GB/s / contiguous BHSD KV GB/s (K+V bytes/s)", r.kv_ratio);
+    if (s->page) {
+        r.layout_ratio = r.ms_med / (own ? c.ms_med : peer->ms_med);
+        add_ratio(bn, ratio_text(kind, 6), "paged ms / contiguous same-layout ms (1: no overhead)", r.layout_ratio);
+    }
+    emit(bn, &r);
 }
 
 /* What the run's kernel programs cost to get: built from source (clBuildProgram's wall time) or
@@ -2270,10 +3130,20 @@ int main(int argc, char **argv)
             add_ratio(&bn, "unfused vs FMA peak", "unfused GFLOP/s / peak GFLOP/s", r.gflops / bn.peak_gflops);
             emit(&bn, &r);
         }
-        if (has_variant(&v))
-            run_variant_rows(&bn, OP_UNFUSED, &v, r.ms_med);
+        if (has_variant(&v)) {
+            const shape cv = contiguous_shape(&v);
+            result vr;
+            run_variant_rows(&bn, OP_UNFUSED, &cv, r.ms_med, &vr);
+        }
+        if (v.kv)
+            fprintf(info, "unfused: no KV row: paged and quantized K/V are the fused path's (fused, decode)\n");
     }
-    if (o->ops & (1u << OP_FUSED)) {
+    if ((o->ops & (1u << OP_FUSED)) && o->n_varlen) {
+        if (o->b > 0 || o->sq > 0 || o->skv > 0)
+            fprintf(info, "fused: --varlen: --batch, --seq-q and --seq-kv are not used (the lengths give them)\n");
+        const shape v = op_shape(&bn, OP_FUSED);
+        run_varlen(&bn, &v);
+    } else if (o->ops & (1u << OP_FUSED)) {
         const shape v = op_shape(&bn, OP_FUSED), s = plain_shape(&v);
         result r;
         run_attn(&bn, OP_FUSED, &s, &r);
@@ -2285,8 +3155,14 @@ int main(int argc, char **argv)
             add_ratio(&bn, "fused vs FMA peak", "fused GFLOP/s / peak GFLOP/s", r.gflops / bn.peak_gflops);
             emit(&bn, &r);
         }
-        if (has_variant(&v))
-            run_variant_rows(&bn, OP_FUSED, &v, r.ms_med);
+        /* the KV row's peer: the same problem with contiguous K/V of the dtype */
+        result peer = r;
+        if (has_variant(&v)) {
+            const shape cv = contiguous_shape(&v);
+            run_variant_rows(&bn, OP_FUSED, &cv, r.ms_med, &peer);
+        }
+        if (v.kv && !isnan(peer.ms_med))
+            run_kv_rows(&bn, OP_FUSED, &v, &peer);
         /* Where fused attention runs on the matrix units (clattn_matrix_report), the FMA kernel
          * too, in the same run: its parameters (the defaults a class gets, kernel=tiled) set as
          * an override, which the library never replaces by the matrix kernel. */
@@ -2332,8 +3208,13 @@ int main(int argc, char **argv)
             add_ratio(&bn, "decode vs copy", "decode GB/s / copy GB/s", r.ratio);
             emit(&bn, &r);
         }
-        if (has_variant(&v))
-            run_variant_rows(&bn, OP_DECODE, &v, r.ms_med);
+        result peer = r;
+        if (has_variant(&v)) {
+            const shape cv = contiguous_shape(&v);
+            run_variant_rows(&bn, OP_DECODE, &cv, r.ms_med, &peer);
+        }
+        if (v.kv && !isnan(peer.ms_med))
+            run_kv_rows(&bn, OP_DECODE, &v, &peer);
     }
     print_ratios(&bn);
     print_builds(&bn);
