@@ -93,6 +93,46 @@ inline tlv ld_chunk(__global const TL *p, int i, int n)
     return VLOAD_TL(0, x);
 }
 
+/* A chunk of K (V) for the tiles: CH elements from element i (of n) of a key's row. K/V of the
+ * query's type as stored; of a KV-cache type (kv_access.cl) decoded, times the key's scale, and
+ * rounded to the tiles' type (f16 and bf16 to nearest even: the tiles hold what the matrix units
+ * multiply). V's rows are read from this work-group's column c0 on. */
+#if DT_IN == 0
+#define TILE_FROM_F32(x) (x)
+inline float4 kv_chunk_f32_k(__global const T_K *p, int i, int n) { return row_load4_k(p, i, n); }
+inline float4 kv_chunk_f32_v(__global const T_V *p, int i, int n) { return row_load4_v(p, i, n); }
+#else
+inline float8 kv_chunk_f32_k(__global const T_K *p, int i, int n)
+{
+    return (float8)(row_load4_k(p, i, n), row_load4_k(p, i + 4, n));
+}
+inline float8 kv_chunk_f32_v(__global const T_V *p, int i, int n)
+{
+    return (float8)(row_load4_v(p, i, n), row_load4_v(p, i + 4, n));
+}
+#if DT_IN == 1
+inline ushort8 tile_from_f32(float8 x)
+{
+    ushort t[8];
+    vstore_half8_rte(x, 0, (__private half *)t);
+    return vload8(0, t);
+}
+#define TILE_FROM_F32(x) tile_from_f32(x)
+#else
+#define TILE_FROM_F32(x) f32_to_bf16_8(x)
+#endif
+#endif
+#if DT_K == DT_IN
+#define TILE_K(p, i, n, src, key) ld_chunk((__global const TL *)(p), i, n)
+#else
+#define TILE_K(p, i, n, src, key) TILE_FROM_F32(kv_chunk_f32_k(p, i, n) * k_scale_of(src, key))
+#endif
+#if DT_V == DT_IN
+#define TILE_V(p, c0, i, n, src, key) ld_chunk((__global const TL *)(p) + (c0), i, n)
+#else
+#define TILE_V(p, c0, i, n, src, key) TILE_FROM_F32(kv_chunk_f32_v(p, (c0) + (i), (c0) + (n)) * v_scale_of(src, key))
+#endif
+
 #if MMA_3X
 #define mma_c_add(c, v) ((mma_c)((c).lo + (v), (c).hi))
 #else
@@ -101,7 +141,7 @@ inline tlv ld_chunk(__global const TL *p, int i, int n)
 
 #if !KSEL || K_fused_mma
 __kernel __attribute__((reqd_work_group_size(NWI, 1, 1))) void
-fused_mma(ATTN_KERNEL_ARGS(T_IN, T_IN) MFLAG_ARGS VARIANT_ARGS)
+fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
 {
     const vparams vp = VP_MAKE;
     __local TL sm[SM_ELEMS] __attribute__((aligned(16)));
@@ -128,20 +168,21 @@ fused_mma(ATTN_KERNEL_ARGS(T_IN, T_IN) MFLAG_ARGS VARIANT_ARGS)
     int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
     NARROW_KEYS(r0, min(R, r0 + BM), 16);
 
-    __global const TL *Kb = (__global const TL *)(K + k_off + (ulong)b * k_sb + (ulong)hk * k_sh);
+    /* K and V rows through kv_access.cl: paged, packed (from w.k0) or of a KV-cache type. */
+    __global const T_K *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk) + (ulong)w.k0 * k_ss;
+    __global const T_V *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk) + (ulong)w.k0 * v_ss;
+    const kv_src ksrc = K_SRC(b, hk), vsrc = V_SRC(b, hk);
     /* This work-group's block of O columns: c0 .. c0 + DVP, DVr of them within head_dim_v. */
     const int c0 = get_group_id(0) * DVP, DVr = DV - c0;
-    __global const TL *Vb = (__global const TL *)(V + v_off + (ulong)b * v_sb + (ulong)hk * v_sh) + c0;
     __global const TL *Qb = (__global const TL *)(Q + q_off + (ulong)b * q_sb);
 
     /* Q as stored, zero past head_dim and for rows past R. */
     for (int e = lid; e < BM * (DP / CH); e += NWI) {
         const int r = e / (DP / CH), d = CH * (e % (DP / CH)), row = r0 + r;
         tlv x = (tlv)(0);
-        if (row < R) {
-            const int hq = hk * group + row / seq_q, i = row % seq_q;
-            x = ld_chunk(Qb + (ulong)hq * q_sh + (ulong)i * q_ss, d, D);
-        }
+        const int hq = hk * group + row / seq_q, i = row % seq_q;
+        if (row < R && i < w.sq) /* a packed sequence's rows from w.q0 (VARLEN) */
+            x = ld_chunk(Qb + (ulong)hq * q_sh + (ulong)(w.q0 + i) * q_ss, d, D);
         VSTORE_TL(x, 0, sm + Q_OFF + r * QP + d);
     }
     if (lid < 2) {
@@ -171,8 +212,8 @@ fused_mma(ATTN_KERNEL_ARGS(T_IN, T_IN) MFLAG_ARGS VARIANT_ARGS)
         m[i] = NEG_INF;
         l[i] = 0.0f;
         /* a row past R (never stored, rend 0) takes the last row's head: its ALiBi slope is read */
-        const int end = row_span(causal, pos, seq_q, L, b, hk * group + min(row, R - 1) / seq_q, &vp, &vr[i]);
-        rend[i] = row < R ? min(k_hi, end) : 0;
+        const int end = row_span(causal, pos, w.sq, L, b, hk * group + min(row, R - 1) / seq_q, &vp, &vr[i]);
+        rend[i] = row < R && pos < w.sq ? min(k_hi, end) : 0;
         mrow[i] = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)pos * m_ss;
     }
     mma_c o[DT];
@@ -187,13 +228,13 @@ fused_mma(ATTN_KERNEL_ARGS(T_IN, T_IN) MFLAG_ARGS VARIANT_ARGS)
         /* K as stored, key-major (B of S stored n-major), zero past k_hi and head_dim. */
         for (int e = lid; e < BN * (DP / CH); e += NWI) {
             const int n = e / (DP / CH), d = CH * (e % (DP / CH)), key = kt + n;
-            const tlv x = key < k_hi ? ld_chunk(Kb + (ulong)key * k_ss, d, D) : (tlv)(0);
+            const tlv x = key < k_hi ? TILE_K(Kb + kv_row(&ksrc, key, k_sb, k_ss), d, D, &ksrc, key) : (tlv)(0);
             VSTORE_TL(x, 0, sm + K_OFF + n * KP + d);
         }
         /* V transposed (B of P·V stored n-major): read along rows, written across. */
         for (int e = lid; e < BN * (DVP / CH); e += NWI) {
             const int n = e / (DVP / CH), c = CH * (e % (DVP / CH)), key = kt + n;
-            const tlv x = key < k_hi ? ld_chunk(Vb + (ulong)key * v_ss, c, DVr) : (tlv)(0);
+            const tlv x = key < k_hi ? TILE_V(Vb + kv_row(&vsrc, key, v_sb, v_ss), c0, c, DVr, &vsrc, key) : (tlv)(0);
             TL t[CH];
             VSTORE_TL(x, 0, t);
             MMA_UNROLL
@@ -345,14 +386,16 @@ MMA_UNROLL
     MMA_UNROLL
     for (int i = 0; i < 2; i++) {
         const int row = rows[i];
-        if (row >= R)
-            continue;
         const int hq = hk * group + row / seq_q, pos = row % seq_q;
+        if (row >= R || pos >= w.sq)
+            continue;
+        /* the caller's rows of a packed sequence start at w.q0; split partials are not packed */
+        const int opos = pos + (splits > 1 ? 0 : w.q0);
         /* No visible key: exactly 0 and LSE -inf (all-NaN scores: l NaN, not empty). */
         const int empty = m[i] == NEG_INF && !isnan(l[i]);
         float lse;
         const float sf = sink_join(m[i], l[i], empty, hq, splits, &vp, &lse);
-        __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)pos * o_ss;
+        __global T_OUT *orow = O + (ulong)b * o_sb + (ulong)hq * o_sh + (ulong)opos * o_ss;
 #if DT_IN == 1
         const float fin = sf / (l[i] * 32768.0f);
 #endif
@@ -373,7 +416,7 @@ MMA_UNROLL
             }
         }
         if (has_lse && MMA_T(lane) == 0 && c0 == 0)
-            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)pos * l_ss] = lse;
+            LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)opos * l_ss] = lse;
     }
 }
 #endif

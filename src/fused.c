@@ -185,19 +185,10 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
         clattn__decode_tiled_default(ctx, R, p->head_dim, p->head_dim_v, source, pp.v);
     int kernel = decode ? pp.decode.DIRECT : pp.fused.DIRECT;
     const int chosen = kernel == (decode ? CLATTN_KERNEL_MMA_DECODE : CLATTN_KERNEL_MMA_FUSED);
-    /* Paged or quantized K/V (p->kv.on) is read by fused_direct in place, decode_rows and the
-     * tiled kernel (cl/kv_access.cl): a choice of the matrix kernel (tuned or set, for every
-     * call) gives way to the FMA kernels' defaults, decode_lanes to decode_rows, fused_lanes
-     * to fused_direct (docs/kvcache.md#kernels). */
-    if (p->kv.on && chosen) {
-        clattn__generic_defaults(bucket.op, &pp);
-        const char *what;
-        clattn__vendor_defaults(&ctx->dev, bucket.op, &pp, &what);
-        if (decode)
-            clattn__decode_tiled_default(ctx, R, p->head_dim, p->head_dim_v, CLATTN_SOURCE_VENDOR, pp.v);
-        kernel = decode ? pp.decode.DIRECT : pp.fused.DIRECT;
-    }
-    if (!p->kv.on && (chosen || clattn__matrix_auto(ctx, p->seq_q, R, source))) {
+    /* Paged, packed or quantized K/V (p->kv.on) is read by fused_direct, decode_rows, the tiled
+     * kernel and the matrix-unit kernel (cl/kv_access.cl); decode_lanes' choice gives way to
+     * decode_rows, fused_lanes' to fused_direct (docs/kvcache.md#kernels). */
+    if (chosen || clattn__matrix_auto(ctx, p->seq_q, R, source)) {
         const int explicit_ = source >= CLATTN_SOURCE_ENVIRONMENT;
         const int emulate = ctx->matrix_mode == CLATTN_MATRIX_EMULATE;
         if (!emulate && (ctx->matrix_mode == CLATTN_MATRIX_OFF || !ctx->matrix_backend)) {
