@@ -102,16 +102,16 @@ inline tlv ld_chunk(__global const TL *p, int i, int n)
 inline float4 kv_chunk_f32_k(__global const T_K *p, int i, int n) { return row_load4_k(p, i, n); }
 inline float4 kv_chunk_f32_v(__global const T_V *p, int i, int n) { return row_load4_v(p, i, n); }
 #else
-inline float8 kv_chunk_f32_k(__global const T_K *p, int i, int n)
+__attribute__((always_inline)) inline float8 kv_chunk_f32_k(__global const T_K *p, int i, int n)
 {
     return (float8)(row_load4_k(p, i, n), row_load4_k(p, i + 4, n));
 }
-inline float8 kv_chunk_f32_v(__global const T_V *p, int i, int n)
+__attribute__((always_inline)) inline float8 kv_chunk_f32_v(__global const T_V *p, int i, int n)
 {
     return (float8)(row_load4_v(p, i, n), row_load4_v(p, i + 4, n));
 }
 #if DT_IN == 1
-inline ushort8 tile_from_f32(float8 x)
+__attribute__((always_inline)) inline ushort8 tile_from_f32(float8 x)
 {
     ushort t[8];
     vstore_half8_rte(x, 0, (__private half *)t);

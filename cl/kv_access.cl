@@ -37,6 +37,8 @@
 #ifndef DT_V
 #define DT_V DT_IN
 #endif
+/* Each format's decoders only where K or V has it (the others are not compiled). */
+#define KV_USES(t) (DT_K == (t) || DT_V == (t))
 
 /* ---- Decoders of the KV-cache types, for 1, 4 and 16 elements at i of a row at p (bytes). */
 /* OCP fp8 as f32 through its bits: E4M3 (bias 7, no infinities, S.1111.111 NaN) and E5M2 (bias
@@ -63,15 +65,20 @@
                      CAT(convert_int, W)(em >= 0x7cu) != 0);                                     \
         return CAT(as_float, W)(CAT(as_uint, W)(mag) | ((x & 0x80u) << 24));                 \
     }
+#if KV_USES(4) || KV_USES(5)
 DEFINE_FP8()
 DEFINE_FP8(4)
 DEFINE_FP8(16)
+#endif
 
 typedef __global const uchar *kvp_t;
+#if KV_USES(3)
 /* 3: int8 */
 inline float kvld1_3(kvp_t p, int i) { return (float)as_char(p[i]); }
 inline float4 kvld4_3(kvp_t p, int i) { return convert_float4(as_char4(vload4(0, p + i))); }
 inline float16 kvld16_3(kvp_t p, int i) { return convert_float16(as_char16(vload16(0, p + i))); }
+#endif
+#if KV_USES(4) || KV_USES(5)
 /* 4, 5: fp8 */
 inline float kvld1_4(kvp_t p, int i) { return e4m3_dec((uint)p[i]); }
 inline float4 kvld4_4(kvp_t p, int i) { return e4m3_dec4(convert_uint4(vload4(0, p + i))); }
@@ -79,6 +86,8 @@ inline float16 kvld16_4(kvp_t p, int i) { return e4m3_dec16(convert_uint16(vload
 inline float kvld1_5(kvp_t p, int i) { return e5m2_dec((uint)p[i]); }
 inline float4 kvld4_5(kvp_t p, int i) { return e5m2_dec4(convert_uint4(vload4(0, p + i))); }
 inline float16 kvld16_5(kvp_t p, int i) { return e5m2_dec16(convert_uint16(vload16(0, p + i))); }
+#endif
+#if KV_USES(6) || KV_USES(7)
 /* 6: q8_0, blocks of 34 bytes (f16 d at an even offset: rows start on whole blocks) */
 #define Q8_BLOCK(p, i) ((p) + (ulong)((i) >> 5) * 34u)
 inline float q_scale(kvp_t b) { return vload_half(0, (__global const half *)b); }
@@ -117,6 +126,7 @@ inline float16 kvld16_7(kvp_t p, int i)
     const uint16 x = convert_uint16(vload16(0, b + 2));
     return q_scale(b) * (convert_float16((i & 16) ? x >> 4 : x & 15u) - 8.0f);
 }
+#endif
 
 /* T_K, LD_K, LD4_K, LD16_K (and _V) for the type of each. */
 #if DT_K <= 2

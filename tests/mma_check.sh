@@ -24,7 +24,7 @@ fi
 [ -n "$ptxas" ] || echo "no ptxas (CUDA toolkit): PTX only"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cat "$cl/common.cl" "$cl/attn_common.cl" "$cl/mma_layout.cl" "$cl/mma.cl" "$cl/fused_mma.cl" >"$tmp/src.cl"
+cat "$cl/common.cl" "$cl/kv_access.cl" "$cl/attn_common.cl" "$cl/mma_layout.cl" "$cl/mma.cl" "$cl/fused_mma.cl" >"$tmp/src.cl"
 fail=0
 
 # check REG_BUDGET DT_IN NW BN DP DVP QREG [more -D options]
@@ -90,6 +90,10 @@ check 255 1 4 32 128 128 1
 check 255 2 4 32 128 128 1
 check 255 1 2 16 256 256 0
 check 255 1 1 32 112 40 1
+# KV caches (kv_access.cl): paged f16 K/V, and paged q8_0 K with q4_0 V decoded into the f16 tiles,
+# with packed sequences.
+check 168 1 4 64 64 64 1 -DKVC=1 -DPAGE=16 -DDT_K=1 -DDT_V=1
+check 255 1 4 32 128 128 1 -DKVC=1 -DPAGE=16 -DDT_K=6 -DDT_V=7 -DVARLEN=1
 # f32 through 3xTF32 (m16n8k8): Q reloaded from local memory, 16-key tiles, O in blocks of 64
 # columns.
 check 200 0 4 16 64 64 0

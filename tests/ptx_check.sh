@@ -22,8 +22,8 @@ fail=0
 check() {
   local file=$1 insn=$2 want=$3
   shift 3
-  # As src/program.c assembles the attention families: common.cl, attn_common.cl, the file.
-  cat "$cl/common.cl" "$cl/attn_common.cl" "$cl/$file" >"$tmp/src.cl"
+  # As src/program.c assembles the attention families: common.cl, kv_access.cl, attn_common.cl, the file.
+  cat "$cl/common.cl" "$cl/kv_access.cl" "$cl/attn_common.cl" "$cl/$file" >"$tmp/src.cl"
   if ! "$clang" -x cl -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -Xclang -finclude-default-header -O2 \
        -Dasm=__asm__ -DHAS_FMA=1 -DDT_OUT=0 -DDT_MASK=0 "$@" -S -o "$tmp/out.ptx" "$tmp/src.cl" \
        >"$tmp/log" 2>&1; then
@@ -61,4 +61,9 @@ rows() { check decode.cl "$@"; }
 rows "bar.sync" 2 -DGSYNC=1 -DDT_IN=0 -DKG=4 -DW=32 -DRM=1 -DDP=128 -DKL=1 -DLC=8 -DKFULL=1 -DVFULL=1
 rows "bar.sync" 3 -DGSYNC=1 -DDT_IN=2 -DKG=2 -DW=64 -DRM=4 -DDP=256 -DKL=8 -DLC=16 -DKFULL=1 -DVFULL=1
 rows "bar.warp.sync" 2 -DGSYNC=1 -DDT_IN=0 -DKG=4 -DW=16 -DRM=2 -DDP=64 -DKL=1 -DLC=4 -DKFULL=1 -DVFULL=1
+# ... reading a KV cache (kv_access.cl): paged int8 K and fp8 V, packed sequences.
+rows "bar.sync" 2 -DGSYNC=1 -DDT_IN=0 -DKG=4 -DW=32 -DRM=1 -DDP=128 -DKL=1 -DLC=8 -DKFULL=1 -DVFULL=1 \
+  -DKVC=1 -DPAGE=16 -DDT_K=3 -DDT_V=4 -DVARLEN=1
+rows "bar.sync" 3 -DGSYNC=1 -DDT_IN=2 -DKG=2 -DW=64 -DRM=4 -DDP=256 -DKL=8 -DLC=16 -DKFULL=1 -DVFULL=1 \
+  -DKVC=1 -DPAGE=1 -DDT_K=5 -DDT_V=3
 exit $fail
