@@ -41,7 +41,7 @@ class BuildWithLibrary(build_py):
         # In the build folder setuptools keeps (python/build/), so a reinstall rebuilds incrementally.
         build_dir = HERE / "build" / f"cmake-{sys.platform}"
         args = [cmake, "-S", str(ROOT), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-                "-DCLATTN_BUILD_TOOLS=OFF", "-DBUILD_TESTING=OFF",
+                "-DCLATTN_BUILD_TOOLS=OFF", "-DBUILD_TESTING=OFF", "-DCLATTN_BUILD_EXAMPLES=OFF",
                 # a newer compiler's new warning must not make an install fail
                 "-DCLATTN_WERROR=OFF"]
         args += shlex.split(os.environ.get("CLATTN_CMAKE_ARGS", ""))

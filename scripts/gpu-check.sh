@@ -6,9 +6,10 @@
 #
 #   scripts/gpu-check.sh [STEPS [DEVICE [CTEST_REGEX]]]
 #
-# STEPS: a comma list of matrix, variants, tests, bench, dec16, lanes, sweep (default tests,bench;
-# matrix: the matrix units, see below, about four minutes, meant as a call of its own; variants:
-# issue 71's targets, about three minutes; the tests took
+# STEPS: a comma list of matrix, variants, kvcache, tests, bench, dec16, lanes, sweep (default
+# tests,bench; matrix: the matrix units, see below, about four minutes, meant as a call of its own;
+# variants: issue 71's targets, about three minutes; kvcache: issues 73 and 75's, about three
+# minutes; the tests took
 # over 200 s at -j12 on an H200 machine, whose image has PoCL too, which test_device opens (281 s
 # alone with a cold kernel cache at -j4, where 300 s ran 30 of the 48; 1450 s summed); bench
 # about 60 s; dec16 about 4 minutes; lanes and sweep about 6 minutes each); the build comes first in every call and is incremental. DEVICE:
@@ -103,6 +104,34 @@ for h in 16 128; do
     --seq-kv $mla --dim 576 --dim-v 512 --mla --scale 0.1352338
 done
 grep -E "^==|vs |fail|rror" "$out/variants.txt"
+fi
+
+if [[ $steps == *,kvcache,* ]]; then
+# KV caches and slices (issues 73 and 75), about three minutes: their tests on the GPU (decode_rows,
+# the tiled kernel and, where the device has matrix units, fused_mma read paged, packed and quantized
+# K/V), then issue 73's targets with clattn-bench against their peers in the same run: paged decode
+# (page 16 and 64, NHD and HND) against contiguous K/V, q8_0 and q4_0 decode against f16 (K/V
+# bytes/s), paged and q8_0 prefill, and packed (varlen) prefill against one call per sequence:
+# kvcache.txt. KV_SMALL=1 shrinks the shapes for a dry run on PoCL.
+log "kvcache"
+(cd "$build" && CLATTN_REQUIRE_DEVICE=1 timeout 200 ctest -j12 -R "^test_(kvcache|kv_append|positions)" \
+  --output-on-failure >"$out/ctest-kvcache.log" 2>&1)
+grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest-kvcache.log" | head -n 20
+if [ "${KV_SMALL:-0}" = 1 ]; then skv=2048 pre=256 lens=60,300,20,500; else skv=32768 pre=4096 lens=300,2800,1000,6000,160,3600; fi
+rm -f "$out/kvcache.txt"
+kbench() { # a title, then clattn-bench's arguments
+  local title=$1; shift
+  { echo "== $title: clattn-bench $*"; timeout 90 "$bin/clattn-bench" --check --iters 20 "$@" 2>&1; } >>"$out/kvcache.txt"
+}
+dec=(--op decode --batch 4 --heads 32 --heads-kv 8 --seq-q 1 --seq-kv $skv --dim 128 --dtype f16)
+for layout in nhd hnd; do
+  for pg in 16 64; do kbench "paged decode, page $pg $layout" "${dec[@]}" --page $pg --page-layout $layout; done
+done
+for t in q8_0 q4_0 fp8_e4m3 i8; do kbench "$t decode" "${dec[@]}" --kv-type $t; done
+kbench "paged q8_0 prefill" --op fused --batch 1 --heads 32 --heads-kv 8 --seq-q $pre --seq-kv $pre --dim 128 \
+  --dtype f16 --causal --kv-type q8_0 --page 16
+kbench "varlen prefill" --op fused --varlen $lens --heads 32 --heads-kv 8 --dim 128 --dtype f16 --causal
+grep -E "^==|vs |fail|rror" "$out/kvcache.txt"
 fi
 
 if [[ $steps == *,tests,* ]]; then

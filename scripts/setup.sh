@@ -4,7 +4,8 @@
 set -euo pipefail
 clattn_packages=(build-essential cmake pkg-config ocl-icd-opencl-dev opencl-headers clinfo
                  pocl-opencl-icd libcmocka-dev clang libclang-rt-14-dev valgrind
-                 libclblast-dev python3-numpy libopenblas0-pthread python3-pip python3-venv clang-15 libclc-15)
+                 libclblast-dev python3-numpy libopenblas0-pthread python3-pip python3-venv clang-15 libclc-15
+                 openmpi-bin libopenmpi-dev)
 clattn_missing=()
 for p in "${clattn_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || clattn_missing+=("$p")
@@ -29,4 +30,7 @@ if [ ${#clattn_missing[@]} -gt 0 ]; then
     echo "setup: CLBlast/numpy/pip/venv not installed; the benchmark skips those peers, test.sh Intel's CPU runtime and the Python package"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends clang-15 libclc-15 ||
     echo "setup: clang-15/libclc-15 not installed; tests/mma_check.sh skips"
+  # Open MPI: the ring attention example (examples/mpi, docs/ring.md) and its mpirun tests.
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev ||
+    echo "setup: openmpi-bin/libopenmpi-dev not installed; CMake skips the MPI example (ring_mpi) and its tests"
 fi

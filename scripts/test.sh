@@ -178,7 +178,7 @@ fuzz_seconds=${CLATTN_FUZZ_SECONDS:-60}
 if [ "$fuzz_seconds" != 0 ]; then
   step "libFuzzer harnesses (clang, ASan + UBSan), ${fuzz_seconds} s each, on PoCL"
   CC=clang cmake -S . -B "$ci/fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLATTN_FUZZ=ON \
-    -DBUILD_TESTING=OFF -DCLATTN_BUILD_TOOLS=OFF >/dev/null
+    -DBUILD_TESTING=OFF -DCLATTN_BUILD_TOOLS=OFF -DCLATTN_BUILD_EXAMPLES=OFF >/dev/null
   cmake --build "$ci/fuzz" -j"$jobs"
   mkdir -p "$ci/fuzz/artifacts"
   # Every fuzz_* the build made, each starting from its committed seeds (tests/fuzz/corpus/<name>)
