@@ -29,33 +29,6 @@ static clattn_status check_size(clattn_context *ctx, const char *name, int64_t v
     return CLATTN_SUCCESS;
 }
 
-/* An int32 array of `count` values the kernels read: a buffer of this context (not an image),
- * large enough, not created write-only. */
-static clattn_status check_ints(clattn_context *ctx, cl_mem m, const char *name, uint64_t count)
-{
-    size_t size = 0;
-    cl_context mctx = NULL;
-    cl_mem_object_type type = 0;
-    cl_mem_flags flags = 0;
-    if (clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof size, &size, NULL) != CL_SUCCESS ||
-        clGetMemObjectInfo(m, CL_MEM_CONTEXT, sizeof mctx, &mctx, NULL) != CL_SUCCESS ||
-        clGetMemObjectInfo(m, CL_MEM_TYPE, sizeof type, &type, NULL) != CL_SUCCESS ||
-        clGetMemObjectInfo(m, CL_MEM_FLAGS, sizeof flags, &flags, NULL) != CL_SUCCESS)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s is not a valid cl_mem", name);
-    if (mctx != ctx->context)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s belongs to another OpenCL context", name);
-    if (type != CL_MEM_OBJECT_BUFFER)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s is an image or pipe (CL_MEM_TYPE 0x%x), not a buffer",
-                            name, (unsigned)type);
-    if ((uint64_t)size < 4u * count)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s has %zu bytes, needs %llu int32 values", name, size,
-                            (unsigned long long)count);
-    if (flags & CL_MEM_WRITE_ONLY)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s is read but its buffer was created CL_MEM_WRITE_ONLY",
-                            name);
-    return CLATTN_SUCCESS;
-}
-
 /* A checked call, as the kernels take it. */
 typedef struct append_plan {
     int64_t B, Hq, Hkv, S, D, Dv, RD;
@@ -311,7 +284,7 @@ static clattn_status check_append(clattn_context *ctx, const clattn_kv_append_de
     for (int i = 0; i < 2; i++) {
         if (!ints[i])
             continue;
-        if ((st = check_ints(ctx, ints[i], int_names[i], (uint64_t)counts[i])))
+        if ((st = clattn__check_ints(ctx, ints[i], int_names[i], (uint64_t)counts[i])))
             return st;
         for (int j = 0; j < 5; j++)
             if (outs[j] && clattn__kvlen_overlaps(ints[i], counts[i], outs[j]))
