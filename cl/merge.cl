@@ -13,12 +13,18 @@
  *                keeps its row maximum m and weight sum s = Σ exp(lse_p - m) apart, not an LSE
  *                m + log s: from |lse| = 2^24 on, m + log 2 rounds back to m in fp32, and chained
  *                LSEs would weigh equal parts 1/2, 1/4, 1/8, ...
- * One work-item per (row, column); grid x = ceil(DV / WG)·WG, rows = batch·heads·seq in y and z
+ * One work-item per (row, CPW columns); grid x = ceil(DV / CPW / WG)·WG, rows = batch·heads·seq in y and z
  * (row = y + ny·z, ny = min(rows, 32768)): some drivers (CUDA-based ones) cap a grid dimension
  * other than x at 65535 work-groups, and clattn__enqueue splits a longer z into chunks. */
 
 #ifndef WG
 #define WG 64
+#endif
+/* Columns a work-item merges: 1 on GPUs (a work-item per row and column), a whole row on CPUs
+ * (src/merge.c), where the weights' exponentials are then taken once a row and part, and one
+ * work-group a row replaces DV / WG of them. */
+#ifndef CPW
+#define CPW 1
 #endif
 
 #if !KSEL || K_merge_strided
@@ -31,7 +37,7 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
               int DV, int has_lse, __global const float *SK, ulong sk_off, ulong sk_sh,
               __global const int *CU, int total)
 {
-    const int c = get_global_id(0);
+    const int c0 = get_global_id(0) * CPW; /* this work-item's columns: c0 .. c0 + CPW - 1 */
     const long grow = (long)get_global_id(1) + (long)ny * (long)get_global_id(2);
     if (grow >= rows)
         return;
@@ -62,9 +68,13 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
     nan_part |= isnan(sink);
     /* Up to thousands of parts (long key ranges): both sums are compensated (Kahan), so that
      * equal parts, whose rounding errors would all have the same sign, stay at fp32 accuracy. */
-    float sum = 0.0f, acc = 0.0f, sum_c = 0.0f, acc_c = 0.0f;
+    float sum = 0.0f, sum_c = 0.0f, acc[CPW], acc_c[CPW];
+    for (int e = 0; e < CPW; e++)
+        acc[e] = acc_c[e] = 0.0f;
     if (nan_part) {
-        mx = sum = acc = NAN;
+        mx = sum = NAN;
+        for (int e = 0; e < CPW; e++)
+            acc[e] = NAN;
     } else if (mx != NEG_INF) {
         for (int p = 0; p < parts; p++) {
             const float lp = PL[lrow + p * pl_split];
@@ -81,19 +91,22 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
         /* Normalised weights: out is a convex combination of the parts, summed at half scale
          * (O_WEIGHT, o_from_half at the store) so that parts at ±FLT_MAX cannot overflow. */
         const float inv = O_WEIGHT / sum;
-        for (int p = 0; p < parts && c < DV; p++) {
+        for (int p = 0; p < parts && c0 < DV; p++) {
             const float lp = PL[lrow + p * pl_split];
             if (lp != NEG_INF) {
-                const float y = (exp(lp - mx) * inv) * P[prow + p * p_split + c] - acc_c, t = acc + y;
-                acc_c = (t - acc) - y;
-                acc = t;
+                const float wp = exp(lp - mx) * inv; /* once a part, for all the columns */
+                for (int e = 0; e < CPW && c0 + e < DV; e++) {
+                    const float y = wp * P[prow + p * p_split + c0 + e] - acc_c[e], t = acc[e] + y;
+                    acc_c[e] = (t - acc[e]) - y;
+                    acc[e] = t;
+                }
             }
         }
     }
-    if (c < DV)
-        ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)oi * o_ss + c,
-               mx == NEG_INF ? 0.0f : o_from_half(acc));
-    if (has_lse && c == 0)
+    for (int e = 0; e < CPW && c0 + e < DV; e++)
+        ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)oi * o_ss + c0 + e,
+               mx == NEG_INF ? 0.0f : o_from_half(acc[e]));
+    if (has_lse && c0 == 0)
         LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)oi * l_ss] =
             mx == NEG_INF ? NEG_INF : mx + log(sum);
 }
@@ -112,7 +125,7 @@ merge_pair(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_s
 {
     /* xs_delta > 0: X is the accumulator, XL holds its m and XL[+xs_delta] its s; 0: X is a part,
      * XL its lse (s = 1). os_delta > 0: write m to LSE and s to LSE[+os_delta]; 0: the lse. */
-    const int c = get_global_id(0);
+    const int c0 = get_global_id(0) * CPW; /* this work-item's columns: c0 .. c0 + CPW - 1 */
     const long grow = (long)get_global_id(1) + (long)ny * (long)get_global_id(2);
     if (grow >= rows)
         return;
@@ -135,17 +148,20 @@ merge_pair(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_s
     }
     /* O may be X (each element is read, then written, by one work-item); LSE must not be XL,
      * since column 0 would overwrite it while other work-groups of the row still read it. */
-    if (c < DV) {
+    const ulong xr = x_off + (ulong)b * x_sb + (ulong)h * x_sh + (ulong)i * x_ss,
+                yr = y_off + (ulong)b * y_sb + (ulong)h * y_sh + (ulong)i * y_ss,
+                orow = o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)i * o_ss;
+    for (int c = c0; c < c0 + CPW && c < DV; c++) {
         float x = 0.0f;
         /* A part without keys (lse -inf) is skipped; any other is multiplied even when its
          * weight underflows, so NaN in it stays NaN (as in merge_strided). */
         if (lx != NEG_INF)
-            x += wx * LD_A(X, x_off + (ulong)b * x_sb + (ulong)h * x_sh + (ulong)i * x_ss + c);
+            x += wx * LD_A(X, xr + c);
         if (ly != NEG_INF)
-            x += wy * LD_IN(Y, y_off + (ulong)b * y_sb + (ulong)h * y_sh + (ulong)i * y_ss + c);
-        ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)i * o_ss + c, o_from_half(x));
+            x += wy * LD_IN(Y, yr + c);
+        ST_OUT(O, orow + c, o_from_half(x));
     }
-    if (has_lse && c == 0) {
+    if (has_lse && c0 == 0) {
         const ulong l_at = l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss;
         if (os_delta) {
             LSE[l_at] = mx;
