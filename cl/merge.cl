@@ -20,9 +20,9 @@
 #ifndef WG
 #define WG 64
 #endif
-/* Columns a work-item merges: 1 on GPUs (a work-item per row and column), a whole row on CPUs
- * (src/merge.c), where the weights' exponentials are then taken once a row and part, and one
- * work-group a row replaces DV / WG of them. */
+/* Columns a work-item merges: 1 (a work-item per row and column), or a whole row with WG 1 (CPUs'
+ * default, src/merge.c), where the weights' exponentials are then taken once a row and part, and
+ * one work-group a row replaces DV / WG of them. */
 #ifndef CPW
 #define CPW 1
 #endif

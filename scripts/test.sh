@@ -214,7 +214,8 @@ if [ "${CLATTN_INTEL_CPU:-1}" != 0 ]; then
   # Intel's compiler took 4 to 27 s a kernel variant (fused_lanes the longest) while every program
   # held all the kernels of its file, and test_attention's 172 cases about 13 minutes cold; with
   # KSEL (cl/common.cl) this whole step took 68 s cold (2026-12-02). This step runs test_decode,
-  # test_scores, test_softmax and test_bad_input whole and a sample of test_attention that still
+  # test_scores, test_softmax, test_bad_input, test_kvcache (the KV-cache decoders on another
+  # compiler) and test_positions whole and a sample of test_attention that still
   # takes every kernel a CPU's defaults run (prefill and decode, f32/f16/bf16, masks, windows, key
   # lengths, NaN rules, the unfused path), plus a 260 MB download. Left out when the run is
   # already past 60 minutes, and its tests stopped (a failure) past 15, so that CI stays well
@@ -227,7 +228,7 @@ if [ "${CLATTN_INTEL_CPU:-1}" != 0 ]; then
     sample+=',decode_gqa8_sq4_rows32_hd256_f16,window_300x700_w100,window_lanes_*,window_decode_sq1_*'
     sample+=',f16_*,bf16_*,probs*,kvlen*,nan_*,underflow_nan_v,masked_row*,layout_*,long_64x16384'
     CLATTN_INTEL_BUILD="$ci/release" CLATTN_INTEL_TIMEOUT=900 CLATTN_TEST_FILTER_ATTENTION="$sample" \
-      ./scripts/intel-cpu-check.sh tests 'test_attention$|test_decode$|test_bad_input$|test_scores$|test_softmax$'
+      ./scripts/intel-cpu-check.sh tests 'test_attention$|test_decode$|test_bad_input$|test_scores$|test_softmax$|test_kvcache$|test_positions$'
   fi
   step_done
 else

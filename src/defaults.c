@@ -36,7 +36,7 @@ int clattn__vendor_defaults(const clattn_devinfo *d, clattn_op op, clattn_params
             {16, 2},                                          /* softmax: one work-item per 2 rows */
             {1, 1, 6, 4, 16, CLATTN_KERNEL_DIRECT},           /* fused: direct, 6 rows x 64-key chunks */
             {1, 1, 0, 4, 16, 0, CLATTN_KERNEL_DIRECT},        /* decode: direct, K and V read in place */
-            {16},                                             /* merge */
+            {1},                                              /* merge: a work-item a row */
         };
         memcpy(p->v, v[op], sizeof v[op]);
         /* fused: the 6 x 64 score tile (24 accumulators) keeps both 512-bit FMA units busy, where

@@ -7,33 +7,28 @@
 
 /* Kernel `name` of merge.cl built with `opts` plus its work-group size (WG): the tuned one, at
  * most the device's largest, and smaller when the compiled kernel allows fewer work-items
- * (clattn__retry_cap). */
-static clattn_status merge_kernel(clattn_context *ctx, const char *name, const char *opts, int cpw, int *wg,
-                                  cl_kernel *k)
+ * (clattn__retry_cap). WG 1 (CPUs' default) makes a work-item merge a whole row of dv columns
+ * (*cpw, merge.cl's CPW): a work-item per (row, column) made the merge a work-group scheduler's
+ * benchmark on PoCL (0.6 GB/s) and took every part's exponential once per column. */
+static clattn_status merge_kernel(clattn_context *ctx, const char *name, const char *opts, int64_t dv, int *wg,
+                                  int *cpw, cl_kernel *k)
 {
     clattn_bucket b = {CLATTN_OP_MERGE, CLATTN_F32, 0, 0, 0, 0};
     clattn_params pp;
     const clattn_params_source source = clattn__default_params(ctx, &b, &pp);
-    *wg = cpw > 1 ? 1 : pp.merge.WG > 0 ? pp.merge.WG : 64; /* whole rows: a work-item a row */
+    *wg = pp.merge.WG > 0 ? pp.merge.WG : 64;
     for (size_t cap = ctx->dev.max_wg;;) {
         if ((size_t)*wg > cap)
             *wg = (int)cap;
+        *cpw = *wg == 1 ? (int)dv : 1;
         char all[240];
-        snprintf(all, sizeof all, "%s -DWG=%d -DCPW=%d -DKSEL=1 -DK_%s=1", opts, *wg, cpw, name);
+        snprintf(all, sizeof all, "%s -DWG=%d -DCPW=%d -DKSEL=1 -DK_%s=1", opts, *wg, *cpw, name);
         const clattn_status st = clattn__get_kernel(ctx, "merge.cl", all, name, k);
         if (!st)
             return st;
         if (!(cap = clattn__retry_cap(ctx, st, source, cap)))
             return st;
     }
-}
-
-/* Columns a merge work-item takes (merge.cl's CPW): a whole row of dv on CPUs, where a work-item
- * per (row, column) made the merge a work-group scheduler's benchmark (PoCL: 0.6 GB/s) and took
- * every part's exponential once per column; 1 elsewhere. */
-static int merge_cpw(const clattn_context *ctx, int64_t dv)
-{
-    return (ctx->dev.type & CL_DEVICE_TYPE_CPU) ? (int)dv : 1;
 }
 
 /* Work-items per (row, column): x covers DV in work-groups of wg, the rows go in y and z (row =
@@ -64,8 +59,8 @@ clattn_status clattn__run_merge(clattn_context *ctx, int parts, int64_t batch, i
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DDT_OUT=%d", (int)out->dtype);
     int wg;
     cl_kernel k;
-    const int cpw = merge_cpw(ctx, dv);
-    clattn_status st = merge_kernel(ctx, "merge_strided", opts, cpw, &wg, &k);
+    int cpw;
+    clattn_status st = merge_kernel(ctx, "merge_strided", opts, dv, &wg, &cpw, &k);
     if (st)
         return st;
     const cl_ulong rows = (cl_ulong)(batch * heads * seq);
@@ -109,8 +104,8 @@ static clattn_status merge_pair(clattn_context *ctx, const clattn_view *x, const
              (int)y->dtype, (int)o->dtype);
     int wg;
     cl_kernel k;
-    const int cpw = merge_cpw(ctx, dv);
-    clattn_status st = merge_kernel(ctx, "merge_pair", opts, cpw, &wg, &k);
+    int cpw;
+    clattn_status st = merge_kernel(ctx, "merge_pair", opts, dv, &wg, &cpw, &k);
     if (st)
         return st;
     const int64_t rows = batch * heads * seq;

@@ -62,7 +62,7 @@
     X(VW, CLATTN_PARAM_MAX, C(4, 8, 16), "vector width (tiled); LC (rows), KU (lanes)")             \
     X(SPLITS, CLATTN_PARAM_MAX, C(0, 2, 8, 32, 128), "key splits (0: automatic, 1: none)")          \
     X(DIRECT, 6, C(0, 1, 2, 3, 4, 5, 6), "kernel: tiled | direct | rows | rows_sync | lanes | lanes_local | mma")
-#define CLATTN_MERGE_PARAMS(X) X(WG, CLATTN_PARAM_MAX, C(16, 32, 64, 128, 256), "work-items per row")
+#define CLATTN_MERGE_PARAMS(X) X(WG, CLATTN_PARAM_MAX, C(1, 16, 32, 64, 128, 256), "work-items per row (1: a work-item merges a whole row)")
 
 /* The kernel choice (DIRECT) by name: K(op, value, name, what runs). */
 #define CLATTN_KERNEL_CHOICES(K)                                                                   \

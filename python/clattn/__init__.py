@@ -19,7 +19,7 @@ from ._core import (DTYPES, OPERATIONS, ClattnError, Context, Device, DeviceTens
                     select_device, to_bf16, version, version_number)
 from ._lib import library_path
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = ["Context", "DeviceTensor", "ClattnError", "Status", "Device", "SelectedDevice", "Params",
            "ProgramStatistics", "devices", "select_device", "alibi_slopes", "version", "version_number",
