@@ -54,8 +54,11 @@ class AttentionDesc(Structure):
                 ("chunk", c_int64), ("softcap", c_float), ("sinks", POINTER(Tensor)),
                 ("alibi_slopes", POINTER(Tensor)), ("score_mod", c_char_p),
                 ("mask_mod", c_char_p),
+                # the C union { const clattn_kv_layout *kv; int64_t kv_slot_; } (paged, packed or
+                # quantized K/V: not exposed here, zero), then a slice's offsets (zero)
+                ("kv_slot_", c_int64), ("q_offset", c_int64), ("k_offset", c_int64),
                 # zero; room for later options, each off at zero, so the size stays
-                ("reserved", c_int64 * 16)]
+                ("reserved", c_int64 * 13)]
 
 
 class SoftmaxDesc(Structure):
