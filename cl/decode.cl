@@ -113,7 +113,7 @@ decode_rows(ATTN_KERNEL_ARGS(T_K, T_V) VARIANT_ARGS KVC_ARGS)
 
     __global const T_K *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk) + (ulong)w.k0 * k_ss;
     __global const T_V *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk) + (ulong)w.k0 * v_ss;
-    const kv_src ksrc = K_SRC(b, hk), vsrc = V_SRC(b, hk); /* paged rows, scales (kv_access.cl) */
+    const kv_src ksrc = K_SRC(b, hk, w.k0), vsrc = V_SRC(b, hk, w.k0); /* paged rows, scales (kv_access.cl) */
 
     stage_q_rows((__local float *)Qs, DP, RM, DP, t, WG, Q + q_off + (ulong)b * q_sb, q_sh, q_ss, hk,
                  group, seq_q, R, r0, D, &w);

@@ -200,7 +200,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
      * from 0. */
     __global const T_KD *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk) + (ulong)(IN_PLACE ? w.k0 : 0) * k_ss;
     __global const T_VD *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk) + (ulong)(IN_PLACE ? w.k0 : 0) * v_ss;
-    const kv_src ksrc = K_SRC(b, hk), vsrc = V_SRC(b, hk); /* in place: paged rows, scales */
+    const kv_src ksrc = K_SRC(b, hk, IN_PLACE ? w.k0 : 0), vsrc = V_SRC(b, hk, IN_PLACE ? w.k0 : 0); /* in place: paged rows, scales */
 
 #if IN_PLACE
     qrow qs[RM]; /* DP = DP16 */

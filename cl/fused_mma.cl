@@ -171,7 +171,7 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
     /* K and V rows through kv_access.cl: paged, packed (from w.k0) or of a KV-cache type. */
     __global const T_K *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk) + (ulong)w.k0 * k_ss;
     __global const T_V *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk) + (ulong)w.k0 * v_ss;
-    const kv_src ksrc = K_SRC(b, hk), vsrc = V_SRC(b, hk);
+    const kv_src ksrc = K_SRC(b, hk, w.k0), vsrc = V_SRC(b, hk, w.k0);
     /* This work-group's block of O columns: c0 .. c0 + DVP, DVr of them within head_dim_v. */
     const int c0 = get_group_id(0) * DVP, DVr = DV - c0;
     __global const TL *Qb = (__global const TL *)(Q + q_off + (ulong)b * q_sb);

@@ -99,7 +99,7 @@ fused(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
 
     __global const T_K *Kb = KV_HEAD(K, k_off, k_sb, k_sh, b, hk) + (ulong)w.k0 * k_ss;
     __global const T_V *Vb = KV_HEAD(V, v_off, v_sb, v_sh, b, hk) + (ulong)w.k0 * v_ss;
-    const kv_src ksrc = K_SRC(b, hk), vsrc = V_SRC(b, hk); /* paged rows, scales (kv_access.cl) */
+    const kv_src ksrc = K_SRC(b, hk, w.k0), vsrc = V_SRC(b, hk, w.k0); /* paged rows, scales (kv_access.cl) */
 
     /* Stage Q once. */
     stage_q_rows(&Qs[0][0], DP + 4, BM, DP, lid, NWI, Q + q_off + (ulong)b * q_sb, q_sh, q_ss, hk,

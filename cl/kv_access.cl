@@ -210,7 +210,7 @@ typedef struct kv_src {
         __global const float *v_sc, ulong vs_off, ulong vs_sb, ulong vs_sh, ulong vs_ss, float k_fs, \
         float v_fs, __global const int *cu_q, __global const int *cu_k, int total_q, int total_k
 inline kv_src kv_src_of(__global const int *bt, ulong bt_off, ulong bt_sb, int np, __global const float *sc,
-                        ulong s_off, ulong s_sb, ulong s_sh, ulong s_ss, float fs, int b, int hk)
+                        ulong s_off, ulong s_sb, ulong s_sh, ulong s_ss, float fs, int b, int hk, int k0)
 {
     kv_src s;
 #if PAGE
@@ -218,19 +218,21 @@ inline kv_src kv_src_of(__global const int *bt, ulong bt_off, ulong bt_sb, int n
     s.np = np;
     s.sc = sc ? sc + s_off + (ulong)hk * s_sh : sc;
 #else
-    s.sc = sc ? sc + s_off + (ulong)b * s_sb + (ulong)hk * s_sh : sc;
+    /* packed keys (VARLEN): the sequence's scales from its first row k0, as its K and V rows */
+    s.sc = sc ? sc + s_off + (ulong)b * s_sb + (ulong)hk * s_sh + (ulong)k0 * s_ss : sc;
 #endif
     s.sc_sb = s_sb;
     s.sc_ss = s_ss;
     s.fs = fs;
     return s;
 }
-#define K_SRC(b, hk) kv_src_of(kv_bt, bt_off, bt_sb, k_np, k_sc, ks_off, ks_sb, ks_sh, ks_ss, k_fs, (b), (hk))
-#define V_SRC(b, hk) kv_src_of(kv_bt, bt_off, bt_sb, v_np, v_sc, vs_off, vs_sb, vs_sh, vs_ss, v_fs, (b), (hk))
+/* k0: the first key row of the batch's packed sequence (VARLEN; 0 otherwise). */
+#define K_SRC(b, hk, k0) kv_src_of(kv_bt, bt_off, bt_sb, k_np, k_sc, ks_off, ks_sb, ks_sh, ks_ss, k_fs, (b), (hk), (k0))
+#define V_SRC(b, hk, k0) kv_src_of(kv_bt, bt_off, bt_sb, v_np, v_sc, vs_off, vs_sb, vs_sh, vs_ss, v_fs, (b), (hk), (k0))
 #else
 #define KVC_ARGS
-#define K_SRC(b, hk) ((kv_src){0})
-#define V_SRC(b, hk) ((kv_src){0})
+#define K_SRC(b, hk, k0) ((kv_src){0})
+#define V_SRC(b, hk, k0) ((kv_src){0})
 #endif
 
 /* Packed sequences (VARLEN): cu_q / cu_k, FlashAttention's cu_seqlens_q / _k of batch + 1 entries

@@ -444,6 +444,10 @@ static const varlen_case varlen_cases[] = {
     /* more than 64 packed rows a kv head: the CPU's copies of K and V (transpose_k16, pack_v) */
     {"varlen_prefill_copies", F32, F32, 3, 8, 2, 40, 60, 64, 1, 1, 0, 0, 0},
     {"varlen_prefill_copies_mask_f16", F16, F16, 4, 4, 1, 33, 70, 48, 0, 1, 0, 1, 0},
+    /* int8 K/V: each packed sequence's scales from its first row, as its K and V rows */
+    {"varlen_packed_i8", F32, I8, 3, 4, 2, 9, 40, 32, 1, 1, 0, 0, 0},
+    {"varlen_packed_i8_decode_splits", F16, I8, 3, 8, 2, 1, 300, 64, 0, 1, 0, 0, 3},
+    {"varlen_paged_i8", F32, I8, 3, 4, 2, 6, 50, 32, 1, 0, 16, 0, 0},
 };
 
 /* Sequence b's query rows and keys: varied, one sequence longer than seq_q (its rows past seq_q
@@ -479,10 +483,10 @@ static void run_varlen(void **state)
     const size_t rb = ref_kv_row_bytes((int)c->kt, D);
     unsigned char *kbytes = tu_xalloc(nrows * rb), *vbytes = tu_xalloc(nrows * rb);
     double *kv_[2] = {tu_xdoubles(nrows * (size_t)D), tu_xdoubles(nrows * (size_t)D)};
-    float unused;
+    float *ksc = tu_xalloc(sizeof(float) * nrows), *vsc = tu_xalloc(sizeof(float) * nrows); /* i8 */
     for (size_t row = 0; row < nrows; row++) {
-        make_row(&r, c->kt, kbytes + row * rb, D, &unused, 1.0f, 0, kv_[0] + row * (size_t)D);
-        make_row(&r, c->kt, vbytes + row * rb, D, &unused, 1.0f, 0, kv_[1] + row * (size_t)D);
+        make_row(&r, c->kt, kbytes + row * rb, D, &ksc[row], 1.0f, 0, kv_[0] + row * (size_t)D);
+        make_row(&r, c->kt, vbytes + row * rb, D, &vsc[row], 1.0f, 0, kv_[1] + row * (size_t)D);
     }
     int *bt = NULL;
     if (page) {
@@ -580,8 +584,20 @@ static void run_varlen(void **state)
     }
     v = k;
     v.buffer = vb;
+    /* i8: the scales in the rows' order, one per (key row, kv head) */
+    clattn_tensor kst = k, vst = k;
+    if (c->kt == I8) {
+        kst.buffer = tu_xbuffer(sizeof(float) * nrows, ksc);
+        vst.buffer = tu_xbuffer(sizeof(float) * nrows, vsc);
+        kst.dtype = vst.dtype = F32;
+        kst.shape[3] = vst.shape[3] = 1;
+        for (int d = 0; d < 3; d++)
+            kst.stride[d] = vst.stride[d] = k.stride[d] / D;
+    }
     clattn_tensor mask = clattn_tensor_bhsd(mb, F32, B, 1, Sq, Skv);
     clattn_kv_layout kv = {0};
+    kv.k_scales = c->kt == I8 ? &kst : NULL;
+    kv.v_scales = c->kt == I8 ? &vst : NULL;
     kv.cu_seqlens_q = cuqb;
     kv.cu_seqlens_k = c->packed_k ? cukb : NULL;
     kv.page_size = page;
