@@ -249,9 +249,11 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
         for (int ch = 0; ch < nch; ch++) {
             const int kc = kt + ch * DBN;
 #if IN_PLACE && KV_PREFETCH && defined(__clang__)
-            /* Paged K/V: while the chunk's scores are computed, the K rows of the same keys of the
-             * next block and the chunk's V rows (used after the block's softmax) into L2: pages in
-             * table order are scattered, and the CPU's own prefetchers stop at each page. */
+            /* Paged K/V, or rows of all heads interleaved (BSHD, NHD pools): while the chunk's
+             * scores are computed, the K rows of the same keys of the next block and the chunk's V
+             * rows (used after the block's softmax) into L2: pages in table order are scattered,
+             * rows H·D apart leave a head's stream thin, and the CPU's own prefetchers stop at
+             * each page. */
 #pragma unroll
             for (int e = 0; e < 16; e++) {
                 __global const uchar *kn = (__global const uchar *)(Kb + kv_row(&ksrc, min(kc + NB + e, k_hi - 1), k_sb, k_ss));

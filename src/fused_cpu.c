@@ -121,7 +121,10 @@ clattn_status clattn__fused_run_direct(clattn_context *ctx, const clattn_problem
     if (lanes)
         snprintf(lanes_opt, sizeof lanes_opt, " -DLANES=%d -DLPF=%d", lanes,
                  (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0);
-    else if (p->kv.page && (ctx->dev.type & CL_DEVICE_TYPE_CPU)) /* fused_direct: paged K/V's prefetches */
+    else if (in_place && (ctx->dev.type & CL_DEVICE_TYPE_CPU) &&
+             (p->kv.page || p->k.stride[2] > (cl_ulong)p->head_dim || p->v.stride[2] > (cl_ulong)p->head_dim_v))
+        /* fused_direct in place: software prefetches where a head's K or V rows are not one
+         * stream (pages, or rows of all heads interleaved: BSHD, NHD) */
         snprintf(lanes_opt, sizeof lanes_opt, " -DKV_PREFETCH=1");
     /* The program holds the kernels taken from it below and no others (KSEL, common.cl). */
     char opts[400];
