@@ -698,3 +698,115 @@ inline int flags_hide_block(int rows, const int *rend, const ulong *frow, int kt
 #define NARROW_KEYS(first_row, end_row, step) ((void)0)
 #define HIDES_BLOCK(rows, rend, mrow, frow, kt, n) mask_hides_block(rows, rend, mrow, kt, n, mask)
 #endif
+
+/* ---- Dropout (docs/training.md#dropout): DROPOUT 1 (the host's, with desc->dropout_p > 0) adds
+ * DROP_ARGS after the kernel's others. Key c (global: j + k_offset) of the row with global index
+ * r (p + k_offset) of query head h of batch b is kept iff a 16-bit half of Philox-4x32-10's output
+ * is at least d_thr; all words 32-bit and wrapping. The counter's first word is
+ * 16·floor(c / 128) + c mod 16 and the output word (c / 32) mod 4, half (c / 16) mod 2 (0 the
+ * low one): the 16 keys of an aligned vector take one half of one word of 16 consecutive
+ * counters, so 128 keys cost one Philox evaluation of 16 lanes (drop_group16), where one per
+ * 16 keys cost PoCL ... of a forward's time; the other counter words are r, b·heads_q + h and
+ * the caller's offset; the key, the caller's seed. */
+#ifndef DROPOUT
+#define DROPOUT 0
+#endif
+#if DROPOUT
+#define DROP_ARGS , uint d_k0, uint d_k1, uint d_off, uint d_thr, float d_scale, uint d_roff, uint d_coff, int d_hq
+typedef struct dparams {
+    uint k0, k1, off, thr;
+    float scale;     /* 1 / (1 - p) */
+    uint roff, coff; /* q_offset and k_offset mod 2^32: r = i + L - seq_q + q_offset, c = j + k_offset */
+    int hq;          /* heads_q */
+} dparams;
+#define DP_MAKE {d_k0, d_k1, d_off, d_thr, d_scale, d_roff, d_coff, d_hq}
+#else
+#define DROP_ARGS
+#endif
+
+/* Philox-4x32-10 of 16 counters (c0 per lane; c1, c2, c3 shared) under key (k0, k1). */
+inline void philox16(uint16 c0, uint c1, uint c2, uint c3, uint k0, uint k1, uint16 *x)
+{
+    uint16 a = c0, b = (uint16)(c1), c = (uint16)(c2), d = (uint16)(c3);
+#pragma unroll
+    for (int n = 0; n < 10; n++) {
+        const uint16 hi0 = mul_hi((uint16)(0xD2511F53u), a), lo0 = (uint16)(0xD2511F53u) * a;
+        const uint16 hi1 = mul_hi((uint16)(0xCD9E8D57u), c), lo1 = (uint16)(0xCD9E8D57u) * c;
+        a = hi1 ^ b ^ (uint16)(k0);
+        b = lo1;
+        c = hi0 ^ d ^ (uint16)(k1);
+        d = lo0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    x[0] = a;
+    x[1] = b;
+    x[2] = c;
+    x[3] = d;
+}
+
+#define LANES16 ((uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))
+
+#if DROPOUT
+/* The multipliers (0 or 1 / (1 - p)) of 16 halves u against the threshold. */
+inline float16 drop_keep16(uint16 u, const dparams *dp)
+{
+    return select((float16)(0.0f), (float16)(dp->scale), u >= (uint16)(dp->thr));
+}
+
+/* The outputs of the 128-key group g (keys 128·g .. 128·g + 127, global and mod 2^32) of row r of
+ * head bh (b·heads_q + h). */
+inline void drop_group16(uint g, uint r, uint bh, const dparams *dp, uint16 *x)
+{
+    philox16((uint16)(g << 4) + LANES16, r, bh, dp->off, dp->k0, dp->k1, x);
+}
+
+/* The multipliers of the aligned vector of global keys c0 .. c0 + 15 (c0 a multiple of 16) from
+ * its group's outputs x. */
+inline float16 drop_pick16(const uint16 *x, uint c0, const dparams *dp)
+{
+    const uint16 w = x[(c0 >> 5) & 3];
+    return drop_keep16((c0 >> 4) & 1 ? w >> 16 : w & (uint16)(0xffff), dp);
+}
+
+/* The multipliers of any 16 consecutive global keys c0 .. c0 + 15 of row r, head bh: one Philox
+ * evaluation per lane's own counter (keys an offset not a multiple of 16 puts across groups). */
+inline float16 drop_any16(uint c0, uint r, uint bh, const dparams *dp)
+{
+    if ((c0 & 15) == 0) {
+        uint16 x[4];
+        drop_group16(c0 >> 7, r, bh, dp, x);
+        return drop_pick16(x, c0, dp);
+    }
+    const uint16 c = (uint16)(c0) + LANES16;
+    uint16 x[4];
+    philox16(((c >> 7) << 4) + (c & (uint16)(15)), r, bh, dp->off, dp->k0, dp->k1, x);
+    const uint16 wi = (c >> 5) & (uint16)(3);
+    const uint16 w = select(select(x[0], x[1], wi == (uint16)(1)), select(x[2], x[3], wi == (uint16)(3)),
+                            wi >= (uint16)(2));
+    return drop_keep16(select(w & (uint16)(0xffff), w >> 16, ((c >> 4) & (uint16)(1)) != (uint16)(0)), dp);
+}
+
+/* Applies the multipliers to the n scores-turned-probabilities t[0 .. n) (n a multiple of 16) of
+ * the keys key0 .. of row i (of seq_q, L keys) of query head hq of batch b. */
+inline void drop_row(float16 *t, int nv, int key0, int i, int seq_q, int L, int b, int hq, const dparams *dp)
+{
+    const uint r = (uint)(i + (L - seq_q)) + dp->roff, bh = (uint)(b * dp->hq + hq);
+    const uint c0 = (uint)key0 + dp->coff;
+    if ((c0 & 15) != 0) {
+        for (int v = 0; v < nv; v++)
+            t[v] *= drop_any16(c0 + 16u * (uint)v, r, bh, dp);
+        return;
+    }
+    uint16 x[4];
+    uint g = 0;
+    for (int v = 0; v < nv; v++) {
+        const uint c = c0 + 16u * (uint)v;
+        if (v == 0 || (c & 127) == 0) {
+            g = c >> 7;
+            drop_group16(g, r, bh, dp, x);
+        }
+        t[v] *= drop_pick16(x, c, dp);
+    }
+}
+#endif

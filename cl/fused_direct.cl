@@ -181,9 +181,12 @@ inline int run_end(uint vhid, int n, int nkeys)
 
 #if !KSEL || K_fused_direct
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
-fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
+fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_ARGS)
 {
     const vparams vp = VP_MAKE;
+#if DROPOUT
+    const dparams dp = DP_MAKE;
+#endif
     const int R = group * seq_q, nrb = (R + RM - 1) / RM; /* row blocks, grid y (or x, flat) */
     const int r0 = TILE_Y(1, nrb) * RM;
     const kv_seqs seqs = KV_SEQS();
@@ -390,6 +393,15 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
             for (int i = 0; i < RM; i++)
                 sb[i].v[v] *= inv[i];
         }
+#if DROPOUT
+        /* Dropout on the normalised p of P·V only (l, m and the LSE keep every key): hidden keys
+         * stay -0, and skipped. */
+#pragma unroll 1
+        for (int i = 0; i < RM; i++) {
+            const int row = min(r0 + i, R - 1);
+            drop_row(sb[i].v, nv, kt, row % seq_q, w.sq, L, b, hk * group + row / seq_q, &dp);
+        }
+#endif
 
         /* P·V: the keys of 16-key vectors in which no row hides a key go without a check, those
          * of the other vectors skip each row's hidden keys (p -0) so that NaN/Inf in their V

@@ -259,11 +259,28 @@ typedef struct clattn_attention_desc {
      * max(seq_q, seq_kv) must not exceed CLATTN_MAX_SEQ. */
     int64_t q_offset;
     int64_t k_offset;
+    /* Dropout on the attention probabilities (docs/training.md#dropout), off at 0. With
+     * 0 < dropout_p < 1 each probability P[i][j] of a visible key is kept and scaled by
+     * 1/(1 - dropout_p), or dropped (0); the softmax's denominator, the LSE and the sinks are
+     * unchanged: o_i = Σ_j P_ij·z_ij·v_j with z_ij 0 or 1/(1 - dropout_p), a pure function of
+     * dropout_seed, dropout_offset, the batch b, the query head h, the row's global index r = p + k_offset (p its
+     * diagonal position, above: i for a self-attention) and the key's c = j + k_offset, the same on
+     * every device and in clattn_attention_backward. With r and c as unsigned 32-bit words (mod 2^32),
+     * Philox-4x32-10 with key (seed & 0xffffffff, seed >> 32) and counter
+     * (16·floor(c / 128) + c mod 16, r, b·heads_q + h, dropout_offset) gives four words x0..x3;
+     * key c takes the 16-bit half floor(c / 16) mod 2 (0: the low half) of word
+     * x[floor(c / 32) mod 4] and is kept iff that half >= round(dropout_p·65536) (at most 65535):
+     * drop rates resolve to 1/65536. clattn_dropout_mask writes z. Fused path only (the
+     * unfused one and desc->probabilities refuse it), not with packed sequences (cu_seqlens);
+     * negative, NaN or >= 1: refused. */
+    uint64_t dropout_seed;
+    float dropout_p;
+    uint32_t dropout_offset;
     /* Must be zero (refused otherwise). Later versions put new options here, each off at zero, so
      * that the descriptor keeps its size and a program built against this header keeps working
      * with them (zero-initialise the descriptor: `clattn_attention_desc d = {0};` or designated
      * initialisers). */
-    int64_t reserved[13];
+    int64_t reserved[11];
 } clattn_attention_desc;
 
 /**
@@ -403,6 +420,53 @@ CLATTN_API clattn_status clattn_merge(clattn_context *ctx, int num_parts,
                                       const clattn_tensor *part_out, const clattn_tensor *part_lse,
                                       const clattn_tensor *out, const clattn_tensor *lse,
                                       cl_uint num_wait, const cl_event *wait, cl_event *done);
+
+/* ---- Training (docs/training.md) ------------------------------------------------------------ */
+
+/**
+ * The gradients of clattn_attention's output: given its inputs q, k, v, its output `out` and
+ * LSE `lse` (f32 [batch][heads_q][seq_q][1], as desc->lse wrote them: the forward must have been
+ * run with the same desc) and the gradient `dout` of a loss with respect to out, writes
+ * dq = ∂loss/∂q, dk and dv (shapes of q, k and v; dtype each of its input's or f32), and with
+ * desc->sinks, dsinks (f32 [1][heads_q][1][1], may be NULL) = ∂loss/∂sinks. FlashAttention 2's
+ * algorithm: P is recomputed from the LSE, D = rowsum(dout ∘ out), dV = Σ Pᵀ·dout,
+ * dS = P ∘ (dP - D) with dP = dout·Vᵀ, dQ = dS·K·scale, dK = dSᵀ·Q·scale (GQA: dK and dV sum
+ * over each kv head's query heads); the softcap's derivative 1 - tanh² and dropout (the same z
+ * as the forward's, regenerated, not stored) apply. O(seq) workspace, no seq_q x seq_kv buffer.
+ * Deterministic: no floating-point atomics and every sum in a fixed order, so the same inputs
+ * give bitwise the same gradients on the same device with the same kernel parameters.
+ * Every semantic of the forward holds (causal, masks, key lengths, windows, chunks, ALiBi,
+ * softcap, sinks, mask_mod, slices, strides, Dk != Dv, GQA, f32/f16/bf16 with f32 arithmetic):
+ * a row with no visible key has zero gradient; hidden keys, whatever their K and V hold, get
+ * zero dk and dv from the rows that do not see them; NaN in a visible input reaches the
+ * gradients it touches. desc->lse and desc->probabilities must be NULL (lse is the argument);
+ * score_mod (whose derivative clattn cannot know), desc->kv (paged, quantized or packed K/V)
+ * and CLATTN_ALGORITHM_UNFUSED are refused with CLATTN_UNSUPPORTED. dq, dk, dv and dsinks must
+ * not overlap each other or any input.
+ */
+CLATTN_API clattn_status clattn_attention_backward(
+    clattn_context *ctx, const clattn_attention_desc *desc, const clattn_tensor *q,
+    const clattn_tensor *k, const clattn_tensor *v, const clattn_tensor *out,
+    const clattn_tensor *dout, const clattn_tensor *lse, const clattn_tensor *dq,
+    const clattn_tensor *dk, const clattn_tensor *dv, const clattn_tensor *dsinks,
+    cl_uint num_wait, const cl_event *wait, cl_event *done);
+
+/**
+ * The dropout multipliers z of desc (dropout_p > 0) into `mask` [batch][heads_q][seq_q][seq_kv]
+ * (f32, f16 or bf16): 1/(1 - dropout_p) where the probability is kept, 0 where dropped, for
+ * every (row, key) whether visible or not, exactly as clattn_attention and
+ * clattn_attention_backward draw them (desc's kv_lengths and offsets give r and c).
+ */
+CLATTN_API clattn_status clattn_dropout_mask(clattn_context *ctx, const clattn_attention_desc *desc,
+                                             const clattn_tensor *mask, cl_uint num_wait,
+                                             const cl_event *wait, cl_event *done);
+
+/**
+ * Philox-4x32-10 (Salmon et al., SC'11; Random123's philox4x32 with 10 rounds) of counter ctr
+ * and key `key` into out, on the host: the generator of desc->dropout_p, for callers who want
+ * the dropout decisions without a device.
+ */
+CLATTN_API void clattn_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 
 /**
  * Host-memory convenience for small programs: contiguous [B][H][S][D] arrays of `dtype` elements

@@ -75,11 +75,14 @@ static int variant_hides(const ref_attn *a, int b, int h, long long pos, int j)
 }
 
 /* Logit of key j for row (b, h, i), or -inf with *visible = 0 for a hidden key. K at a hidden key
- * is never read, so NaN stored there cannot reach the logit. */
+ * is never read, so NaN stored there cannot reach the logit. dx_ds (may be NULL): ∂x/∂(scale·q·k),
+ * for the backward. */
 static double score(const ref_attn *a, double scale, int len, const double *q, const double *k,
-                    int b, int h, int i, int j, int *visible)
+                    int b, int h, int i, int j, int *visible, double *dx_ds)
 {
     *visible = 0;
+    if (dx_ds != NULL)
+        *dx_ds = 1.0;
     const long long pos = (long long)i + (long long)len - (long long)a->seq_q + a->q_offset - a->k_offset;
     if (j >= len || (a->causal && (long long)j > pos) || variant_hides(a, b, h, pos, j))
         return -INFINITY;
@@ -96,8 +99,12 @@ static double score(const ref_attn *a, double scale, int len, const double *q, c
     for (size_t d = 0; d < D; ++d)
         dot += qr[d] * kr[d];
     double x = scale * dot;
-    if (a->softcap > 0.0)
-        x = a->softcap * tanh(x / a->softcap);
+    if (a->softcap > 0.0) {
+        const double t = tanh(x / a->softcap);
+        x = a->softcap * t;
+        if (dx_ds != NULL)
+            *dx_ds = 1.0 - t * t; /* d/ds c·tanh(s / c) */
+    }
     x += m;
     if (a->alibi != NULL) {
         const double slope = a->alibi[(a->alibi_per_batch ? (size_t)b * (size_t)a->heads_q : 0) + (size_t)h];
@@ -120,10 +127,17 @@ void ref_scores(const ref_attn *a, const double *q, const double *k, double *s)
                                       (size_t)a->seq_kv;
                 for (int j = 0; j < a->seq_kv; ++j) {
                     int vis;
-                    row[j] = score(a, scale, len, q, k, b, h, i, j, &vis);
+                    row[j] = score(a, scale, len, q, k, b, h, i, j, &vis, NULL);
                 }
             }
     }
+}
+
+double ref_logit(const ref_attn *a, const double *q, const double *k, int b, int h, int i, int j,
+                 int *visible, double *dx_ds)
+{
+    return score(a, resolved_scale(a), visible_len(a->kv_len, b, a->seq_kv), q, k, b, h, i, j, visible,
+                 dx_ds);
 }
 
 void ref_attention(const ref_attn *a, const double *q, const double *k, const double *v,
@@ -133,6 +147,7 @@ void ref_attention(const ref_attn *a, const double *q, const double *k, const do
     const int group = a->heads_q / a->heads_kv;
     const size_t Dv = (size_t)(a->head_dim_v != 0 ? a->head_dim_v : a->head_dim);
     const size_t Skv = (size_t)a->seq_kv;
+    const int dropout = a->dropout_p > 0.0;
 
     for (int b = 0; b < a->batch; ++b) {
         const int len = visible_len(a->kv_len, b, a->seq_kv);
@@ -143,13 +158,15 @@ void ref_attention(const ref_attn *a, const double *q, const double *k, const do
                 const size_t row = ((size_t)b * (size_t)a->heads_q + (size_t)h) * (size_t)a->seq_q + (size_t)i;
                 double *o = out + row * Dv;
                 double *p = probs != NULL ? probs + row * Skv : NULL;
+                /* The row's global index, dropout's r: diagonal position + k_offset. */
+                const long long r = (long long)i + (long long)len - (long long)a->seq_q + a->q_offset;
                 int vis;
 
                 /* Pass 1: row max over visible keys; -inf scores cannot raise it. The sink takes
                  * part in the max only as the shift M (it is a term of the denominator). */
                 double m = -INFINITY;
                 for (int j = 0; j < a->seq_kv; ++j) {
-                    double x = score(a, scale, len, q, k, b, h, i, j, &vis);
+                    double x = score(a, scale, len, q, k, b, h, i, j, &vis, NULL);
                     if (vis)
                         m = nan_max(m, x);
                 }
@@ -173,14 +190,18 @@ void ref_attention(const ref_attn *a, const double *q, const double *k, const do
                 /* Pass 2: unnormalised sum and P·V, subtracting the max so exp cannot overflow. */
                 double sum = 0.0;
                 for (int j = 0; j < a->seq_kv; ++j) {
-                    double x = score(a, scale, len, q, k, b, h, i, j, &vis);
+                    double x = score(a, scale, len, q, k, b, h, i, j, &vis, NULL);
                     if (!vis || x == -INFINITY)
                         continue; /* skipped, not multiplied by 0: V here may hold NaN/Inf */
                     double e = exp(x - M);
                     sum += e;
+                    /* Dropout scales the numerator only: the sum (lse, probs) stays undropped. */
+                    const double ez = dropout ? e * ref_dropout_z(a->dropout_seed, a->dropout_offset, a->dropout_p,
+                                                                  b, a->heads_q, h, r, a->k_offset + j)
+                                              : e;
                     const double *vr = vh + (size_t)j * Dv;
                     for (size_t d = 0; d < Dv; ++d)
-                        o[d] += e * vr[d];
+                        o[d] += ez * vr[d];
                 }
                 if (sink != -INFINITY)
                     sum += exp(sink - M); /* once per row, in the denominator only */
@@ -193,7 +214,7 @@ void ref_attention(const ref_attn *a, const double *q, const double *k, const do
                  * computed, not skipped, so a NaN row stays NaN here as it does in the softmax. */
                 if (p != NULL)
                     for (int j = 0; j < a->seq_kv; ++j) {
-                        double x = score(a, scale, len, q, k, b, h, i, j, &vis);
+                        double x = score(a, scale, len, q, k, b, h, i, j, &vis, NULL);
                         if (vis)
                             p[j] = exp(x - M) / sum;
                     }

@@ -25,6 +25,7 @@
 #define CLATTN_REF_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* User modifications, the reference's stand-ins for clattn_attention_desc's OpenCL C snippets
  * score_mod and mask_mod: b batch, h query head, q the row's diagonal position p (below), k the
@@ -69,11 +70,26 @@ typedef struct ref_attn {
      * hides j > p, and chunks count from the keys' global origin (key j at k_offset + j):
      * floor((k_offset + j) / chunk) == floor((k_offset + p) / chunk). 0, 0: none. */
     long long q_offset, k_offset;
+    /* Dropout (clattn_attention_desc.dropout_p), off at 0; else in (0, 1): ref_attention multiplies
+     * the probability of each visible key in out's numerator by z = ref_dropout_z(dropout_seed,
+     * dropout_offset, dropout_p, b, heads_q, h, r, c) with r = p + k_offset (the row's global
+     * index, = i + L - seq_q + q_offset) and c = k_offset + j; lse, probs and the sinks ignore it.
+     * A dropped key is multiplied by 0, not skipped: it is visible, so NaN/Inf in its V row
+     * reaches out, as in dropout(P)·V. */
+    double dropout_p;
+    unsigned long long dropout_seed;
+    unsigned dropout_offset;
 } ref_attn;
 
 /* The logits x of every visible key into s [B][Hq][Sq][Skv], as clattn_scores writes them:
  * hidden keys are -inf, sinks play no part. */
 void ref_scores(const ref_attn *a, const double *q, const double *k, double *s);
+
+/* The logit x of key j for query row (b, h, i), as ref_scores writes it: -inf with *visible 0 for
+ * a hidden key (K there is never read). dx_ds (may be NULL) gets ∂x/∂s for s = scale·q·k:
+ * 1 - tanh²(s / c) with softcap c, else 1 (score_mod's own derivative is not in it). */
+double ref_logit(const ref_attn *a, const double *q, const double *k, int b, int h, int i, int j,
+                 int *visible, double *dx_ds);
 
 /*
  * out [B][Hq][Sq][Dv] = softmax(logits)·V over visible keys. lse [B][Hq][Sq] (natural log of the
@@ -84,6 +100,39 @@ void ref_scores(const ref_attn *a, const double *q, const double *k, double *s);
  */
 void ref_attention(const ref_attn *a, const double *q, const double *k, const double *v,
                    double *out, double *lse, double *probs);
+
+/* ---- Training (clattn_attention_backward, clattn_dropout_mask; ref/clattn_ref_bwd.c) -------- */
+
+/* Philox-4x32-10 (Salmon et al., SC'11; Random123's philox4x32_R with R = 10) of counter ctr and
+ * key `key` into out. */
+void ref_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+/*
+ * The dropout multiplier of (batch b, query head h, global row r, global key c) by clattn.h's
+ * rule: Philox-4x32-10 with key (seed & 0xffffffff, seed >> 32) and counter
+ * (floor(c / 8), r, b·heads_q + h, offset), each word wrapped to 32 bits; key c takes the 16-bit
+ * half c mod 8 of the four words (word (c mod 8) / 2, its low half for even c) and is kept iff
+ * that half >= t = min(round(p·65536), 65535). Returns 1 / (1 - p) when kept, 0 when dropped;
+ * p in [0, 1) (p 0: always 1). r and c may be negative (mathematical floor and mod).
+ */
+double ref_dropout_z(unsigned long long seed, unsigned offset, double p, int b, int heads_q, int h,
+                     long long r, long long c);
+
+/*
+ * The gradients of loss = Σ dout ∘ out, out = ref_attention(a, q, k, v) (dout [B][Hq][Sq][Dv]),
+ * from the definition: with P_ij = e^(x_ij - lse_i) and z_ij the dropout multipliers (1 without
+ * dropout), D_i = dout_i·out_i, dv_j = Σ_i P_ij·z_ij·dout_i, dP_ij = z_ij·(dout_i·v_j),
+ * dx_ij = P_ij·(dP_ij - D_i), ds_ij = dx_ij·∂x/∂s (softcap: 1 - tanh²(s / c)),
+ * dq_i = scale·Σ_j ds_ij·k_j, dk_j = scale·Σ_i ds_ij·q_i; GQA: dk and dv of a kv head sum over
+ * its query heads. With a->sinks, dsinks [Hq] (may be NULL) = -Σ_{b,i} e^(s_h - lse_i)·D_i
+ * (0 for a -inf sink). dq, dk [B][Hkv][Skv][D] and dv [B][Hkv][Skv][Dv] are written whole (0
+ * where nothing contributes). Hidden keys are skipped as in the forward, so NaN/Inf in hidden K,
+ * V (or in the Q of a row that sees no key) reaches no gradient; a row with no visible finite
+ * logit contributes nothing. a->score_mod must be NULL (its derivative is unknown; asserted);
+ * mask_mod, which only hides keys, is supported.
+ */
+void ref_attention_backward(const ref_attn *a, const double *q, const double *k, const double *v,
+                            const double *dout, double *dq, double *dk, double *dv, double *dsinks);
 
 /* The standard ALiBi slopes of `heads` heads for max_bias, in double (clattn_alibi_slopes' formula):
  * n = 2^floor(log2 heads), m0 = 2^(-max_bias / n), m1 = 2^(-max_bias / (2n)); head h < n gets

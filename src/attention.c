@@ -113,6 +113,12 @@ clattn_status clattn_attention(clattn_context *ctx, const clattn_attention_desc 
                                 "path never forms them)");
         algo = CLATTN_ALGORITHM_UNFUSED;
     }
+    if (p.drop.on && algo == CLATTN_ALGORITHM_UNFUSED)
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                            "desc->dropout_p %g: dropout is drawn by the fused path only (%s)",
+                            (double)desc->dropout_p,
+                            desc->probabilities ? "desc->probabilities asks for the unfused one"
+                                                : "desc->algorithm is CLATTN_ALGORITHM_UNFUSED");
     if (p.kv.on && algo == CLATTN_ALGORITHM_UNFUSED)
         return clattn__fail(ctx, CLATTN_UNSUPPORTED,
                             "%s K/V (%s, %s) are read by the fused path only: the unfused path%s needs plain Q, K "

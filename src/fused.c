@@ -128,6 +128,7 @@ clattn_status clattn__fused_launch(clattn_context *ctx, const clattn_problem *p,
     }
     clattn__variant_args(&a, p);
     clattn__kv_args(&a, p);
+    clattn__dropout_args(&a, p);
     if (splits == 1)
         return clattn__enqueue(ctx, &a, 3, global, local, num_wait, wait, done, name);
     char what[64];
@@ -188,7 +189,10 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     /* Paged, packed or quantized K/V (p->kv.on) is read by fused_direct, decode_rows, the tiled
      * kernel and the matrix-unit kernel (cl/kv_access.cl); decode_lanes' choice gives way to
      * decode_rows, fused_lanes' to fused_direct (docs/kvcache.md#kernels). */
-    if (chosen || clattn__matrix_auto(ctx, p->seq_q, R, source)) {
+    /* Dropout is drawn in fused_direct alone (cl/attn_common.cl): every device runs it then. */
+    if (p->drop.on)
+        kernel = CLATTN_KERNEL_DIRECT;
+    if (!p->drop.on && (chosen || clattn__matrix_auto(ctx, p->seq_q, R, source))) {
         const int explicit_ = source >= CLATTN_SOURCE_ENVIRONMENT;
         const int emulate = ctx->matrix_mode == CLATTN_MATRIX_EMULATE;
         if (!emulate && (ctx->matrix_mode == CLATTN_MATRIX_OFF || !ctx->matrix_backend)) {
@@ -249,5 +253,9 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
                 return st;
         }
     }
+    if (p->drop.on)
+        return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                            "desc->dropout_p: the dropout kernel's partial results do not fit the device's "
+                            "max allocation (%llu bytes)", (unsigned long long)ctx->dev.max_alloc);
     return clattn__fused_run_tiled(ctx, p, &pp, source, num_wait, wait, done);
 }

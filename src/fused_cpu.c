@@ -64,7 +64,7 @@ clattn_status clattn__fused_run_direct(clattn_context *ctx, const clattn_problem
      * prefill). An explicit RM (the tuner's) keeps fused_direct, in blocks of at most 32 rows. */
     int rm0 = in_place && !decode ? 0 : decode ? pp->decode.RM : pp->fused.RM, lanes = 0;
     if (in_place && rm0 <= 0) {
-        if (R < LANES_MIN_ROWS || p->kv.on) { /* fused_lanes reads plain K and V only */
+        if (R < LANES_MIN_ROWS || p->kv.on || p->drop.on) { /* fused_lanes reads plain K and V only, draws no dropout */
             rm0 = R < KV_ROWS ? R : KV_ROWS;
         } else {
             lanes = clattn__ceil_div_int(clattn__ceil_div_int(R, clattn__ceil_div_int(R, LANES_ROWS)), 16);
@@ -130,11 +130,12 @@ clattn_status clattn__fused_run_direct(clattn_context *ctx, const clattn_problem
     char opts[400];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DWGX=1 -DWGY=1 "
-             "-DRM=%d -DNS=%d -DVW=16 -DNV=1 -DDP=%d -DDV16=%d -DEXP2_POLY=1 -DIN_PLACE=%d -DKV_FULL=%d%s%s%s"
+             "-DRM=%d -DNS=%d -DVW=16 -DNV=1 -DDP=%d -DDV16=%d -DEXP2_POLY=1 -DIN_PLACE=%d -DKV_FULL=%d%s%s%s%s"
              " -DKSEL=1 -DK_%s=1%s",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype,
              p->has_mask ? (int)p->mask.dtype : 0, rm, ns, dp, dv16, in_place, kv_full,
-             dp16, lanes_opt, mf.on ? " -DMFLAGS=1" : "", lanes ? "fused_lanes" : "fused_direct",
+             dp16, lanes_opt, mf.on ? " -DMFLAGS=1" : "", p->drop.on ? " -DDROPOUT=1" : "",
+             lanes ? "fused_lanes" : "fused_direct",
              in_place ? "" : " -DK_pack_v=1");
     cl_kernel kpack = NULL, kdirect;
     clattn_status st;

@@ -338,6 +338,15 @@ int clattn__kvlen_overlaps(cl_mem kvlen, int64_t batch, const clattn_tensor *t);
 #define CLATTN_V_SCORE_MOD 16u
 #define CLATTN_V_MASK_MOD 32u
 #define CLATTN_V_OFFSET 64u /* q_offset - k_offset != 0: delta moves every row's diagonal position */
+/* Dropout (desc->dropout_p > 0; src/backward.c): the kernels' DROP_ARGS (cl/attn_common.cl). */
+typedef struct clattn_dropout {
+    int on;
+    cl_uint k0, k1, off, thr; /* Philox key (the seed), counter word 3, threshold of the 16-bit halves */
+    float scale;              /* 1 / (1 - p) */
+    cl_uint roff, coff;       /* q_offset and k_offset mod 2^32 */
+    int hq;
+} clattn_dropout;
+
 typedef struct clattn_variant {
     unsigned bits;
     int left, right, chunk, delta, korg; /* korg: k_offset mod chunk, the keys' chunk origin */
@@ -373,6 +382,7 @@ typedef struct clattn_problem {
     cl_mem kv_lengths;
     clattn_variant var;
     clattn_kvstore kv;
+    clattn_dropout drop;
 } clattn_problem;
 /* validate.c: m is a readable buffer of this context holding at least count int32 values. */
 clattn_status clattn__check_ints(clattn_context *ctx, cl_mem m, const char *name, uint64_t count);
@@ -424,6 +434,10 @@ clattn_status clattn__run_scores_variant(clattn_context *ctx, const clattn_probl
                                          cl_event *done);
 /* Appends the kernels' VARIANT_ARGS (attn_common.cl) when p has variants. */
 void clattn__variant_args(clattn_args *a, const clattn_problem *p);
+/* backward.c: checks desc's dropout fields into p->drop (after the sizes); appends DROP_ARGS
+ * (attn_common.cl) when p->drop.on. */
+clattn_status clattn__check_dropout(clattn_context *ctx, const clattn_attention_desc *desc, clattn_problem *p);
+void clattn__dropout_args(clattn_args *a, const clattn_problem *p);
 /* Appends the fused kernels' KVC_ARGS (cl/kv_access.cl) when p->kv.on. */
 void clattn__kv_args(clattn_args *a, const clattn_problem *p);
 clattn_status clattn__enqueue(clattn_context *ctx, clattn_args *a, cl_uint dims, const size_t *global,

@@ -74,6 +74,7 @@ static const struct {
     {"decode_lanes.cl", {"common.cl", "kv_access.cl", "attn_common.cl"}},
     {"fused_mma.cl", {"common.cl", "kv_access.cl", "attn_common.cl", "mma_layout.cl", "mma.cl"}},
     {"kv_append.cl", {"common.cl", "kv_access.cl"}},
+    {"backward.cl", {"common.cl", "kv_access.cl", "attn_common.cl"}},
 };
 static const char *const default_parts[MAX_SHARED] = {"common.cl"};
 

@@ -532,6 +532,8 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
     }
     if ((st = clattn__check_variants(ctx, desc, need_v ? out : NULL, p)))
         return st;
+    if (need_v && (st = clattn__check_dropout(ctx, desc, p)))
+        return st;
     /* After the outputs' views are checked: the overlap test reads their shapes and strides. */
     if (need_v && desc->kv_lengths &&
         (clattn__kvlen_overlaps(desc->kv_lengths, p->batch, out) ||
