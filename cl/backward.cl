@@ -145,6 +145,156 @@ inline float16 bwd_logits16(float16 s, int kt, int rend, const vrow *r, const vp
     return s;
 }
 
+/* One row of bwd_main's block: its q and dout rows (bwd_pre's f32 copies), its dQ partial, LSE,
+ * D, variant context, end of keys and mask row, and its dropout coordinates. */
+typedef struct bwd_row {
+    __global const float *q, *go;
+    __global float *qa;
+    float lse, dr;
+    vrow vr;
+    int rend;
+    ulong mrow;
+    uint r, bh;
+} bwd_row;
+
+#if DROPOUT
+#define DROP_P (&dp)
+#define DROP_PARAM , const dparams *dp
+#else
+#define DROP_P 0
+#define DROP_PARAM , int no_dropout_
+#endif
+
+/* The block of keys kt .. kt+15 (K transposed in ktr and as rows in kr, V transposed in vtr)
+ * against NR (1 or 2, a constant after inlining) rows ar: their P, dP and dS, then dV += P∘z ·
+ * dout and dK += dS·q into the block's dvt and dkt, and dQ += dS·K into the rows' partials. Two
+ * rows share every load of the block's vectors and of its accumulators. */
+__attribute__((always_inline)) inline void bwd_rows(const int NR, const bwd_row *restrict ar, int kt, const float16 *restrict ktr,
+                     const float16 *restrict vtr, float16 *restrict dkt, float16 *restrict dvt,
+                     float16 (*restrict kr)[DK16], float scale, const vparams *vp, int has_mask,
+                     __global const T_MASK *mask DROP_PARAM)
+{
+    /* The rows' pointers in locals: read through ar inside the loops, they would be read again
+     * at every store to the block's private accumulators (which might alias ar). */
+    __global const float *const q0p = ar[0].q, *const q1p = ar[NR - 1].q;
+    __global const float *const g0p = ar[0].go, *const g1p = ar[NR - 1].go;
+#define QP(t) ((t) ? q1p : q0p)
+#define GP(t) ((t) ? g1p : g0p)
+    float16 s0[2], s1[2], g0[2], g1[2];
+#pragma unroll
+    for (int t = 0; t < NR; t++)
+        s0[t] = s1[t] = g0[t] = g1[t] = (float16)(0.0f);
+    /* two chains a row, so that two rows keep four multiply-adds in flight */
+    for (int d = 0; d < DPK; d += 2) {
+        const float16 k0 = ktr[d], k1 = ktr[d + 1];
+#pragma unroll
+        for (int t = 0; t < NR; t++) {
+            s0[t] = MAD((float16)(QP(t)[d]), k0, s0[t]);
+            s1[t] = MAD((float16)(QP(t)[d + 1]), k1, s1[t]);
+        }
+    }
+    for (int c = 0; c < DPV; c += 2) {
+        const float16 v0 = vtr[c], v1 = vtr[c + 1];
+#pragma unroll
+        for (int t = 0; t < NR; t++) {
+            g0[t] = MAD((float16)(GP(t)[c]), v0, g0[t]);
+            g1[t] = MAD((float16)(GP(t)[c + 1]), v1, g1[t]);
+        }
+    }
+    float16 pz[2], ds[2];
+    int16 hid[2];
+    int some = 0;
+#pragma unroll
+    for (int t = 0; t < NR; t++) {
+        float16 sc;
+        const float16 x = bwd_logits16((s0[t] + s1[t]) * scale, kt, ar[t].rend, &ar[t].vr, vp, has_mask, mask,
+                                       ar[t].mrow, &sc, &hid[t]);
+        const float16 p = select(exp2p16((x - (float16)(ar[t].lse)) * LOG2E), (float16)(0.0f), hid[t]);
+        const float16 dpv = g0[t] + g1[t];
+#if DROPOUT
+        const float16 zm = drop_any16((uint)kt + dp->coff, ar[t].r, ar[t].bh, dp);
+        pz[t] = p * zm;
+        float16 d_s = p * (dpv * zm - (float16)(ar[t].dr));
+#else
+        pz[t] = p;
+        float16 d_s = p * (dpv - (float16)(ar[t].dr));
+#endif
+#if VARIANTS & V_SOFTCAP
+        const float16 u = sc * (float16)(1.0f / vp->cap);
+        d_s *= (float16)(1.0f) - u * u;
+#endif
+        ds[t] = select(d_s * scale, (float16)(0.0f), hid[t]);
+        some |= any(hid[t]);
+    }
+    union {
+        float16 v;
+        float f[16];
+    } dsu[2];
+#pragma unroll
+    for (int t = 0; t < NR; t++)
+        dsu[t].v = ds[t];
+    float16 dq[2][DK16];
+#pragma unroll
+    for (int t = 0; t < NR; t++)
+#pragma unroll
+        for (int c = 0; c < DK16; c++)
+            dq[t][c] = (float16)(0.0f);
+    if (!some) {
+        for (int c = 0; c < DPV; c++) {
+            float16 acc = dvt[c];
+#pragma unroll
+            for (int t = 0; t < NR; t++)
+                acc = MAD((float16)(GP(t)[c]), pz[t], acc);
+            dvt[c] = acc;
+        }
+        for (int d = 0; d < DPK; d++) {
+            float16 acc = dkt[d];
+#pragma unroll
+            for (int t = 0; t < NR; t++)
+                acc = MAD((float16)(QP(t)[d]), ds[t], acc);
+            dkt[d] = acc;
+        }
+        for (int n = 0; n < 16; n++) {
+#pragma unroll
+            for (int c = 0; c < DK16; c++) {
+                const float16 kv = kr[n][c];
+#pragma unroll
+                for (int t = 0; t < NR; t++)
+                    dq[t][c] = MAD((float16)(dsu[t].f[n]), kv, dq[t][c]);
+            }
+        }
+    } else {
+        /* Hidden keys take nothing from a row: no 0·x, which NaN/Inf in the row's q or dout, or
+         * in the key's K, would turn into NaN. */
+#pragma unroll
+        for (int t = 0; t < NR; t++) {
+            for (int c = 0; c < DPV; c++)
+                dvt[c] += select((float16)(GP(t)[c]) * pz[t], (float16)(0.0f), hid[t]);
+            for (int d = 0; d < DPK; d++)
+                dkt[d] += select((float16)(QP(t)[d]) * ds[t], (float16)(0.0f), hid[t]);
+            union {
+                int16 v;
+                int i[16];
+            } hu = {hid[t]};
+            for (int n = 0; n < 16; n++) {
+                if (hu.i[n])
+                    continue;
+                const float16 a = (float16)(dsu[t].f[n]);
+#pragma unroll
+                for (int c = 0; c < DK16; c++)
+                    dq[t][c] = MAD(a, kr[n][c], dq[t][c]);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NR; t++)
+#pragma unroll
+        for (int c = 0; c < DK16; c++)
+            vstore16(vload16(c, ar[t].qa) + dq[t][c], c, ar[t].qa);
+#undef QP
+#undef GP
+}
+
 /* bwd_main: one work-item per (kv head z = b·heads_kv + hk, key range g of G): x = z·G + g. Qf, Gf, Dr: bwd_pre's rows; Qacc: the f32 dQ partials [G][batch·heads_q·seq_q][DPK],
  * zeroed here for the work-item's rows first. */
 #if !KSEL || K_bwd_main
@@ -209,99 +359,38 @@ bwd_main(__global const T_IN *K, ulong k_off, ulong k_sb, ulong k_sh, ulong k_ss
                 vtr.f[c * 16 + n] = key < L && c < DV ? LD_IN(vq, c) : 0.0f;
         }
         if (kt < L) {
+            /* The rows that see some key of the block, two at a time (bwd_rows). */
+            bwd_row ar[2];
+            int na = 0;
 #pragma unroll 1
-            for (int rr = 0; rr < nrows; rr++) {
-                const int hq = hq0 + rr / seq_q, i = rr % seq_q;
-                vrow vr;
-                const int rend = row_span(causal, i, seq_q, L, b, hq, &vp, &vr);
-                if (rend <= kt || vr.beg >= kt + 16)
-                    continue;
-                const float lse = LSE[l_off + (ulong)b * l_sb + (ulong)hq * l_sh + (ulong)i * l_ss];
-                if (lse == NEG_INF)
-                    continue; /* no visible key (or only -inf logits): no gradient */
-                const ulong row = rows_all + (ulong)rr;
-                __global const float *q = Qf + row * DPK, *go = Gf + row * DPV;
-                /* four chains of multiply-adds, not one waiting on each */
-                float16 s0 = (float16)(0.0f), s1 = s0, s2 = s0, s3 = s0;
-                for (int d = 0; d < DPK; d += 4) {
-                    s0 = MAD((float16)(q[d]), ktr.v[d], s0);
-                    s1 = MAD((float16)(q[d + 1]), ktr.v[d + 1], s1);
-                    s2 = MAD((float16)(q[d + 2]), ktr.v[d + 2], s2);
-                    s3 = MAD((float16)(q[d + 3]), ktr.v[d + 3], s3);
-                }
-                const float16 s = (s0 + s1) + (s2 + s3);
-                float16 sc;
-                int16 hid;
-                const ulong mrow = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)i * m_ss;
-                const float16 x = bwd_logits16(s * scale, kt, rend, &vr, &vp, has_mask, mask, mrow, &sc, &hid);
-                const float16 p = select(exp2p16((x - (float16)(lse)) * LOG2E), (float16)(0.0f), hid);
-                float16 p0 = (float16)(0.0f), p1 = p0, p2 = p0, p3 = p0;
-                for (int c = 0; c < DPV; c += 4) {
-                    p0 = MAD((float16)(go[c]), vtr.v[c], p0);
-                    p1 = MAD((float16)(go[c + 1]), vtr.v[c + 1], p1);
-                    p2 = MAD((float16)(go[c + 2]), vtr.v[c + 2], p2);
-                    p3 = MAD((float16)(go[c + 3]), vtr.v[c + 3], p3);
-                }
-                const float16 dpv = (p0 + p1) + (p2 + p3);
+            for (int rr = 0; rr <= nrows; rr++) {
+                if (rr < nrows) {
+                    const int hq = hq0 + rr / seq_q, i = rr % seq_q;
+                    bwd_row *a = &ar[na];
+                    a->rend = row_span(causal, i, seq_q, L, b, hq, &vp, &a->vr);
+                    if (a->rend <= kt || a->vr.beg >= kt + 16)
+                        continue;
+                    a->lse = LSE[l_off + (ulong)b * l_sb + (ulong)hq * l_sh + (ulong)i * l_ss];
+                    if (a->lse == NEG_INF)
+                        continue; /* no visible key (or only -inf logits): no gradient */
+                    const ulong row = rows_all + (ulong)rr;
+                    a->q = Qf + row * DPK;
+                    a->go = Gf + row * DPV;
+                    a->qa = qacc + (ulong)rr * DPK;
+                    a->dr = Dr[row];
+                    a->mrow = m_off + (ulong)b * m_sb + (ulong)hq * m_sh + (ulong)i * m_ss;
 #if DROPOUT
-                const float16 zm = drop_any16((uint)kt + dp.coff, (uint)(i + (L - seq_q)) + dp.roff,
-                                              (uint)(b * dp.hq + hq), &dp);
-                const float16 pz = p * zm;
-                float16 ds = p * (dpv * zm - (float16)(Dr[row]));
-#else
-                const float16 pz = p;
-                float16 ds = p * (dpv - (float16)(Dr[row]));
+                    a->r = (uint)(i + (L - seq_q)) + dp.roff;
+                    a->bh = (uint)(b * dp.hq + hq);
 #endif
-#if VARIANTS & V_SOFTCAP
-                {
-                    const float16 t = sc * (float16)(1.0f / vp.cap);
-                    ds *= (float16)(1.0f) - t * t;
+                    if (++na < 2)
+                        continue;
                 }
-#endif
-                ds = select(ds * scale, (float16)(0.0f), hid);
-                union {
-                    float16 v;
-                    float f[16];
-                } dsu = {ds};
-                float16 dq[DK16];
-#pragma unroll
-                for (int c = 0; c < DK16; c++)
-                    dq[c] = (float16)(0.0f);
-                if (!any(hid)) {
-                    for (int c = 0; c < DPV; c++)
-                        dvt.v[c] = MAD((float16)(go[c]), pz, dvt.v[c]);
-                    for (int d = 0; d < DPK; d++)
-                        dkt.v[d] = MAD((float16)(q[d]), ds, dkt.v[d]);
-                    for (int n = 0; n < 16; n++) {
-                        const float16 a = (float16)(dsu.f[n]);
-#pragma unroll
-                        for (int c = 0; c < DK16; c++)
-                            dq[c] = MAD(a, kr[n][c], dq[c]);
-                    }
-                } else {
-                    /* Hidden keys take nothing from this row: no 0·x, which NaN/Inf in the row's
-                     * q or dout, or in the key's K, would turn into NaN. */
-                    for (int c = 0; c < DPV; c++)
-                        dvt.v[c] += select((float16)(go[c]) * pz, (float16)(0.0f), hid);
-                    for (int d = 0; d < DPK; d++)
-                        dkt.v[d] += select((float16)(q[d]) * ds, (float16)(0.0f), hid);
-                    union {
-                        int16 v;
-                        int i[16];
-                    } hu = {hid};
-                    for (int n = 0; n < 16; n++) {
-                        if (hu.i[n])
-                            continue;
-                        const float16 a = (float16)(dsu.f[n]);
-#pragma unroll
-                        for (int c = 0; c < DK16; c++)
-                            dq[c] = MAD(a, kr[n][c], dq[c]);
-                    }
-                }
-                __global float *qa = qacc + (ulong)rr * DPK;
-#pragma unroll
-                for (int c = 0; c < DK16; c++)
-                    vstore16(vload16(c, qa) + dq[c], c, qa);
+                if (na == 2)
+                    bwd_rows(2, ar, kt, ktr.v, vtr.v, dkt.v, dvt.v, kr, scale, &vp, has_mask, mask, DROP_P);
+                else if (na == 1)
+                    bwd_rows(1, ar, kt, ktr.v, vtr.v, dkt.v, dvt.v, kr, scale, &vp, has_mask, mask, DROP_P);
+                na = 0;
             }
         }
         /* The block's dK and dV rows (zero for keys no row sees). */

@@ -388,18 +388,19 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
                 o[i][c] *= keep;
             l[i] = lnew;
         }
+#if DROPOUT
+        /* Dropout on the weights of P·V only (l, m and the LSE keep every key), with the
+         * normalisation in the same pass: hidden keys stay -0, and skipped. */
+#pragma unroll 1
+        for (int i = 0; i < RM; i++) {
+            const int row = min(r0 + i, R - 1);
+            drop_row(sb[i].v, nv, kt, row % seq_q, w.sq, L, b, hk * group + row / seq_q, inv[i], &dp);
+        }
+#else
         for (int v = 0; v < nv; v++) {
             ROWS_LOOP
             for (int i = 0; i < RM; i++)
                 sb[i].v[v] *= inv[i];
-        }
-#if DROPOUT
-        /* Dropout on the normalised p of P·V only (l, m and the LSE keep every key): hidden keys
-         * stay -0, and skipped. */
-#pragma unroll 1
-        for (int i = 0; i < RM; i++) {
-            const int row = min(r0 + i, R - 1);
-            drop_row(sb[i].v, nv, kt, row % seq_q, w.sq, L, b, hk * group + row / seq_q, &dp);
         }
 #endif
 

@@ -187,10 +187,11 @@ if [ "$fuzz_seconds" != 0 ]; then
   # every input: a reader that leaks what it allocated for a rejected file fails the run. The
   # harnesses that run kernels keep leak checks off (PoCL's threads crash the tracer, above).
   leak_checked=" cache tuning "
-  for exe in "$ci"/fuzz/tests/fuzz/fuzz_*; do
-    [ -f "$exe" ] && [ -x "$exe" ] || continue
-    name=${exe##*/fuzz_}
-    leaks=0
+  # The harnesses run a process per core at a time (each for its full time: the step takes
+  # ceil(harnesses / cores) minutes rather than one a harness), a failure reported after the others
+  # of its round end.
+  fuzz_one() {
+    local exe=$1 name=${1##*/fuzz_} leaks=0
     [[ "$leak_checked" == *" $name "* ]] && leaks=1
     mkdir -p "$ci/fuzz/corpus/$name" "tests/fuzz/corpus/$name"
     if ! CLATTN_CACHE_DIR="$cache" ASAN_OPTIONS="detect_leaks=$leaks:$asan_common" \
@@ -200,11 +201,24 @@ if [ "$fuzz_seconds" != 0 ]; then
          "$ci/fuzz/corpus/$name" "tests/fuzz/corpus/$name" >"$ci/fuzz/fuzz-$name.log" 2>&1; then
       tail -n 60 "$ci/fuzz/fuzz-$name.log"
       echo "fuzz_$name found a problem; the input is in $ci/fuzz/artifacts/ (rerun: $exe <file>)"
-      exit 1
+      return 1
     fi
     echo "   fuzz_$name: $(grep -o 'number_of_executed_units: [0-9]*' "$ci/fuzz/fuzz-$name.log" | \
       grep -o '[0-9]*') inputs, no problem$([ $leaks = 1 ] && echo ", no leak")"
+  }
+  fuzz_failed=0
+  pids=()
+  for exe in "$ci"/fuzz/tests/fuzz/fuzz_*; do
+    [ -f "$exe" ] && [ -x "$exe" ] || continue
+    fuzz_one "$exe" &
+    pids+=($!)
+    if [ "${#pids[@]}" -ge "$jobs" ]; then
+      for pid in "${pids[@]}"; do wait "$pid" || fuzz_failed=1; done
+      pids=()
+    fi
   done
+  for pid in "${pids[@]}"; do wait "$pid" || fuzz_failed=1; done
+  [ "$fuzz_failed" = 0 ] || exit 1
   step_done
 else
   step_skipped "libFuzzer harnesses (CLATTN_FUZZ_SECONDS=0)"
@@ -215,9 +229,11 @@ if [ "${CLATTN_INTEL_CPU:-1}" != 0 ]; then
   # held all the kernels of its file, and test_attention's 172 cases about 13 minutes cold; with
   # KSEL (cl/common.cl) this whole step took 68 s cold (2026-12-02). This step runs test_decode,
   # test_scores, test_softmax, test_bad_input, test_kvcache (the KV-cache decoders on another
-  # compiler) and test_positions whole and a sample of test_attention that still
-  # takes every kernel a CPU's defaults run (prefill and decode, f32/f16/bf16, masks, windows, key
-  # lengths, NaN rules, the unfused path), plus a 260 MB download. Left out when the run is
+  # compiler), test_positions and test_backward (whose dropout masks must equal the float64
+  # reference's bit for bit here too: the same masks on both implementations) whole, and a sample
+  # of test_attention that still takes every kernel a CPU's defaults run (prefill and decode,
+  # f32/f16/bf16, masks, windows, key lengths, NaN rules, the unfused path), plus a 260 MB
+  # download. Left out when the run is
   # already past 60 minutes, and its tests stopped (a failure) past 15, so that CI stays well
   # inside its time; skipped with a message where the runtime cannot be had.
   if [ $SECONDS -gt $((60 * 60)) ]; then
@@ -228,7 +244,7 @@ if [ "${CLATTN_INTEL_CPU:-1}" != 0 ]; then
     sample+=',decode_gqa8_sq4_rows32_hd256_f16,window_300x700_w100,window_lanes_*,window_decode_sq1_*'
     sample+=',f16_*,bf16_*,probs*,kvlen*,nan_*,underflow_nan_v,masked_row*,layout_*,long_64x16384'
     CLATTN_INTEL_BUILD="$ci/release" CLATTN_INTEL_TIMEOUT=900 CLATTN_TEST_FILTER_ATTENTION="$sample" \
-      ./scripts/intel-cpu-check.sh tests 'test_attention$|test_decode$|test_bad_input$|test_scores$|test_softmax$|test_kvcache$|test_positions$'
+      ./scripts/intel-cpu-check.sh tests 'test_attention$|test_decode$|test_bad_input$|test_scores$|test_softmax$|test_kvcache$|test_positions$|test_backward$'
   fi
   step_done
 else
