@@ -109,11 +109,11 @@ void ref_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t ou
 
 /*
  * The dropout multiplier of (batch b, query head h, global row r, global key c) by clattn.h's
- * rule: Philox-4x32-10 with key (seed & 0xffffffff, seed >> 32) and counter
- * (floor(c / 8), r, b·heads_q + h, offset), each word wrapped to 32 bits; key c takes the 16-bit
- * half c mod 8 of the four words (word (c mod 8) / 2, its low half for even c) and is kept iff
- * that half >= t = min(round(p·65536), 65535). Returns 1 / (1 - p) when kept, 0 when dropped;
- * p in [0, 1) (p 0: always 1). r and c may be negative (mathematical floor and mod).
+ * rule: with r and c as unsigned 32-bit words (mod 2^32), Philox-4x32-10 with key
+ * (seed & 0xffffffff, seed >> 32) and counter (16·floor(c / 128) + c mod 16, r, b·heads_q + h,
+ * offset); key c takes the 16-bit half floor(c / 16) mod 2 (0: low) of output word
+ * floor(c / 32) mod 4 and is kept iff that half >= t = min(round(p·65536), 65535). Returns
+ * 1 / (1 - p) when kept, 0 when dropped; p in [0, 1) (p 0: always 1).
  */
 double ref_dropout_z(unsigned long long seed, unsigned offset, double p, int b, int heads_q, int h,
                      long long r, long long c);

@@ -359,6 +359,16 @@ static void run_case(void **state)
     tu_failures = 0;
     const double o_eps = c->out_dt == F16 ? 0x1p-10 : c->out_dt == BF16 ? 0x1p-7 : 0.0;
     const double in_eps = c->dt == F16 ? 0x1p-10 : c->dt == BF16 ? 0x1p-7 : 0.0;
+    if (c->dropout > 0.0f) {
+        /* the forward's dropout: the reference draws z with ref_dropout_z, as the backward above */
+        double *got = tu_xdoubles(r.no), *want = tu_xdoubles(r.no);
+        float *oh = tu_xalloc(r.no * sizeof(float));
+        tu_read(ctx, r.ob, r.no * sizeof(float), oh);
+        for (size_t i = 0; i < r.no; i++)
+            got[i] = oh[i];
+        ref_attention(&r.ra, r.qd, r.kd, r.vd, want, NULL, NULL);
+        tu_check_close("forward out with dropout", got, want, r.no, 3e-5 * (max_abs(want, r.no) + 1.0), 2e-4);
+    }
     const double e = 2e-4 + 4.0 * (o_eps + in_eps);
     tu_check_close("dq", dq, wq, r.nq, e * (max_abs(wq, r.nq) + 1e-3), e);
     tu_check_close("dk", dk, wk, r.nk, e * (max_abs(wk, r.nk) + 1e-3), e);

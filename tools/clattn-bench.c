@@ -43,6 +43,23 @@
  *                       lengths, variants, --mla and KV-cache options are refused. --check compares
  *                       both outputs with float64 per sequence and prints their largest difference.
  *
+ * Training (clattn_attention_backward, dropout), on the fused op's problem (masks, key lengths,
+ * variants, --mla; K/V contiguous of --dtype: the backward takes no desc->kv):
+ *   --op backward       the training forward (fused, with the LSE), run once to give out and the
+ *                       LSE; then it (row "forward") and clattn_attention_backward on them with a
+ *                       generated dout (row "backward") timed in alternation, so that their ratio
+ *                       shares the machine's noise. Backward GFLOP/s counts 2.5 times the
+ *                       forward's FLOPs (FlashAttention's convention); its ratio is backward
+ *                       GFLOP/s / forward GFLOP/s. --check: dq, dk, dv (and dsinks) against
+ *                       ref_attention_backward, each as max |err| / max |ref| (the whole problem
+ *                       when cheap, else the query heads of a kv head: dK and dV need every row).
+ *   --dropout P         dropout_p for fused, backward and dropout (seed --dropout-seed, offset 0);
+ *                       --check applies ref_dropout_z's multipliers.
+ *   --op dropout        the fused forward without and with dropout (P: --dropout, default 0.1),
+ *                       timed in alternation (rows "fused" and "dropout"), ratio dropout ms /
+ *                       plain ms; --check: the dropout row against ref_attention.
+ * The training ops are not in --op all.
+ *
  * Method (see PERFORMANCE.md): each operation is enqueued and the queue drained with clFinish, with
  * a CLOCK_MONOTONIC wall clock around both, so every kernel an operation enqueues is timed (the
  * unfused path's three kernels, decode's split and merge), never one event. Warm-up runs (kernel
@@ -60,6 +77,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "clattn.h"
+#include "clattn_ref.h"
 #include "clattn_ref_kv.h"
 #include "storage.h"
 
@@ -88,7 +106,8 @@
 
 #define SEED 0x5eedc1a7701ULL
 /* Generator streams, one per input tensor, so Q, K, V and the softmax input differ. */
-enum { ID_Q = 1, ID_K = 2, ID_V = 3, ID_S = 4, ID_M = 5, ID_SINK = 6, ID_KS = 7, ID_VS = 8, ID_PAGE = 9 };
+/* ID_DO: the backward's dout. */
+enum { ID_Q = 1, ID_K = 2, ID_V = 3, ID_S = 4, ID_M = 5, ID_SINK = 6, ID_KS = 7, ID_VS = 8, ID_PAGE = 9, ID_DO = 10 };
 /* fp8 K and V: the per-tensor scales (x = scale·fp8) of --kv-type fp8_*; codes of magnitude at most
  * 4, so |K| <= 2 and |V| <= 1. */
 #define FP8_K_SCALE 0.5f
@@ -109,9 +128,22 @@ enum { MASK_NONE, MASK_BIAS, MASK_WINDOW };
 /* Rows checked per sampled head: evenly spaced, the first and the last included. */
 #define SAMPLE_ROWS 16
 
-enum op_id { OP_COPY, OP_PEAK, OP_SCORES, OP_SOFTMAX, OP_UNFUSED, OP_FUSED, OP_DECODE, OP_CLBLAST, OP_COUNT };
-static const char *const op_names[OP_COUNT] = {"copy",  "peak",  "scores", "softmax",
-                                               "unfused", "fused", "decode", "clblast"};
+enum op_id {
+    OP_COPY, OP_PEAK, OP_SCORES, OP_SOFTMAX, OP_UNFUSED, OP_FUSED, OP_DECODE, OP_CLBLAST,
+    OP_BACKWARD, OP_DROPOUT, /* training: named in --op, not part of all */
+    OP_COUNT
+};
+static const char *const op_names[OP_COUNT] = {"copy",  "peak",   "scores",  "softmax",  "unfused",
+                                               "fused", "decode", "clblast", "backward", "dropout"};
+/* --op all and the default: the inference ops and peers (a GPU script's time budget for --op all
+ * predates the training ops, which cost a backward and its float64 reference). */
+#define OPS_ALL (((1u << OP_COUNT) - 1) & ~((1u << OP_BACKWARD) | (1u << OP_DROPOUT)))
+
+/* Dropout (--dropout P, clattn_attention_desc.dropout_p): the seed without --dropout-seed, the
+ * offset (dropout_offset) of every call, and P for --op dropout without --dropout. */
+#define DROPOUT_SEED 0xd50b0e7c1a77e5edULL
+#define DROPOUT_OFFSET 0u
+#define DROPOUT_DEFAULT_P 0.1f
 
 typedef struct shape {
     long long b, hq, hkv, sq, skv, d, dv; /* softmax: b, hq = heads, sq = rows, skv = cols */
@@ -143,6 +175,9 @@ typedef struct shape {
     int bshd;
     /* --varlen rows (fused): 1 the packed call, 2 one call a sequence; 0 otherwise. */
     int varlen;
+    /* Dropout probability (fused, backward and dropout rows; seed bench.opt.dropout_seed, offset
+     * DROPOUT_OFFSET); off when 0. */
+    float dropout;
 } shape;
 
 /* --sinks: SINKS_RANDOM gives per-head logits uniform in [0, ln Skv) (a sink then weighs between
@@ -169,6 +204,8 @@ typedef struct options {
     int kt, vt;                           /* --kv-type; -1: --dtype's */
     long long page;                       /* --page; 0: contiguous */
     int hnd;                              /* --page-layout hnd */
+    float dropout;                        /* --dropout P; 0: none */
+    unsigned long long dropout_seed;      /* --dropout-seed; DROPOUT_SEED */
     int iters, warmup, csv, check;
 } options;
 
@@ -816,6 +853,16 @@ static double key_bytes(const shape *s)
     return n;
 }
 
+/* The dropout multiplier of key j for row p (its diagonal position, = the global row r: no
+ * offsets) of query head h of batch b: the float64 reference's generator (ref_dropout_z) with the
+ * p, seed and offset the calls are given; 1 without dropout. */
+static double dropout_z(const bench *bn, const shape *s, long long b, long long h, long long p, long long j)
+{
+    if (!(s->dropout > 0.0f))
+        return 1.0;
+    return ref_dropout_z(bn->opt.dropout_seed, DROPOUT_OFFSET, (double)s->dropout, (int)b, (int)s->hq, (int)h, p, j);
+}
+
 /* |got - want| measured on O(1) values: absolute up to magnitude 1, relative above it. Matching
  * infinities count as exact; NaN or a lone infinity is an infinite error. */
 static double elem_err(double got, double want, double norm)
@@ -901,20 +948,14 @@ static int mods_ready(bench *bn, size_t n)
     return 0;
 }
 
-/* Applies the mods to keys k0 .. k0 + n - 1 of one row: sc[k] is the logit after the softcap, the
- * mask and ALiBi (-inf: hidden already, left alone); afterwards score_mod's value, or -inf where
- * mask_mod hides the key. @return 0, or -1 when the evaluator is unavailable. */
-static int apply_mods(bench *bn, const shape *s, long long b, long long h, long long p, long long k0,
-                      long long n, double *sc)
+/* Evaluates the --score-mod / --mask-mod snippets on the device for keys k0 .. k0 + n - 1 of one
+ * row (n >= 1): x[k] = score_mod(x[k], b, h, p, k0 + k), vis[k] = mask_mod(b, h, p, k0 + k) != 0
+ * (each only where its snippet is given). @return 0, or -1 when the evaluator is unavailable. */
+static int mods_eval(bench *bn, long long b, long long h, long long p, long long k0, long long n, float *x,
+                     cl_int *vis)
 {
-    if (n <= 0)
-        return 0;
     if (mods_ready(bn, (size_t)n))
         return -1;
-    float *x = stage(bn, (size_t)n * (sizeof(float) + sizeof(cl_int)));
-    cl_int *vis = (cl_int *)(x + n);
-    for (long long k = 0; k < n; k++)
-        x[k] = (float)sc[k0 + k];
     const cl_int a[5] = {(cl_int)b, (cl_int)h, (cl_int)p, (cl_int)k0, (cl_int)n};
     check_cl(clSetKernelArg(bn->mods_kernel, 0, sizeof(cl_mem), &bn->mods_x), "clSetKernelArg");
     check_cl(clSetKernelArg(bn->mods_kernel, 1, sizeof(cl_mem), &bn->mods_vis), "clSetKernelArg");
@@ -927,12 +968,28 @@ static int apply_mods(bench *bn, const shape *s, long long b, long long h, long 
              "clEnqueueNDRangeKernel");
     check_cl(clEnqueueReadBuffer(bn->queue, bn->mods_x, CL_FALSE, 0, global * sizeof(float), x, 0, NULL, NULL),
              "clEnqueueReadBuffer");
-    if (s->mask_mod)
+    if (bn->opt.mask_mod)
         check_cl(clEnqueueReadBuffer(bn->queue, bn->mods_vis, CL_FALSE, 0, global * sizeof(cl_int), vis, 0,
                                      NULL, NULL),
                  "clEnqueueReadBuffer");
     check_cl(clFinish(bn->queue), "clFinish");
-    for (long long k = 0; k < n; k++) {
+    return 0;
+}
+
+/* Applies the mods to keys k0 .. k0 + n - 1 of one row: sc[k] is the logit after the softcap, the
+ * mask and ALiBi (-inf: hidden already, left alone); afterwards score_mod's value, or -inf where
+ * mask_mod hides the key. @return 0, or -1 when the evaluator is unavailable. */
+static int apply_mods(bench *bn, const shape *s, long long b, long long h, long long p, long long k0,
+                      long long n, double *sc)
+{
+    if (n <= 0)
+        return 0;
+    float *x = xmalloc_n((uint64_t)n, sizeof *x);
+    cl_int *vis = xmalloc_n((uint64_t)n, sizeof *vis);
+    for (long long k = 0; k < n; k++)
+        x[k] = (float)sc[k0 + k];
+    const int r = mods_eval(bn, b, h, p, k0, n, x, vis);
+    for (long long k = 0; k < n && !r; k++) {
         if (sc[k0 + k] == -INFINITY)
             continue;
         if (s->mask_mod && !vis[k])
@@ -940,7 +997,9 @@ static int apply_mods(bench *bn, const shape *s, long long b, long long h, long 
         else if (s->score_mod)
             sc[k0 + k] = (double)x[k];
     }
-    return 0;
+    free(x);
+    free(vis);
+    return r;
 }
 
 /* Host values of a run's per-head variant tensors, f32 as the device holds them (NULL: none). */
@@ -954,7 +1013,8 @@ typedef struct variant_data {
  * attention (out is [B][Hq][Sq][Dv]; a row with no visible key is 0) against float64 on the sampled
  * rows, with the variants of s in docs/variants.md's order: scale, softcap, the additive mask,
  * ALiBi, then score_mod; visibility from key lengths, causal, the window, the chunk, -inf in the
- * mask and mask_mod; sinks in the denominator only. Q, K, V and the mask are regenerated from
+ * mask and mask_mod; sinks in the denominator only; dropout's z (the reference's ref_dropout_z)
+ * on each visible key's weight in the numerator. Q, K, V and the mask are regenerated from
  * their streams in s's layout, K and V with s->hkv heads (V from K's first Dv dims with --mla).
  * @return the largest element error; NAN when a row could not be checked (the mods' evaluator did
  * not build: said once).
@@ -1047,9 +1107,10 @@ static double check_attention(bench *bn, const shape *s, cl_mem out, int scores,
                 if (sc[j] == -INFINITY)
                     continue;
                 const double w = exp(sc[j] - m);
-                l += w;
+                l += w; /* dropout leaves the denominator alone */
+                const double z = dropout_z(bn, s, b, h, p, j);
                 for (long long e = 0; e < Dv; e++)
-                    want[e] += w * vh[j * Dv + e];
+                    want[e] += w * z * vh[j * Dv + e];
             }
             for (long long e = 0; e < Dv && l > 0.0; e++)
                 want[e] /= l;
@@ -1232,7 +1293,7 @@ static const char *extent(long long v, char *buf, size_t size)
  * then the variants: win:L:R, chunk:C, softcap:c, sinks:rand or sinks:V, alibi:B, score_mod,
  * mask_mod, and mla (V a view of K); a KV row's storage, kv:T (kv:K/V where they differ), and
  * page:N:nhd or page:N:hnd, or bshd (contiguous in [B][Skv][Hkv][D] order); varlen:packed or
- * varlen:each (--varlen). No commas: the CSV writes the column as it is. */
+ * varlen:each (--varlen); drop:P (dropout). No commas: the CSV writes the column as it is. */
 static void mask_desc(const shape *s, char *buf, size_t size)
 {
     size_t n = 0;
@@ -1275,6 +1336,8 @@ static void mask_desc(const shape *s, char *buf, size_t size)
         desc_add(buf, size, &n, "bshd");
     if (s->varlen)
         desc_add(buf, size, &n, s->varlen == 1 ? "varlen:packed" : "varlen:each");
+    if (s->dropout > 0.0f)
+        desc_add(buf, size, &n, "drop:%g", (double)s->dropout);
     if (!n)
         snprintf(buf, size, "none");
 }
@@ -1318,7 +1381,7 @@ static void emit(bench *bn, const result *r)
         }
         putchar('\n');
         fflush(stdout);
-        const int described = masked(s) || has_variant(s) || s->kv || s->varlen;
+        const int described = masked(s) || has_variant(s) || s->kv || s->varlen || s->dropout > 0.0f;
         if (r->checked)
             fprintf(stderr, "check %s%s%s%s %s: max err %.3g, tolerance %.3g: %s\n", r->op,
                     s->causal ? " causal" : "", described ? " mask " : "", described ? mask : "",
@@ -1751,49 +1814,65 @@ static int make_variant_tensors(bench *bn, const char *op, const shape *s, cl_me
     return 0;
 }
 
-/* Runs scores, unfused, fused or decode on shape s into *out_r (ms_med NAN when skipped). The
- * caller adds the ratio against its peer and emits the line. A KV row (s->kv) stores K and V as
- * its types say, in pages with s->page. */
-static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
+/* An attention op's device buffers and call on one shape, made by attn_setup, freed by
+ * attn_free. Not moved once made: the job's descriptor points into it. */
+typedef struct attn_run {
+    attn_job j;
+    /* q, k, v, out, mask, key lengths, sinks, ALiBi slopes; a KV row's block table, K and V
+     * scales (i8) */
+    cl_mem m[11];
+    float *sinks, *slopes; /* host values of m[6] and m[7] (NULL: none) */
+    kv_pages pg;
+    uint64_t nq, no;       /* elements of q and out */
+} attn_run;
+
+static void attn_free(attn_run *a)
+{
+    release(a->m, 11);
+    free(a->sinks);
+    free(a->slopes);
+    kv_pages_free(&a->pg);
+    memset(a, 0, sizeof *a);
+}
+
+/* The buffers of scores, unfused, fused or decode on shape s, filled, and the call's descriptor
+ * and views (fused: with s's dropout). A KV row (s->kv) stores K and V as its types say, in pages
+ * with s->page. @return 0, or OP_SKIPPED (reason printed, nothing left allocated). */
+static int attn_setup(bench *bn, int kind, const shape *s, attn_run *a)
 {
     const size_t es = esize(s->dt);
     const int own_v = kind != OP_SCORES && !s->mla;
     const clattn_dtype kt = k_type(s), vt = v_type(s);
-    kv_pages pg;
-    kv_pages_make(bn, s, &pg);
-    const uint64_t rows = kv_store_rows(s, &pg);
+    memset(a, 0, sizeof *a);
+    kv_pages *pg = &a->pg;
+    kv_pages_make(bn, s, pg);
+    const uint64_t rows = kv_store_rows(s, pg);
     const uint64_t nq = (uint64_t)(s->b * s->hq * s->sq * s->d),
                    nk = (uint64_t)(s->b * s->hkv * s->skv * s->d),
                    nv = (uint64_t)(s->b * s->hkv * s->skv * s->dv),
                    no = (uint64_t)(s->b * s->hq * s->sq * (kind == OP_SCORES ? s->skv : s->dv));
     const char *name = op_names[kind];
-    /* q, k, v, out, mask, key lengths, sinks, ALiBi slopes; a KV row's block table, K and V
-     * scales (i8) */
-    cl_mem m[11] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-    float *sinks = NULL, *slopes = NULL;
-    *out_r = new_result(name, s);
-    out_r->ms_med = NAN;
+    cl_mem *m = a->m;
+    a->nq = nq;
+    a->no = no;
     if (!(m[0] = make_buffer(bn, name, nq * es)) || !(m[1] = make_buffer(bn, name, rows * row_bytes(kt, s->d))) ||
         (own_v && !(m[2] = make_buffer(bn, name, rows * row_bytes(vt, s->dv)))) ||
         !(m[3] = make_buffer(bn, name, no * es)) || make_masks(bn, name, s, &m[4], &m[5]) ||
-        make_variant_tensors(bn, name, s, &m[6], &sinks, &slopes) ||
-        (pg.page && !(m[8] = make_buffer(bn, name, (uint64_t)(s->b * pg.nb) * sizeof(cl_int)))) ||
+        make_variant_tensors(bn, name, s, &m[6], &a->sinks, &a->slopes) ||
+        (pg->page && !(m[8] = make_buffer(bn, name, (uint64_t)(s->b * pg->nb) * sizeof(cl_int)))) ||
         (kt == CLATTN_I8 && !(m[9] = make_buffer(bn, name, rows * sizeof(float)))) ||
         (own_v && vt == CLATTN_I8 && !(m[10] = make_buffer(bn, name, rows * sizeof(float))))) {
-        release(m, 11);
-        free(sinks);
-        free(slopes);
-        kv_pages_free(&pg);
-        return;
+        attn_free(a);
+        return OP_SKIPPED;
     }
     upload(bn, m[0], ID_Q, nq, s->dt);
     if (s->kv) {
-        upload_kv(bn, m[1], m[9], ID_K, kt, s->d, s, &pg);
+        upload_kv(bn, m[1], m[9], ID_K, kt, s->d, s, pg);
         if (m[2])
-            upload_kv(bn, m[2], m[10], ID_V, vt, s->dv, s, &pg);
+            upload_kv(bn, m[2], m[10], ID_V, vt, s->dv, s, pg);
         if (m[8])
-            check_cl(clEnqueueWriteBuffer(bn->queue, m[8], CL_TRUE, 0, (size_t)(s->b * pg.nb) * sizeof(cl_int),
-                                          pg.table, 0, NULL, NULL),
+            check_cl(clEnqueueWriteBuffer(bn->queue, m[8], CL_TRUE, 0, (size_t)(s->b * pg->nb) * sizeof(cl_int),
+                                          pg->table, 0, NULL, NULL),
                      "clEnqueueWriteBuffer");
     } else {
         upload(bn, m[1], ID_K, nk, s->dt);
@@ -1801,93 +1880,649 @@ static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
             upload(bn, m[2], ID_V, nv, s->dt);
     }
 
-    attn_job j;
-    memset(&j, 0, sizeof j);
-    j.kind = kind;
-    j.desc.batch = s->b;
-    j.desc.heads_q = s->hq;
-    j.desc.heads_kv = s->hkv;
-    j.desc.seq_q = s->sq;
-    j.desc.seq_kv = s->skv;
-    j.desc.head_dim = s->d;
-    j.desc.head_dim_v = s->dv;
-    j.desc.scale = s->scale; /* 0: 1/sqrt(head_dim) */
-    j.desc.causal = s->causal;
-    j.desc.kv_lengths = m[5];
-    j.desc.mask = mask_view(m[4], s, &j.mask);
-    j.desc.algorithm = kind == OP_UNFUSED ? CLATTN_ALGORITHM_UNFUSED
-                       : kind == OP_FUSED ? CLATTN_ALGORITHM_FUSED
-                                          : CLATTN_ALGORITHM_AUTO;
-    j.desc.window = s->window;
-    j.desc.window_left = s->window ? s->win_left : 0;
-    j.desc.window_right = s->window ? s->win_right : 0;
-    j.desc.chunk = s->chunk;
-    j.desc.softcap = s->softcap;
+    attn_job *j = &a->j;
+    j->kind = kind;
+    j->desc.batch = s->b;
+    j->desc.heads_q = s->hq;
+    j->desc.heads_kv = s->hkv;
+    j->desc.seq_q = s->sq;
+    j->desc.seq_kv = s->skv;
+    j->desc.head_dim = s->d;
+    j->desc.head_dim_v = s->dv;
+    j->desc.scale = s->scale; /* 0: 1/sqrt(head_dim) */
+    j->desc.causal = s->causal;
+    j->desc.kv_lengths = m[5];
+    j->desc.mask = mask_view(m[4], s, &j->mask);
+    j->desc.algorithm = kind == OP_UNFUSED ? CLATTN_ALGORITHM_UNFUSED
+                        : kind == OP_FUSED ? CLATTN_ALGORITHM_FUSED
+                                           : CLATTN_ALGORITHM_AUTO;
+    j->desc.window = s->window;
+    j->desc.window_left = s->window ? s->win_left : 0;
+    j->desc.window_right = s->window ? s->win_right : 0;
+    j->desc.chunk = s->chunk;
+    j->desc.softcap = s->softcap;
+    if (kind == OP_FUSED && s->dropout > 0.0f) { /* the fused path's alone (clattn.h) */
+        j->desc.dropout_p = s->dropout;
+        j->desc.dropout_seed = bn->opt.dropout_seed;
+        j->desc.dropout_offset = DROPOUT_OFFSET;
+    }
     if (m[6]) {
-        j.sinks = clattn_tensor_bhsd(m[6], CLATTN_F32, 1, s->hq, 1, 1);
-        j.desc.sinks = &j.sinks;
+        j->sinks = clattn_tensor_bhsd(m[6], CLATTN_F32, 1, s->hq, 1, 1);
+        j->desc.sinks = &j->sinks;
     }
     if (m[7]) {
-        j.slopes = clattn_tensor_bhsd(m[7], CLATTN_F32, 1, s->hq, 1, 1);
-        j.desc.alibi_slopes = &j.slopes;
+        j->slopes = clattn_tensor_bhsd(m[7], CLATTN_F32, 1, s->hq, 1, 1);
+        j->desc.alibi_slopes = &j->slopes;
     }
-    j.desc.score_mod = score_mod_src(bn, s);
-    j.desc.mask_mod = mask_mod_src(bn, s);
-    j.q = clattn_tensor_bhsd(m[0], s->dt, s->b, s->hq, s->sq, s->d);
-    j.k = kv_view(s, &pg, m[1], kt, s->d);
+    j->desc.score_mod = score_mod_src(bn, s);
+    j->desc.mask_mod = mask_mod_src(bn, s);
+    j->q = clattn_tensor_bhsd(m[0], s->dt, s->b, s->hq, s->sq, s->d);
+    j->k = kv_view(s, pg, m[1], kt, s->d);
     if (m[2]) {
-        j.v = kv_view(s, &pg, m[2], vt, s->dv);
+        j->v = kv_view(s, pg, m[2], vt, s->dv);
     } else if (kind != OP_SCORES) { /* --mla: K's view with the first Dv of each row */
-        j.v = j.k;
-        j.v.shape[3] = s->dv;
+        j->v = j->k;
+        j->v.shape[3] = s->dv;
     }
     if (s->kv) {
-        j.kv.page_size = pg.page;
-        j.kv.block_table = m[8];
-        j.kv.block_table_stride = pg.page ? pg.nb : 0;
+        j->kv.page_size = pg->page;
+        j->kv.block_table = m[8];
+        j->kv.block_table_stride = pg->page ? pg->nb : 0;
         if (m[9]) {
-            j.ks = kv_view(s, &pg, m[9], CLATTN_F32, 1);
-            j.kv.k_scales = &j.ks;
+            j->ks = kv_view(s, pg, m[9], CLATTN_F32, 1);
+            j->kv.k_scales = &j->ks;
         }
         if (m[10]) {
-            j.vs = kv_view(s, &pg, m[10], CLATTN_F32, 1);
-            j.kv.v_scales = &j.vs;
+            j->vs = kv_view(s, pg, m[10], CLATTN_F32, 1);
+            j->kv.v_scales = &j->vs;
         } else if (m[9] && s->mla) { /* V is K's view: its scales too */
-            j.kv.v_scales = &j.ks;
+            j->kv.v_scales = &j->ks;
         }
-        j.kv.k_scale = is_fp8(kt) ? FP8_K_SCALE : 0.0f;
-        j.kv.v_scale = is_fp8(vt) ? (s->mla ? FP8_K_SCALE : FP8_V_SCALE) : 0.0f;
-        j.desc.kv = &j.kv;
+        j->kv.k_scale = is_fp8(kt) ? FP8_K_SCALE : 0.0f;
+        j->kv.v_scale = is_fp8(vt) ? (s->mla ? FP8_K_SCALE : FP8_V_SCALE) : 0.0f;
+        j->desc.kv = &j->kv;
     }
-    j.o = clattn_tensor_bhsd(m[3], s->dt, s->b, s->hq, s->sq, kind == OP_SCORES ? s->skv : s->dv);
+    j->o = clattn_tensor_bhsd(m[3], s->dt, s->b, s->hq, s->sq, kind == OP_SCORES ? s->skv : s->dv);
+    return 0;
+}
 
+/* Attention's floating-point operations on shape s: 2·Hq·pairs·(D + Dv), pairs the visible
+ * (query, key) pairs of the batch (visible_pairs). */
+static double attn_flops(const bench *bn, const shape *s)
+{
+    return 2.0 * s->hq * visible_pairs(bn, s) * (double)(s->d + s->dv);
+}
+
+/* The rates of attention kind `kind` on shape s run in r->ms_med (a, its buffers). */
+static void attn_rates(bench *bn, int kind, const shape *s, const attn_run *a, result *r)
+{
+    const size_t es = esize(s->dt);
+    if (kind == OP_SCORES) {
+        r->gflops = 2.0 * s->b * s->hq * (double)s->sq * (double)s->skv * s->d / (r->ms_med * 1e6);
+        r->gbps = (double)(a->no * es) / (r->ms_med * 1e6);
+        return;
+    }
+    r->gflops = attn_flops(bn, s) / (r->ms_med * 1e6);
+    r->kv_gbps = kv_bytes(bn, s) / (r->ms_med * 1e6);
+    if (kind == OP_DECODE)
+        r->gbps = ((double)((a->nq + a->no) * es) + kv_bytes(bn, s) +
+                   (a->m[4] ? (double)(s->sq * s->skv) * (double)esize(mask_dtype(s)) : 0.0)) /
+                  (r->ms_med * 1e6);
+}
+
+/* Runs scores, unfused, fused or decode on shape s into *out_r (ms_med NAN when skipped). The
+ * caller adds the ratio against its peer and emits the line. A KV row (s->kv) stores K and V as
+ * its types say, in pages with s->page. */
+static void run_attn(bench *bn, int kind, const shape *s, result *out_r)
+{
+    attn_run a;
+    *out_r = new_result(op_names[kind], s);
+    out_r->ms_med = NAN;
+    if (attn_setup(bn, kind, s, &a))
+        return;
     result *r = out_r;
-    if (measure(bn, enqueue_attn, &j, &r->ms_med, &r->ms_min) == 0) {
+    if (measure(bn, enqueue_attn, &a.j, &r->ms_med, &r->ms_min) == 0) {
         note_attn_params(bn, kind, s);
-        if (kind == OP_SCORES) {
-            r->gflops = 2.0 * s->b * s->hq * (double)s->sq * (double)s->skv * s->d / (r->ms_med * 1e6);
-            r->gbps = (double)(no * es) / (r->ms_med * 1e6);
-        } else {
-            r->gflops = 2.0 * s->hq * visible_pairs(bn, s) * (double)(s->d + s->dv) / (r->ms_med * 1e6);
-            r->kv_gbps = kv_bytes(bn, s) / (r->ms_med * 1e6);
-            if (kind == OP_DECODE)
-                r->gbps = ((double)((nq + no) * es) + kv_bytes(bn, s) +
-                           (m[4] ? (double)(s->sq * s->skv) * (double)esize(mask_dtype(s)) : 0.0)) /
-                          (r->ms_med * 1e6);
-        }
+        attn_rates(bn, kind, s, &a, r);
         if (bn->opt.check) {
-            const variant_data vd = {sinks, slopes};
+            const variant_data vd = {a.sinks, a.slopes};
             r->tol = tolerance(s->dt);
-            r->err = check_attention(bn, s, m[3], kind == OP_SCORES, &vd);
+            r->err = check_attention(bn, s, a.m[3], kind == OP_SCORES, &vd);
             r->checked = !isnan(r->err);
         }
     } else {
         r->ms_med = NAN;
     }
-    release(m, 11);
-    free(sinks);
-    free(slopes);
-    kv_pages_free(&pg);
+    attn_free(&a);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Training: --op backward (clattn_attention_backward) and --op dropout, checked against the
+ * float64 reference's ref_attention_backward and ref_attention (ref/clattn_ref.h)             */
+
+/* A reference problem costing more multiply-adds than this (B·Hq·Sq·Skv·(D + Dv)) is checked on
+ * one or two groups of query heads instead of whole: dK and dV need every row of a kv head, so
+ * the backward cannot sample rows as the forward's check does. */
+#define REF_WHOLE_COST (4.0 * FULL_CHECK_COST)
+
+/*
+ * A problem of the float64 reference (ref_attn over contiguous double arrays) that stands for
+ * shape s: the whole problem (b < 0), or the query heads of kv head kvh of batch b (batch 1,
+ * heads_q = the group, heads_kv 1), whose rows lie together in every device tensor: q, out, dout
+ * and dq from query row qrow0 ((b·Hq + h)·Sq + i), k, v, dk and dv from key row kvrow0. Inputs are
+ * regenerated from their streams as stored in s's dtype (V from K's first Dv dims with --mla), the
+ * masks, key lengths and variants as the device has them. Dropout's counter holds b·heads_q + h,
+ * which a group reproduces only as batch 0's kv head 0 (ref_groups picks no other with dropout).
+ */
+typedef struct ref_prob {
+    ref_attn a;
+    long long b, kvh;          /* the group; b < 0: the whole problem */
+    long long nb, nh;          /* batches and query heads it holds */
+    uint64_t qrow0, kvrow0;
+    size_t nq, nk, nv, no;     /* elements of q (= dq), k, v, out (= dout) */
+    double *q, *k, *v, *dout, *mask, *sinks, *alibi;
+    int *kv_len;
+    unsigned char *vis;        /* mask_mod's answers [nb][nh][Sq][Skv]; NULL: none */
+    const bench *bn;
+    const shape *s;
+} ref_prob;
+
+/* The reference's mask_mod: the device's answers, evaluated beforehand (ref_prob_make). q is the
+ * row's diagonal position p = i + L - Sq. */
+static int ref_vis(int b, int h, long long q, int k, void *user)
+{
+    const ref_prob *rp = user;
+    const shape *s = rp->s;
+    const long long bg = rp->b < 0 ? b : rp->b, i = q - batch_keys(rp->bn, s, bg) + s->sq;
+    return rp->vis[(((size_t)b * (size_t)rp->nh + (size_t)h) * (size_t)s->sq + (size_t)i) * (size_t)s->skv +
+                   (size_t)k];
+}
+
+static void ref_prob_free(ref_prob *rp)
+{
+    free(rp->q);
+    free(rp->k);
+    free(rp->v);
+    free(rp->dout);
+    free(rp->mask);
+    free(rp->sinks);
+    free(rp->alibi);
+    free(rp->kv_len);
+    free(rp->vis);
+    memset(rp, 0, sizeof *rp);
+}
+
+/* The problem of group (b, kvh) of shape s, or the whole (b < 0), with dout when grads; vd: the
+ * host values of the sinks and slopes the device got. @return 0, or -1 (mask_mod's evaluator
+ * unavailable: said once; nothing left allocated). */
+static int ref_prob_make(bench *bn, const shape *s, long long b, long long kvh, const variant_data *vd, int grads,
+                         ref_prob *rp)
+{
+    memset(rp, 0, sizeof *rp);
+    const long long group = s->hq / s->hkv, D = s->d, Dv = s->dv, Sq = s->sq, Skv = s->skv;
+    const int whole = b < 0;
+    rp->bn = bn;
+    rp->s = s;
+    rp->b = b;
+    rp->kvh = kvh;
+    rp->nb = whole ? s->b : 1;
+    rp->nh = whole ? s->hq : group;
+    const long long nkv = whole ? s->hkv : 1, h0 = whole ? 0 : kvh * group;
+    rp->qrow0 = whole ? 0 : (uint64_t)((b * s->hq + h0) * Sq);
+    rp->kvrow0 = whole ? 0 : (uint64_t)((b * s->hkv + kvh) * Skv);
+    rp->nq = (size_t)(rp->nb * rp->nh * Sq * D);
+    rp->no = (size_t)(rp->nb * rp->nh * Sq * Dv);
+    rp->nk = (size_t)(rp->nb * nkv * Skv * D);
+    rp->nv = (size_t)(rp->nb * nkv * Skv * Dv);
+    rp->q = xmalloc_n(rp->nq, sizeof *rp->q);
+    rp->k = xmalloc_n(rp->nk, sizeof *rp->k);
+    rp->v = xmalloc_n(rp->nv, sizeof *rp->v);
+    for (size_t e = 0; e < rp->nq; e++)
+        rp->q[e] = gen_stored(ID_Q, rp->qrow0 * (uint64_t)D + e, s->dt);
+    for (size_t e = 0; e < rp->nk; e++)
+        rp->k[e] = gen_stored(ID_K, rp->kvrow0 * (uint64_t)D + e, s->dt);
+    for (size_t r = 0; r < rp->nv / (size_t)Dv; r++)
+        for (size_t e = 0; e < (size_t)Dv; e++)
+            rp->v[r * (size_t)Dv + e] = s->mla ? rp->k[r * (size_t)D + e]
+                                               : gen_stored(ID_V, (rp->kvrow0 + r) * (uint64_t)Dv + e, s->dt);
+    if (grads) {
+        rp->dout = xmalloc_n(rp->no, sizeof *rp->dout);
+        for (size_t e = 0; e < rp->no; e++)
+            rp->dout[e] = gen_stored(ID_DO, rp->qrow0 * (uint64_t)Dv + e, s->dt);
+    }
+    ref_attn *a = &rp->a;
+    a->batch = (int)rp->nb;
+    a->heads_q = (int)rp->nh;
+    a->heads_kv = (int)nkv;
+    a->seq_q = (int)Sq;
+    a->seq_kv = (int)Skv;
+    a->head_dim = (int)D;
+    a->head_dim_v = (int)Dv;
+    /* the float the descriptor holds: 0 resolves to 1/sqrt(D) in float */
+    a->scale = s->scale > 0.0f ? (double)s->scale : (double)(float)(1.0 / sqrt((double)D));
+    a->causal = s->causal;
+    if (s->mask != MASK_NONE) {
+        rp->mask = xmalloc_n((uint64_t)(Sq * Skv), sizeof *rp->mask);
+        for (long long i = 0; i < Sq; i++)
+            for (long long j = 0; j < Skv; j++)
+                rp->mask[i * Skv + j] = mask_at(s, i, j);
+        a->mask = rp->mask;
+        a->mask_shape[0] = a->mask_shape[1] = 1;
+        a->mask_shape[2] = (int)Sq;
+        a->mask_shape[3] = (int)Skv;
+    }
+    if (s->kv_lens) {
+        rp->kv_len = xmalloc_n((uint64_t)rp->nb, sizeof *rp->kv_len);
+        for (long long bb = 0; bb < rp->nb; bb++)
+            rp->kv_len[bb] = (int)batch_keys(bn, s, whole ? bb : b);
+        a->kv_len = rp->kv_len;
+    }
+    a->window = s->window;
+    a->window_left = s->window ? s->win_left : 0;
+    a->window_right = s->window ? s->win_right : 0;
+    a->chunk = s->chunk;
+    a->softcap = (double)s->softcap;
+    if (vd && vd->sinks) {
+        rp->sinks = xmalloc_n((uint64_t)rp->nh, sizeof *rp->sinks);
+        for (long long h = 0; h < rp->nh; h++)
+            rp->sinks[h] = (double)vd->sinks[h0 + h];
+        a->sinks = rp->sinks;
+    }
+    if (vd && vd->slopes) {
+        rp->alibi = xmalloc_n((uint64_t)rp->nh, sizeof *rp->alibi);
+        for (long long h = 0; h < rp->nh; h++)
+            rp->alibi[h] = (double)vd->slopes[h0 + h];
+        a->alibi = rp->alibi;
+    }
+    if (s->dropout > 0.0f) {
+        a->dropout_p = (double)s->dropout;
+        a->dropout_seed = bn->opt.dropout_seed;
+        a->dropout_offset = DROPOUT_OFFSET;
+    }
+    if (s->mask_mod) { /* the device's answers for every (row, key) of the problem */
+        rp->vis = xmalloc_n((uint64_t)(rp->nb * rp->nh * Sq * Skv), 1);
+        float *x = xmalloc_n((uint64_t)Skv, sizeof *x);
+        cl_int *vis = xmalloc_n((uint64_t)Skv, sizeof *vis);
+        for (long long bb = 0; bb < rp->nb; bb++)
+            for (long long h = 0; h < rp->nh; h++)
+                for (long long i = 0; i < Sq; i++) {
+                    const long long bg = whole ? bb : b;
+                    for (long long j = 0; j < Skv; j++)
+                        x[j] = 0.0f;
+                    if (mods_eval(bn, bg, h0 + h, diag_pos(bn, s, bg, i), 0, Skv, x, vis)) {
+                        free(x);
+                        free(vis);
+                        ref_prob_free(rp);
+                        return -1;
+                    }
+                    unsigned char *row = rp->vis + ((bb * rp->nh + h) * Sq + i) * Skv;
+                    for (long long j = 0; j < Skv; j++)
+                        row[j] = vis[j] != 0;
+                }
+        free(x);
+        free(vis);
+        a->mask_mod = ref_vis;
+        a->mod_user = rp;
+    }
+    return 0;
+}
+
+/* The reference problems a check of shape s runs: the whole problem when it costs at most
+ * REF_WHOLE_COST (one entry, b = -1); else batch 0's kv head 0 and, without dropout (its counter,
+ * ref_prob) and where it is another group costing at most REF_WHOLE_COST, the last batch's last
+ * kv head. @return the number of entries in g (b, kvh each). */
+static int ref_groups(const shape *s, long long g[2][2])
+{
+    const double group_cost = (double)(s->hq / s->hkv) * (double)s->sq * (double)s->skv * (double)(s->d + s->dv);
+    if ((double)s->b * (double)s->hkv * group_cost <= REF_WHOLE_COST) {
+        g[0][0] = g[0][1] = -1;
+        return 1;
+    }
+    g[0][0] = g[0][1] = 0;
+    if (s->dropout > 0.0f || (s->b == 1 && s->hkv == 1) || group_cost > REF_WHOLE_COST)
+        return 1;
+    g[1][0] = s->b - 1;
+    g[1][1] = s->hkv - 1;
+    return 2;
+}
+
+/* What ref_groups covers, for the check's line. */
+static void ref_groups_desc(const shape *s, char *buf, size_t size)
+{
+    long long g[2][2];
+    const int n = ref_groups(s, g);
+    const long long group = s->hq / s->hkv;
+    const char *heads = group == 1 ? "query head" : "query heads";
+    if (g[0][0] < 0)
+        snprintf(buf, size, "the whole problem");
+    else if (n == 1)
+        snprintf(buf, size, "batch 0 kv head 0 (%lld %s)", group, heads);
+    else
+        snprintf(buf, size, "batch 0 kv head 0 and batch %lld kv head %lld (%lld %s each)", g[1][0], g[1][1], group,
+                 heads);
+}
+
+/* The largest |got - want| over a device tensor's n elements from element off, relative to the
+ * largest |want| (the gradient's magnitude; 1 where every want is 0). NaN: infinite. */
+static double grad_err(bench *bn, cl_mem buf, uint64_t off, size_t n, clattn_dtype dt, const double *want)
+{
+    double *got = xmalloc_n(n, sizeof *got), top = 0.0, worst = 0.0;
+    read_row(bn, buf, off, n, dt, got);
+    for (size_t e = 0; e < n; e++)
+        if (fabs(want[e]) > top)
+            top = fabs(want[e]);
+    for (size_t e = 0; e < n; e++) {
+        const double err = elem_err(got[e], want[e], top > 0.0 ? top : 1.0);
+        if (err > worst)
+            worst = err;
+    }
+    free(got);
+    return worst;
+}
+
+/* Tolerance of a gradient, relative to its largest magnitude (grad_err): the forward's. */
+static double grad_tolerance(clattn_dtype dt)
+{
+    return tolerance(dt);
+}
+
+/*
+ * The backward's dq, dk, dv (and dsinks) on the device against ref_attention_backward of the
+ * same inputs and dout, on the problems ref_groups picks; err[0..3]: each tensor's grad_err
+ * (dsinks NAN where not compared: no sinks, or groups of a batch of several, whose dsinks the
+ * device sums over every batch). @return the largest; NAN when not checked (score_mod, whose
+ * derivative nobody knows, or mask_mod's evaluator unavailable).
+ */
+static double check_backward(bench *bn, const shape *s, const variant_data *vd, const cl_mem g[4], double err[4])
+{
+    err[0] = err[1] = err[2] = err[3] = NAN;
+    if (s->score_mod)
+        return NAN;
+    long long groups[2][2];
+    const int n = ref_groups(s, groups);
+    double worst = 0.0;
+    for (int t = 0; t < 4; t++)
+        err[t] = t < 3 || (vd && vd->sinks && (groups[0][0] < 0 || s->b == 1)) ? 0.0 : NAN;
+    for (int gi = 0; gi < n; gi++) {
+        ref_prob rp;
+        if (ref_prob_make(bn, s, groups[gi][0], groups[gi][1], vd, 1, &rp))
+            return NAN;
+        double *dq = xmalloc_n(rp.nq, sizeof *dq), *dk = xmalloc_n(rp.nk, sizeof *dk),
+               *dv = xmalloc_n(rp.nv, sizeof *dv), *ds = rp.sinks ? xmalloc_n((uint64_t)rp.nh, sizeof *ds) : NULL;
+        ref_attention_backward(&rp.a, rp.q, rp.k, rp.v, rp.dout, dq, dk, dv, ds);
+        const double e[4] = {
+            grad_err(bn, g[0], rp.qrow0 * (uint64_t)s->d, rp.nq, s->dt, dq),
+            grad_err(bn, g[1], rp.kvrow0 * (uint64_t)s->d, rp.nk, s->dt, dk),
+            grad_err(bn, g[2], rp.kvrow0 * (uint64_t)s->dv, rp.nv, s->dt, dv),
+            !isnan(err[3]) ? grad_err(bn, g[3], rp.b < 0 ? 0 : (uint64_t)(rp.kvh * rp.nh), (size_t)rp.nh, CLATTN_F32, ds)
+                           : NAN};
+        for (int t = 0; t < 4; t++)
+            if (!isnan(err[t])) {
+                err[t] = e[t] > err[t] || isnan(e[t]) ? e[t] : err[t];
+                worst = e[t] > worst || isnan(e[t]) ? e[t] : worst;
+            }
+        free(dq);
+        free(dk);
+        free(dv);
+        free(ds);
+        ref_prob_free(&rp);
+    }
+    return worst;
+}
+
+/* The forward's out with s's dropout against ref_attention with the dropout fields set, on the
+ * problems ref_groups picks; errors as check_attention's. @return the largest; NAN when not
+ * checked (score_mod, or mask_mod's evaluator unavailable). */
+static double check_forward_ref(bench *bn, const shape *s, const variant_data *vd, cl_mem out)
+{
+    if (s->score_mod)
+        return NAN;
+    long long groups[2][2];
+    const int n = ref_groups(s, groups);
+    double worst = 0.0;
+    for (int gi = 0; gi < n; gi++) {
+        ref_prob rp;
+        if (ref_prob_make(bn, s, groups[gi][0], groups[gi][1], vd, 0, &rp))
+            return NAN;
+        double *want = xmalloc_n(rp.no, sizeof *want), *got = xmalloc_n(rp.no, sizeof *got);
+        ref_attention(&rp.a, rp.q, rp.k, rp.v, want, NULL, NULL);
+        read_row(bn, out, rp.qrow0 * (uint64_t)s->dv, rp.no, s->dt, got);
+        for (size_t e = 0; e < rp.no; e++) {
+            const double err = elem_err(got[e], want[e], fabs(want[e]) > 1.0 ? fabs(want[e]) : 1.0);
+            worst = err > worst || isnan(err) ? err : worst;
+        }
+        free(want);
+        free(got);
+        ref_prob_free(&rp);
+    }
+    return worst;
+}
+
+/* The backward's call: the forward's descriptor (lse NULL) and inputs, its out and LSE. */
+typedef struct bwd_job {
+    clattn_attention_desc desc;
+    const attn_job *fwd;
+    clattn_tensor dout, lse, dq, dk, dv, dsinks;
+    int has_dsinks;
+} bwd_job;
+
+static int enqueue_backward(bench *bn, void *job)
+{
+    const bwd_job *j = job;
+    const attn_job *f = j->fwd;
+    const clattn_status st =
+        clattn_attention_backward(bn->ctx, &j->desc, &f->q, &f->k, &f->v, &f->o, &j->dout, &j->lse, &j->dq, &j->dk,
+                                  &j->dv, j->has_dsinks ? &j->dsinks : NULL, 0, NULL, NULL);
+    if (st == CLATTN_UNSUPPORTED) {
+        fprintf(stderr, "backward: skipped: %s\n", clattn_last_error(bn->ctx));
+        return OP_SKIPPED;
+    }
+    if (st != CLATTN_SUCCESS)
+        die_clattn(bn, "backward", st);
+    return 0;
+}
+
+/* Two jobs timed in alternation, so that they share the machine's noise: each iteration runs
+ * both, first a then b, then b then a; warm-up as measure's. @return 0, or OP_SKIPPED. */
+static int measure_pair(bench *bn, enqueue_fn fa, void *ja, enqueue_fn fb, void *jb, double med[2], double mn[2])
+{
+    const int iters = bn->opt.iters, total = bn->opt.warmup + iters;
+    double *t = xmalloc_n(2 * (uint64_t)iters, sizeof *t);
+    for (int it = 0; it < total; it++)
+        for (int k = 0; k < 2; k++) {
+            const int which = (it + k) % 2;
+            const double t0 = now_ms();
+            const int r = which ? fb(bn, jb) : fa(bn, ja);
+            if (r) {
+                free(t);
+                return r;
+            }
+            check_cl(clFinish(bn->queue), "clFinish");
+            const double t1 = now_ms();
+            if (it >= bn->opt.warmup)
+                t[which * iters + it - bn->opt.warmup] = t1 - t0;
+        }
+    for (int w = 0; w < 2; w++) {
+        double *x = t + w * iters;
+        qsort(x, (size_t)iters, sizeof *x, cmp_double);
+        med[w] = iters % 2 ? x[iters / 2] : 0.5 * (x[iters / 2 - 1] + x[iters / 2]);
+        mn[w] = x[0];
+    }
+    free(t);
+    return 0;
+}
+
+/*
+ * --op backward on shape v (the fused op's problem: masks, key lengths, variants, --mla, --dropout;
+ * K/V contiguous in the dtype, since the backward takes no desc->kv): the training forward, fused
+ * with the LSE, run once untimed to give out and the LSE; then the forward (row "forward") and
+ * the backward on them with dout from stream ID_DO (row "backward") timed in alternation
+ * (measure_pair: every forward rewrites the same out and LSE), so that their ratio shares the
+ * machine's noise. GFLOP/s: the forward's count (attn_flops), and 2.5 times it for the backward
+ * (FlashAttention's convention); the backward row's ratio is its GFLOP/s over the forward's.
+ * --check: the forward's out as the fused op's, dq, dk, dv (and dsinks) against
+ * ref_attention_backward (check_backward).
+ */
+static void run_backward(bench *bn, const shape *v)
+{
+    FILE *info = bn->opt.csv ? stderr : stdout;
+    if (v->kv)
+        fprintf(info, "backward: --kv-type and --page not used: clattn_attention_backward takes plain K/V\n");
+    const shape s = contiguous_shape(v);
+    const size_t es = esize(s.dt);
+    attn_run a;
+    if (attn_setup(bn, OP_FUSED, &s, &a))
+        return;
+    const uint64_t nk = (uint64_t)(s.b * s.hkv * s.skv * s.d), nv = (uint64_t)(s.b * s.hkv * s.skv * s.dv),
+                   nl = (uint64_t)(s.b * s.hq * s.sq);
+    cl_mem t[6] = {NULL, NULL, NULL, NULL, NULL, NULL}; /* lse, dout, dq, dk, dv, dsinks */
+    if (!(t[0] = make_buffer(bn, "backward", nl * sizeof(float))) ||
+        !(t[1] = make_buffer(bn, "backward", a.no * es)) || !(t[2] = make_buffer(bn, "backward", a.nq * es)) ||
+        !(t[3] = make_buffer(bn, "backward", nk * es)) || !(t[4] = make_buffer(bn, "backward", nv * es)) ||
+        (a.m[6] && !(t[5] = make_buffer(bn, "backward", (uint64_t)s.hq * sizeof(float))))) {
+        release(t, 6);
+        attn_free(&a);
+        return;
+    }
+    upload(bn, t[1], ID_DO, a.no, s.dt);
+    bwd_job bj;
+    memset(&bj, 0, sizeof bj);
+    bj.lse = clattn_tensor_bhsd(t[0], CLATTN_F32, s.b, s.hq, s.sq, 1);
+    bj.dout = clattn_tensor_bhsd(t[1], s.dt, s.b, s.hq, s.sq, s.dv);
+    bj.dq = clattn_tensor_bhsd(t[2], s.dt, s.b, s.hq, s.sq, s.d);
+    bj.dk = clattn_tensor_bhsd(t[3], s.dt, s.b, s.hkv, s.skv, s.d);
+    bj.dv = clattn_tensor_bhsd(t[4], s.dt, s.b, s.hkv, s.skv, s.dv);
+    if (t[5]) {
+        bj.dsinks = clattn_tensor_bhsd(t[5], CLATTN_F32, 1, s.hq, 1, 1);
+        bj.has_dsinks = 1;
+    }
+    bj.fwd = &a.j;
+    bj.desc = a.j.desc; /* lse NULL: the backward takes it as an argument */
+    a.j.desc.lse = &bj.lse;
+
+    const variant_data vd = {a.sinks, a.slopes};
+    result f = new_result("forward", &s), r = new_result("backward", &s);
+    double med[2], mn[2];
+    int bwd = 0; /* 1: the backward ran */
+    f.ms_med = r.ms_med = NAN;
+    if (enqueue_attn(bn, &a.j) == 0) {
+        check_cl(clFinish(bn->queue), "clFinish");
+        bwd = measure_pair(bn, enqueue_attn, &a.j, enqueue_backward, &bj, med, mn) == 0;
+        /* the backward refused (reason printed): the forward alone */
+        if (bwd || measure(bn, enqueue_attn, &a.j, &med[0], &mn[0]) == 0) {
+            f.ms_med = med[0];
+            f.ms_min = mn[0];
+        }
+    }
+    if (!isnan(f.ms_med)) {
+        note_attn_params(bn, OP_FUSED, &s);
+        attn_rates(bn, OP_FUSED, &s, &a, &f);
+        add_ratio(bn, "forward (LSE) vs FMA peak", "training forward GFLOP/s / peak GFLOP/s", f.gflops / bn->peak_gflops);
+        if (bn->opt.check) {
+            f.tol = tolerance(s.dt);
+            f.err = check_attention(bn, &s, a.m[3], 0, &vd);
+            f.checked = !isnan(f.err);
+        }
+        emit(bn, &f);
+    }
+    if (bwd) {
+        r.ms_med = med[1];
+        r.ms_min = mn[1];
+        r.gflops = 2.5 * attn_flops(bn, &s) / (r.ms_med * 1e6);
+        r.ratio_name = "bwd_gflops/fwd_gflops";
+        r.ratio = r.gflops / f.gflops;
+        add_ratio(bn, "backward vs forward", "backward GFLOP/s (2.5x fwd FLOPs) / forward GFLOP/s (target >= 0.6)",
+                  r.ratio);
+        add_ratio(bn, "backward vs FMA peak", "backward GFLOP/s / peak GFLOP/s", r.gflops / bn->peak_gflops);
+        double err[4];
+        if (bn->opt.check) {
+            const cl_mem g[4] = {t[2], t[3], t[4], t[5]};
+            r.tol = grad_tolerance(s.dt);
+            r.err = check_backward(bn, &s, &vd, g, err);
+            r.checked = !isnan(r.err);
+        }
+        emit(bn, &r);
+        if (bn->opt.check && r.checked) {
+            char cover[160];
+            ref_groups_desc(&s, cover, sizeof cover);
+            fprintf(info, "backward: check: max |err| / max |ref| of dq %.3g, dk %.3g, dv %.3g", err[0], err[1],
+                    err[2]);
+            if (!isnan(err[3]))
+                fprintf(info, ", dsinks %.3g", err[3]);
+            fprintf(info, " (ref_attention_backward on %s)\n", cover);
+        } else if (bn->opt.check) {
+            fprintf(info, "backward: not checked: %s\n",
+                    s.score_mod ? "score_mod (its derivative is unknown)" : "the mask_mod evaluator did not build");
+        }
+    }
+    release(t, 6);
+    attn_free(&a);
+}
+
+/*
+ * --op dropout on shape v (the fused op's problem with v->dropout; K/V contiguous in the dtype):
+ * the fused forward without dropout (row "fused") and with it (row "dropout", mask column
+ * drop:P), on the same inputs into two outputs, timed in alternation (measure_pair); the dropout
+ * row's ratio is its ms over the plain row's (the overhead, target <= 1.15). --check: the plain
+ * row as the fused op's, the dropout row against ref_attention with the dropout fields set.
+ */
+static void run_dropout(bench *bn, const shape *v)
+{
+    FILE *info = bn->opt.csv ? stderr : stdout;
+    if (v->kv)
+        fprintf(info, "dropout: --kv-type and --page not used: the rows compare contiguous K/V of the dtype\n");
+    const shape s = contiguous_shape(v);
+    shape p = s;
+    p.dropout = 0.0f;
+    attn_run a;
+    if (attn_setup(bn, OP_FUSED, &s, &a))
+        return;
+    cl_mem o2 = make_buffer(bn, "dropout", a.no * esize(s.dt));
+    if (!o2) {
+        attn_free(&a);
+        return;
+    }
+    attn_job pj = a.j; /* its pointers (mask, sinks, slopes) into a.j's views: the same */
+    pj.desc.dropout_p = 0.0f;
+    pj.desc.dropout_seed = 0;
+    pj.desc.dropout_offset = 0;
+    pj.o = clattn_tensor_bhsd(o2, s.dt, s.b, s.hq, s.sq, s.dv);
+    result rp = new_result("fused", &p), rd = new_result("dropout", &s);
+    double med[2], mn[2];
+    if (measure_pair(bn, enqueue_attn, &pj, enqueue_attn, &a.j, med, mn) == 0) {
+        note_attn_params(bn, OP_FUSED, &s);
+        rp.ms_med = med[0];
+        rp.ms_min = mn[0];
+        rd.ms_med = med[1];
+        rd.ms_min = mn[1];
+        rp.gflops = attn_flops(bn, &p) / (rp.ms_med * 1e6);
+        rd.gflops = attn_flops(bn, &s) / (rd.ms_med * 1e6);
+        rd.ratio_name = "dropout_ms/plain_ms";
+        rd.ratio = rd.ms_med / rp.ms_med;
+        add_ratio(bn, "dropout vs none", "fused ms with dropout / without (target <= 1.15)", rd.ratio);
+        add_ratio(bn, "dropout fused vs FMA peak", "GFLOP/s / peak GFLOP/s", rd.gflops / bn->peak_gflops);
+        if (bn->opt.check) {
+            const variant_data vd = {a.sinks, a.slopes};
+            rp.tol = rd.tol = tolerance(s.dt);
+            rp.err = check_attention(bn, &p, o2, 0, &vd);
+            rp.checked = !isnan(rp.err);
+            rd.err = check_forward_ref(bn, &s, &vd, a.m[3]);
+            rd.checked = !isnan(rd.err);
+        }
+        emit(bn, &rp);
+        emit(bn, &rd);
+        if (bn->opt.check && rd.checked) {
+            char cover[160];
+            ref_groups_desc(&s, cover, sizeof cover);
+            fprintf(info, "dropout: checked against ref_attention with dropout_p %g on %s\n", (double)s.dropout,
+                    cover);
+        } else if (bn->opt.check) {
+            fprintf(info, "dropout: the dropout row not checked: %s\n",
+                    s.score_mod ? "score_mod (the host reference cannot run it)" : "the mask_mod evaluator did not build");
+        }
+    }
+    clReleaseMemObject(o2);
+    attn_free(&a);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -2366,7 +3001,11 @@ static shape op_shape(const bench *bn, int op)
     s.mask_right = 0;
     s.kv_lens = o->n_kv_len > 0;
     s.scale = o->scale;
-    if (op == OP_UNFUSED || op == OP_FUSED || op == OP_DECODE) {
+    if (op == OP_FUSED || op == OP_BACKWARD)
+        s.dropout = o->dropout;
+    else if (op == OP_DROPOUT)
+        s.dropout = o->dropout > 0.0f ? o->dropout : DROPOUT_DEFAULT_P;
+    if (op == OP_UNFUSED || op == OP_FUSED || op == OP_DECODE || op == OP_BACKWARD || op == OP_DROPOUT) {
         s.mla = o->mla;
         s.window = o->var.window;
         s.win_left = o->var.win_left;
@@ -2415,7 +3054,8 @@ static void usage(FILE *f)
           "  --device SPEC   device as clattn_create takes it: gpu, cpu, P:D, or a name substring\n"
           "                  (default: CLATTN_DEVICE, else the first GPU, else the first device)\n"
           "  --op LIST       comma list of copy, peak, scores, softmax, unfused, fused, decode,\n"
-          "                  clblast, or all (default: all)\n"
+          "                  clblast, or all (default: all, these eight), and the training ops\n"
+          "                  backward and dropout (named only: not in all)\n"
           "  --batch N --heads N --heads-kv N --seq-q N --seq-kv N --dim N --dim-v N\n"
           "                  override every selected op's default shape (softmax: heads, rows =\n"
           "                  seq-q, cols = seq-kv); --heads alone keeps heads-kv = heads\n"
@@ -2444,7 +3084,7 @@ static void usage(FILE *f)
           "                  (f32 1e-4, f16 2e-3, bf16 2e-2)\n"
           "  --help          this text\n",
           f);
-    /* two literals: each within the 4095 characters C requires compilers to take */
+    /* several literals: each within the 4095 characters C requires compilers to take */
     fputs("\n"
           "Variants (docs/variants.md), for unfused, fused and decode. Each such op runs plain,\n"
           "then with the variants (ratio variant ms / plain ms); a window adds the same window\n"
@@ -2475,6 +3115,21 @@ static void usage(FILE *f)
           "--check decodes the stored bytes with the float64 reference's decoder. --csv adds the\n"
           "columns kv_k, kv_v, page, page_layout, kv_gbps, kv_gbps_ratio, same_layout_ratio (only\n"
           "with these options).\n"
+          "\n",
+          f);
+    fputs("Training (clattn_attention_backward, dropout), on the fused op's problem (masks,\n"
+          "key lengths, variants, --mla; K/V contiguous of --dtype):\n"
+          "  --op backward   the fused forward with the LSE (row forward) and the backward on\n"
+          "                  its out and LSE (row backward), timed in alternation; backward GFLOP/s counts\n"
+          "                  2.5x the forward's FLOPs, its ratio backward / forward GFLOP/s (target\n"
+          "                  >= 0.6). --check: dq, dk, dv (dsinks) against ref_attention_backward,\n"
+          "                  max |err| / max |ref| per tensor (whole problem, or a kv head's group)\n"
+          "  --dropout P     dropout probability in (0, 1) for fused, backward and dropout (mask\n"
+          "                  column drop:P); --check applies the reference's Philox (ref_dropout_z)\n"
+          "  --dropout-seed N  desc.dropout_seed (default 0xd50b0e7c1a77e5ed; offset 0)\n"
+          "  --op dropout    fused without and with dropout (P: --dropout, default 0.1), timed in\n"
+          "                  alternation, rows fused and dropout, ratio dropout ms / plain ms\n"
+          "                  (target <= 1.15); --check: the dropout row against ref_attention\n"
           "\n"
           "Packed sequences (docs/kvcache.md), for fused:\n"
           "  --varlen LIST   self-attention prefill of sequences of these lengths (L_b queries and\n"
@@ -2525,7 +3180,7 @@ static unsigned parse_ops(const char *list)
         const size_t len = strcspn(p, ",");
         int found = 0;
         if (len == 3 && strncmp(p, "all", 3) == 0) {
-            ops = (1u << OP_COUNT) - 1;
+            ops |= OPS_ALL;
             found = 1;
         }
         for (int i = 0; i < OP_COUNT && !found; i++)
@@ -2725,7 +3380,8 @@ static char *read_source(const char *opt, const char *path)
 static void parse_args(int argc, char **argv, options *o)
 {
     memset(o, 0, sizeof *o);
-    o->ops = (1u << OP_COUNT) - 1;
+    o->ops = OPS_ALL;
+    o->dropout_seed = DROPOUT_SEED;
     o->b = o->hq = o->hkv = o->sq = o->skv = o->d = o->dv = -1;
     o->dtype = -1;
     o->kt = o->vt = -1;
@@ -2740,7 +3396,8 @@ static void parse_args(int argc, char **argv, options *o)
                   {"--mask", 12},  {"--kv-len", 13}, {"--window", 14}, {"--sliding", 15},
                   {"--chunk", 16}, {"--softcap", 17}, {"--sinks", 18}, {"--alibi", 19},
                   {"--score-mod", 20}, {"--mask-mod", 21}, {"--scale", 22}, {"--head-dim-v", 8},
-                  {"--kv-type", 23}, {"--page", 24}, {"--page-layout", 25}, {"--varlen", 26}};
+                  {"--kv-type", 23}, {"--page", 24}, {"--page-layout", 25}, {"--varlen", 26},
+                  {"--dropout", 27}, {"--dropout-seed", 28}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -2840,6 +3497,19 @@ static void parse_args(int argc, char **argv, options *o)
             }
             break;
         case 26: parse_varlen(v, o); break;
+        case 27:
+            o->dropout = parse_float("--dropout", v, 0);
+            if (!(o->dropout < 1.0f))
+                die(EXIT_USAGE, "--dropout needs a probability in (0, 1) (got '%s')", v);
+            break;
+        case 28: {
+            char *end;
+            errno = 0;
+            o->dropout_seed = strtoull(v, &end, 0);
+            if (errno || end == v || *end || v[0] == '-')
+                die(EXIT_USAGE, "--dropout-seed needs an unsigned 64-bit integer, decimal or 0x hex (got '%s')", v);
+            break;
+        }
         default:
             fprintf(stderr, "clattn-bench: unknown option '%s'\n", a);
             usage(stderr);
@@ -2852,9 +3522,11 @@ static void parse_args(int argc, char **argv, options *o)
      * rather than silently left out (its reference checks plain causal or non-causal attention) */
     if (o->n_varlen &&
         (o->mask != MASK_NONE || o->n_kv_len || o->mla || o->kv || o->var.window || o->var.chunk ||
-         o->var.softcap > 0.0f || o->var.sinks || o->var.alibi > 0.0f || o->score_mod || o->mask_mod))
+         o->var.softcap > 0.0f || o->var.sinks || o->var.alibi > 0.0f || o->score_mod || o->mask_mod ||
+         o->dropout > 0.0f))
         die(EXIT_USAGE, "--varlen takes the shape options (--heads, --heads-kv, --dim, --dim-v, --dtype, --scale) "
-                        "and --causal only: not --mask, --kv-len, --mla, variants or KV-cache options");
+                        "and --causal only: not --mask, --kv-len, --mla, variants, KV-cache options or --dropout "
+                        "(clattn refuses dropout with packed sequences)");
     /* Above 256 the library takes no default scale, since the right one is the model's (MLA). */
     if (o->d > 256 && o->scale == 0.0f)
         die(EXIT_USAGE, "--dim %lld needs --scale (the library's 1/sqrt(D) stops at 256; DeepSeek's MLA "
@@ -3084,6 +3756,11 @@ int main(int argc, char **argv)
             mask_desc(&v, d, sizeof d);
             bn.mask_width = (int)strlen(d) > bn.mask_width ? (int)strlen(d) : bn.mask_width;
         }
+        if (o->ops & (1u << OP_DROPOUT)) { /* --op dropout's P without --dropout */
+            v = op_shape(&bn, OP_DROPOUT);
+            mask_desc(&v, d, sizeof d);
+            bn.mask_width = (int)strlen(d) > bn.mask_width ? (int)strlen(d) : bn.mask_width;
+        }
     }
 
     FILE *info = o->csv ? stderr : stdout;
@@ -3216,6 +3893,18 @@ int main(int argc, char **argv)
         if (v.kv && !isnan(peer.ms_med))
             run_kv_rows(&bn, OP_DECODE, &v, &peer);
     }
+    /* Training (docs/tools.md): the backward, then dropout's overhead. */
+    if (o->ops & (1u << OP_BACKWARD)) {
+        const shape v = op_shape(&bn, OP_BACKWARD);
+        run_backward(&bn, &v);
+    }
+    if (o->ops & (1u << OP_DROPOUT)) {
+        const shape v = op_shape(&bn, OP_DROPOUT);
+        run_dropout(&bn, &v);
+    }
+    if (o->dropout > 0.0f && (o->ops & ((1u << OP_UNFUSED) | (1u << OP_DECODE))))
+        fprintf(info, "--dropout: unfused and decode run without it (clattn takes dropout on the fused path; "
+                      "fused, backward and dropout have it)\n");
     print_ratios(&bn);
     print_builds(&bn);
     if (bn.check_failed)
