@@ -6,10 +6,10 @@
 #
 #   scripts/gpu-check.sh [STEPS [DEVICE [CTEST_REGEX]]]
 #
-# STEPS: a comma list of matrix, variants, kvcache, tests, bench, dec16, lanes, sweep (default
+# STEPS: a comma list of matrix, variants, kvcache, training, tests, bench, dec16, lanes, sweep (default
 # tests,bench; matrix: the matrix units, see below, about four minutes, meant as a call of its own;
 # variants: issue 71's targets, about three minutes; kvcache: issues 73 and 75's, about three
-# minutes; the tests took
+# minutes; training: issue 74's, about three minutes; the tests took
 # over 200 s at -j12 on an H200 machine, whose image has PoCL too, which test_device opens (281 s
 # alone with a cold kernel cache at -j4, where 300 s ran 30 of the 48; 1450 s summed); bench
 # about 60 s; dec16 about 4 minutes; lanes and sweep about 6 minutes each); the build comes first in every call and is incremental. DEVICE:
@@ -132,6 +132,31 @@ kbench "paged q8_0 prefill" --op fused --batch 1 --heads 32 --heads-kv 8 --seq-q
   --dtype f16 --causal --kv-type q8_0 --page 16
 kbench "varlen prefill" --op fused --varlen $lens --heads 32 --heads-kv 8 --dim 128 --dtype f16 --causal
 grep -E "^==|vs |fail|rror" "$out/kvcache.txt"
+fi
+
+if [[ $steps == *,training,* ]]; then
+# Training (issue 74), about three minutes: test_backward and test_ref_backward on the GPU, then
+# the targets with clattn-bench: the backward's rate (2.5x the forward's FLOPs) against the
+# forward's in the same run (>= 0.6), causal and not, f32 and f16, and the forward's dropout
+# overhead (<= 1.15): training.txt. TRAIN_SMALL=1 shrinks the shapes for a dry run on PoCL. The
+# backward's kernels are the portable ones (one work-item per kv head and key range); their GPU
+# rate is what this step finds out.
+log "training"
+(cd "$build" && CLATTN_REQUIRE_DEVICE=1 timeout 200 ctest -j12 -R "^test_(backward|ref_backward)$" \
+  --output-on-failure >"$out/ctest-training.log" 2>&1)
+grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest-training.log" | head -n 20
+if [ "${TRAIN_SMALL:-0}" = 1 ]; then tb=(--batch 1 --heads 8 --seq-q 512 --seq-kv 512); else tb=(--batch 4 --heads 16 --seq-q 2048 --seq-kv 2048); fi
+rm -f "$out/training.txt"
+tbench() { # a title, then clattn-bench's arguments
+  local title=$1; shift
+  { echo "== $title: clattn-bench $*"; timeout 120 "$bin/clattn-bench" --iters 5 "$@" 2>&1; } >>"$out/training.txt"
+}
+for dt in f32 f16; do
+  tbench "backward $dt" --op backward "${tb[@]}" --dim 64 --dtype $dt --check
+  tbench "backward $dt causal" --op backward "${tb[@]}" --dim 64 --dtype $dt --causal
+done
+tbench "dropout 0.1" --op dropout --dropout 0.1 "${tb[@]}" --dim 64 --check
+grep -E "^==|vs |fail|rror" "$out/training.txt"
 fi
 
 if [[ $steps == *,tests,* ]]; then

@@ -10,17 +10,20 @@ on the device.
         k = np.random.rand(1, 2, 128, 64).astype(np.float32)   # grouped-query: 4 q heads per kv head
         out = ctx.attention(q, k, k, causal=True)
 
+Training: ``ctx.attention(..., lse=True, dropout_p=...)`` then ``ctx.attention_backward(q, k, v,
+out, dout, lse, ...)`` with the same options gives dq, dk, dv (examples/train_digits.py).
+
 Errors raise :class:`ClattnError` with ``.status`` ("CLATTN_INVALID_ARGUMENT", ...), ``.code`` and
 the library's message. See docs/python.md.
 """
 
 from ._core import (DTYPES, OPERATIONS, ClattnError, Context, Device, DeviceTensor, Params,
                     ProgramStatistics, SelectedDevice, Status, alibi_slopes, devices, from_bf16,
-                    select_device, to_bf16, version, version_number)
+                    philox4x32_10, select_device, to_bf16, version, version_number)
 from ._lib import library_path
 
 __version__ = "0.3.0"
 
 __all__ = ["Context", "DeviceTensor", "ClattnError", "Status", "Device", "SelectedDevice", "Params",
            "ProgramStatistics", "devices", "select_device", "alibi_slopes", "version", "version_number",
-           "library_path", "to_bf16", "from_bf16", "DTYPES", "OPERATIONS", "__version__"]
+           "library_path", "to_bf16", "from_bf16", "philox4x32_10", "DTYPES", "OPERATIONS", "__version__"]

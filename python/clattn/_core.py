@@ -15,7 +15,7 @@ from ._lib import AttentionDesc, KernelParams, ProblemClass, ProgramStats, Softm
 
 __all__ = ["Status", "ClattnError", "Context", "DeviceTensor", "ProgramStatistics", "Params", "Device",
            "SelectedDevice", "devices", "select_device", "alibi_slopes", "version", "version_number",
-           "to_bf16", "from_bf16", "DTYPES", "OPERATIONS"]
+           "to_bf16", "from_bf16", "philox4x32_10", "DTYPES", "OPERATIONS"]
 
 # ---- constants ----------------------------------------------------------------------------------
 
@@ -157,6 +157,48 @@ def _host_array(a: Any, dtype: str) -> np.ndarray:
             return np.ascontiguousarray(arr)
         return to_bf16(arr)
     return np.ascontiguousarray(arr, dtype=DTYPES[dtype][2])
+
+
+def _stored_dtype(x: Any, dt: str) -> Optional[str]:
+    """The storage type of a numpy input that keeps its own (attention_backward's out and dout):
+    float16 stays f16, uint16 is bf16 bit patterns (only with inputs of dtype bf16), other floats
+    are f32. None for a device tensor, which has its own."""
+    if isinstance(x, DeviceTensor) or hasattr(x, "base_data"):
+        return None
+    a = np.asarray(x)
+    if a.dtype == np.uint16 and dt == "bf16":
+        return "bf16"
+    return "f16" if a.dtype == np.float16 else "f32"
+
+
+def _uint(name: str, value: Any, bits: int) -> int:
+    """value as an unsigned integer of `bits` bits; ValueError outside that range (ctypes would
+    wrap a negative or too large value silently)."""
+    v = int(value)
+    if not 0 <= v < (1 << bits):
+        raise ValueError(f"{name} is {value!r}: an unsigned {bits}-bit integer, 0 .. {(1 << bits) - 1}")
+    return v
+
+
+def _set_dropout(d: AttentionDesc, p: float, seed: Any, offset: Any) -> None:
+    """The descriptor's dropout fields; the library checks p (0 <= p < 1)."""
+    d.dropout_p = float(p)
+    d.dropout_seed = _uint("dropout_seed", seed, 64)
+    d.dropout_offset = _uint("dropout_offset", offset, 32)
+
+
+def philox4x32_10(ctr: Sequence[int], key: Sequence[int]) -> Tuple[int, int, int, int]:
+    """Philox-4x32-10 (Random123's philox4x32 with 10 rounds) of the counter ctr (4 uint32) and
+    key (2 uint32), on the host (clattn_philox4x32_10): the generator behind dropout_p, whose
+    decisions include/clattn.h derives from these four words (at dropout_seed). Returns 4 ints."""
+    ctr, key = list(ctr), list(key)
+    if len(ctr) != 4 or len(key) != 2:
+        raise ValueError(f"philox4x32_10 takes 4 counter words and 2 key words (got {len(ctr)} and {len(key)})")
+    c = (ctypes.c_uint32 * 4)(*(_uint("ctr", x, 32) for x in ctr))
+    k = (ctypes.c_uint32 * 2)(*(_uint("key", x, 32) for x in key))
+    o = (ctypes.c_uint32 * 4)()
+    _lib.need("clattn_philox4x32_10")(c, k, o)
+    return (int(o[0]), int(o[1]), int(o[2]), int(o[3]))
 
 
 # ---- devices --------------------------------------------------------------------------------------
@@ -958,7 +1000,9 @@ class Context:
                   window: Optional[Tuple[Optional[int], Optional[int]]] = None, chunk: int = 0,
                   softcap: float = 0.0, sinks: Optional[TensorLike] = None,
                   alibi_slopes: Optional[TensorLike] = None, score_mod: Optional[str] = None,
-                  mask_mod: Optional[str] = None, out: Any = None, dtype: Optional[str] = None) -> Any:
+                  mask_mod: Optional[str] = None, q_offset: int = 0, k_offset: int = 0,
+                  dropout_p: float = 0.0, dropout_seed: int = 0, dropout_offset: int = 0,
+                  out: Any = None, dtype: Optional[str] = None) -> Any:
         """softmax(Q·Kᵀ·scale + mask)·V (clattn_attention), with every option of the C descriptor.
 
         q: [B][Hq][Sq][D], k: [B][Hkv][Skv][D], v: [B][Hkv][Skv][Dv], Hkv dividing Hq (grouped
@@ -968,15 +1012,20 @@ class Context:
         causal: bottom-right aligned (row i sees key j iff j <= i + L - Sq, L the batch's keys).
         scale: 0 means 1/sqrt(D). mask: additive f32/f16 [B|1][Hq|1][Sq|1][Skv], -inf hides.
         kv_lengths: per-batch int32 key counts (a sequence, array, or 'i32' DeviceTensor).
-        lse: True (or a tensor/array to write) for the f32 [B][Hq][Sq][1] log-sum-exp.
+        lse: True (or a tensor/array to write) for the f32 [B][Hq][Sq][1] log-sum-exp (what
+        :meth:`attention_backward` needs).
         probabilities: True (or a tensor/array) for the [B][Hq][Sq][Skv] softmax (unfused path).
         algorithm: "auto", "fused" or "unfused". head_dim_v: defaults to v's last extent.
         window: (left, right) sliding window around the diagonal position, None or negative
         unbounded. chunk: chunked local attention. softcap: c·tanh(x/c) of the scaled logits.
         sinks: f32 per query head ([Hq] or [1][Hq][1][1]). alibi_slopes: f32 [Hq],
         [1|B][Hq] or [B|1][Hq][1][1]. score_mod / mask_mod: OpenCL C source text
-        (docs/variants.md). out: where to write the result (DeviceTensor, pyopencl array or numpy
-        array).
+        (docs/variants.md). q_offset / k_offset: the call is a slice of a longer sequence
+        (docs/usage.md#slices). dropout_p: drop each probability with this chance and scale the
+        kept ones by 1/(1 - dropout_p) (fused path); the decisions are a pure function of
+        dropout_seed (uint64), dropout_offset (uint32: change it every step), the batch, head,
+        row and key (:meth:`dropout_mask` writes them out). out: where to write the result
+        (DeviceTensor, pyopencl array or numpy array).
 
         Returns out, or a tuple (out, lse?, probabilities?) of those asked for. With numpy q the
         results are numpy arrays (bf16 read back as float32) and the call blocks; with device q
@@ -984,29 +1033,13 @@ class Context:
         """
         h = self._handle()
         temps: list = []
-        as_numpy = isinstance(q, np.ndarray) or not (isinstance(q, DeviceTensor) or hasattr(q, "base_data"))
-        dt = _dtype_name(dtype) if dtype is not None else None
-        if dt is None and as_numpy:
-            dt = _dtype_name(np.asarray(q).dtype)
-        tq = self._tensor(q, dt, temps)
-        dt = tq.dtype
-        tk = self._tensor(k, dt, temps)
-        tv = self._tensor(v, dt, temps)
-        B, Hq, Sq, D = tq.shape
-        Hkv, Skv = tk.shape[1], tk.shape[2]
-        Dv = tv.shape[3]
-        d = AttentionDesc()
-        d.batch, d.heads_q, d.heads_kv, d.seq_q, d.seq_kv, d.head_dim = B, Hq, Hkv, Sq, Skv, D
-        d.head_dim_v = Dv if head_dim_v is None else head_dim_v
-        d.scale = scale
-        d.causal = 1 if causal else 0
-        try:
-            d.algorithm = _ALGORITHMS[algorithm]
-        except KeyError:
-            raise ValueError(f"algorithm must be one of {', '.join(_ALGORITHMS)} (got {algorithm!r})") from None
-        self._fill_desc(d, Hq, temps, mask, kv_lengths, window, chunk, softcap, sinks, alibi_slopes,
-                        score_mod, mask_mod)
-        t_out, host_out = self._out(out, (B, Hq, Sq, d.head_dim_v if head_dim_v else Dv), dt, temps)
+        as_numpy, tq, tk, tv = self._qkv(q, k, v, dtype, temps)
+        B, Hq, Sq, _ = tq.shape
+        Skv = tk.shape[2]
+        d = self._attention_desc(tq, tk, tv, temps, causal, scale, algorithm, head_dim_v, mask, kv_lengths,
+                                 window, chunk, softcap, sinks, alibi_slopes, score_mod, mask_mod, q_offset,
+                                 k_offset, dropout_p, dropout_seed, dropout_offset)
+        t_out, host_out = self._out(out, (B, Hq, Sq, head_dim_v or tv.shape[3]), tq.dtype, temps)
         t_lse = host_lse = t_p = host_p = None
         if lse is not False and lse is not None:
             t_lse, host_lse = self._out(lse, (B, Hq, Sq, 1), "f32", temps)
@@ -1027,10 +1060,155 @@ class Context:
             res.append(self._deliver(t_p, host_p, as_numpy))
         return tuple(res)
 
+    def attention_backward(self, q: TensorLike, k: TensorLike, v: TensorLike, out: TensorLike,
+                           dout: TensorLike, lse: TensorLike, *, causal: bool = False, scale: float = 0.0,
+                           mask: Optional[TensorLike] = None, kv_lengths: Any = None, algorithm: str = "auto",
+                           head_dim_v: Optional[int] = None,
+                           window: Optional[Tuple[Optional[int], Optional[int]]] = None, chunk: int = 0,
+                           softcap: float = 0.0, sinks: Optional[TensorLike] = None,
+                           alibi_slopes: Optional[TensorLike] = None, score_mod: Optional[str] = None,
+                           mask_mod: Optional[str] = None, q_offset: int = 0, k_offset: int = 0,
+                           dropout_p: float = 0.0, dropout_seed: int = 0, dropout_offset: int = 0,
+                           dq: Any = None, dk: Any = None, dv: Any = None, dsinks: Any = None,
+                           dtype: Optional[str] = None, grad_dtype: Optional[str] = None) -> Any:
+        """The gradients of :meth:`attention` (clattn_attention_backward): given its inputs q, k, v,
+        its output `out`, its LSE `lse` (f32 [B][Hq][Sq][1] or [B][Hq][Sq], from ``lse=True``) and
+        the gradient `dout` of a loss with respect to out, returns (dq, dk, dv), shaped as q, k and
+        v, and with `sinks` also dsinks (the loss's gradient with respect to the sinks).
+
+        Every option is attention's and must be what the forward call was given (the same
+        dropout_seed and dropout_offset regenerate the same dropout decisions), so one dict of
+        options serves both calls; score_mod and algorithm "unfused" are refused by the library
+        (CLATTN_UNSUPPORTED: score_mod's derivative cannot be known). dtype: the storage type of
+        numpy q, k, v (default from q); out and dout keep their own (f32 or f16 arrays, bf16 bit
+        patterns with dtype "bf16"). grad_dtype: the gradients' type, the inputs' (default) or
+        "f32". dq, dk, dv: where to write them (DeviceTensor, pyopencl array or numpy array);
+        dsinks likewise (a numpy array of the sinks' shape), or False for none when the sinks are
+        not trained.
+
+        Numpy q: numpy results (dsinks in the shape the sinks were given) and the call blocks;
+        device q: DeviceTensors (dsinks [1][Hq][1][1]) and the call only enqueues. The gradients
+        are bitwise repeatable on a device with the same kernel parameters.
+        """
+        fn = _lib.need("clattn_attention_backward")
+        h = self._handle()
+        temps: list = []
+        as_numpy, tq, tk, tv = self._qkv(q, k, v, dtype, temps)
+        dt = tq.dtype
+        gdt = dt if grad_dtype is None else _dtype_name(grad_dtype)
+        d = self._attention_desc(tq, tk, tv, temps, causal, scale, algorithm, head_dim_v, mask, kv_lengths,
+                                 window, chunk, softcap, sinks, alibi_slopes, score_mod, mask_mod, q_offset,
+                                 k_offset, dropout_p, dropout_seed, dropout_offset)
+        B, Hq, Sq, _ = tq.shape
+        t_o = self._tensor(out, _stored_dtype(out, dt), temps)
+        t_do = self._tensor(dout, _stored_dtype(dout, dt), temps)
+        if not (isinstance(lse, DeviceTensor) or hasattr(lse, "base_data")):
+            lse = np.asarray(lse, dtype=np.float32)
+            if lse.ndim == 3:
+                lse = lse[..., None]
+        t_lse = self._tensor(lse, "f32", temps)
+        t_dq, host_dq = self._out(dq, tq.shape, gdt, temps)
+        t_dk, host_dk = self._out(dk, tk.shape, gdt, temps)
+        t_dv, host_dv = self._out(dv, tv.shape, gdt, temps)
+        t_ds = host_ds = None
+        if sinks is None and dsinks is not None and dsinks is not False:
+            raise ValueError("dsinks is given without sinks")
+        if sinks is not None and dsinks is not False:
+            if isinstance(dsinks, np.ndarray):   # any shape holding Hq values: the sinks' own, say
+                if dsinks.size != Hq:
+                    raise ValueError(f"dsinks has {dsinks.size} elements, the sinks {Hq}")
+                t_ds, host_ds = self.empty((1, Hq, 1, 1), "f32"), dsinks
+            else:
+                t_ds, host_ds = self._out(dsinks, (1, Hq, 1, 1), "f32", temps)
+        st = fn(h, byref(d), tq._st, tk._st, tv._st, t_o._st, t_do._st, t_lse._st, t_dq._st, t_dk._st,
+                t_dv._st, t_ds._st if t_ds is not None else None, 0, None, None)
+        if st != 0:
+            self._fail(st)
+        grads = [self._deliver(t_dq, host_dq, as_numpy), self._deliver(t_dk, host_dk, as_numpy),
+                 self._deliver(t_dv, host_dv, as_numpy)]
+        if t_ds is None:
+            return tuple(grads)
+        if host_ds is not None:
+            host_ds[...] = t_ds.numpy().reshape(host_ds.shape)
+            grads.append(host_ds)
+        elif as_numpy:
+            g = t_ds.numpy()
+            host_sinks = not (isinstance(sinks, DeviceTensor) or hasattr(sinks, "base_data"))
+            grads.append(g.reshape(np.shape(sinks)) if host_sinks else g)
+        else:
+            grads.append(t_ds)
+        return tuple(grads)
+
+    def dropout_mask(self, batch: int, heads_q: int, seq_q: int, seq_kv: int, *, p: float, seed: int,
+                     offset: int = 0, kv_lengths: Any = None, q_offset: int = 0, k_offset: int = 0,
+                     dtype: str = "f32", out: Any = None) -> Any:
+        """The dropout multipliers attention(..., dropout_p=p, dropout_seed=seed,
+        dropout_offset=offset) applies (clattn_dropout_mask): [batch][heads_q][seq_q][seq_kv] of
+        1/(1 - p) where a probability is kept and 0 where it is dropped, for every (row, key),
+        visible or not. kv_lengths, q_offset and k_offset must be the attention call's: they set
+        the rows' and keys' global positions, which the decisions depend on (not heads_kv or the
+        head sizes). dtype: "f32", "f16" or "bf16".
+
+        Returns a numpy array (float32 for f32 and bf16, float16 for f16; blocking), or `out` when
+        it is given: a DeviceTensor or pyopencl array is only enqueued, a numpy array is filled.
+        """
+        fn = _lib.need("clattn_dropout_mask")
+        h = self._handle()
+        temps: list = []
+        d = AttentionDesc()
+        # heads_kv and head_dim play no part in the mask, but the descriptor's checks want them valid
+        d.batch, d.heads_q, d.heads_kv, d.seq_q, d.seq_kv, d.head_dim = batch, heads_q, heads_q, seq_q, seq_kv, 1
+        if kv_lengths is not None:
+            d.kv_lengths = self._kvlen(kv_lengths, temps)
+        d.q_offset, d.k_offset = int(q_offset), int(k_offset)
+        _set_dropout(d, p, seed, offset)
+        as_numpy = out is None or isinstance(out, np.ndarray)
+        shape = (int(batch), int(heads_q), int(seq_q), int(seq_kv))
+        t_m, host_m = self._out(out, shape, _dtype_name(dtype), temps)
+        st = fn(h, byref(d), t_m._st, 0, None, None)
+        if st != 0:
+            self._fail(st)
+        return self._deliver(t_m, host_m, as_numpy)
+
+    def _qkv(self, q: Any, k: Any, v: Any, dtype: Optional[str],
+             temps: list) -> Tuple[bool, DeviceTensor, DeviceTensor, DeviceTensor]:
+        """Whether results go back as numpy (q is a host array), and q, k, v as device tensors of one
+        storage type: dtype, else numpy q's, else the device q's."""
+        as_numpy = isinstance(q, np.ndarray) or not (isinstance(q, DeviceTensor) or hasattr(q, "base_data"))
+        dt = _dtype_name(dtype) if dtype is not None else None
+        if dt is None and as_numpy:
+            dt = _dtype_name(np.asarray(q).dtype)
+        tq = self._tensor(q, dt, temps)
+        return as_numpy, tq, self._tensor(k, tq.dtype, temps), self._tensor(v, tq.dtype, temps)
+
+    def _attention_desc(self, tq: DeviceTensor, tk: DeviceTensor, tv: DeviceTensor, temps: list, causal: bool,
+                        scale: float, algorithm: str, head_dim_v: Optional[int], mask: Any, kv_lengths: Any,
+                        window: Any, chunk: int, softcap: float, sinks: Any, alibi_slopes: Any,
+                        score_mod: Optional[str], mask_mod: Optional[str], q_offset: int, k_offset: int,
+                        dropout_p: float, dropout_seed: int, dropout_offset: int) -> AttentionDesc:
+        """The descriptor of an attention call and its backward pass: one builder, so the two calls
+        cannot read the same options differently."""
+        B, Hq, Sq, D = tq.shape
+        d = AttentionDesc()
+        d.batch, d.heads_q, d.heads_kv, d.seq_q, d.seq_kv, d.head_dim = B, Hq, tk.shape[1], Sq, tk.shape[2], D
+        d.head_dim_v = tv.shape[3] if head_dim_v is None else head_dim_v
+        d.scale = scale
+        d.causal = 1 if causal else 0
+        try:
+            d.algorithm = _ALGORITHMS[algorithm]
+        except KeyError:
+            raise ValueError(f"algorithm must be one of {', '.join(_ALGORITHMS)} (got {algorithm!r})") from None
+        self._fill_desc(d, Hq, temps, mask, kv_lengths, window, chunk, softcap, sinks, alibi_slopes,
+                        score_mod, mask_mod, q_offset, k_offset)
+        _set_dropout(d, dropout_p, dropout_seed, dropout_offset)
+        return d
+
     def _fill_desc(self, d: "AttentionDesc", Hq: int, temps: list, mask: Any, kv_lengths: Any,
                    window: Any, chunk: int, softcap: float, sinks: Any, alibi_slopes: Any,
-                   score_mod: Optional[str], mask_mod: Optional[str]) -> None:
-        """The descriptor fields attention and scores share: the mask, key lengths and variants."""
+                   score_mod: Optional[str], mask_mod: Optional[str], q_offset: int = 0,
+                   k_offset: int = 0) -> None:
+        """The descriptor fields attention and scores share: the mask, key lengths, variants and
+        slice offsets."""
         if mask is not None:
             mdt = "f16" if (isinstance(mask, np.ndarray) and mask.dtype == np.float16) else "f32"
             d.mask = pointer(self._tensor(mask, mdt, temps)._st)
@@ -1051,17 +1229,18 @@ class Context:
             d.score_mod = score_mod.encode()
         if mask_mod is not None:
             d.mask_mod = mask_mod.encode()
+        d.q_offset, d.k_offset = int(q_offset), int(k_offset)
 
     def scores(self, q: TensorLike, k: TensorLike, *, causal: bool = False, scale: float = 0.0,
                mask: Optional[TensorLike] = None, kv_lengths: Any = None,
                window: Optional[Tuple[Optional[int], Optional[int]]] = None, chunk: int = 0,
                softcap: float = 0.0, alibi_slopes: Optional[TensorLike] = None,
-               score_mod: Optional[str] = None, mask_mod: Optional[str] = None, out: Any = None,
-               out_dtype: str = "f32", dtype: Optional[str] = None) -> Any:
+               score_mod: Optional[str] = None, mask_mod: Optional[str] = None, q_offset: int = 0,
+               k_offset: int = 0, out: Any = None, out_dtype: str = "f32", dtype: Optional[str] = None) -> Any:
         """scale·Q·Kᵀ + mask (clattn_scores) into [B][Hq][Sq][Skv] (out_dtype, f32 by default);
         keys hidden by causal, kv_lengths, the window, chunk or mask_mod are -inf. The variants'
-        logit steps apply (softcap, mask, ALiBi, then score_mod) as in attention. Numpy in, numpy out
-        (blocking); device in, DeviceTensor out (enqueued)."""
+        logit steps apply (softcap, mask, ALiBi, then score_mod) as in attention, and so do the
+        slice offsets. Numpy in, numpy out (blocking); device in, DeviceTensor out (enqueued)."""
         h = self._handle()
         temps: list = []
         as_numpy = not (isinstance(q, DeviceTensor) or hasattr(q, "base_data"))
@@ -1074,7 +1253,7 @@ class Context:
         d.scale = scale
         d.causal = 1 if causal else 0
         self._fill_desc(d, Hq, temps, mask, kv_lengths, window, chunk, softcap, None, alibi_slopes,
-                        score_mod, mask_mod)
+                        score_mod, mask_mod, q_offset, k_offset)
         t_out, host_out = self._out(out, (B, Hq, Sq, tk.shape[2]), _dtype_name(out_dtype), temps)
         st = self._lib.clattn_scores(h, byref(d), tq._st, tk._st, t_out._st, 0, None, None)
         if st != 0:

@@ -11,9 +11,14 @@ Loading order of libclattn, the first that loads wins:
 OpenCL itself comes from the ICD loader ``libOpenCL.so.1`` (``CLATTN_OPENCL_LIBRARY`` overrides),
 used for device buffers and the device queries of ``python -m clattn``.
 
-The structures mirror the C header field by field; ``tests/test_abi.py`` compiles a C program
+The structures mirror the C header field by field; ``tests/test_clattn_abi.py`` compiles a C program
 against the header and compares every size and offset with these, so a header change that the
 binding misses fails a test rather than corrupting memory.
+
+The training calls (clattn_attention_backward, clattn_dropout_mask, clattn_philox4x32_10) are
+looked up without being required: a libclattn from before them (the same 0.3.0 version number,
+the same ABI) still loads for everything else, and :func:`need` names the missing symbol when one
+of them is called.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import ctypes.util
 import os
 import threading
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int,
-                    c_int32, c_int64, c_size_t, c_uint, c_uint64, c_void_p)
+                    c_int32, c_int64, c_size_t, c_uint, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 from typing import Optional
 
@@ -55,10 +60,12 @@ class AttentionDesc(Structure):
                 ("alibi_slopes", POINTER(Tensor)), ("score_mod", c_char_p),
                 ("mask_mod", c_char_p),
                 # the C union { const clattn_kv_layout *kv; int64_t kv_slot_; } (paged, packed or
-                # quantized K/V: not exposed here, zero), then a slice's offsets (zero)
+                # quantized K/V: not exposed here, zero), then a slice's offsets
                 ("kv_slot_", c_int64), ("q_offset", c_int64), ("k_offset", c_int64),
+                # dropout on the attention probabilities (off at dropout_p 0)
+                ("dropout_seed", c_uint64), ("dropout_p", c_float), ("dropout_offset", c_uint32),
                 # zero; room for later options, each off at zero, so the size stays
-                ("reserved", c_int64 * 13)]
+                ("reserved", c_int64 * 11)]
 
 
 class SoftmaxDesc(Structure):
@@ -188,6 +195,13 @@ class _Lib:
                                 c_uint, c_void_p, POINTER(ev))
         self.clattn_merge = P(dll, "clattn_merge", c_int, c_void_p, c_int, T, T, T, T,
                               c_uint, c_void_p, POINTER(ev))
+        self.clattn_attention_backward = P(dll, "clattn_attention_backward", c_int, c_void_p,
+                                           POINTER(AttentionDesc), T, T, T, T, T, T, T, T, T, T,
+                                           c_uint, c_void_p, POINTER(ev), required=False)
+        self.clattn_dropout_mask = P(dll, "clattn_dropout_mask", c_int, c_void_p, POINTER(AttentionDesc), T,
+                                     c_uint, c_void_p, POINTER(ev), required=False)
+        self.clattn_philox4x32_10 = P(dll, "clattn_philox4x32_10", None, POINTER(c_uint32), POINTER(c_uint32),
+                                      POINTER(c_uint32), required=False)
         self.clattn_attention_host = P(dll, "clattn_attention_host", c_int, c_void_p, POINTER(AttentionDesc),
                                        c_int, c_void_p, c_void_p, c_void_p, c_void_p, POINTER(c_float))
         self.clattn_operation_name = P(dll, "clattn_operation_name", c_char_p, c_int)
@@ -273,6 +287,18 @@ def library_path() -> str:
     """The path of the libclattn that was loaded and where it was found, e.g. 'bundled: /...'."""
     L = lib()
     return f"{L.origin}: {L.path}"
+
+
+def need(name: str):
+    """The C function `name` of the loaded libclattn; an OSError naming the library and its version
+    when that copy predates it (the optional training calls)."""
+    L = lib()
+    fn = getattr(L, name, None)
+    if fn is None:
+        raise OSError(f"clattn: the loaded libclattn ({L.origin}: {L.path}, version "
+                      f"{decode(L.clattn_version_string())}) has no {name}; rebuild it from this source "
+                      f"tree or point CLATTN_LIBRARY at a newer build")
+    return fn
 
 
 def decode(s: Optional[bytes]) -> str:
