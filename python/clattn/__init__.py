@@ -22,7 +22,7 @@ from ._core import (DTYPES, OPERATIONS, ClattnError, Context, Device, DeviceTens
                     philox4x32_10, select_device, to_bf16, version, version_number)
 from ._lib import library_path
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = ["Context", "DeviceTensor", "ClattnError", "Status", "Device", "SelectedDevice", "Params",
            "ProgramStatistics", "devices", "select_device", "alibi_slopes", "version", "version_number",

@@ -16,9 +16,8 @@ against the header and compares every size and offset with these, so a header ch
 binding misses fails a test rather than corrupting memory.
 
 The training calls (clattn_attention_backward, clattn_dropout_mask, clattn_philox4x32_10) are
-looked up without being required: a libclattn from before them (the same 0.3.0 version number,
-the same ABI) still loads for everything else, and :func:`need` names the missing symbol when one
-of them is called.
+looked up without being required: a libclattn from before them (0.3, the same ABI) still loads
+for everything else, and :func:`need` names the missing symbol when one of them is called.
 """
 
 from __future__ import annotations
