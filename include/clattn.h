@@ -391,7 +391,7 @@ CLATTN_API clattn_status clattn_attention(clattn_context *ctx, const clattn_atte
  * scale·Q·Kᵀ + mask into `scores` [batch][heads_q][seq_q][seq_kv]; keys hidden by causal or
  * kv_lengths become -inf. With variants, the logits: softcap, mask, ALiBi and score_mod, -inf
  * where the window, chunk or mask_mod hides the key. desc->lse, probabilities, sinks (not a
- * key's logit) and algorithm are ignored.
+ * key's logit), the dropout fields (dropout applies to probabilities) and algorithm are ignored.
  */
 CLATTN_API clattn_status clattn_scores(clattn_context *ctx, const clattn_attention_desc *desc,
                                        const clattn_tensor *q, const clattn_tensor *k,
@@ -442,7 +442,8 @@ CLATTN_API clattn_status clattn_merge(clattn_context *ctx, int num_parts,
  * gradients it touches. desc->lse and desc->probabilities must be NULL (lse is the argument);
  * score_mod (whose derivative clattn cannot know), desc->kv (paged, quantized or packed K/V)
  * and CLATTN_ALGORITHM_UNFUSED are refused with CLATTN_UNSUPPORTED. dq, dk, dv and dsinks must
- * not overlap each other or any input.
+ * not overlap each other or any input; out, an input here, is checked as one (it may be
+ * read-only, broadcast or share storage with other inputs).
  */
 CLATTN_API clattn_status clattn_attention_backward(
     clattn_context *ctx, const clattn_attention_desc *desc, const clattn_tensor *q,
@@ -455,7 +456,9 @@ CLATTN_API clattn_status clattn_attention_backward(
  * The dropout multipliers z of desc (dropout_p > 0) into `mask` [batch][heads_q][seq_q][seq_kv]
  * (f32, f16 or bf16): 1/(1 - dropout_p) where the probability is kept, 0 where dropped, for
  * every (row, key) whether visible or not, exactly as clattn_attention and
- * clattn_attention_backward draw them (desc's kv_lengths and offsets give r and c).
+ * clattn_attention_backward draw them (desc's kv_lengths and offsets give r and c). It reads and
+ * checks batch, heads_q, seq_q, seq_kv, kv_lengths, q_offset, k_offset and the dropout fields,
+ * the rules of clattn_attention for each; the other fields play no part.
  */
 CLATTN_API clattn_status clattn_dropout_mask(clattn_context *ctx, const clattn_attention_desc *desc,
                                              const clattn_tensor *mask, cl_uint num_wait,

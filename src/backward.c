@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 clattn_status clattn__check_dropout(clattn_context *ctx, const clattn_attention_desc *desc, clattn_problem *p)
@@ -90,9 +91,32 @@ clattn_status clattn_dropout_mask(clattn_context *ctx, const clattn_attention_de
     if (!ctx)
         return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_dropout_mask: ctx must not be NULL");
     clattn__clear_error(ctx);
-    clattn_status st = clattn__check_desc(ctx, desc, 0);
-    if (st)
-        return st;
+    /* The mask reads batch, heads_q, seq_q, seq_kv, kv_lengths, the offsets and the dropout
+     * fields, and checks those; the others play no part in it. */
+    if (!desc)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc must not be NULL");
+    const struct {
+        const char *name;
+        int64_t v, max;
+    } n[4] = {{"batch", desc->batch, 0x7fffffffLL},
+              {"heads_q", desc->heads_q, 0x7fffffffLL},
+              {"seq_q", desc->seq_q, CLATTN_MAX_SEQ},
+              {"seq_kv", desc->seq_kv, CLATTN_MAX_SEQ}};
+    for (int i = 0; i < 4; i++)
+        if (n[i].v < 1 || n[i].v > n[i].max)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->%s is %lld: 1 .. %lld", n[i].name,
+                                (long long)n[i].v, (long long)n[i].max);
+    if ((uint64_t)desc->batch * (uint64_t)desc->heads_q > 0x7fffffffu)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->batch x heads_q (%lld x %lld) exceeds 2^31 - 1",
+                            (long long)desc->batch, (long long)desc->heads_q);
+    const int64_t big = desc->seq_kv > desc->seq_q ? desc->seq_kv : desc->seq_q;
+    if (desc->q_offset < -CLATTN_MAX_SEQ || desc->q_offset > CLATTN_MAX_SEQ || desc->k_offset < -CLATTN_MAX_SEQ ||
+        desc->k_offset > CLATTN_MAX_SEQ || llabs(desc->q_offset - desc->k_offset) > CLATTN_MAX_SEQ - big)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->q_offset (%lld) - k_offset (%lld) is too far: |q_offset - k_offset| + max(seq_q, "
+                            "seq_kv) must not exceed %lld",
+                            (long long)desc->q_offset, (long long)desc->k_offset, (long long)CLATTN_MAX_SEQ);
+    clattn_status st;
     clattn_problem p;
     memset(&p, 0, sizeof p);
     if ((st = clattn__check_dropout(ctx, desc, &p)))
@@ -176,7 +200,7 @@ clattn_status clattn_attention_backward(clattn_context *ctx, const clattn_attent
         return clattn__fail(ctx, CLATTN_UNSUPPORTED,
                             "desc->kv: paged, quantized or packed K/V have no backward pass; give plain views");
     clattn_problem p;
-    clattn_status st = clattn__check_attention(ctx, desc, q, k, v, out, 1, &p);
+    clattn_status st = clattn__check_attention(ctx, desc, q, k, v, out, 2, &p);
     if (st)
         return st;
     if (p.kv.on)

@@ -408,7 +408,8 @@ void clattn__variant_leave(clattn_context *ctx);
 /* Checks the sizes, scale and (when check_algorithm) algorithm of desc, nothing about tensors. */
 clattn_status clattn__check_desc(clattn_context *ctx, const clattn_attention_desc *desc,
                                  int check_algorithm);
-/* Checks desc + q/k (+ v/out when `need_v`) and fills `p`. */
+/* Checks desc + q/k (+ v/out when `need_v`; with need_v 2, out as an input: the backward pass)
+ * and fills `p`. */
 clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attention_desc *desc,
                                       const clattn_tensor *q, const clattn_tensor *k,
                                       const clattn_tensor *v, const clattn_tensor *out,

@@ -483,13 +483,14 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                                 "out->dtype (%s) is neither q->dtype (%s) nor f32", dtype_name(out->dtype),
                                 dtype_name(q->dtype));
-        if ((st = clattn__check_view(ctx, "out", out, os, CLATTN_VIEW_OUTPUT, same | CLATTN_DTYPE_BIT(CLATTN_F32),
-                                     &p->out)))
+        /* need_v 2 (the backward pass): out is the forward's output, read as an input. */
+        if ((st = clattn__check_view(ctx, "out", out, os, need_v == 2 ? CLATTN_VIEW_INPUT : CLATTN_VIEW_OUTPUT,
+                                     same | CLATTN_DTYPE_BIT(CLATTN_F32), &p->out)))
             return st;
         const clattn_tensor *ins[5] = {q, k, v, desc->kv ? desc->kv->k_scales : NULL,
                                        desc->kv ? desc->kv->v_scales : NULL};
         const char *const in_names[5] = {"q", "k", "v", "desc->kv->k_scales", "desc->kv->v_scales"};
-        const char *hit = clattn__first_overlap(out, 5, ins, in_names);
+        const char *hit = need_v == 2 ? NULL : clattn__first_overlap(out, 5, ins, in_names);
         if (hit)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out overlaps %s (an input)", hit);
         if (p->kv.page && clattn__table_overlaps(&p->kv, out))
@@ -504,7 +505,7 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
     }
     if ((st = clattn__check_kvlen(ctx, desc->kv_lengths, p->batch)))
         return st;
-    if (need_v && desc->mask && clattn__views_overlap(out, desc->mask))
+    if (need_v == 1 && desc->mask && clattn__views_overlap(out, desc->mask))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "out overlaps desc->mask");
     if (need_v && desc->lse) {
         if ((st = clattn__check_view(ctx, "desc->lse", desc->lse, ls, CLATTN_VIEW_OUTPUT,
@@ -530,13 +531,13 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
         if (hit)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->probabilities overlaps %s", hit);
     }
-    if ((st = clattn__check_variants(ctx, desc, need_v ? out : NULL, p)))
+    if ((st = clattn__check_variants(ctx, desc, need_v == 1 ? out : NULL, p)))
         return st;
     if (need_v && (st = clattn__check_dropout(ctx, desc, p)))
         return st;
     /* After the outputs' views are checked: the overlap test reads their shapes and strides. */
     if (need_v && desc->kv_lengths &&
-        (clattn__kvlen_overlaps(desc->kv_lengths, p->batch, out) ||
+        ((need_v == 1 && clattn__kvlen_overlaps(desc->kv_lengths, p->batch, out)) ||
          (desc->lse && clattn__kvlen_overlaps(desc->kv_lengths, p->batch, desc->lse)) ||
          (desc->probabilities && clattn__kvlen_overlaps(desc->kv_lengths, p->batch, desc->probabilities))))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,

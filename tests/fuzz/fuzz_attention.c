@@ -3,6 +3,8 @@
  * and wait lists built from the input; see fuzz_common.h for what is checked.
  *
  * First byte: 0..61 clattn_attention, 62 clattn_attention with a NULL context, 63 the host form.
+ * Descriptors take dropout too (fz_read_variants): an accepted call with dropout_p > 0 is compared
+ * with the reference's dropout, which draws the same multipliers.
  */
 #include <math.h>
 #include <stdio.h>
@@ -66,6 +68,9 @@ static void compare(const clattn_attention_desc *d, const double *xq, const doub
     a.softcap = d->softcap;
     a.q_offset = d->q_offset;
     a.k_offset = d->k_offset;
+    a.dropout_p = (double)d->dropout_p;
+    a.dropout_seed = d->dropout_seed;
+    a.dropout_offset = d->dropout_offset;
     double *out = malloc(nrow * (size_t)dv * sizeof *out), *lse = malloc(nrow * sizeof *lse),
            *probs = malloc(nrow * (size_t)d->seq_kv * sizeof *probs);
     if (!out || !lse || !probs)
@@ -78,7 +83,32 @@ static void compare(const clattn_attention_desc *d, const double *xq, const doub
      * tests/test_robust.c). */
     const double atol = vmax * (2e-5 + storage_atol(out_dt)) + 2.0 * e * vmax + 1e-30;
     const double rtol = fmax(1e-4 * g, storage_rtol(out_dt));
-    fz_compare("out", got_out, out, nrow * (size_t)dv, atol, rtol);
+    double *atol_rows = NULL;
+    if (a.dropout_p > 0.0) {
+        /* With dropout a row's weights sum to f = Σ_j P_ij·z_ij instead of at most 1: its error
+         * scales by f (up to 1/(1 - p), which is 2^24 for the largest p below 1). */
+        atol_rows = malloc(nrow * (size_t)dv * sizeof *atol_rows);
+        if (atol_rows == NULL)
+            fz_die("out of host memory");
+        for (int64_t b = 0; b < d->batch; ++b) {
+            int64_t L = kvl != NULL ? kvl[b] : d->seq_kv;
+            L = L < 0 ? 0 : L > d->seq_kv ? d->seq_kv : L;
+            for (int64_t h = 0; h < d->heads_q; ++h)
+                for (int64_t i = 0; i < d->seq_q; ++i) {
+                    const size_t r = (size_t)((b * d->heads_q + h) * d->seq_q + i);
+                    const long long row = (long long)(i + L - d->seq_q + d->q_offset);
+                    double f = 0.0;
+                    for (int64_t j = 0; j < d->seq_kv; ++j)
+                        f += probs[r * (size_t)d->seq_kv + (size_t)j] *
+                             ref_dropout_z(a.dropout_seed, a.dropout_offset, a.dropout_p, (int)b, (int)d->heads_q,
+                                           (int)h, row, (long long)(j + d->k_offset));
+                    for (int64_t x = 0; x < dv; ++x)
+                        atol_rows[r * (size_t)dv + (size_t)x] = (f > 1.0 ? f - 1.0 : 0.0) * (atol - 1e-30);
+                }
+        }
+    }
+    fz_compare_stored("out", got_out, out, nrow * (size_t)dv, atol, atol_rows, rtol, out_dt);
+    free(atol_rows);
     for (size_t r = 0; r < nrow; ++r)
         if (lse[r] == -INFINITY)
             for (int64_t j = 0; j < dv; ++j)
@@ -166,6 +196,9 @@ static void fuzz_attention(fz_state *s, int null_ctx)
             fz_die("accepted kv_lengths without batch int32 values");
         if (st == CLATTN_SUCCESS && probs.present && d.algorithm == CLATTN_ALGORITHM_FUSED)
             fz_die("computed probabilities on the fused path");
+        if (st == CLATTN_SUCCESS && !fz_dropout_path_ok(&d))
+            fz_die("ran dropout_p %g on the unfused path (algorithm %d, probabilities %s)", (double)d.dropout_p,
+                   (int)d.algorithm, probs.present ? "asked for" : "not asked for");
         int marked = fz_mark(&all, s, &q) && fz_mark(&all, s, &k) && fz_mark(&all, s, &v) && fz_mark(&all, s, &out) &&
                      (!mask.present || fz_mark(&all, s, &mask)) && (!lse.present || fz_mark(&all, s, &lse)) &&
                      (!probs.present || fz_mark(&all, s, &probs));

@@ -625,13 +625,39 @@ void fz_read_desc(fz_state *s, clattn_attention_desc *d)
     d->algorithm = (clattn_algorithm)(a < 240 ? a % 3 : (int)(int32_t)fz_u64(&s->in));
 }
 
+/* Dropout (dropout_p, dropout_seed, dropout_offset), after the variants: off when the input ends
+ * (fz_u8 gives 0), so inputs written before it keep their meaning. */
+static void read_dropout(fz_state *s, clattn_attention_desc *d)
+{
+    const uint8_t sel = fz_u8(&s->in);
+    if (sel < 128)
+        return;
+    /* Valid: ordinary rates, a threshold of 1 (2^-16), of 65535 (0.99999: z = 1e5), one that rounds
+     * to 0 (2^-18: nothing dropped but everything scaled), a subnormal, the largest float below 1
+     * (z = 2^24), and 0 and -0 (off). Invalid: negative, NaN, 1, above 1, infinities. */
+    static const float ps[16] = {0.1f,        0.5f, 0.25f, 0.9f,  0x1p-16f, 0.99999f, 0x1p-18f, 0x1p-149f,
+                                 0.99999994f, 0.0f, -0.0f, -0.1f, NAN,      1.0f,     1.5f,     -INFINITY};
+    d->dropout_p = ps[sel & 15];
+    if ((sel & 0x70) == 0x70) { /* any float from the input */
+        uint32_t bits = (uint32_t)fz_u64(&s->in);
+        memcpy(&d->dropout_p, &bits, sizeof bits);
+    }
+    static const uint64_t seeds[4] = {UINT64_MAX, 0xffffffffu, (uint64_t)1 << 32, 0x9e3779b97f4a7c15ull};
+    const uint8_t k = fz_u8(&s->in);
+    d->dropout_seed = k < 128 ? (uint64_t)k : k < 224 ? fz_u64(&s->in) : seeds[k % 4];
+    const uint8_t o = fz_u8(&s->in);
+    d->dropout_offset = o < 192 ? (uint32_t)(o % 8) : o < 240 ? (uint32_t)fz_u64(&s->in) : UINT32_MAX - (o % 2);
+}
+
 void fz_read_variants(fz_state *s, clattn_attention_desc *d)
 {
     /* Read last, so that inputs written before the variants existed (which end earlier: fz_u8
      * gives 0 past the end) keep their meaning with every variant off. */
     const uint8_t sel = fz_u8(&s->in);
-    if (sel < 128)
+    if (sel < 128) {
+        read_dropout(s, d);
         return;
+    }
     static const int64_t sides[8] = {0, 1, 3, 16, -1, -5, 0x7fffffffLL, INT64_MIN};
     static const float caps[8] = {0.0f, 0.5f, 30.0f, 50.0f, -1.0f, NAN, INFINITY, 1e-40f};
     const uint8_t w = fz_u8(&s->in), c = fz_u8(&s->in), f = fz_u8(&s->in);
@@ -653,6 +679,7 @@ void fz_read_variants(fz_state *s, clattn_attention_desc *d)
         d->q_offset = o >= 240 ? (int64_t)fz_u64(&s->in) : offs[o & 7];
         d->k_offset = offs[o >> 3 & 7];
     }
+    read_dropout(s, d);
 }
 
 static int count_ok(int64_t v)
@@ -687,8 +714,43 @@ int fz_desc_valid(const clattn_attention_desc *d, int check_algorithm)
         return 0;
     if (check_algorithm && (d->algorithm < CLATTN_ALGORITHM_AUTO || d->algorithm > CLATTN_ALGORITHM_UNFUSED))
         return 0;
+    if (check_algorithm && !fz_dropout_valid(d))
+        return 0;
     return (unsigned __int128)d->batch * (unsigned __int128)d->heads_q * (unsigned __int128)d->seq_q <=
            (unsigned __int128)0x7fffffffULL * 64u;
+}
+
+int fz_dropout_valid(const clattn_attention_desc *d)
+{
+    if (!(d->dropout_p >= 0.0f && d->dropout_p < 1.0f))
+        return 0;
+    return !(d->dropout_p > 0.0f && d->kv != NULL && (d->kv->cu_seqlens_q != NULL || d->kv->cu_seqlens_k != NULL));
+}
+
+int fz_dropout_path_ok(const clattn_attention_desc *d)
+{
+    return !(d->dropout_p > 0.0f && (d->algorithm == CLATTN_ALGORITHM_UNFUSED || d->probabilities != NULL));
+}
+
+/* The smallest magnitude dt stores as an infinity (round to nearest even): 65520 for f16, the
+ * bf16 midpoint above its largest finite value; f32's own. */
+static double overflow_at(clattn_dtype dt)
+{
+    return dt == CLATTN_F16 ? 65520.0 : dt == CLATTN_BF16 ? 0x1.ffp127 : 0x1.ffffffp127;
+}
+
+void fz_compare_stored(const char *what, const double *got, const double *want, size_t n, double atol,
+                       const double *atol_each, double rtol, clattn_dtype dt)
+{
+    for (size_t i = 0; i < n; ++i) {
+        const double at = atol + (atol_each != NULL ? atol_each[i] : 0.0);
+        if (isinf(got[i]) && isfinite(want[i]) && (got[i] > 0) == (want[i] > 0) &&
+            fabs(want[i]) + at + rtol * fabs(want[i]) >= overflow_at(dt))
+            continue;
+        if (!tu_close(got[i], want[i], at, rtol))
+            fz_die("%s: element %zu of %zu is %.9g, the reference %.9g (atol %.3g, rtol %.3g, %s)", what, i, n, got[i],
+                   want[i], at, rtol, clattn_dtype_name(dt) ? clattn_dtype_name(dt) : "?");
+    }
 }
 
 uint64_t fz_desc_work(const clattn_attention_desc *d)

@@ -1,6 +1,6 @@
 /*
  * Shared pieces of the libFuzzer harnesses for the public entry points (fuzz_attention.c,
- * fuzz_scores.c, fuzz_softmax.c, fuzz_merge.c): arguments built from the fuzz bytes, an oracle for
+ * fuzz_backward.c, fuzz_scores.c, fuzz_softmax.c, fuzz_merge.c): arguments built from the fuzz bytes, an oracle for
  * what the contract accepts, and the float64 reference for what it computes.
  *
  * Every input becomes one call. Numbers come through selectors that favour small valid values but
@@ -163,13 +163,29 @@ void fz_compare(const char *what, const double *got, const double *want, size_t 
  * the images read back after the call (success) for the caller's comparisons, or NULL. */
 unsigned char **fz_after_call(fz_state *s, clattn_status st, cl_event done, const fz_marks *outs);
 
-/* ---- attention descriptors (fuzz_attention.c, fuzz_scores.c) ---- */
+/* ---- attention descriptors (fuzz_attention.c, fuzz_backward.c, fuzz_scores.c) ---- */
 
 void fz_read_desc(fz_state *s, clattn_attention_desc *d);
-/* The scalar variants (window, chunk, softcap), from the end of the input: off when it ends. */
+/* The scalar variants (window, chunk, softcap, q_offset and k_offset) and then dropout (dropout_p,
+ * valid or not, dropout_seed, dropout_offset), from the end of the input: off when it ends. */
 void fz_read_variants(fz_state *s, clattn_attention_desc *d);
-/* What clattn_attention (check_algorithm) or clattn_scores accept in a descriptor. */
+/* What clattn_attention or clattn_attention_backward (check_algorithm: the algorithm and the
+ * dropout fields are checked too) or clattn_scores (which ignores both) accept in a descriptor. */
 int fz_desc_valid(const clattn_attention_desc *d, int check_algorithm);
+/* dropout_p in [0, 1), and not > 0 with packed sequences (desc->kv->cu_seqlens_q/k): what every
+ * call that draws dropout (clattn_attention, its backward, clattn_dropout_mask) checks before its
+ * wait list. */
+int fz_dropout_valid(const clattn_attention_desc *d);
+/* 0 when a clattn_attention call with this descriptor must not have run: dropout_p > 0 on the
+ * unfused path (CLATTN_ALGORITHM_UNFUSED, or desc->probabilities, which asks for it). The refusal
+ * (UNSUPPORTED) comes after the wait list, so this is judged on successful calls only. */
+int fz_dropout_path_ok(const clattn_attention_desc *d);
+/* Like fz_compare, for values stored in `dt`, with atol + atol_each[i] (atol_each may be NULL) for
+ * element i: a result that overflowed to an infinity matches a reference of its sign whose
+ * magnitude, widened by the tolerance, reaches dt's overflow threshold (dropout's 1/(1 - p) can
+ * carry out past f16's 65504). */
+void fz_compare_stored(const char *what, const double *got, const double *want, size_t n, double atol,
+                       const double *atol_each, double rtol, clattn_dtype dt);
 /* batch·heads_q·seq_q·seq_kv·(head_dim + head_dim_v), saturating; counts below 1 count as 1. */
 uint64_t fz_desc_work(const clattn_attention_desc *d);
 /* The largest fp32 error of one logit scale·q·k + mask (see tests/test_robust.c): q [B][Hq][Sq][D],
