@@ -253,16 +253,19 @@ inline float16 var_rows_key16(float16 s, int key, int16 rend, int16 beg, int16 p
     return select(su.v, (float16)(NEG_INF), hu.v);
 }
 
-/* var_key on the 16 keys key0 .. key0+15 of one row (fused_direct, fused_tiled on CPUs): the
- * softcap, mask and ALiBi as vectors, mask_mod and score_mod lane by lane. */
+/* var_key on the 16 keys key0 .. key0+15 of one row (fused_direct, fused_tiled on CPUs, the
+ * backward's bwd_rows): the softcap, mask and ALiBi as vectors, mask_mod and score_mod lane by
+ * lane. */
 inline float16 var_keys16(float16 s, int key0, int rend, const vrow *r, const vparams *vp, int has_mask,
-                          __global const T_MASK *mask, ulong mrow)
+                          __global const T_MASK *mask, ulong mrow, float16 *capped)
 {
     const int16 key = (int16)(key0) + (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int16 hid = (key >= (int16)(rend)) | (key < (int16)(r->beg));
 #if VARIANTS & V_SOFTCAP
     s = softcap16(s, vp->cap);
 #endif
+    if (capped) /* the softcapped scores, for the backward's derivative (NULL: not wanted) */
+        *capped = s;
 #if VARIANTS & V_MASK_MOD
     union {
         int16 v;
@@ -509,7 +512,7 @@ inline void hide_keys(float *t, int n, int key0, int rend, int has_mask, __globa
     {
         int e = 0;
         for (; e + 16 <= n; e += 16)
-            vstore16(var_keys16(vload16(0, t + e), key0 + e, rend, vr, vp, has_mask, mask, mrow), 0, t + e);
+            vstore16(var_keys16(vload16(0, t + e), key0 + e, rend, vr, vp, has_mask, mask, mrow, NULL), 0, t + e);
         for (; e < n; e++)
             t[e] = var_key(t[e], key0 + e, rend, vr, vp, has_mask, mask, mrow);
         return;

@@ -107,44 +107,6 @@ __kernel void bwd_pre(__global const T_IN *Q, ulong q_off, ulong q_sb, ulong q_s
 }
 #endif
 
-/* The 16 logits of keys kt .. kt+15 for row i (diagonal context r, keys before rend, mask row
- * mrow) from their scaled scores s, as the forward takes them (var_keys16 and var_logit in
- * attn_common.cl): the softcap, whose value is kept in *sc for its derivative, the additive mask
- * and ALiBi; *hid marks the hidden keys (their logits are then meaningless). */
-inline float16 bwd_logits16(float16 s, int kt, int rend, const vrow *r, const vparams *vp, int has_mask,
-                            __global const T_MASK *mask, ulong mrow, float16 *sc, int16 *hid)
-{
-    const int16 key = (int16)(kt) + (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    int16 h = (key >= (int16)(rend)) | (key < (int16)(r->beg));
-#if VARIANTS & V_SOFTCAP
-    s = softcap16(s, vp->cap);
-#endif
-    *sc = s;
-#if VARIANTS & V_MASK_MOD
-    union {
-        int16 v;
-        int i[16];
-    } hu = {h};
-    for (int e = 0; e < 16; e++)
-        if (!hu.i[e])
-            hu.i[e] = mask_mod(r->b, r->h, r->p, kt + e) ? 0 : -1;
-    h = hu.v;
-#endif
-    if (has_mask) {
-        float t[16];
-        for (int e = 0; e < 16; e++)
-            t[e] = kt + e < rend ? LD_MASK(mask, mrow + (ulong)(kt + e)) : 0.0f;
-        const float16 mv = vload16(0, t);
-        h |= mv == (float16)(NEG_INF);
-        s += mv;
-    }
-#if VARIANTS & V_ALIBI
-    s -= (float16)(r->slope) * alibi_dist16((int16)(r->p), key);
-#endif
-    *hid = h;
-    return s;
-}
-
 /* One row of bwd_main's block: its q and dout rows (bwd_pre's f32 copies), its dQ partial, LSE,
  * D, variant context, end of keys and mask row, and its dropout coordinates. */
 typedef struct bwd_row {
@@ -206,9 +168,12 @@ __attribute__((always_inline)) inline void bwd_rows(const int NR, const bwd_row 
     int some = 0;
 #pragma unroll
     for (int t = 0; t < NR; t++) {
+        /* The forward's logits (var_keys16: -inf where hidden, as a visible key of logit -inf,
+         * which takes no weight either) and the softcapped scores for the softcap's derivative. */
         float16 sc;
-        const float16 x = bwd_logits16((s0[t] + s1[t]) * scale, kt, ar[t].rend, &ar[t].vr, vp, has_mask, mask,
-                                       ar[t].mrow, &sc, &hid[t]);
+        const float16 x = var_keys16((s0[t] + s1[t]) * scale, kt, ar[t].rend, &ar[t].vr, vp, has_mask, mask,
+                                     ar[t].mrow, &sc);
+        hid[t] = x == (float16)(NEG_INF);
         const float16 p = select(exp2p16((x - (float16)(ar[t].lse)) * LOG2E), (float16)(0.0f), hid[t]);
         const float16 dpv = g0[t] + g1[t];
 #if DROPOUT
