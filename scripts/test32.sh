@@ -9,15 +9,16 @@
 #
 # Needs root (or sudo) and network access to deb.debian.org for the first run. Without them it
 # says why and exits 0 (scripts/test.sh runs it as an optional step); CLATTN_REQUIRE_32=1 makes
-# that a failure. A failing test always fails. CTEST_REGEX picks the tests (default: the validation,
-# size, failure, limit, tuning, cache, device and softmax suites and the guard-page one, about 12
-# minutes with a cold kernel cache).
+# that a failure. A failing test always fails. CTEST_REGEX picks the tests (default: the float64
+# references, forward and backward (x87 arithmetic, Philox's 64-bit products on a 32-bit host), the
+# validation, size, failure, limit, tuning, cache, device and softmax suites and the guard-page
+# one, about 12 minutes with a cold kernel cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
 work=$src/build/ci/i386
 root=$work/root
-tests=${1:-'^test_(status|reference|bad_input|failures|limits|limits_rows|tuning|cache|device|softmax|guard)$'}
+tests=${1:-'^test_(status|reference|ref_backward|bad_input|failures|limits|limits_rows|tuning|cache|device|softmax|guard)$'}
 
 unavailable() {
   echo "test32: skipped: $1"
