@@ -263,14 +263,14 @@ typedef struct clattn_attention_desc {
      * 0 < dropout_p < 1 each probability P[i][j] of a visible key is kept and scaled by
      * 1/(1 - dropout_p), or dropped (0); the softmax's denominator, the LSE and the sinks are
      * unchanged: o_i = Σ_j P_ij·z_ij·v_j with z_ij 0 or 1/(1 - dropout_p), a pure function of
-     * dropout_seed, dropout_offset, the batch b, the query head h, the row's global index r = p + k_offset (p its
-     * diagonal position, above: i for a self-attention) and the key's c = j + k_offset, the same on
-     * every device and in clattn_attention_backward. With r and c as unsigned 32-bit words (mod 2^32),
-     * Philox-4x32-10 with key (seed & 0xffffffff, seed >> 32) and counter
-     * (16·floor(c / 128) + c mod 16, r, b·heads_q + h, dropout_offset) gives four words x0..x3;
-     * key c takes the 16-bit half floor(c / 16) mod 2 (0: the low half) of word
-     * x[floor(c / 32) mod 4] and is kept iff that half >= round(dropout_p·65536) (at most 65535):
-     * drop rates resolve to 1/65536. clattn_dropout_mask writes z. Fused path only (the
+     * dropout_seed, dropout_offset, the batch b, the query head h, the row's global index
+     * r = p + k_offset (p its diagonal position, above: i for a self-attention) and the key's
+     * c = j + k_offset, the same on every device and in clattn_attention_backward. With r and c
+     * as unsigned 32-bit words (mod 2^32), Philox-4x32-10 with key (seed & 0xffffffff,
+     * seed >> 32) and counter (16·floor(c / 128) + c mod 16, r, b·heads_q + h, dropout_offset)
+     * gives four words x0..x3; key c takes the 16-bit half floor(c / 16) mod 2 (0: the low half)
+     * of word x[floor(c / 32) mod 4] and is kept iff that half >= round(dropout_p·65536) (at most
+     * 65535): drop rates resolve to 1/65536. clattn_dropout_mask writes z. Fused path only (the
      * unfused one and desc->probabilities refuse it), not with packed sequences (cu_seqlens);
      * negative, NaN or >= 1: refused. */
     uint64_t dropout_seed;
@@ -425,13 +425,13 @@ CLATTN_API clattn_status clattn_merge(clattn_context *ctx, int num_parts,
 
 /**
  * The gradients of clattn_attention's output: given its inputs q, k, v, its output `out` and
- * LSE `lse` (f32 [batch][heads_q][seq_q][1], as desc->lse wrote them: the forward must have been
- * run with the same desc) and the gradient `dout` of a loss with respect to out, writes
+ * LSE `lse` (f32 [batch][heads_q][seq_q][1], as desc->lse wrote them; desc is the forward's,
+ * with lse NULL here) and the gradient `dout` of a loss with respect to out, writes
  * dq = ∂loss/∂q, dk and dv (shapes of q, k and v; dtype each of its input's or f32), and with
  * desc->sinks, dsinks (f32 [1][heads_q][1][1], may be NULL) = ∂loss/∂sinks. FlashAttention 2's
  * algorithm: P is recomputed from the LSE, D = rowsum(dout ∘ out), dV = Σ Pᵀ·dout,
- * dS = P ∘ (dP - D) with dP = dout·Vᵀ, dQ = dS·K·scale, dK = dSᵀ·Q·scale (GQA: dK and dV sum
- * over each kv head's query heads); the softcap's derivative 1 - tanh² and dropout (the same z
+ * dS = P ∘ (dP - D) with dP = dout·Vᵀ, dQ = dS·K·scale, dK = dSᵀ·Q·scale (GQA: dK and dV
+ * sum over each kv head's query heads); the softcap's derivative 1 - tanh² and dropout (the same z
  * as the forward's, regenerated, not stored) apply. O(seq) workspace, no seq_q x seq_kv buffer.
  * Deterministic: no floating-point atomics and every sum in a fixed order, so the same inputs
  * give bitwise the same gradients on the same device with the same kernel parameters.
