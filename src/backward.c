@@ -4,7 +4,6 @@
 
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 clattn_status clattn__check_dropout(clattn_context *ctx, const clattn_attention_desc *desc, clattn_problem *p)
@@ -109,14 +108,9 @@ clattn_status clattn_dropout_mask(clattn_context *ctx, const clattn_attention_de
     if ((uint64_t)desc->batch * (uint64_t)desc->heads_q > 0x7fffffffu)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->batch x heads_q (%lld x %lld) exceeds 2^31 - 1",
                             (long long)desc->batch, (long long)desc->heads_q);
-    const int64_t big = desc->seq_kv > desc->seq_q ? desc->seq_kv : desc->seq_q;
-    if (desc->q_offset < -CLATTN_MAX_SEQ || desc->q_offset > CLATTN_MAX_SEQ || desc->k_offset < -CLATTN_MAX_SEQ ||
-        desc->k_offset > CLATTN_MAX_SEQ || llabs(desc->q_offset - desc->k_offset) > CLATTN_MAX_SEQ - big)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                            "desc->q_offset (%lld) - k_offset (%lld) is too far: |q_offset - k_offset| + max(seq_q, "
-                            "seq_kv) must not exceed %lld",
-                            (long long)desc->q_offset, (long long)desc->k_offset, (long long)CLATTN_MAX_SEQ);
-    clattn_status st;
+    clattn_status st = clattn__check_offsets(ctx, desc);
+    if (st)
+        return st;
     clattn_problem p;
     memset(&p, 0, sizeof p);
     if ((st = clattn__check_dropout(ctx, desc, &p)))

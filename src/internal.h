@@ -395,6 +395,8 @@ clattn_status clattn__check_kv(clattn_context *ctx, const clattn_attention_desc 
                                const clattn_tensor *v, clattn_problem *p);
 int clattn__table_overlaps(const clattn_kvstore *kv, const clattn_tensor *t);
 void clattn__kv_options(const clattn_problem *p, char *buf, size_t size);
+/* variant.c: the offsets' range (q_offset, k_offset against seq_q and seq_kv). */
+clattn_status clattn__check_offsets(clattn_context *ctx, const clattn_attention_desc *desc);
 /* variant.c: checks desc's variant fields against p (sizes filled) and fills p->var. */
 clattn_status clattn__check_variants(clattn_context *ctx, const clattn_attention_desc *desc,
                                      const clattn_tensor *out, clattn_problem *p);

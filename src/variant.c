@@ -27,6 +27,21 @@ static clattn_status check_mod(clattn_context *ctx, const char *name, const char
     return CLATTN_SUCCESS;
 }
 
+/* A slice of a longer sequence (q_offset, k_offset): p moves by delta = q_offset - k_offset.
+ * |delta| + max(seq_q, seq_kv) <= CLATTN_MAX_SEQ keeps p, p + 1 and the window's bounds in int, as
+ * without it. */
+clattn_status clattn__check_offsets(clattn_context *ctx, const clattn_attention_desc *desc)
+{
+    const int64_t big = desc->seq_kv > desc->seq_q ? desc->seq_kv : desc->seq_q;
+    if (desc->q_offset < -CLATTN_MAX_SEQ || desc->q_offset > CLATTN_MAX_SEQ || desc->k_offset < -CLATTN_MAX_SEQ ||
+        desc->k_offset > CLATTN_MAX_SEQ || llabs(desc->q_offset - desc->k_offset) > CLATTN_MAX_SEQ - big)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->q_offset (%lld) - k_offset (%lld) is too far: |q_offset - k_offset| + max(seq_q, "
+                            "seq_kv) must not exceed %lld",
+                            (long long)desc->q_offset, (long long)desc->k_offset, (long long)CLATTN_MAX_SEQ);
+    return CLATTN_SUCCESS;
+}
+
 clattn_status clattn__check_variants(clattn_context *ctx, const clattn_attention_desc *desc,
                                      const clattn_tensor *out, clattn_problem *p)
 {
@@ -38,15 +53,9 @@ clattn_status clattn__check_variants(clattn_context *ctx, const clattn_attention
                             "desc->window_left (%lld) and window_right (%lld) are set but desc->window is "
                             "0 (off): set window = 1 to use them",
                             (long long)desc->window_left, (long long)desc->window_right);
-    /* A slice of a longer sequence (q_offset, k_offset): p moves by delta. |delta| + max(seq_q,
-     * seq_kv) <= CLATTN_MAX_SEQ keeps p, p + 1 and the window's bounds in int, as without it. */
-    const int64_t big = p->seq_kv > p->seq_q ? p->seq_kv : p->seq_q;
-    if (desc->q_offset < -CLATTN_MAX_SEQ || desc->q_offset > CLATTN_MAX_SEQ || desc->k_offset < -CLATTN_MAX_SEQ ||
-        desc->k_offset > CLATTN_MAX_SEQ || llabs(desc->q_offset - desc->k_offset) > CLATTN_MAX_SEQ - big)
-        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                            "desc->q_offset (%lld) - k_offset (%lld) is too far: |q_offset - k_offset| + max(seq_q, "
-                            "seq_kv) must not exceed %lld",
-                            (long long)desc->q_offset, (long long)desc->k_offset, (long long)CLATTN_MAX_SEQ);
+    clattn_status st = clattn__check_offsets(ctx, desc);
+    if (st)
+        return st;
     const int64_t delta = desc->q_offset - desc->k_offset;
     if (delta) {
         v->delta = (int)delta;
@@ -69,6 +78,7 @@ clattn_status clattn__check_variants(clattn_context *ctx, const clattn_attention
         /* Every chunk of at least max(seq_kv, seq_q) + |delta| keys gives the same rows the same
          * keys (a row at p in [0, cap) sees [0, L), one at p in [-cap, 0) none): the kernels'
          * ints hold it. */
+        const int64_t big = p->seq_kv > p->seq_q ? p->seq_kv : p->seq_q;
         const int64_t cap = big + (delta < 0 ? -delta : delta);
         v->chunk = (int)(desc->chunk < cap ? desc->chunk : cap);
         v->bits |= CLATTN_V_RANGE;
@@ -95,7 +105,6 @@ clattn_status clattn__check_variants(clattn_context *ctx, const clattn_attention
         v->softcap = desc->softcap;
         v->bits |= CLATTN_V_SOFTCAP;
     }
-    clattn_status st;
     const unsigned f32 = CLATTN_DTYPE_BIT(CLATTN_F32);
     if (desc->sinks) {
         const int64_t shape[4] = {1, p->heads_q, 1, 1};

@@ -45,32 +45,7 @@ static void compare(const clattn_attention_desc *d, const double *xq, const doub
     const int64_t dv = d->head_dim_v ? d->head_dim_v : d->head_dim;
     const size_t nrow = (size_t)(d->batch * d->heads_q * d->seq_q);
     ref_attn a;
-    memset(&a, 0, sizeof a);
-    a.batch = (int)d->batch;
-    a.heads_q = (int)d->heads_q;
-    a.heads_kv = (int)d->heads_kv;
-    a.seq_q = (int)d->seq_q;
-    a.seq_kv = (int)d->seq_kv;
-    a.head_dim = (int)d->head_dim;
-    a.head_dim_v = (int)dv;
-    a.scale = d->scale != 0.0f ? (double)d->scale : (double)(float)(1.0 / sqrt((double)d->head_dim));
-    a.causal = d->causal != 0;
-    a.mask = xm;
-    a.mask_shape[0] = (int)d->batch;
-    a.mask_shape[1] = (int)d->heads_q;
-    a.mask_shape[2] = (int)d->seq_q;
-    a.mask_shape[3] = (int)d->seq_kv;
-    a.kv_len = kvl;
-    a.window = d->window;
-    a.window_left = d->window_left;
-    a.window_right = d->window_right;
-    a.chunk = d->chunk;
-    a.softcap = d->softcap;
-    a.q_offset = d->q_offset;
-    a.k_offset = d->k_offset;
-    a.dropout_p = (double)d->dropout_p;
-    a.dropout_seed = d->dropout_seed;
-    a.dropout_offset = d->dropout_offset;
+    fz_ref_attn(d, xm, kvl, &a);
     double *out = malloc(nrow * (size_t)dv * sizeof *out), *lse = malloc(nrow * sizeof *lse),
            *probs = malloc(nrow * (size_t)d->seq_kv * sizeof *probs);
     if (!out || !lse || !probs)

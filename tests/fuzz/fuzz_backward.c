@@ -322,36 +322,11 @@ static void check_gradients(const fz_state *s, const bwd *c, unsigned char **img
         finite &= isfinite(fo[i]);
 
     ref_attn a;
-    memset(&a, 0, sizeof a);
-    a.batch = (int)d->batch;
-    a.heads_q = (int)d->heads_q;
-    a.heads_kv = (int)d->heads_kv;
-    a.seq_q = (int)d->seq_q;
-    a.seq_kv = (int)d->seq_kv;
-    a.head_dim = (int)d->head_dim;
-    a.head_dim_v = (int)dvv;
-    a.scale = d->scale != 0.0f ? (double)d->scale : (double)(float)(1.0 / sqrt((double)d->head_dim));
-    a.causal = d->causal != 0;
-    a.mask = xm;
-    a.mask_shape[0] = (int)d->batch;
-    a.mask_shape[1] = (int)d->heads_q;
-    a.mask_shape[2] = (int)d->seq_q;
-    a.mask_shape[3] = (int)d->seq_kv;
-    a.kv_len = kvl;
-    a.window = d->window;
-    a.window_left = d->window_left;
-    a.window_right = d->window_right;
-    a.chunk = d->chunk;
-    a.softcap = d->softcap;
+    fz_ref_attn(d, xm, kvl, &a);
     a.sinks = xs;
     a.alibi = xa;
     a.alibi_per_batch = 1;
     a.mask_mod = d->mask_mod != NULL ? ref_mask_mod_fn : NULL;
-    a.q_offset = d->q_offset;
-    a.k_offset = d->k_offset;
-    a.dropout_p = (double)d->dropout_p;
-    a.dropout_seed = d->dropout_seed;
-    a.dropout_offset = d->dropout_offset;
 
     double *ro = malloc(no * sizeof *ro), *rl = malloc(nrow * sizeof *rl), *wq = malloc(nq * sizeof *wq),
            *wk = malloc(nk * sizeof *wk), *wv = malloc(nv * sizeof *wv), *wds = calloc(ns, sizeof *wds),

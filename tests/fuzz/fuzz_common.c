@@ -1,6 +1,8 @@
 /* Shared pieces of the entry-point fuzz harnesses; see fuzz_common.h. */
 #include "fuzz_common.h"
 
+#include "clattn_ref.h"
+
 #include <float.h>
 #include <math.h>
 #include <stdarg.h>
@@ -789,4 +791,34 @@ double fz_logit_error(const clattn_attention_desc *d, double scale, const double
                     worst = e > worst ? e : worst;
                 }
     return worst;
+}
+
+void fz_ref_attn(const clattn_attention_desc *d, const double *mask, const int *kv_len, ref_attn *a)
+{
+    memset(a, 0, sizeof *a);
+    a->batch = (int)d->batch;
+    a->heads_q = (int)d->heads_q;
+    a->heads_kv = (int)d->heads_kv;
+    a->seq_q = (int)d->seq_q;
+    a->seq_kv = (int)d->seq_kv;
+    a->head_dim = (int)d->head_dim;
+    a->head_dim_v = (int)(d->head_dim_v ? d->head_dim_v : d->head_dim);
+    a->scale = d->scale != 0.0f ? (double)d->scale : (double)(float)(1.0 / sqrt((double)d->head_dim));
+    a->causal = d->causal != 0;
+    a->mask = mask;
+    a->mask_shape[0] = (int)d->batch;
+    a->mask_shape[1] = (int)d->heads_q;
+    a->mask_shape[2] = (int)d->seq_q;
+    a->mask_shape[3] = (int)d->seq_kv;
+    a->kv_len = kv_len;
+    a->window = d->window;
+    a->window_left = d->window_left;
+    a->window_right = d->window_right;
+    a->chunk = d->chunk;
+    a->softcap = d->softcap;
+    a->q_offset = d->q_offset;
+    a->k_offset = d->k_offset;
+    a->dropout_p = (double)d->dropout_p;
+    a->dropout_seed = d->dropout_seed;
+    a->dropout_offset = d->dropout_offset;
 }

@@ -188,6 +188,12 @@ void fz_compare_stored(const char *what, const double *got, const double *want, 
                        const double *atol_each, double rtol, clattn_dtype dt);
 /* batch·heads_q·seq_q·seq_kv·(head_dim + head_dim_v), saturating; counts below 1 count as 1. */
 uint64_t fz_desc_work(const clattn_attention_desc *d);
+/* The float64 reference's problem (ref/clattn_ref.h) of descriptor d: its sizes, scale (0: the
+ * library's 1/sqrt(head_dim) in f32), causal, window, chunk, softcap, offsets and dropout, with
+ * the mask [B][Hq][Sq][Skv] (or NULL) and key lengths (or NULL) given as host arrays; sinks,
+ * ALiBi and mask_mod are left to the caller (off). */
+struct ref_attn;
+void fz_ref_attn(const clattn_attention_desc *d, const double *mask, const int *kv_len, struct ref_attn *a);
 /* The largest fp32 error of one logit scale·q·k + mask (see tests/test_robust.c): q [B][Hq][Sq][D],
  * k [B][Hkv][Skv][D], mask [B][Hq][Sq][Skv] or NULL, all contiguous. */
 double fz_logit_error(const clattn_attention_desc *d, double scale, const double *q, const double *k,
