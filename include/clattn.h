@@ -467,7 +467,7 @@ CLATTN_API clattn_status clattn_dropout_mask(clattn_context *ctx, const clattn_a
 /**
  * Philox-4x32-10 (Salmon et al., SC'11; Random123's philox4x32 with 10 rounds) of counter ctr
  * and key `key` into out, on the host: the generator of desc->dropout_p, for callers who want
- * the dropout decisions without a device.
+ * the dropout decisions without a device. A NULL argument: nothing is read or written.
  */
 CLATTN_API void clattn_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 
