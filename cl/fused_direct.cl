@@ -191,11 +191,13 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
     const int r0 = TILE_Y(1, nrb) * RM;
     const kv_seqs seqs = KV_SEQS();
     const work_range w = work_range_of(TILE_Z(1, nrb), splits, split_len, heads_kv, seq_q, seq_kv,
-                                       causal, kvlen, r0, min(R, r0 + RM) - 1, DBN, &vp, &seqs);
+                                       causal, kvlen, r0, min(R, r0 + RM) - 1, 16, &vp, &seqs);
     const int split = w.split, z = w.z, b = w.b, hk = w.hk, L = w.L;
     int k_lo = w.k_lo, k_hi = w.k_hi, k_all = w.k_all;
     const int k_vis = w.k_vis;
-    NARROW_KEYS(r0, min(R, r0 + RM), DBN);
+    /* The range starts at the 16-key vector of the first key some row may see (a window's or a
+     * mask's), not at a chunk's edge: the copies' chunks then straddle two panels (below). */
+    NARROW_KEYS(r0, min(R, r0 + RM), 16);
 
     /* The head's keys and values: K[key][d] and V[key][c] in place, or the panels of the
      * copies, Kt[key / DBN][d][key % DBN] (k_ss = DBN) and Vp[c / 16][key][c % 16] (v_ss = 16). */
@@ -239,7 +241,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
     }
 
     for (int kt = k_lo; kt < k_hi; kt += NB) {
-        const int nkeys = min(NB, k_hi - kt), nch = (nkeys + DBN - 1) / DBN;
+        const int nkeys = min(NB, k_hi - kt), nch = (nkeys + DBN - 1) / DBN, nv = (nkeys + 15) / 16;
         if ((has_mask && HIDES_BLOCK(RM, rend, mrow, frow, kt, nkeys)) || var_hides_block(RM, rend, vr, kt, nkeys))
             continue;
         /* Scores of the block's chunks, then in place its p, row by row: written as whole vectors,
@@ -287,50 +289,90 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
                 sb[i].v[ch] = qk16_row(qs + i, Kb, &ksrc, k_sb, k_ss, kc, k_hi - 1, D) * scale;
 #endif
 #else
-            float16 s[RM][NS];
+            /* The chunk's 16-key vectors in the panels of the Kᵀ copy: vector j (keys kc + 16j on,
+             * kc a multiple of 16) in panel (kc + 16j) / DBN, at column (kc + 16j) % DBN of each
+             * of its head_dim rows of DBN floats. The last chunk of the range computes only the
+             * vectors that hold its keys, one at a time. */
+            const int nvt = min(NS, nv - ch * NS);
+            int kvo[NS];
 #pragma unroll
-            for (int i = 0; i < RM; i++)
+            for (int j = 0; j < NS; j++) {
+                const int kj = kc + 16 * min(j, nvt - 1);
+                kvo[j] = kj / DBN * (DBN * D) + kj % DBN;
+            }
+            if (nvt == NS) {
+                float16 s[RM][NS];
 #pragma unroll
-                for (int j = 0; j < NS; j++)
-                    s[i][j] = (float16)(0.0f);
-            /* The chunk's panel of the Kᵀ copy: kc is a multiple of DBN, since k_lo is
-             * (split_len a multiple of bn, clattn__choose_splits in src/fused.c; NARROW_KEYS moves it by
-             * whole DBN steps) and NB is. */
-            __global const float *kp = Kb + (ulong)kc * D;
-            for (int d = 0; d < D; d++, kp += k_ss) {
-                float16 kv[NS];
-#pragma unroll
-                for (int j = 0; j < NS; j++)
-                    kv[j] = vload16(j, kp);
-#pragma unroll
-                for (int i = 0; i < RM; i++) {
-                    const float a = qs[i].f[d];
+                for (int i = 0; i < RM; i++)
 #pragma unroll
                     for (int j = 0; j < NS; j++)
-                        s[i][j] = MAD((float16)(a), kv[j], s[i][j]);
+                        s[i][j] = (float16)(0.0f);
+                __global const float *kp = Kb;
+                for (int d = 0; d < D; d++, kp += k_ss) {
+                    float16 kv[NS];
+#pragma unroll
+                    for (int j = 0; j < NS; j++)
+                        kv[j] = vload16(0, kp + kvo[j]);
+#pragma unroll
+                    for (int i = 0; i < RM; i++) {
+                        const float a = qs[i].f[d];
+#pragma unroll
+                        for (int j = 0; j < NS; j++)
+                            s[i][j] = MAD((float16)(a), kv[j], s[i][j]);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < RM; i++)
+#pragma unroll
+                    for (int j = 0; j < NS; j++)
+                        sb[i].v[ch * NS + j] = s[i][j] * scale;
+            } else {
+#pragma unroll 1
+                for (int j = 0; j < nvt; j++) {
+                    float16 s[RM];
+#pragma unroll
+                    for (int i = 0; i < RM; i++)
+                        s[i] = (float16)(0.0f);
+                    __global const float *kp = Kb + kvo[j];
+                    for (int d = 0; d < D; d++, kp += k_ss) {
+                        const float16 kv = vload16(0, kp);
+#pragma unroll
+                        for (int i = 0; i < RM; i++)
+                            s[i] = MAD((float16)(qs[i].f[d]), kv, s[i]);
+                    }
+#pragma unroll
+                    for (int i = 0; i < RM; i++)
+                        sb[i].v[ch * NS + j] = s[i] * scale;
                 }
             }
-#pragma unroll
-            for (int i = 0; i < RM; i++)
-#pragma unroll
-                for (int j = 0; j < NS; j++)
-                    sb[i].v[ch * NS + j] = s[i][j] * scale;
 #endif
         }
 
         /* A block is guarded when some row hides some key of it; keys in [k_vis, k_all) are
          * hidden only by the mask. */
         const int guarded = has_mask || kt + NB > k_all || kt < k_vis;
-        const int nv = nch * NS;
         /* The rows' passes go side by side, a vector of every row at a time: each row's running
          * maximum and sum is a chain of dependent operations, which one row at a time would wait
          * on (16 vectors a block: 64 cycles of vmaxps latency per row). */
         float16 acc[RM]; /* the rows' block maxima, then their sums of p */
         float mref[RM], alpha[RM], inv[RM];
+        /* Without a mask or the mods, the vectors va..vb-1 of a guarded block lie in [k_vis, k_all),
+         * which every row sees: only a window's edges go key by key (the window's first block
+         * is guarded for its first rows' keys alone). */
+        int va = nv, vb = nv;
+#if VAR_PER_KEY && !VAR_GUARD
+        if (guarded && !has_mask) {
+            va = clamp((k_vis - kt + 15) / 16, 0, nv);
+            vb = max(va, clamp((k_all - kt) / 16, 0, nv));
+        }
+#endif
         ROWS_LOOP
         for (int i = 0; i < RM; i++) {
             if (guarded) {
-                hide_keys(sb[i].f, nch * DBN, kt, rend[i], has_mask, mask, mrow[i], &vr[i], &vp);
+                hide_keys(sb[i].f, 16 * va, kt, rend[i], has_mask, mask, mrow[i], &vr[i], &vp);
+                for (int v = va; v < vb; v++)
+                    sb[i].v[v] = var_logits16(sb[i].v[v], kt + 16 * v, &vr[i], &vp);
+                hide_keys(sb[i].f + 16 * vb, 16 * (nv - vb), kt + 16 * vb, rend[i], has_mask, mask, mrow[i], &vr[i], &vp);
             } else if (VAR_LOGIT) {
                 for (int v = 0; v < nv; v++)
                     sb[i].v[v] = var_logits16(sb[i].v[v], kt + 16 * v, &vr[i], &vp);

@@ -246,7 +246,9 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
         /* Paged or quantized K/V is read in place; packed sequences of plain K/V (varlen) may take
          * the copies too (transpose_k16 and pack_v read each sequence's keys). */
         const int kv_in_place = p->kv.page || clattn__kv_type(p->kv.kt) || clattn__kv_type(p->kv.vt);
-        for (int in_place = kv_in_place || clattn__direct_in_place(ctx, R, p->seq_q, p->seq_kv, p->head_dim + p->head_dim_v);
+        /* A window or chunk bounds what a row block streams: B1 H8 S8192 d64 sliding 1024 took
+         * 107-110 ms in place, 91-94 from the copies (docs/measurements.md#window-prefill). */
+        for (int in_place = kv_in_place || clattn__direct_in_place(ctx, R, p->seq_q, clattn__row_keys_max(p), p->head_dim + p->head_dim_v);
              in_place <= 1; in_place++) {
             clattn_status st = clattn__fused_run_direct(ctx, p, &pp, in_place, num_wait, wait, done, &used);
             if (st || used)

@@ -403,6 +403,9 @@ clattn_status clattn__check_variants(clattn_context *ctx, const clattn_attention
 /* variant.c: whether causal, the window and the chunk hide every key from every row of p (known
  * on the host: no key lengths, no packed sequences), so that the call only writes empty rows. */
 int clattn__all_keys_hidden(const clattn_problem *p);
+/* variant.c: the most keys one query row of p can see (window and chunk; seq_kv without them),
+ * which bounds the keys a CPU row block streams (clattn__direct_in_place). */
+int64_t clattn__row_keys_max(const clattn_problem *p);
 /* Sets ctx->variant_opts and variant_src for the kernels of a call of p (clears them without
  * variants); clattn__variant_leave clears them. */
 void clattn__variant_enter(clattn_context *ctx, const clattn_problem *p);
@@ -602,7 +605,9 @@ void clattn__fit_gemm_tile(const clattn_context *ctx, clattn_op op, int *v);
 void clattn__fit_fused_tile(const clattn_context *ctx, int64_t head_dim_v, int *rm, int *ns);
 /* Whether fused_direct (CPUs) reads K and V in place for this problem (decode, few packed rows
  * per kv head, or long K and V, by the context's vector registers), rather than from a Kᵀ copy:
- * its RM and NS parameters are then unused. */
+ * its RM and NS parameters are then unused. seq_kv: the keys a row block streams, the call's
+ * seq_kv, or fewer under a window or chunk (clattn__row_keys_max): the copies of a long K and V
+ * stay in cache when each row block reads only a window's worth of them. */
 int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq_q, int64_t seq_kv,
                             int64_t dk_plus_dv);
 /* GPU decode with the vendor or generic defaults (decode_lanes) and 16 or more packed rows per kv

@@ -288,3 +288,19 @@ int clattn__all_keys_hidden(const clattn_problem *p)
     }
     return end <= beg || end <= 0;
 }
+
+int64_t clattn__row_keys_max(const clattn_problem *p)
+{
+    const clattn_variant *v = &p->var;
+    int64_t n = p->seq_kv;
+    if (!(v->bits & CLATTN_V_RANGE))
+        return n;
+    /* A row at p sees at most [p - left, p + right] (right 0 when causal hides the keys past p)
+     * and the keys of one chunk. */
+    const int64_t right = p->causal ? 0 : v->right;
+    if (v->left != INT_MAX && right != INT_MAX && v->left + right + 1 < n)
+        n = v->left + right + 1;
+    if (v->chunk > 0 && v->chunk < n)
+        n = v->chunk;
+    return n;
+}
