@@ -243,8 +243,10 @@ typedef struct clattn_attention_desc {
     const char *score_mod;
     const char *mask_mod;
     /* Optional: paged K/V, the scales of quantized K/V and packed sequences (clattn_kv_layout).
-     * NULL: k and v are plain [batch][heads_kv][seq_kv][dim] views of the query's dtype. K and V of the quantized
-     * types (each its own) are taken by the fused path only. (A union keeps the slot 8 bytes
+     * NULL: k and v are plain [batch][heads_kv][seq_kv][dim] views, of the query's dtype or of a
+     * KV-cache type that needs no scale table (fp8 then with scale 1, q8_0, q4_0; i8 needs
+     * desc->kv for its scales). K and V of the quantized types (each its own) are taken by the
+     * fused path only. (A union keeps the slot 8 bytes
      * wide where pointers are 4.) */
     union {
         const clattn_kv_layout *kv;

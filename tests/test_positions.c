@@ -234,6 +234,74 @@ static void test_hidden_block(void **state)
     }
 }
 
+/* Offsets far from 0 (any int64, the header says; only their difference is bounded): equal
+ * offsets of 2^40, INT64_MIN or INT64_MAX give what offsets 0 give, bit for bit (causal, a
+ * window and ALiBi see only the difference), and so do a difference of 3 at 2^40 and at 0;
+ * differences past the limit, INT64_MAX against INT64_MIN included, are refused without overflow
+ * (UBSan's CI run checks the arithmetic). */
+static void test_far_offsets(void **state)
+{
+    (void)state;
+    clattn_context *ctx = tu_ctx_get();
+    enum { B = 1, H = 2, S = 12, D = 16 };
+    tu_rng rng;
+    tu_seed(&rng, tu_seed_of("far_offsets"));
+    float x[3][B * H * S * D];
+    for (int t = 0; t < 3; t++)
+        tu_fill(&rng, F32, x[t], NULL, N_OF(x[t]), -1.0, 1.0);
+    const float slopes[H] = {0.25f, 0.0625f};
+    cl_mem qb = tu_xbuffer(sizeof x[0], x[0]), kb = tu_xbuffer(sizeof x[1], x[1]), vb = tu_xbuffer(sizeof x[2], x[2]);
+    cl_mem ob = tu_xbuffer(sizeof x[0], NULL), ab = tu_xbuffer(sizeof slopes, slopes);
+    clattn_tensor q = clattn_tensor_bhsd(qb, F32, B, H, S, D), k = clattn_tensor_bhsd(kb, F32, B, H, S, D);
+    clattn_tensor v = clattn_tensor_bhsd(vb, F32, B, H, S, D), out = clattn_tensor_bhsd(ob, F32, B, H, S, D);
+    clattn_tensor alibi = clattn_tensor_bhsd(ab, F32, 1, H, 1, 1);
+    static const long long big = 1LL << 40;
+    const long long pairs[][2] = {{0, 0},          {big, big},     {INT64_MIN, INT64_MIN}, {INT64_MAX, INT64_MAX},
+                                  {-big, -big},    {3, 0},         {big + 3, big},         {INT64_MIN + 3, INT64_MIN},
+                                  {INT64_MAX, INT64_MAX - 3}};
+    float base[2][B * H * S * D];
+    for (size_t c = 0; c < N_OF(pairs); c++) {
+        clattn_attention_desc d = {0};
+        d.batch = B;
+        d.heads_q = d.heads_kv = H;
+        d.seq_q = d.seq_kv = S;
+        d.head_dim = D;
+        d.causal = 1;
+        d.window = 1;
+        d.window_left = 4;
+        d.alibi_slopes = &alibi;
+        d.q_offset = pairs[c][0];
+        d.k_offset = pairs[c][1];
+        const clattn_status st = clattn_attention(ctx, &d, &q, &k, &v, &out, 0, NULL, NULL);
+        if (st != CLATTN_SUCCESS)
+            fail_msg("offsets %lld, %lld: %s: %s", pairs[c][0], pairs[c][1], clattn_status_name(st), clattn_last_error(ctx));
+        float o[B * H * S * D];
+        tu_read(ctx, ob, sizeof o, o);
+        const int diff3 = pairs[c][0] != pairs[c][1];
+        if (c == 0 || c == 5) {
+            memcpy(base[diff3], o, sizeof o);
+        } else if (memcmp(o, base[diff3], sizeof o) != 0) {
+            fail_msg("offsets %lld, %lld differ from %s", pairs[c][0], pairs[c][1], diff3 ? "3, 0" : "0, 0");
+        }
+    }
+    if (memcmp(base[0], base[1], sizeof base[0]) == 0)
+        fail_msg("a difference of 3 changed nothing: the offsets were not applied");
+    const long long far[][2] = {{INT64_MAX, INT64_MIN}, {INT64_MIN, INT64_MAX}, {INT64_MIN, 0}, {0, INT64_MIN},
+                                {INT64_MAX, -1},        {CLATTN_MAX_SEQ, 0},     {-big, big}};
+    for (size_t c = 0; c < N_OF(far); c++) {
+        clattn_attention_desc d = {0};
+        d.batch = B;
+        d.heads_q = d.heads_kv = H;
+        d.seq_q = d.seq_kv = S;
+        d.head_dim = D;
+        d.q_offset = far[c][0];
+        d.k_offset = far[c][1];
+        if (clattn_attention(ctx, &d, &q, &k, &v, &out, 0, NULL, NULL) != CLATTN_INVALID_ARGUMENT)
+            fail_msg("offsets %lld, %lld were not refused", far[c][0], far[c][1]);
+        assert_non_null(strstr(clattn_last_error(ctx), "q_offset"));
+    }
+}
+
 /* Refusals: an offset difference too large for the kernels' ints; a 16-bit output of another
  * 16-bit type (only the query's type or f32 is accepted). */
 static void test_refusals(void **state)
@@ -276,6 +344,7 @@ int main(void)
     if (!forced) {
         tu_add_test("slices", "hidden_block", test_hidden_block, NULL);
         tu_add_test("refuse", "offsets_and_out_dtype", test_refusals, NULL);
+        tu_add_test("slices", "far_offsets", test_far_offsets, NULL);
     }
     const int failed = tu_run_tests("positions");
     clattn_release(tu_ctx);
