@@ -228,8 +228,9 @@ typedef struct clattn_attention_desc {
      * o = Σ_j e^(x_j - M)·v_j / (Σ_j e^(x_j - M) + e^(s_h - M)). A row with no visible key gives
      * o = 0 and LSE = s_h; the LSE output includes the sink; -inf is no sink. NULL: none. */
     const clattn_tensor *sinks;
-    /* Optional f32 [batch|1][heads_q][1][1]: ALiBi slopes, logit += -slope·|p - j| (after the
-     * softcap). clattn_alibi_slopes gives the standard ones. NULL: none. */
+    /* Optional f32 [batch|1][heads_q|1][1][1] (an extent of 1 is shared): ALiBi slopes,
+     * logit += -slope·|p - j| (after the softcap). clattn_alibi_slopes gives the standard ones.
+     * NULL: none. */
     const clattn_tensor *alibi_slopes;
     /* Optional OpenCL C source, compiled into the kernels the call runs (docs/variants.md#mods
      * lists the names it may use). score_mod must define
