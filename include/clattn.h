@@ -217,7 +217,8 @@ typedef struct clattn_attention_desc {
     int64_t window_left;
     int64_t window_right;
     /* Chunked local attention (Llama 4), chunk > 0: row i sees key j only if
-     * floor(j / chunk) == floor(p / chunk). Combines with causal, the window and masks. */
+     * floor(j / chunk) == floor(p / chunk). Combines with causal, the window and masks. 0: off;
+     * negative: refused. */
     int64_t chunk;
     /* Logit softcap c > 0: the logit is c·tanh(scale·q·k / c); then the additive mask and ALiBi
      * are added, then score_mod applies. LSE is over these logits. Negative, subnormal or
@@ -240,7 +241,8 @@ typedef struct clattn_attention_desc {
      *     int mask_mod(int b, int h, int q, int k)
      * nonzero where query q of head h of batch b may see key k. q is the query's diagonal
      * position p (above), k the key's index, h the query head. A snippet that does not compile
-     * gives CLATTN_BUILD_FAILED with the log. NULL: none. */
+     * gives CLATTN_BUILD_FAILED with the log. NULL: none; an empty string or one longer than
+     * 64 KiB: refused. */
     const char *score_mod;
     const char *mask_mod;
     /* Optional: paged K/V, the scales of quantized K/V and packed sequences (clattn_kv_layout).
