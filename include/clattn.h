@@ -260,8 +260,9 @@ typedef struct clattn_attention_desc {
      * the window, the chunk and ALiBi see global positions (docs/usage.md#slices). Query rows
      * [q0, q0 + seq_q) against keys [k0, k0 + L) of a self-attention: q_offset = q0 - (L - seq_q),
      * k_offset = k0 (equal blocks: q0 and k0). A slice that no row sees any key of runs no
-     * attention kernel: its rows are 0 with an LSE of -inf (or the sink). |q_offset - k_offset| +
-     * max(seq_q, seq_kv) must not exceed CLATTN_MAX_SEQ. */
+     * attention kernel: its rows are 0 with an LSE of -inf (or the sink). Each offset must lie in
+     * [-CLATTN_MAX_SEQ, CLATTN_MAX_SEQ], and |q_offset - k_offset| + max(seq_q, seq_kv) must not
+     * exceed CLATTN_MAX_SEQ. */
     int64_t q_offset;
     int64_t k_offset;
     /* Dropout on the attention probabilities (docs/training.md#dropout), off at 0. With

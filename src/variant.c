@@ -28,20 +28,20 @@ static clattn_status check_mod(clattn_context *ctx, const char *name, const char
 }
 
 /* A slice of a longer sequence (q_offset, k_offset): p moves by delta = q_offset - k_offset.
- * |delta| + max(seq_q, seq_kv) <= CLATTN_MAX_SEQ keeps p, p + 1 and the window's bounds in int, as
- * without it; the offsets themselves may be any int64 (the chunk's origin and dropout's counters
- * take them modulo). The difference is formed only where it cannot overflow: offsets of one sign,
- * or both within the limit. */
+ * Each offset within CLATTN_MAX_SEQ of 0 (global positions past 2^31 tokens: none exist) keeps
+ * every position the reference and the host form in int64; |delta| + max(seq_q, seq_kv) <=
+ * CLATTN_MAX_SEQ keeps p, p + 1 and the window's bounds in int, as without it. */
 clattn_status clattn__check_offsets(clattn_context *ctx, const clattn_attention_desc *desc)
 {
-    const int64_t big = desc->seq_kv > desc->seq_q ? desc->seq_kv : desc->seq_q, lim = CLATTN_MAX_SEQ - big;
+    const int64_t big = desc->seq_kv > desc->seq_q ? desc->seq_kv : desc->seq_q;
     const int64_t q = desc->q_offset, k = desc->k_offset;
-    int far;
-    if ((q < 0) == (k < 0))
-        far = q - k > lim || k - q > lim;
-    else /* |q - k| = |q| + |k|: each below lim first (|INT64_MIN| is not an int64) */
-        far = q < -lim || q > lim || k < -lim || k > lim || (q < 0 ? k - q : q - k) > lim;
-    if (far)
+    if (q < -CLATTN_MAX_SEQ || q > CLATTN_MAX_SEQ || k < -CLATTN_MAX_SEQ || k > CLATTN_MAX_SEQ)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "desc->%s (%lld) is out of range: q_offset and k_offset must lie in [-%lld, %lld]",
+                            q < -CLATTN_MAX_SEQ || q > CLATTN_MAX_SEQ ? "q_offset" : "k_offset",
+                            (long long)(q < -CLATTN_MAX_SEQ || q > CLATTN_MAX_SEQ ? q : k),
+                            (long long)CLATTN_MAX_SEQ, (long long)CLATTN_MAX_SEQ);
+    if (llabs(q - k) > CLATTN_MAX_SEQ - big)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "desc->q_offset (%lld) - k_offset (%lld) is too far: |q_offset - k_offset| + max(seq_q, "
                             "seq_kv) must not exceed %lld",

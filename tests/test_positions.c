@@ -234,11 +234,11 @@ static void test_hidden_block(void **state)
     }
 }
 
-/* Offsets far from 0 (any int64, the header says; only their difference is bounded): equal
- * offsets of 2^40, INT64_MIN or INT64_MAX give what offsets 0 give, bit for bit (causal, a
- * window and ALiBi see only the difference), and so do a difference of 3 at 2^40 and at 0;
- * differences past the limit, INT64_MAX against INT64_MIN included, are refused without overflow
- * (UBSan's CI run checks the arithmetic). */
+/* Offsets far from 0 (the header: each within CLATTN_MAX_SEQ of 0, their difference bounded):
+ * equal offsets of 2^30, -2^30 and CLATTN_MAX_SEQ give what offsets 0 give, bit for bit (causal,
+ * a window and ALiBi see only the difference), and so does a difference of 3 at 2^30 and at 0;
+ * an offset past CLATTN_MAX_SEQ is refused naming that offset, a difference past the limit
+ * naming both, INT64_MAX against INT64_MIN without overflow (UBSan's CI run checks it). */
 static void test_far_offsets(void **state)
 {
     (void)state;
@@ -255,10 +255,10 @@ static void test_far_offsets(void **state)
     clattn_tensor q = clattn_tensor_bhsd(qb, F32, B, H, S, D), k = clattn_tensor_bhsd(kb, F32, B, H, S, D);
     clattn_tensor v = clattn_tensor_bhsd(vb, F32, B, H, S, D), out = clattn_tensor_bhsd(ob, F32, B, H, S, D);
     clattn_tensor alibi = clattn_tensor_bhsd(ab, F32, 1, H, 1, 1);
-    static const long long big = 1LL << 40;
-    const long long pairs[][2] = {{0, 0},          {big, big},     {INT64_MIN, INT64_MIN}, {INT64_MAX, INT64_MAX},
-                                  {-big, -big},    {3, 0},         {big + 3, big},         {INT64_MIN + 3, INT64_MIN},
-                                  {INT64_MAX, INT64_MAX - 3}};
+    static const long long big = 1LL << 30;
+    const long long pairs[][2] = {{0, 0},          {big, big},     {CLATTN_MAX_SEQ, CLATTN_MAX_SEQ}, {-CLATTN_MAX_SEQ, -CLATTN_MAX_SEQ},
+                                  {-big, -big},    {3, 0},         {big + 3, big},                   {-CLATTN_MAX_SEQ + 3, -CLATTN_MAX_SEQ},
+                                  {CLATTN_MAX_SEQ, CLATTN_MAX_SEQ - 3}};
     float base[2][B * H * S * D];
     for (size_t c = 0; c < N_OF(pairs); c++) {
         clattn_attention_desc d = {0};
@@ -287,7 +287,11 @@ static void test_far_offsets(void **state)
     if (memcmp(base[0], base[1], sizeof base[0]) == 0)
         fail_msg("a difference of 3 changed nothing: the offsets were not applied");
     const long long far[][2] = {{INT64_MAX, INT64_MIN}, {INT64_MIN, INT64_MAX}, {INT64_MIN, 0}, {0, INT64_MIN},
-                                {INT64_MAX, -1},        {CLATTN_MAX_SEQ, 0},     {-big, big}};
+                                {INT64_MAX, -1},        {CLATTN_MAX_SEQ + 1, CLATTN_MAX_SEQ + 1}, {CLATTN_MAX_SEQ, 0},
+                                {-big, big}};
+    const char *names[] = {"q_offset (9223372036854775807)", "q_offset (-9223372036854775808)",
+                           "q_offset (-9223372036854775808)", "k_offset (-9223372036854775808)",
+                           "q_offset (9223372036854775807)", "q_offset (2146435073)", "too far", "too far"};
     for (size_t c = 0; c < N_OF(far); c++) {
         clattn_attention_desc d = {0};
         d.batch = B;
@@ -298,7 +302,8 @@ static void test_far_offsets(void **state)
         d.k_offset = far[c][1];
         if (clattn_attention(ctx, &d, &q, &k, &v, &out, 0, NULL, NULL) != CLATTN_INVALID_ARGUMENT)
             fail_msg("offsets %lld, %lld were not refused", far[c][0], far[c][1]);
-        assert_non_null(strstr(clattn_last_error(ctx), "q_offset"));
+        if (!strstr(clattn_last_error(ctx), names[c]))
+            fail_msg("offsets %lld, %lld: \"%s\" does not say %s", far[c][0], far[c][1], clattn_last_error(ctx), names[c]);
     }
 }
 
