@@ -294,11 +294,11 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
              * of its head_dim rows of DBN floats. The last chunk of the range computes only the
              * vectors that hold its keys, one at a time. */
             const int nvt = min(NS, nv - ch * NS);
-            int kvo[NS];
+            ulong kvo[NS];
 #pragma unroll
             for (int j = 0; j < NS; j++) {
                 const int kj = kc + 16 * min(j, nvt - 1);
-                kvo[j] = kj / DBN * (DBN * D) + kj % DBN;
+                kvo[j] = (ulong)(kj / DBN) * (ulong)(DBN * D) + (ulong)(kj % DBN);
             }
             if (nvt == NS) {
                 float16 s[RM][NS];
