@@ -671,10 +671,11 @@ inline int var_hides_block(int rows, const int *rend, const vrow *vr, int kt, in
 #define MFLAG_ROW(b, hq, pos) (f_off + (ulong)(b) * f_sb + (ulong)(hq) * f_sh + (ulong)(pos) * f_ss)
 /* The keys of a row block that some row of it may see, from the rows' spans (mask_spans below):
  * k_lo moves up by whole steps of `step` keys (a multiple of 16; every kernel now takes 16, and
- * fused_direct reads its Kᵀ panels from any 16-key vector), to the step holding the first 16-key chunk some row
- * sees, and the first block starts there; k_hi comes down to the end of the last such chunk. No
- * such chunk: k_hi <= k_lo. A row's flags lie less than 2^28 bytes from f_off (MASK_FLAGS_MAX,
- * src/fused.c), so its index is a 32-bit division (a 64-bit one is a long routine on GPUs). */
+ * fused_direct reads its Kᵀ panels from any 16-key vector), to the step holding the first 16-key
+ * chunk some row sees, and the first block starts there; k_hi comes down to the end of the last
+ * such chunk. No such chunk: k_hi <= k_lo. A row's flags lie less than 2^28 bytes from f_off
+ * (MASK_FLAGS_MAX, src/fused.c), so its index is a 32-bit division (a 64-bit one is a long
+ * routine on GPUs). */
 #define NARROW_KEYS(first_row, end_row, step)                                                       \
     do {                                                                                           \
         int c_lo = f_nch, c_hi = 0;                                                                \
