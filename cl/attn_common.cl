@@ -156,11 +156,12 @@ inline int var_visible(int key, const vrow *r)
         const float k2 = -2.0f * LOG2E / c;                                                       \
         const FT t = EXP2(fabs(s) * (FT)(k2));                                                    \
         FT r = copysign((FT)(c) * ((FT)(1.0f) - t) / ((FT)(1.0f) + t), s);                       \
-        if (c > SOFTCAP_POLY_MIN) {                                                               \
+        if (c > SOFTCAP_POLY_MIN) { /* c·tanh(y) = s·(1 + y²·P(y²)): from s, so that y = s/c  \
+                                       * flushed to 0 (c past 2^126) still gives s */             \
             const FT y = s * (FT)(1.0f / c), y2 = y * y;                                         \
             const FT p = MAD(y2, MAD(y2, MAD(y2, MAD(y2, (FT)(-1382.0f / 155925.0f), (FT)(62.0f / 2835.0f)), \
                                              (FT)(-17.0f / 315.0f)), (FT)(2.0f / 15.0f)), (FT)(-1.0f / 3.0f)); \
-            r = select(r, (FT)(c) * MAD(y * y2, p, y), fabs(y) < (FT)(0.25f));                  \
+            r = select(r, MAD(s * y2, p, s), fabs(y) < (FT)(0.25f));                             \
         }                                                                                         \
         return r;                                                                                 \
     }
