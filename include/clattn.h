@@ -406,7 +406,8 @@ CLATTN_API clattn_status clattn_scores(clattn_context *ctx, const clattn_attenti
 
 /**
  * Row-wise numerically stable softmax of scale·in + mask into `out`. In place when `out` is the
- * same view as `in`; views of the same memory that overlap otherwise are refused. Hidden entries
+ * same view as `in` (buffer, dtype, offset, shape, and the strides of the dimensions whose extent
+ * is above 1); views of the same memory that overlap otherwise are refused. Hidden entries
  * (mask -inf, past kv_lengths, above the causal diagonal) and -inf entries give -0.0, so a row
  * with nothing else is all zeros; NaN or +inf in a visible entry makes its row NaN.
  */
