@@ -35,12 +35,12 @@ clattn_status clattn__check_offsets(clattn_context *ctx, const clattn_attention_
 {
     const int64_t big = desc->seq_kv > desc->seq_q ? desc->seq_kv : desc->seq_q;
     const int64_t q = desc->q_offset, k = desc->k_offset;
-    if (q < -CLATTN_MAX_SEQ || q > CLATTN_MAX_SEQ || k < -CLATTN_MAX_SEQ || k > CLATTN_MAX_SEQ)
+    const int q_out = q < -CLATTN_MAX_SEQ || q > CLATTN_MAX_SEQ;
+    if (q_out || k < -CLATTN_MAX_SEQ || k > CLATTN_MAX_SEQ)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "desc->%s (%lld) is out of range: q_offset and k_offset must lie in [-%lld, %lld]",
-                            q < -CLATTN_MAX_SEQ || q > CLATTN_MAX_SEQ ? "q_offset" : "k_offset",
-                            (long long)(q < -CLATTN_MAX_SEQ || q > CLATTN_MAX_SEQ ? q : k),
-                            (long long)CLATTN_MAX_SEQ, (long long)CLATTN_MAX_SEQ);
+                            q_out ? "q_offset" : "k_offset", (long long)(q_out ? q : k), (long long)CLATTN_MAX_SEQ,
+                            (long long)CLATTN_MAX_SEQ);
     if (llabs(q - k) > CLATTN_MAX_SEQ - big)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "desc->q_offset (%lld) - k_offset (%lld) is too far: |q_offset - k_offset| + max(seq_q, "

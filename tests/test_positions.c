@@ -187,6 +187,17 @@ static void run_case(void **state)
 
 /* A block above the diagonal: no key for any row, so the call writes exactly 0 and LSE -inf (the
  * head's sink with sinks), whatever q, k and v hold (NaN here), and with an f32 output of f16 q. */
+/* A self-attention descriptor of B batches, H heads (query and kv), S rows and keys, head_dim D. */
+static clattn_attention_desc square_desc(int B, int H, int S, int D)
+{
+    clattn_attention_desc d = {0};
+    d.batch = B;
+    d.heads_q = d.heads_kv = H;
+    d.seq_q = d.seq_kv = S;
+    d.head_dim = D;
+    return d;
+}
+
 static void test_hidden_block(void **state)
 {
     (void)state;
@@ -206,11 +217,7 @@ static void test_hidden_block(void **state)
     clattn_tensor q = clattn_tensor_bhsd(qb, F16, B, H, S, D), out = clattn_tensor_bhsd(ob, F32, B, H, S, D);
     clattn_tensor lse = clattn_tensor_bhsd(lb, F32, B, H, S, 1), sinks = clattn_tensor_bhsd(sb, F32, 1, H, 1, 1);
     for (int with_sinks = 0; with_sinks < 2; with_sinks++) {
-        clattn_attention_desc d = {0};
-        d.batch = B;
-        d.heads_q = d.heads_kv = H;
-        d.seq_q = d.seq_kv = S;
-        d.head_dim = D;
+        clattn_attention_desc d = square_desc(B, H, S, D);
         d.causal = 1;
         d.q_offset = 0;
         d.k_offset = S; /* keys [8, 16) against queries [0, 8): all above the diagonal */
@@ -261,11 +268,7 @@ static void test_far_offsets(void **state)
                                   {CLATTN_MAX_SEQ, CLATTN_MAX_SEQ - 3}};
     float base[2][B * H * S * D];
     for (size_t c = 0; c < N_OF(pairs); c++) {
-        clattn_attention_desc d = {0};
-        d.batch = B;
-        d.heads_q = d.heads_kv = H;
-        d.seq_q = d.seq_kv = S;
-        d.head_dim = D;
+        clattn_attention_desc d = square_desc(B, H, S, D);
         d.causal = 1;
         d.window = 1;
         d.window_left = 4;
@@ -293,11 +296,7 @@ static void test_far_offsets(void **state)
                            "q_offset (-9223372036854775808)", "k_offset (-9223372036854775808)",
                            "q_offset (9223372036854775807)", "q_offset (2146435073)", "too far", "too far"};
     for (size_t c = 0; c < N_OF(far); c++) {
-        clattn_attention_desc d = {0};
-        d.batch = B;
-        d.heads_q = d.heads_kv = H;
-        d.seq_q = d.seq_kv = S;
-        d.head_dim = D;
+        clattn_attention_desc d = square_desc(B, H, S, D);
         d.q_offset = far[c][0];
         d.k_offset = far[c][1];
         if (clattn_attention(ctx, &d, &q, &k, &v, &out, 0, NULL, NULL) != CLATTN_INVALID_ARGUMENT)
@@ -319,11 +318,7 @@ static void test_refusals(void **state)
         x[i] = 1.0f;
     cl_mem qb = tu_xbuffer(sizeof x, x), ob = tu_xbuffer(sizeof x, x);
     clattn_tensor q = clattn_tensor_bhsd(qb, F16, B, H, S, D), out = clattn_tensor_bhsd(ob, BF16, B, H, S, D);
-    clattn_attention_desc d = {0};
-    d.batch = B;
-    d.heads_q = d.heads_kv = H;
-    d.seq_q = d.seq_kv = S;
-    d.head_dim = D;
+    clattn_attention_desc d = square_desc(B, H, S, D);
     assert_int_equal(clattn_attention(ctx, &d, &q, &q, &q, &out, 0, NULL, NULL), CLATTN_INVALID_ARGUMENT);
     assert_non_null(strstr(clattn_last_error(ctx), "nor f32"));
     out.dtype = F16;
