@@ -190,10 +190,15 @@ inline float16 hsum16x16(const float16 *t)
 /* qk16_tile's register tile: QT_R rows by QT_E keys of float16 accumulators, plus QT_E K
  * vectors: 4 x 4 where the registers hold 32 float16 (AVX-512), 2 x 2 where they hold 8
  * (AVX2: 8 accumulators, 4 K vectors and a Q vector in 16 ymm, where 4 x 4 spilled every
- * accumulator at every multiply-add). */
+ * accumulator at every multiply-add). K of a KV-cache type (DT_K 3-7, kv_access.cl) with rows in
+ * fours takes 4 x 1 there: each K vector decoded once for 4 rows rather than twice (see
+ * docs/measurements.md#kv-cache). */
 #if NREG16 >= 32
 #define QT_R 4
 #define QT_E 4
+#elif defined(DT_K) && DT_K >= 3 && defined(RM) && RM % 4 == 0
+#define QT_R 4
+#define QT_E 1
 #else
 #define QT_R 2
 #define QT_E 2

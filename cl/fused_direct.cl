@@ -47,9 +47,15 @@
 /* Vector c of a V row (c a constant after unrolling): only the last one can be short, since
  * 16·(DV16 - 1) < head_dim_v. */
 #define LDV16(p, c) ((c) < DV16 - 1 ? LD16_V((p), 16 * (c)) : ld16_row_v((p), 16 * (c), DV))
+/* LDV16 without a block type's scale (whose rows are whole), and that scale, which the untiled
+ * P·V folds into the key's p: a scalar multiply instead of a vector one. */
+#define LDV16R(p, c) (KV_BLOCKED(DT_V) ? LD16R_V((p), 16 * (c)) : LDV16(p, c))
+#define VBSC(p, c) BSC_V((p), 16 * (c))
 #else
 /* Columns 16c..16c+15 of the V copy's key row at p: panel c of the head (v_sh = DV16 panels). */
 #define LDV16(p, c) vload16(0, (p) + (ulong)(c) * (v_sh / DV16))
+#define LDV16R(p, c) LDV16(p, c)
+#define VBSC(p, c) 1.0f
 #endif
 /* The loops over the rows that touch the O accumulators o[RM][DV16] (rescaling, the untiled
  * P·V, the stores): unrolled while those fit the registers or nearly (32 float16 vectors on
@@ -533,10 +539,11 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
                     pn[i] = sb[i].f[n] * vs;
 #pragma unroll
                 for (int c = 0; c < DV16; c++) {
-                    const float16 vv = LDV16(vp, c);
+                    const float16 vv = LDV16R(vp, c);
+                    const float bs = VBSC(vp, c);
                     ROWS_LOOP
                     for (int i = 0; i < RM; i++)
-                        o[i][c] = MAD((float16)(pn[i]), vv, o[i][c]);
+                        o[i][c] = MAD((float16)(pn[i] * bs), vv, o[i][c]);
                 }
             }
             for (; n < n1; n++) {
@@ -555,11 +562,12 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
                  * tail loads: slow to compile). */
 #pragma unroll
                 for (int c = 0; c < DV16; c++) {
-                    const float16 vv = LDV16(vp, c);
+                    const float16 vv = LDV16R(vp, c);
+                    const float bs = VBSC(vp, c) * vs;
                     ROWS_LOOP
                     for (int i = 0; i < RM; i++)
                         if (!IS_HIDDEN(pn[i]))
-                            o[i][c] = MAD((float16)(pn[i] * vs), vv, o[i][c]);
+                            o[i][c] = MAD((float16)(pn[i] * bs), vv, o[i][c]);
                 }
             }
         }

@@ -39,6 +39,8 @@
 #endif
 /* Each format's decoders only where K or V has it (the others are not compiled). */
 #define KV_USES(t) (DT_K == (t) || DT_V == (t))
+/* A block type's rows hold whole blocks (head sizes multiples of 32): no tails. */
+#define KV_BLOCKED(dt) ((dt) == 6 || (dt) == 7)
 
 /* ---- Decoders of the KV-cache types, for 1, 4 and 16 elements at i of a row at p (bytes). */
 /* OCP fp8 as f32 through its bits: E4M3 (bias 7, no infinities, S.1111.111 NaN) and E5M2 (bias
@@ -101,11 +103,11 @@ inline float4 kvld4_6(kvp_t p, int i)
     const kvp_t b = Q8_BLOCK(p, i);
     return q_scale(b) * convert_float4(as_char4(vload4(0, b + 2 + (i & 31))));
 }
-inline float16 kvld16_6(kvp_t p, int i)
-{
-    const kvp_t b = Q8_BLOCK(p, i);
-    return q_scale(b) * convert_float16(as_char16(vload16(0, b + 2 + (i & 31))));
-}
+/* 16 elements without the block's scale (kvraw16), and the scale (kvbsc): where one scale serves
+ * a whole block's products, the caller multiplies once (qk16_row, fused_direct's P·V). */
+inline float16 kvraw16_6(kvp_t p, int i) { return convert_float16(as_char16(vload16(0, Q8_BLOCK(p, i) + 2 + (i & 31)))); }
+inline float kvbsc_6(kvp_t p, int i) { return q_scale(Q8_BLOCK(p, i)); }
+inline float16 kvld16_6(kvp_t p, int i) { return kvbsc_6(p, i) * kvraw16_6(p, i); }
 /* 7: q4_0, blocks of 18 bytes: byte j's low nibble is element j, its high nibble j + 16 */
 #define Q4_BLOCK(p, i) ((p) + (ulong)((i) >> 5) * 18u)
 inline float kvld1_7(kvp_t p, int i)
@@ -120,12 +122,13 @@ inline float4 kvld4_7(kvp_t p, int i)
     const uint4 x = convert_uint4(vload4(0, b + 2 + (i & 15)));
     return q_scale(b) * (convert_float4((i & 16) ? x >> 4 : x & 15u) - 8.0f);
 }
-inline float16 kvld16_7(kvp_t p, int i)
+inline float16 kvraw16_7(kvp_t p, int i)
 {
-    const kvp_t b = Q4_BLOCK(p, i);
-    const uint16 x = convert_uint16(vload16(0, b + 2));
-    return q_scale(b) * (convert_float16((i & 16) ? x >> 4 : x & 15u) - 8.0f);
+    const uint16 x = convert_uint16(vload16(0, Q4_BLOCK(p, i) + 2));
+    return convert_float16((i & 16) ? x >> 4 : x & 15u) - 8.0f;
 }
+inline float kvbsc_7(kvp_t p, int i) { return q_scale(Q4_BLOCK(p, i)); }
+inline float16 kvld16_7(kvp_t p, int i) { return kvbsc_7(p, i) * kvraw16_7(p, i); }
 #endif
 
 /* T_K, LD_K, LD4_K, LD16_K (and _V) for the type of each. */
@@ -151,12 +154,26 @@ inline float16 kvld16_7(kvp_t p, int i)
 #define LD4_V(p, i) CAT(kvld4_, DT_V)(p, i)
 #define LD16_V(p, i) CAT(kvld16_, DT_V)(p, i)
 #endif
+/* LD16R_K(p, i): LD16_K without a block type's scale, BSC_K(p, i) that scale (the other types:
+ * LD16_K and 1); _V alike. */
+#if KV_BLOCKED(DT_K)
+#define LD16R_K(p, i) CAT(kvraw16_, DT_K)(p, i)
+#define BSC_K(p, i) CAT(kvbsc_, DT_K)(p, i)
+#else
+#define LD16R_K(p, i) LD16_K(p, i)
+#define BSC_K(p, i) 1.0f
+#endif
+#if KV_BLOCKED(DT_V)
+#define LD16R_V(p, i) CAT(kvraw16_, DT_V)(p, i)
+#define BSC_V(p, i) CAT(kvbsc_, DT_V)(p, i)
+#else
+#define LD16R_V(p, i) LD16_V(p, i)
+#define BSC_V(p, i) 1.0f
+#endif
 /* Bytes of a K (V) row of n elements. */
 #define KV_ROW_BYTES(dt, T, n) ((dt) == 6 ? (n) / 32 * 34 : (dt) == 7 ? (n) / 32 * 18 : (n) * (int)sizeof(T))
 #define K_ROW_BYTES(n) KV_ROW_BYTES(DT_K, T_K, n)
 #define V_ROW_BYTES(n) KV_ROW_BYTES(DT_V, T_V, n)
-/* A block type's rows hold whole blocks (head sizes multiples of 32): no tails. */
-#define KV_BLOCKED(dt) ((dt) == 6 || (dt) == 7)
 
 /* Elements i..i+3 (and i..i+15) of a K or V row of n elements, zero past n; with KV_FULL 1 (the
  * direct programs' head sizes are multiples of 16) no 16-element load has a tail. */
@@ -296,22 +313,37 @@ DEFINE_KV_SCALE(v_scale_of, DT_V)
 /* Lane e: the dot product of row q with key kc + e (times the key's scale) of the K rows at Kb
  * (kv_row), keys past klast loading key klast (the caller hides or drops them). The 16 keys'
  * loads are unrolled: more misses in flight, which bandwidth-bound decodes of few rows need more
- * than fewer loads. Always inlined: PoCL 3.1 left it a call, in which vload_half16 of a K row of
+ * than fewer loads; but not for the KV-cache types, whose decoding, unrolled 16 times, left
+ * LLVM a schedule that kept every value on the stack (q4_0 decode 2.8 times slower than with the
+ * keys one at a time; docs/measurements.md#kv-cache). A block type's 32 products take their
+ * block's scale once. Always inlined: PoCL 3.1 left it a call, in which vload_half16 of a K row of
  * odd head_dim (not 16-byte aligned) became an aligned load that faulted; inlined, the loads are
  * unaligned ones, as in the kernels. */
 __attribute__((always_inline)) inline float16 qk16_row(const qrow *q, __global const T_K *Kb, const kv_src *ks,
                                                        ulong k_sb, ulong k_ss, int kc, int klast, int D)
 {
     float16 t[16];
+#if DT_K >= 3
+#pragma unroll 1
+#else
 #pragma unroll
+#endif
     for (int e = 0; e < 16; e++) {
         const int key = min(kc + e, klast);
         __global const T_K *kr = Kb + kv_row(ks, key, k_sb, k_ss);
         float16 acc = (float16)(0.0f);
+#if KV_BLOCKED(DT_K) /* DP16 = D, a multiple of 32 */
+#pragma unroll
+        for (int c = 0; c < DP16 / 32; c++)
+            acc = MAD((float16)(BSC_K(kr, 32 * c)),
+                      MAD(q->v[2 * c + 1], LD16R_K(kr, 32 * c + 16), q->v[2 * c] * LD16R_K(kr, 32 * c)), acc);
+        t[e] = acc;
+#else
 #pragma unroll
         for (int c = 0; c < DP16 / 16 - 1; c++)
             acc = MAD(q->v[c], LD16_K(kr, 16 * c), acc);
         t[e] = MAD(q->v[DP16 / 16 - 1], ld16_row_k(kr, DP16 - 16, D), acc);
+#endif
         if (!K_UNIT_SCALE)
             t[e] *= k_scale_of(ks, key);
     }

@@ -136,8 +136,13 @@ static const kv_case cases[] = {
     {"i8_decode", F32, I8, I8, 2, 4, 2, 1, 70, 40, 24, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0},
     {"fp8_e4m3_k_e5m2_v", BF16, E4M3, E5M2, 2, 4, 2, 5, 60, 48, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0.0625f, 0.5f},
     {"f16_k_q8_0_v", F16, F16, Q8, 2, 4, 4, 1, 50, 64, 32, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0},
+    /* one and three query rows a kv head: on CPUs, K's blocks through qk16_row (a scale a block)
+     * and V's scales folded into p, with hidden keys (the checked P·V) and without */
+    {"q4_0_decode_mha_mask", F16, Q4, Q4, 2, 4, 4, 1, 77, 64, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0},
+    {"q8_0_decode_group3_window", F32, Q8, Q8, 2, 6, 2, 1, 300, 96, 0, 0, 0, 0, 1, 0, 0, 0, 40, 0, 0, 0},
     /* quantized and paged */
     {"paged_q8_0_decode_gqa", F32, Q8, Q8, 2, 16, 2, 1, 150, 128, 0, 0, 16, 0, 1, 0, 0, 0, 0, 0, 0, 0},
+    {"paged_q8_0_k_q4_0_v_decode_mha", F32, Q8, Q4, 2, 4, 4, 1, 150, 128, 0, 0, 16, 1, 1, 1, 0, 0, 0, 0, 0, 0},
     {"paged_q4_0_prefill_hnd", F16, Q4, Q4, 2, 4, 2, 17, 45, 64, 0, 1, 16, 1, 2, 1, 0, 0, 0, 0, 0, 0},
     {"paged_i8_page7", F32, I8, I8, 2, 4, 1, 3, 40, 32, 0, 1, 7, 0, 1, 0, 1, 0, 0, 0, 0, 0},
     {"paged_e4m3_decode", F32, E4M3, E4M3, 2, 8, 2, 1, 64, 64, 0, 0, 16, 1, 0, 0, 0, 0, 0, 0, 0.0625f, 0.125f},
