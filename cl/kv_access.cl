@@ -70,6 +70,9 @@
 #if KV_USES(4) || KV_USES(5)
 DEFINE_FP8()
 DEFINE_FP8(4)
+#if !(defined(CPU_DEVICE) && CPU_DEVICE)
+DEFINE_FP8(16)
+#endif
 #endif
 
 typedef __global const uchar *kvp_t;
@@ -83,10 +86,15 @@ inline float16 kvld16_3(kvp_t p, int i) { return convert_float16(as_char16(vload
 /* 4, 5: fp8 */
 inline float kvld1_4(kvp_t p, int i) { return e4m3_dec((uint)p[i]); }
 inline float4 kvld4_4(kvp_t p, int i) { return e4m3_dec4(convert_uint4(vload4(0, p + i))); }
-/* 16 at a time through binary16, whose conversions are vector instructions on CPUs (F16C) and
- * GPUs: E5M2 is binary16's upper byte; E4M3's exponent and mantissa moved to binary16's places
- * read as 2^-8 times the value, subnormals included, and S.1111.111 (NaN) reads 480, which no
- * finite code does (the largest is 448). E5M2 decode 2x faster, E4M3 1.3x (PoCL, AVX2). */
+inline float kvld1_5(kvp_t p, int i) { return e5m2_dec((uint)p[i]); }
+inline float4 kvld4_5(kvp_t p, int i) { return e5m2_dec4(convert_uint4(vload4(0, p + i))); }
+/* On CPUs (fused_direct's loads) 16 at a time through binary16, whose conversion is a vector
+ * instruction there (F16C): E5M2 is binary16's upper byte; E4M3's exponent and mantissa moved to
+ * binary16's places read as 2^-8 times the value, subnormals included, and S.1111.111 (NaN) reads
+ * 480, which no finite code does (the largest is 448). E5M2 decode 2x faster, E4M3 1.3x (PoCL,
+ * AVX2). Elsewhere the bit arithmetic above: vload_half16 from __private memory, though OpenCL
+ * 1.2's, is undeclared in clang 14's NVPTX build (tests/ptx_check.sh). */
+#if defined(CPU_DEVICE) && CPU_DEVICE
 inline float16 kvld16_4(kvp_t p, int i)
 {
     const ushort16 x = convert_ushort16(vload16(0, p + i));
@@ -94,13 +102,15 @@ inline float16 kvld16_4(kvp_t p, int i)
     const float16 f = vload_half16(0, (const half *)&h) * 256.0f;
     return fabs(f) == (float16)(480.0f) ? (float16)(NAN) : f;
 }
-inline float kvld1_5(kvp_t p, int i) { return e5m2_dec((uint)p[i]); }
-inline float4 kvld4_5(kvp_t p, int i) { return e5m2_dec4(convert_uint4(vload4(0, p + i))); }
 inline float16 kvld16_5(kvp_t p, int i)
 {
     const ushort16 h = convert_ushort16(vload16(0, p + i)) << 8;
     return vload_half16(0, (const half *)&h);
 }
+#else
+inline float16 kvld16_4(kvp_t p, int i) { return e4m3_dec16(convert_uint16(vload16(0, p + i))); }
+inline float16 kvld16_5(kvp_t p, int i) { return e5m2_dec16(convert_uint16(vload16(0, p + i))); }
+#endif
 #endif
 #if KV_USES(6) || KV_USES(7)
 /* 6: q8_0, blocks of 34 bytes (f16 d at an even offset: rows start on whole blocks) */
