@@ -185,8 +185,6 @@ static void run_case(void **state)
         fail_msg("%s: %d checks failed", c->name, tu_failures);
 }
 
-/* A block above the diagonal: no key for any row, so the call writes exactly 0 and LSE -inf (the
- * head's sink with sinks), whatever q, k and v hold (NaN here), and with an f32 output of f16 q. */
 /* A self-attention descriptor of B batches, H heads (query and kv), S rows and keys, head_dim D. */
 static clattn_attention_desc square_desc(int B, int H, int S, int D)
 {
@@ -198,6 +196,8 @@ static clattn_attention_desc square_desc(int B, int H, int S, int D)
     return d;
 }
 
+/* A block above the diagonal: no key for any row, so the call writes exactly 0 and LSE -inf (the
+ * head's sink with sinks), whatever q, k and v hold (NaN here), and with an f32 output of f16 q. */
 static void test_hidden_block(void **state)
 {
     (void)state;
