@@ -708,6 +708,44 @@ static void test_bench_masks(void **state)
 #endif
 }
 
+/* clattn-bench --page: the paged KV row passes its float64 check, and its two kv_read rows (the
+ * device's own cost of pages) follow, whose reads of the pool and of the contiguous buffers must
+ * fold to the same value (the bench fails with "kv_read: FAILED" where a layout, the table or the
+ * key spans read other rows): NHD and HND pools, quantized and i8 rows of 16, 4 and 1 byte words,
+ * page sizes that do not divide the keys, key lengths with an empty batch, and MLA's V in K. */
+static void test_bench_pages(void **state)
+{
+    (void)state;
+#ifndef CLATTN_BENCH_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    clattn_release(tu_context()); /* skips (or fails, CLATTN_REQUIRE_DEVICE=1) without a device */
+    static const char *const runs[] = {
+        "--page 16 --page-layout hnd",
+        "--page 5 --kv-type q4_0,q8_0 --kv-len 70,0,100",
+        "--page 3 --kv-type i8,fp8_e5m2 --page-layout hnd --dim 33 --causal --seq-q 4",
+        "--page 8 --mla --heads-kv 1 --dim 96 --dim-v 64 --scale 0.1",
+    };
+    char args[512], buf[16384];
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        snprintf(args, sizeof args,
+                 "--op decode --batch 3 --heads 4 --heads-kv 2 --seq-q 1 --seq-kv 100 --dim 64 --dtype f16 "
+                 "--iters 1 --warmup 0 --csv --check %s",
+                 runs[r]);
+        const int rc = run_bench("", args, "pages.csv", buf, sizeof buf);
+        if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0 || strstr(buf, "FAILED"))
+            fail_msg("clattn-bench %s: exit %d:\n%s", runs[r], rc, buf);
+        read_text("pages.csv", buf, sizeof buf);
+        int reads = 0;
+        for (const char *p = strstr(buf, "\nkv_read,"); p; p = strstr(p + 1, "\nkv_read,"))
+            reads++;
+        if (reads != 2 || !strstr(buf, ",page_read_ms/contig_read_ms,"))
+            fail_msg("clattn-bench %s: %d kv_read lines, want 2 and the ratio:\n%s", runs[r], reads, buf);
+    }
+#endif
+}
+
 #ifdef CLATTN_INFO_PATH
 /* 1 when s is one JSON value's worth of balanced braces and brackets outside strings, starting
  * with '{' and ending with '}' (and blanks): enough to catch a cut or mangled object. */
@@ -2679,6 +2717,7 @@ int main(void)
     tu_add_test("tools/bench_env", NULL, test_bench_env, NULL);
     tu_add_test("tools/bench_peak", NULL, test_bench_peak, NULL);
     tu_add_test("tools/bench_masks", NULL, test_bench_masks, NULL);
+    tu_add_test("tools/bench_pages", NULL, test_bench_pages, NULL);
     tu_add_test("tools/info", NULL, test_info, NULL);
     tu_add_test("tools/tune_bad_numbers", NULL, test_tune_bad_numbers, NULL);
     tu_add_test("tools/tune_bad_dir", NULL, test_tune_bad_dir, NULL);

@@ -26,7 +26,8 @@
  * KV row also gets a same-layout peer, run just before it: K and V of its storage types, contiguous
  * in the row order of the pool's pages, [B][Skv][Hkv][D] ("BSHD", clattn_tensor_bshd, the mask
  * column's "bshd") for NHD, [B][Hkv][Skv][D] for HND (not run for HND with K and V of --dtype: the
- * plain row is that peer); the paged row's second ratio is paged ms / same-layout ms. --check
+ * plain row is that peer); the paged row's second ratio is paged ms / same-layout ms, and two
+ * kv_read rows follow it (run_page_reads: the device's own cost of reading pages). --check
  * decodes the stored bytes with the reference's decoder (ref/clattn_ref_kv.c) for its reference.
  *
  * Packed sequences (docs/kvcache.md, varlen), for fused:
@@ -86,6 +87,7 @@
 #endif
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -3111,7 +3113,9 @@ static void usage(FILE *f)
           "  --page-layout L nhd ([pages][page][heads][dim], default) or hnd ([pages][heads][page][dim])\n"
           "A paged row gets a same-layout peer first: K/V of its types, contiguous in its pages'\n"
           "row order ([B][Skv][Hkv][D], mask column bshd, for nhd; [B][Hkv][Skv][D] for hnd, not\n"
-          "run when that is the plain row), and the ratio paged ms / same-layout ms.\n"
+          "run when that is the plain row), and the ratio paged ms / same-layout ms; after it two\n"
+          "kv_read rows, a kernel that only reads the K/V rows (contiguous, then paged, timed in\n"
+          "alternation): page-read ms / contiguous-read ms is the device's own cost of pages.\n"
           "--check decodes the stored bytes with the float64 reference's decoder. --csv adds the\n"
           "columns kv_k, kv_v, page, page_layout, kv_gbps, kv_gbps_ratio, same_layout_ratio (only\n"
           "with these options).\n"
@@ -3667,6 +3671,245 @@ static void run_variant_rows(bench *bn, int kind, const shape *s, double plain_m
     }
 }
 
+/* The device's own cost of pages: a kernel that only reads K and V, the rows of every (batch, kv
+ * head)'s keys (the union of its query rows' spans) in key order, through the block table, from
+ * the paged row's pool and from the same-layout contiguous buffers (a one-entry table a batch,
+ * a page of Skv keys); the two timed in alternation (measure_pair). A work-group takes a (batch, kv head) and
+ * a share of its keys (splits, so that there are work-groups enough for the device); on a GPU its
+ * lanes take consecutive words of a page's rows, on a CPU one work-item goes row by row (one
+ * division a page). Words of 16, 4 or 1 bytes: the widest that divides both rows. Each row's
+ * words are XORed, times an odd number of its (batch, kv head, key) (ROWF), into the output, whose
+ * XOR over all work-items the two reads must agree on: a layout, table or span that reads other
+ * rows, or the right ones in other places, would change it. */
+static const char kvread_src[] =
+    "#if W == 16\n"
+    "typedef uint4 word;\n"
+    "#elif W == 4\n"
+    "typedef uint word;\n"
+    "#else\n"
+    "typedef uchar word;\n"
+    "#endif\n"
+    "/* an odd multiplier a row: the words of (batch, kv head) bh's key j, K's times ROWF, V's times\n"
+    " * ROWF + 2 (a layout that reads other rows than it should changes the total) */\n"
+    "#define ROWF(bh, j) (((uint)(bh) * 0x9E3779B1u + (uint)(j) * 0x85EBCA77u) | 1u)\n"
+    "__kernel void kv_read(__global const word *K, __global const word *V, __global const int *table,\n"
+    "                      int nb, int page, __global const int *span, int nsplit, int hkv,\n"
+    "                      ulong kps, ulong khs, ulong krs, int kw, ulong vps, ulong vhs, ulong vrs, int vw,\n"
+    "                      __global word *out)\n"
+    "{\n"
+    "    const int lane = get_local_id(0), g = get_group_id(0);\n"
+    "    const int sp = g % nsplit, bh = g / nsplit, b = bh / hkv, h = bh % hkv;\n"
+    "    const int lo = span[2 * b], hi = span[2 * b + 1];\n"
+    "    const int per = ((hi - lo + nsplit - 1) / nsplit + 15) / 16 * 16;\n"
+    "    const int k1 = min(hi, lo + (sp + 1) * per);\n"
+    "    word acc = (word)(0);\n"
+    "    for (int j = lo + sp * per; j < k1;) {\n"
+    "        const ulong pg = (ulong)table[b * nb + j / page];\n"
+    "        const int r0 = j % page, n = min(k1 - j, page - r0);\n"
+    "        __global const word *kp = K + pg * kps + (ulong)h * khs + (ulong)r0 * krs;\n"
+    "        __global const word *vp = V + pg * vps + (ulong)h * vhs + (ulong)r0 * vrs;\n"
+    "#if LWS == 1\n"
+    "        for (int r = 0; r < n; r++) {\n"
+    "            word kx = (word)(0), vx = (word)(0);\n"
+    "            for (int x = 0; x < kw; x++)\n"
+    "                kx ^= kp[(ulong)r * krs + x];\n"
+    "            for (int x = 0; x < vw; x++)\n"
+    "                vx ^= vp[(ulong)r * vrs + x];\n"
+    "            acc ^= kx * ROWF(bh, j + r) ^ vx * (ROWF(bh, j + r) + 2u);\n"
+    "        }\n"
+    "#else\n"
+    "        for (int i = lane; i < n * kw; i += LWS)\n"
+    "            acc ^= kp[(ulong)(i / kw) * krs + i % kw] * ROWF(bh, j + i / kw);\n"
+    "        for (int i = lane; i < n * vw; i += LWS)\n"
+    "            acc ^= vp[(ulong)(i / vw) * vrs + i % vw] * (ROWF(bh, j + i / vw) + 2u);\n"
+    "#endif\n"
+    "        j += n;\n"
+    "    }\n"
+    "    out[get_global_id(0)] = acc;\n"
+    "}\n";
+
+typedef struct kvread_job {
+    cl_kernel kernel;
+    size_t global, local;
+} kvread_job;
+
+static int enqueue_kvread(bench *bn, void *job)
+{
+    const kvread_job *j = job;
+    check_cl(clEnqueueNDRangeKernel(bn->queue, j->kernel, 1, NULL, &j->global, &j->local, 0, NULL, NULL),
+             "clEnqueueNDRangeKernel");
+    return 0;
+}
+
+/* kv_read's arguments for the K and V of a (its buffers) stored as s says: paged (s->page, its
+ * table) or contiguous (BHSD or, with s->bshd, BSHD: the identity table in *ident, made here). */
+static int kvread_args(bench *bn, cl_kernel k, const shape *s, attn_run *a, cl_mem span, int nsplit, int w,
+                       cl_mem out, cl_mem *ident)
+{
+    const uint64_t rk = row_bytes(k_type(s), s->d), rv = a->m[2] ? row_bytes(v_type(s), s->dv) : 0;
+    const uint64_t H = (uint64_t)s->hkv, P = s->page ? (uint64_t)s->page : (uint64_t)s->skv;
+    /* strides of a page, a head and a row in bytes, per unit of row bytes */
+    const int rows_first = s->page ? !s->hnd : s->bshd; /* [page][row][head] order */
+    const uint64_t ps = P * H, hs = rows_first ? 1 : P, rs = rows_first ? H : 1;
+    cl_mem table = a->m[8];
+    cl_int nb = s->page ? (cl_int)a->pg.nb : 1, page = (cl_int)P, ns = nsplit, hkv = (cl_int)s->hkv;
+    if (!s->page) {
+        cl_int *id = xmalloc_n((uint64_t)s->b, sizeof *id);
+        for (long long b = 0; b < s->b; b++)
+            id[b] = (cl_int)b;
+        *ident = make_buffer(bn, "kv_read", (uint64_t)s->b * sizeof(cl_int));
+        if (*ident)
+            check_cl(clEnqueueWriteBuffer(bn->queue, *ident, CL_TRUE, 0, (size_t)s->b * sizeof(cl_int), id, 0,
+                                          NULL, NULL),
+                     "clEnqueueWriteBuffer");
+        free(id);
+        if (!*ident)
+            return -1;
+        table = *ident;
+    }
+    const cl_ulong kps = ps * rk / (uint64_t)w, khs = hs * rk / (uint64_t)w, krs = rs * rk / (uint64_t)w,
+                   vps = ps * rv / (uint64_t)w, vhs = hs * rv / (uint64_t)w, vrs = rs * rv / (uint64_t)w;
+    const cl_int kw = (cl_int)(rk / (uint64_t)w), vw = (cl_int)(rv / (uint64_t)w);
+    cl_mem vbuf = a->m[2] ? a->m[2] : a->m[1];
+    const struct {
+        size_t size;
+        const void *v;
+    } args[] = {{sizeof(cl_mem), &a->m[1]}, {sizeof(cl_mem), &vbuf}, {sizeof(cl_mem), &table},
+                {sizeof nb, &nb},           {sizeof page, &page},    {sizeof(cl_mem), &span},
+                {sizeof ns, &ns},           {sizeof hkv, &hkv},      {sizeof kps, &kps},
+                {sizeof khs, &khs},         {sizeof krs, &krs},      {sizeof kw, &kw},
+                {sizeof vps, &vps},         {sizeof vhs, &vhs},      {sizeof vrs, &vrs},
+                {sizeof vw, &vw},           {sizeof(cl_mem), &out}};
+    for (cl_uint i = 0; i < sizeof args / sizeof args[0]; i++)
+        check_cl(clSetKernelArg(k, i, args[i].size, args[i].v), "clSetKernelArg");
+    return 0;
+}
+
+/* After a paged KV row (shape s): kv_read on its pool and on the same-layout contiguous buffers,
+ * two rows "kv_read" (GB/s: the bytes read; the contiguous one first), and the ratio page-read ms
+ * / contiguous-read ms, what pages cost the device's memory system itself, to set beside the
+ * paged row's paged ms / same-layout ms. Not a ceiling of the attention's GB/s: one work-item
+ * reading a head's rows in key order, without the prefetches the CPU kernels issue, reads NHD's
+ * rows (H·D apart) slower than the decode does. */
+static void run_page_reads(bench *bn, int kind, const shape *s)
+{
+    FILE *info = bn->opt.csv ? stderr : stdout;
+    if (s->skv > INT32_MAX || s->b * s->hkv > INT32_MAX)
+        return;
+    shape cs = *s;
+    cs.page = 0;
+    cs.hnd = 0;
+    cs.bshd = !s->hnd;
+    attn_run *ar = xmalloc_n(2, sizeof *ar);
+    memset(ar, 0, 2 * sizeof *ar);
+    cl_mem span = NULL, out[2] = {NULL, NULL}, ident = NULL;
+    cl_program prog = NULL;
+    cl_kernel kk[2] = {NULL, NULL};
+    if (attn_setup(bn, kind, s, &ar[0]) || attn_setup(bn, kind, &cs, &ar[1])) {
+        fprintf(info, "kv_read: skipped: the buffers do not fit\n");
+        goto done;
+    }
+    /* Each batch's keys: the union of its rows' spans. */
+    cl_int *sp = xmalloc_n(2 * (uint64_t)s->b, sizeof *sp);
+    double bytes = 0.0;
+    const uint64_t rk = row_bytes(k_type(s), s->d), rv = s->mla ? 0 : row_bytes(v_type(s), s->dv);
+    long long maxkeys = 0;
+    for (long long b = 0; b < s->b; b++) {
+        long long lo = LLONG_MAX, hi = -1;
+        for (long long i = 0; i < s->sq; i++) {
+            long long l, h;
+            row_span(bn, s, b, i, &l, &h);
+            if (h >= l) {
+                lo = l < lo ? l : lo;
+                hi = h > hi ? h : hi;
+            }
+        }
+        if (hi < 0)
+            lo = 0;
+        sp[2 * b] = (cl_int)lo;
+        sp[2 * b + 1] = (cl_int)(hi + 1);
+        bytes += (double)(hi + 1 - lo) * (double)s->hkv * (double)(rk + rv);
+        maxkeys = hi + 1 - lo > maxkeys ? hi + 1 - lo : maxkeys;
+    }
+    const int w = (rk % 16 == 0 && rv % 16 == 0) ? 16 : (rk % 4 == 0 && rv % 4 == 0) ? 4 : 1;
+    const size_t lws = bn->gpu ? 64 : 1;
+    const long long groups_bh = s->b * s->hkv, want = 8LL * (bn->compute_units ? bn->compute_units : 1);
+    long long nsplit = (want + groups_bh - 1) / groups_bh;
+    if (nsplit > (maxkeys + 15) / 16)
+        nsplit = (maxkeys + 15) / 16 > 0 ? (maxkeys + 15) / 16 : 1;
+    const size_t ngroups = (size_t)(groups_bh * nsplit);
+    span = make_buffer(bn, "kv_read", 2 * (uint64_t)s->b * sizeof(cl_int));
+    const uint64_t out_bytes = (uint64_t)ngroups * lws * (uint64_t)w;
+    for (int i = 0; i < 2; i++)
+        out[i] = span ? make_buffer(bn, "kv_read", out_bytes) : NULL;
+    if (!out[0] || !out[1]) {
+        free(sp);
+        goto done;
+    }
+    check_cl(clEnqueueWriteBuffer(bn->queue, span, CL_TRUE, 0, 2 * (size_t)s->b * sizeof(cl_int), sp, 0, NULL, NULL),
+             "clEnqueueWriteBuffer");
+    free(sp);
+    char opts[64];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DW=%d -DLWS=%zu", w, lws);
+    const char *src = kvread_src;
+    cl_int err;
+    prog = clCreateProgramWithSource(bn->clctx, 1, &src, NULL, &err);
+    check_cl(err, "clCreateProgramWithSource");
+    if (clBuildProgram(prog, 1, &bn->dev, opts, NULL, NULL) != CL_SUCCESS) {
+        fprintf(info, "kv_read: skipped: the kernel did not build\n");
+        goto done;
+    }
+    for (int i = 0; i < 2; i++) {
+        kk[i] = clCreateKernel(prog, "kv_read", &err);
+        check_cl(err, "clCreateKernel");
+        if (kvread_args(bn, kk[i], i ? &cs : s, &ar[i], span, (int)nsplit, w, out[i], &ident))
+            goto done;
+    }
+    kvread_job jp = {kk[0], ngroups * lws, lws}, jc = {kk[1], ngroups * lws, lws};
+    double med[2], mn[2];
+    if (measure_pair(bn, enqueue_kvread, &jc, enqueue_kvread, &jp, med, mn))
+        goto done;
+    /* Both read the same rows: the XOR of everything each read must agree (wrong strides, table
+     * entries or spans in either would not). */
+    unsigned char *x = xmalloc_n(2, (size_t)out_bytes), fold[2][16] = {{0}};
+    for (int i = 0; i < 2; i++) {
+        check_cl(clEnqueueReadBuffer(bn->queue, out[i], CL_TRUE, 0, (size_t)out_bytes, x + i * out_bytes, 0, NULL,
+                                     NULL),
+                 "clEnqueueReadBuffer");
+        for (uint64_t n = 0; n < out_bytes; n++)
+            fold[i][n % (uint64_t)w] ^= x[i * out_bytes + n];
+    }
+    free(x);
+    if (memcmp(fold[0], fold[1], sizeof fold[0])) {
+        fprintf(stderr, "kv_read: FAILED: the paged and the contiguous reads did not read the same bytes\n");
+        bn->check_failed = 1;
+    }
+    result rc = new_result("kv_read", &cs), rp = new_result("kv_read", s);
+    rc.ms_med = med[0];
+    rc.ms_min = mn[0];
+    rp.ms_med = med[1];
+    rp.ms_min = mn[1];
+    rc.gbps = rc.kv_gbps = bytes / (med[0] * 1e6);
+    rp.gbps = rp.kv_gbps = bytes / (med[1] * 1e6);
+    rp.ratio_name = "page_read_ms/contig_read_ms";
+    rp.ratio = med[1] / med[0];
+    emit(bn, &rc);
+    emit(bn, &rp);
+    add_ratio(bn, kind == OP_DECODE ? "decode: page reads vs contiguous reads" : "fused: page reads vs contiguous reads",
+              "page-read ms / contiguous-read ms (the device's own cost of pages)", rp.ratio);
+done:
+    for (int i = 0; i < 2; i++)
+        if (kk[i])
+            clReleaseKernel(kk[i]);
+    if (prog)
+        clReleaseProgram(prog);
+    cl_mem m[4] = {span, out[0], out[1], ident};
+    release(m, 4);
+    attn_free(&ar[0]);
+    attn_free(&ar[1]);
+    free(ar);
+}
+
 /* The KV rows of shape s (s->kv: K and V in their storage types, paged with s->page) after its
  * peer, the same problem with contiguous K and V of s's dtype in [B][Hkv][Skv][D] order (the
  * plain row, or the variant row with variants). Paged, first the same-layout contiguous row: K
@@ -3711,6 +3954,8 @@ static void run_kv_rows(bench *bn, int kind, const shape *s, const result *peer)
         add_ratio(bn, ratio_text(kind, 6), "paged ms / contiguous same-layout ms (1: no overhead)", r.layout_ratio);
     }
     emit(bn, &r);
+    if (s->page)
+        run_page_reads(bn, kind, s);
 }
 
 /* What the run's kernel programs cost to get: built from source (clBuildProgram's wall time) or
