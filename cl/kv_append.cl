@@ -244,6 +244,10 @@ __kernel void ap_block(__global const uchar *X, ulong x_off, ulong x_sb, ulong x
         const float d = m / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         vstore_half_rte(d, 0, (__global half *)q);
         for (int j = 0; j < 16; j++) {
+            /* ggml's x·id + 8.5: the product rounded, then the add. Contracted to a fused
+             * multiply-add (OpenCL C's default), a product on a half step (2.4375 · -2.6666667f
+             * = -6.5) lost its rounding and truncated a step lower. */
+#pragma OPENCL FP_CONTRACT OFF
             const int lo = min(15, (int)convert_char_sat(v[j] * id + 8.5f));
             const int hi = min(15, (int)convert_char_sat(v[j + 16] * id + 8.5f));
             q[2 + j] = (uchar)(lo | hi << 4);

@@ -891,6 +891,51 @@ static void test_events(void **state)
         }
 }
 
+/* q4_0's x·id + 8.5 is a rounded product, then the add, as ggml computes it: blocks whose products
+ * fall exactly on a half step (x·id = -6.5 in f32 for x = 2.4375, id = 1 / -0.375 rounded), where
+ * a fused multiply-add (OpenCL contracts a·b + c by default) rounds once and truncates to one step
+ * lower. Every element of the first block is such a product or 0, of the second a spread of
+ * them; the bytes must be ggml's, and the tie's nibble 2 (independent of the reference). */
+static void test_q4_ties(void **state)
+{
+    (void)state;
+    clattn_context *ctx = tu_ctx_get();
+    enum { B = 1, H = 1, S = 2, D = 32 };
+    float x[S * D] = {0};
+    x[0] = 3.0f; /* the largest magnitude: d = 3 / -8 = -0.375, id = -2.6666667f */
+    for (int j = 1; j < D; j += 2)
+        x[j] = 2.4375f;
+    for (int j = 0; j < D; j++) /* block 2: multiples of 1/16 up to 2, then the largest, 3 */
+        x[D + j] = j == 17 ? -3.0f : (float)(j - 16) / 16.0f * 2.0f;
+    clattn_tensor k = clattn_tensor_bhsd(tu_xbuffer(sizeof x, x), F32, B, H, S, D);
+    out_img kc, vc;
+    out_make(&kc, Q4, B, H, S, D, 0);
+    out_make(&vc, F32, B, H, S, D, 0);
+    clattn_kv_append_desc d;
+    memset(&d, 0, sizeof d);
+    d.batch = B;
+    d.heads_kv = H;
+    d.seq_new = S;
+    d.head_dim = D;
+    const clattn_status st = clattn_kv_append(ctx, &d, NULL, &k, &k, NULL, &kc.t, &vc.t, 0, NULL, NULL);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("%s", clattn_last_error(ctx));
+    assert_int_equal(clFinish(clattn_queue(ctx)), CL_SUCCESS);
+    read_back(&kc);
+    const unsigned char *b0 = kc.got + row_at(&kc, 0, 0, 0);
+    /* byte 1 (after d): element 1 low, element 17 high; 2.4375 · -2.6666667f = -6.5, + 8.5 = 2 */
+    assert_int_equal(b0[2 + 1] & 0xf, 2);
+    assert_int_equal(b0[2 + 1] >> 4, 2);
+    for (int t = 0; t < S; t++) {
+        unsigned char want[18];
+        ref_quantize_q4_0(x + t * D, D, want);
+        const unsigned char *got = kc.got + row_at(&kc, 0, 0, t);
+        for (int i = 0; i < 18; i++)
+            if (got[i] != want[i])
+                fail_msg("token %d: q4_0 byte %d is 0x%02x, ggml's quantizer gives 0x%02x", t, i, got[i], want[i]);
+    }
+}
+
 /* The reference's encoders on values whose codes are known from the formats' definitions. */
 static void test_ref_encoders(void **state)
 {
@@ -948,6 +993,7 @@ int main(void)
     TU_ADD_TABLE("refuse", test_refusal, bad_cases);
     tu_add_test("refuse", "null_ctx", test_null_ctx, NULL);
     tu_add_test("events", "wait_and_done", test_events, NULL);
+    tu_add_test("append", "q4_0_ties", test_q4_ties, NULL);
     tu_add_test("reference", "encoders", test_ref_encoders, NULL);
     const int failed = tu_run_tests("kv_append");
     clattn_release(tu_ctx);
