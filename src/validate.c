@@ -542,5 +542,18 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
          (desc->probabilities && clattn__kvlen_overlaps(desc->kv_lengths, p->batch, desc->probabilities))))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "desc->kv_lengths overlaps an output (out, lse or probabilities)");
+    /* The packed sequences' offsets (batch + 1 int32 each, from byte 0) are read while the
+     * outputs are written. */
+    if (need_v == 1 && desc->kv) {
+        const cl_mem cu[2] = {desc->kv->cu_seqlens_q, desc->kv->cu_seqlens_k};
+        const char *const cu_names[2] = {"desc->kv->cu_seqlens_q", "desc->kv->cu_seqlens_k"};
+        const clattn_tensor *outs[3] = {out, desc->lse, desc->probabilities};
+        const char *const out_names[3] = {"out", "desc->lse", "desc->probabilities"};
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 3; j++)
+                if (cu[i] && outs[j] && clattn__kvlen_overlaps(cu[i], p->batch + 1, outs[j]))
+                    return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s overlaps %s (an input)", out_names[j],
+                                        cu_names[i]);
+    }
     return CLATTN_SUCCESS;
 }

@@ -758,6 +758,9 @@ static const bad_case bad_cases[] = {
     {"cu_q_too_small", CLATTN_INVALID_ARGUMENT, "cu_seqlens_q"},
     {"varlen_q_batch_2", CLATTN_INVALID_ARGUMENT, "q->shape[0]"},
     {"unfused_varlen", CLATTN_UNSUPPORTED, "packed"},
+    /* the offsets are read while the outputs are written: none may share their bytes */
+    {"cu_q_in_out", CLATTN_INVALID_ARGUMENT, "out overlaps desc->kv->cu_seqlens_q"},
+    {"cu_k_in_lse", CLATTN_INVALID_ARGUMENT, "desc->lse overlaps desc->kv->cu_seqlens_k"},
 };
 
 static void test_refusal(void **state)
@@ -775,7 +778,7 @@ static void test_refusal(void **state)
     clattn_tensor q = clattn_tensor_bhsd(qb, F32, B, H, 1, D), out = clattn_tensor_bhsd(ob, F32, B, H, 1, D);
     clattn_tensor k = clattn_tensor_bhsd(kb, F32, B, H, S, D), v = clattn_tensor_bhsd(vb, F32, B, H, S, D);
     clattn_tensor sc = clattn_tensor_bhsd(sb, F32, B, H, S, 1);
-    clattn_tensor probs = clattn_tensor_bhsd(sb, F32, B, H, 1, S);
+    clattn_tensor probs = clattn_tensor_bhsd(sb, F32, B, H, 1, S), lse = clattn_tensor_bhsd(sb, F32, B, H, 1, 1);
     clattn_kv_layout kv = {0};
     clattn_attention_desc desc = {0};
     desc.batch = B;
@@ -805,6 +808,20 @@ static void test_refusal(void **state)
         kv.block_table = btb;
     } else if (!strcmp(n, "varlen_q_batch_2")) {
         kv.cu_seqlens_q = btb; /* q keeps its batch extent 2: refused */
+    } else if (!strcmp(n, "cu_q_in_out")) {
+        /* q and out packed: [1][H][2 rows][D] in [rows][H][D] order, the offsets in out's buffer */
+        q.shape[0] = out.shape[0] = 1;
+        q.shape[2] = out.shape[2] = 2;
+        q.stride[2] = out.stride[2] = (int64_t)H * D;
+        q.stride[1] = out.stride[1] = D;
+        kv.cu_seqlens_q = ob;
+    } else if (!strcmp(n, "cu_k_in_lse")) {
+        /* k and v packed: [1][H][S keys][D] in [keys][H][D] order, the offsets in lse's buffer */
+        k.shape[0] = v.shape[0] = 1;
+        k.stride[2] = v.stride[2] = (int64_t)H * D;
+        k.stride[1] = v.stride[1] = D;
+        kv.cu_seqlens_k = sb;
+        desc.lse = &lse;
     } else if (!strcmp(n, "cu_q_too_small") || !strcmp(n, "unfused_varlen")) {
         /* q and out packed: [1][H][2 rows][D] in [rows][H][D] order */
         q.shape[0] = out.shape[0] = 1;
