@@ -327,7 +327,8 @@ inline float16 var_keys16(float16 s, int key0, int rend, const vrow *r, const vp
  * hq: returns the factor of its normalised output and writes its LSE, the sink included:
  * lse' = log(e^lse + e^s), o' = o·e^(lse - lse'). Without sinks, or with splits (merge.cl adds
  * the sink then), the factor is 1 and the LSE m + log(l). s = -inf changes nothing, bit for bit;
- * an empty row gets LSE s (its o is 0). */
+ * an empty row gets LSE s (its o is 0), whatever s holds; s = +inf or NaN makes the other rows NaN
+ * (docs/variants.md). */
 inline float sink_join(float m, float l, int empty, int hq, int splits, const vparams *vp, float *lse)
 {
     const float lse0 = empty ? NEG_INF : m + log(l);
@@ -340,6 +341,11 @@ inline float sink_join(float m, float l, int empty, int hq, int splits, const vp
         if (empty) {
             *lse = s;
             return 0.0f;
+        }
+        /* +inf is no logit: e^(s - M) / e^(s - M) is NaN, and so is the row, as with NaN s */
+        if (s == INFINITY) {
+            *lse = NAN;
+            return NAN;
         }
         const float d = s - lse0; /* NaN s: NaN row */
         if (d <= 0.0f) {

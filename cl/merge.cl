@@ -1,7 +1,8 @@
 /* Merging partial attention results over disjoint key ranges:
  *   lse = log Σ_p exp(lse_p),  out = Σ_p exp(lse_p - lse) · out_p
  * A part with lse = -inf (no visible key) contributes nothing; all -inf gives 0 and -inf. NaN
- * in any other part, or lse = +inf (no finite weight: exp(inf - inf)), makes the row NaN.
+ * in any other part's lse, or lse = +inf (no finite weight: exp(inf - inf)), makes the row NaN;
+ * NaN in its out, the elements of those columns.
  *
  * merge_strided: the parts lie in one f32 buffer at a fixed stride (flash-decoding splits). With
  *                attention sinks (SK not NULL: query head h's at SK[sk_off + h·sk_sh]) the sink
@@ -64,8 +65,11 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
         nan_part |= isnan(lp);
     }
     const float sink = SK ? SK[sk_off + (ulong)h * sk_sh] : NEG_INF;
+    /* A row no part saw gives 0 and the sink's LSE, whatever the sink holds; in the others a sink
+     * of +inf or NaN (no logit) makes the row NaN (docs/variants.md). */
+    const int empty = !nan_part && mx == NEG_INF;
+    nan_part |= !empty && (isnan(sink) || sink == INFINITY);
     mx = fmax(mx, sink);
-    nan_part |= isnan(sink);
     /* Up to thousands of parts (long key ranges): both sums are compensated (Kahan), so that
      * equal parts, whose rounding errors would all have the same sign, stay at fp32 accuracy. */
     float sum = 0.0f, sum_c = 0.0f, acc[CPW], acc_c[CPW];
@@ -75,7 +79,7 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
         mx = sum = NAN;
         for (int e = 0; e < CPW; e++)
             acc[e] = NAN;
-    } else if (mx != NEG_INF) {
+    } else if (!empty) {
         for (int p = 0; p < parts; p++) {
             const float lp = PL[lrow + p * pl_split];
             if (lp != NEG_INF) {
@@ -105,10 +109,9 @@ merge_strided(__global const float *P, ulong p_off, ulong p_sb, ulong p_sh, ulon
     }
     for (int e = 0; e < CPW && c0 + e < DV; e++)
         ST_OUT(O, o_off + (ulong)b * o_sb + (ulong)h * o_sh + (ulong)oi * o_ss + c0 + e,
-               mx == NEG_INF ? 0.0f : o_from_half(acc[e]));
+               empty ? 0.0f : o_from_half(acc[e]));
     if (has_lse && c0 == 0)
-        LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)oi * l_ss] =
-            mx == NEG_INF ? NEG_INF : mx + log(sum);
+        LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)oi * l_ss] = empty ? sink : mx + log(sum);
 }
 #endif
 

@@ -79,7 +79,7 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
     /* An attention sink (SK not NULL: head h's logit at SK[sk_off + h·sk_sh]) joins the maximum
      * and the sum, not the row: its probabilities sum to less than 1 (docs/variants.md). */
     const float sink = SK ? SK[sk_off + (ulong)h * sk_sh] : NEG_INF;
-    const float M = fmax(red[0], sink);
+    const float Mrow = red[0], M = fmax(Mrow, sink);
     /* A row whose visible entries are all -inf (or that has none) uses 0 as reference so that
      * exp2(-inf - ref) is 0, never NaN; it then outputs zeros. */
     const float ref = M == NEG_INF ? 0.0f : M;
@@ -95,6 +95,9 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
             red[lid] += red[lid + w];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+    /* A row with no visible finite entry (Mrow -inf, entries' sum 0, not NaN) gives LSE s, whatever
+     * the sink holds; a sink of +inf (e^(s - M) NaN) or NaN makes any other row NaN. */
+    const int empty = Mrow == NEG_INF && red[0] == 0.0f;
     const float S = red[0] + (sink == NEG_INF ? 0.0f : exp2((sink - ref) * LOG2E));
     /* S is 0 for an empty row (zeros out), NaN if a NaN is visible (NaN row). */
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
@@ -114,7 +117,7 @@ softmax(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x_ss,
     }
     if (has_lse && lid == 0)
         LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] =
-            S == 0.0f ? NEG_INF : ref + log(S);
+            empty ? sink : S == 0.0f ? NEG_INF : ref + log(S);
 }
 #endif
 
@@ -199,6 +202,7 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
         float M = fmax(fmax(m4.s0, m4.s1), fmax(m4.s2, m4.s3));
         for (int j = vend; j < cend; j++)
             M = fmax(M, col1(x, mk, j, cend, sc, has_mask));
+        const float Mrow = M;
         M = fmax(M, sink);
         /* As above: a row with nothing visible uses 0 as reference and outputs zeros. */
         const float ref = M == NEG_INF ? 0.0f : M;
@@ -221,6 +225,7 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
         float S = (s4.s0 + s4.s1) + (s4.s2 + s4.s3);
         for (int j = vend; j < cend; j++)
             S += exp2p((col1(x, mk, j, cend, sc, has_mask) - ref) * LOG2E);
+        const int empty = Mrow == NEG_INF && S == 0.0f; /* as above: LSE s */
         if (sink != NEG_INF)
             S += exp2p((sink - ref) * LOG2E);
         const float inv = S == 0.0f ? 0.0f : 1.0f / S;
@@ -246,7 +251,7 @@ softmax_rows(__global const T_A *X, ulong x_off, ulong x_sb, ulong x_sh, ulong x
         }
         if (has_lse)
             LSE[l_off + (ulong)b * l_sb + (ulong)h * l_sh + (ulong)i * l_ss] =
-                S == 0.0f ? NEG_INF : ref + log(S);
+                empty ? sink : S == 0.0f ? NEG_INF : ref + log(S);
     }
 }
 #endif

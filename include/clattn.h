@@ -227,7 +227,8 @@ typedef struct clattn_attention_desc {
     /* Optional f32 [1][heads_q][1][1]: attention sinks, one logit s_h per query head, in the final
      * logit domain, that joins only the softmax denominator:
      * o = Σ_j e^(x_j - M)·v_j / (Σ_j e^(x_j - M) + e^(s_h - M)). A row with no visible key gives
-     * o = 0 and LSE = s_h; the LSE output includes the sink; -inf is no sink. NULL: none. */
+     * o = 0 and LSE = s_h; the LSE output includes the sink; -inf is no sink. +inf and NaN are no
+     * logits: the head's rows with a visible key come out NaN (docs/variants.md). NULL: none. */
     const clattn_tensor *sinks;
     /* Optional f32 [batch|1][heads_q|1][1][1] (an extent of 1 is shared): ALiBi slopes,
      * logit += -slope·|p - j| (after the softcap). clattn_alibi_slopes gives the standard ones.
@@ -420,8 +421,10 @@ CLATTN_API clattn_status clattn_softmax(clattn_context *ctx, const clattn_softma
  * out = Σ_i exp(lse_i - lse) · out_i with lse = log Σ_i exp(lse_i). Each part_out[i] has out's
  * shape [B][H][S][Dv]; each part_lse[i] and `lse` are f32 [B][H][S][1]. A part whose lse is -inf
  * contributes nothing, whatever its out holds; a row where every part is -inf gives 0 and -inf.
- * NaN in any other part's row (out or lse), or an lse of +inf (which attention never gives), makes
- * the merged row and its lse NaN, with any number of parts. `lse` may be NULL.
+ * NaN in any other part's lse, or an lse of +inf (which attention gives only for a row with no
+ * visible key and a sink of +inf), makes the merged row and its lse NaN, with any number of parts;
+ * NaN in such a part's out makes NaN the merged elements of its columns (as NaN in V does in
+ * attention). `lse` may be NULL.
  */
 CLATTN_API clattn_status clattn_merge(clattn_context *ctx, int num_parts,
                                       const clattn_tensor *part_out, const clattn_tensor *part_lse,

@@ -142,7 +142,9 @@ typedef enum sink_kind {
     SINK_NONE,
     SINK_VALUES, /* uniform [-1, 4] a head, head 1 -inf (no sink for that head) */
     SINK_FAR,    /* 60 + h: far above every logit (out ~ e^-50, lse ~ the sink) */
-    SINK_NEGINF  /* every head -inf: exactly no sink */
+    SINK_NEGINF, /* every head -inf: exactly no sink */
+    SINK_BAD     /* head 0 +inf, head 1 NaN (no logits: their rows with a visible key NaN, empty rows 0
+                  * and the sink), head 2 -inf, the others as SINK_VALUES */
 } sink_kind;
 
 typedef enum alibi_kind {
@@ -256,6 +258,11 @@ static const var_case cases[] = {
      .has_kv = 1, .kv = {100, 0}, .sinks = SINK_VALUES, .algos = ALG_FUSED | ALG_UNFUSED | ALG_SCORES},
     {"sinks_decode_causal_kvlen0_4x2000_f16", 3, 8, 2, 4, 2000, 64, 0, F16, .causal = 1, .has_kv = 1,
      .kv = {2000, 0, 3}, .sinks = SINK_VALUES},
+    /* +inf and NaN sinks: NaN rows but for those with no visible key (batch 1's) */
+    {"sinks_bad_causal_kvlen0_gqa2_40x100", 2, 4, 2, 40, 100, 64, 0, F32, .causal = 1, .has_kv = 1,
+     .kv = {100, 0}, .sinks = SINK_BAD, .gpu = 1},
+    {"sinks_bad_decode_causal_kvlen0_4x2000_f16", 3, 8, 2, 4, 2000, 64, 0, F16, .causal = 1, .has_kv = 1,
+     .kv = {2000, 0, 3}, .sinks = SINK_BAD, .gpu = 1},
     {"sinks_window_rows_before_keys_40x16", 1, 4, 2, 40, 16, 32, 0, F32, .window = 1, .wl = 3, .wr = 0,
      .sinks = SINK_VALUES},
 
@@ -457,10 +464,12 @@ static void build(prob *p, const var_case *c)
     if (c->sinks != SINK_NONE) {
         float s[64];
         for (int h = 0; h < c->Hq; ++h) {
-            s[h] = c->sinks == SINK_FAR      ? 60.0f + (float)h
-                   : c->sinks == SINK_NEGINF ? -INFINITY
-                   : h == 1                  ? -INFINITY
-                                             : (float)tu_uniform(&rng, -1.0, 4.0);
+            s[h] = c->sinks == SINK_FAR                 ? 60.0f + (float)h
+                   : c->sinks == SINK_NEGINF            ? -INFINITY
+                   : c->sinks == SINK_BAD && h == 0     ? INFINITY
+                   : c->sinks == SINK_BAD && h == 1     ? NAN
+                   : h == (c->sinks == SINK_BAD ? 2 : 1) ? -INFINITY
+                                                        : (float)tu_uniform(&rng, -1.0, 4.0);
             p->xsinks[h] = s[h];
         }
         tu_view_init(&p->sinks, LAYOUT_BHSD, F32, 1, c->Hq, 1, 1, NAN);
@@ -914,15 +923,18 @@ typedef struct split_case {
     int has_kv;
     int kv[MAX_B];
     int gpu;    /* also in the runs that force a GPU kernel */
+    int bad;    /* SINK_BAD's +inf and NaN sinks, else SINK_VALUES */
 } split_case;
 
 /* Key lengths: batch 1 has no key (0 and the sink), batch 2 a few keys (in the first split). */
 /* clang-format off */
 static const split_case split_cases[] = {
-    {"sinks_splits1_gqa4_2x3000_kvlen_f16", 3, 8, 2, 2, 3000, 64, F16, 1, 1, 1, {3000, 0, 2}, 1},
-    {"sinks_splits2_gqa4_2x3000_kvlen_f16", 3, 8, 2, 2, 3000, 64, F16, 1, 2, 1, {3000, 0, 2}, 1},
-    {"sinks_splits7_gqa4_2x3000_kvlen_f16", 3, 8, 2, 2, 3000, 64, F16, 1, 7, 1, {3000, 0, 2}, 1},
-    {"sinks_splits5_mqa_1x4000", 2, 4, 1, 1, 4000, 64, F32, 0, 5, 0, {0}, 0},
+    {"sinks_splits1_gqa4_2x3000_kvlen_f16", 3, 8, 2, 2, 3000, 64, F16, 1, 1, 1, {3000, 0, 2}, 1, 0},
+    {"sinks_splits2_gqa4_2x3000_kvlen_f16", 3, 8, 2, 2, 3000, 64, F16, 1, 2, 1, {3000, 0, 2}, 1, 0},
+    {"sinks_splits7_gqa4_2x3000_kvlen_f16", 3, 8, 2, 2, 3000, 64, F16, 1, 7, 1, {3000, 0, 2}, 1, 0},
+    {"sinks_splits5_mqa_1x4000", 2, 4, 1, 1, 4000, 64, F32, 0, 5, 0, {0}, 0, 0},
+    {"sinks_bad_splits1_gqa4_2x3000_kvlen", 3, 8, 2, 2, 3000, 64, F32, 1, 1, 1, {3000, 0, 2}, 1, 1},
+    {"sinks_bad_splits3_gqa4_2x3000_kvlen", 3, 8, 2, 2, 3000, 64, F32, 1, 3, 1, {3000, 0, 2}, 1, 1},
 };
 /* clang-format on */
 
@@ -980,7 +992,8 @@ static void test_splits(void **state)
     tu_ctx_get();
     tu_failures = 0;
     var_case c = {.name = s->name, .B = s->B, .Hq = s->Hq, .Hkv = s->Hkv, .Sq = s->Sq, .Skv = s->Skv,
-                  .D = s->D, .dt = s->dt, .causal = s->causal, .has_kv = s->has_kv, .sinks = SINK_VALUES};
+                  .D = s->D, .dt = s->dt, .causal = s->causal, .has_kv = s->has_kv,
+                  .sinks = s->bad ? SINK_BAD : SINK_VALUES};
     memcpy(c.kv, s->kv, sizeof c.kv);
     prob p;
     build(&p, &c);
