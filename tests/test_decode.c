@@ -100,7 +100,8 @@ typedef struct merge_case {
     int no_lse;          /* merge without an lse output */
     int nan_row0;        /* part 0's row 0 overwritten: out NaN and lse NaN (1) or -3000, a weight
                           * that underflows to 0 (2), or only its lse, with +inf (3): merged row 0
-                          * must be NaN in every case */
+                          * must be NaN in every case; or only its out's column 1 NaN (4): the
+                          * merged row's column 1 NaN, the rest and the lse finite */
 } merge_case;
 
 static const merge_case merge_cases[] = {
@@ -125,6 +126,8 @@ static const merge_case merge_cases[] = {
     {"nan_part_weight_0_f16", 1, 2, 2, 4, 300, 64, F16, F16, 2, .nan_row0 = 2},
     {"inf_lse_three", 1, 2, 2, 4, 300, 64, F32, F32, 3, .nan_row0 = 3},
     {"inf_lse_one", 1, 2, 2, 4, 300, 64, F32, F32, 1, .nan_row0 = 3},
+    {"nan_column_three", 1, 2, 2, 4, 300, 64, F32, F32, 3, .nan_row0 = 4},
+    {"nan_column_two_bf16", 1, 2, 2, 4, 300, 64, BF16, BF16, 2, .nan_row0 = 4},
     /* 40002 rows: more than the 32768 the merge grid puts in y, so rows also go in z */
     {"two_rows_40002", 1, 2, 2, 20001, 64, 8, F32, F32, 2, .mask = 0},
 };
@@ -405,13 +408,18 @@ static void test_merge(void **state)
         for (size_t i = 0; i < (size_t)D; ++i)
             tu_store(m->dt, nan_img, i, NAN);
         const float nanf = m->nan_row0 == 2 ? -3000.0f : m->nan_row0 == 3 ? INFINITY : NAN;
-        if (m->nan_row0 != 3)
+        if (m->nan_row0 == 4)
+            assert_int_equal(clEnqueueWriteBuffer(clattn_queue(tu_ctx), parts.t.buffer, CL_TRUE, esz, esz, nan_img, 0,
+                                                  NULL, NULL),
+                             CL_SUCCESS);
+        else if (m->nan_row0 != 3)
             assert_int_equal(clEnqueueWriteBuffer(clattn_queue(tu_ctx), parts.t.buffer, CL_TRUE, 0,
                                                   (size_t)D * esz, nan_img, 0, NULL, NULL),
                              CL_SUCCESS);
-        assert_int_equal(clEnqueueWriteBuffer(clattn_queue(tu_ctx), plse.t.buffer, CL_TRUE, 0, sizeof nanf, &nanf,
-                                              0, NULL, NULL),
-                         CL_SUCCESS);
+        if (m->nan_row0 != 4)
+            assert_int_equal(clEnqueueWriteBuffer(clattn_queue(tu_ctx), plse.t.buffer, CL_TRUE, 0, sizeof nanf,
+                                                  &nanf, 0, NULL, NULL),
+                             CL_SUCCESS);
     }
     double *all_out = tu_xdoubles((size_t)P * nout), *all_lse = tu_xdoubles((size_t)P * nrow);
     tu_download("part out", &parts, all_out);
@@ -469,7 +477,10 @@ static void test_merge(void **state)
 
     if (m->nan_row0) {
         /* Row 0 no longer matches any attention; the merge itself is what this row checks. */
-        assert_true(isnan(want[0]) && (m->nan_row0 == 2 ? isfinite(want_lse[0]) : isnan(want_lse[0])));
+        if (m->nan_row0 == 4) /* the NaN column alone (got matched want element by element) */
+            assert_true(isnan(want[1]) && isfinite(want[0]) && isfinite(want[2]) && isfinite(want_lse[0]));
+        else
+            assert_true(isnan(want[0]) && (m->nan_row0 == 2 ? isfinite(want_lse[0]) : isnan(want_lse[0])));
         if (tu_failures != 0)
             fail_msg("%d check(s) failed", tu_failures);
         return;
