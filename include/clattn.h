@@ -189,8 +189,8 @@ typedef struct clattn_attention_desc {
     int64_t heads_kv;   /* divides heads_q; query head h reads kv head h / (heads_q / heads_kv) */
     int64_t seq_q;      /* 1 .. CLATTN_MAX_SEQ */
     int64_t seq_kv;     /* 1 .. CLATTN_MAX_SEQ */
-    int64_t head_dim;   /* 1 .. CLATTN_MAX_HEAD_DIM */
-    int64_t head_dim_v; /* 1 .. CLATTN_MAX_HEAD_DIM_V; 0 means head_dim */
+    int64_t head_dim;   /* 1 .. CLATTN_MAX_HEAD_DIM (above: CLATTN_UNSUPPORTED) */
+    int64_t head_dim_v; /* 1 .. CLATTN_MAX_HEAD_DIM_V (above: CLATTN_UNSUPPORTED); 0 means head_dim */
     float scale;        /* 0 means 1/sqrt(head_dim), up to head_dim 256; above, the caller gives it */
     int causal;         /* bottom-right aligned: row i sees key j iff j <= i + (L - seq_q), L = keys of the batch */
     /* Optional additive mask (f32 or f16), shape [batch|1][heads_q|1][seq_q|1][seq_kv]; a dimension
