@@ -531,7 +531,11 @@ clattn_status clattn__check_attention(clattn_context *ctx, const clattn_attentio
         if (hit)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->probabilities overlaps %s", hit);
     }
-    if ((st = clattn__check_variants(ctx, desc, need_v == 1 ? out : NULL, p)))
+    /* clattn_scores ignores the sinks (not a key's logit) and the LSE (clattn.h): not checked. */
+    clattn_attention_desc vd = *desc;
+    if (!need_v)
+        vd.sinks = vd.lse = NULL;
+    if ((st = clattn__check_variants(ctx, &vd, need_v == 1 ? out : NULL, p)))
         return st;
     if (need_v && (st = clattn__check_dropout(ctx, desc, p)))
         return st;

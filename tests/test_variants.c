@@ -1084,6 +1084,47 @@ static void test_merge_sinks(void **state)
         fail_msg("%d check(s) failed", tu_failures);
 }
 
+/* ====================== clattn_scores ignores the sinks ====================== */
+
+/* clattn_scores takes an attention descriptor and ignores its sinks and LSE (clattn.h): sinks and
+ * an LSE that would be refused where they count (f16, the wrong shape, overlapping the output)
+ * give the same logits, bit for bit, as the call without them. */
+static void test_scores_ignores_sinks(void **state)
+{
+    (void)state;
+    tu_ctx_get();
+    const var_case *c = case_named("sinks_causal_bias_kvlen0_gqa2_40x100");
+    assert_non_null(c);
+    prob p;
+    build(&p, c);
+    tu_view plain, odd;
+    tu_view_init(&plain, LAYOUT_BHSD, F32, c->B, c->Hq, c->Sq, c->Skv, 777.0);
+    tu_view_init(&odd, LAYOUT_BHSD, F32, c->B, c->Hq, c->Sq, c->Skv, 777.0);
+    tu_upload(&plain);
+    tu_upload(&odd);
+    clattn_attention_desc desc;
+    describe(&p, c, CLATTN_ALGORITHM_AUTO, &desc);
+    desc.sinks = NULL;
+    clattn_status st = clattn_scores(tu_ctx, &desc, &p.q.t, &p.k.t, &plain.t, 0, NULL, NULL);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("clattn_scores without sinks returned %s: %s", clattn_status_string(st), clattn_last_error(tu_ctx));
+    clattn_tensor bad_sinks = clattn_tensor_bhsd(p.sinks.t.buffer, F16, 1, 1, 1, 3);
+    clattn_tensor bad_lse = odd.t; /* the output itself, f16 and one column */
+    bad_lse.dtype = F16;
+    bad_lse.shape[3] = 1;
+    desc.sinks = &bad_sinks;
+    desc.lse = &bad_lse;
+    st = clattn_scores(tu_ctx, &desc, &p.q.t, &p.k.t, &odd.t, 0, NULL, NULL);
+    if (st != CLATTN_SUCCESS)
+        fail_msg("clattn_scores with sinks and an lse it ignores returned %s: %s", clattn_status_string(st),
+                 clattn_last_error(tu_ctx));
+    tu_finish(tu_ctx);
+    double *a = tu_xdoubles(p.nprob), *b = tu_xdoubles(p.nprob);
+    tu_download("scores", &plain, a);
+    tu_download("scores with ignored fields", &odd, b);
+    assert_memory_equal(a, b, p.nprob * sizeof(double));
+}
+
 /* =============================== ALiBi slopes =============================== */
 
 /* clattn_alibi_slopes against the formula in double. The library works in float: m0 or m1
@@ -1729,6 +1770,7 @@ int main(void)
         tu_add_test("merge", "sinks_two_parts", test_merge_sinks, NULL);
     if (!forced) {
         tu_add_test("mods", "bad_snippet", test_bad_snippet, NULL);
+        tu_add_test("scores", "ignores_sinks", test_scores_ignores_sinks, NULL);
         tu_add_test("alibi", "slopes", test_alibi_slopes, NULL);
         TU_ADD_TABLE("refuse", test_refusal, bad_cases);
         tu_add_test("reference", "visibility", test_ref_visibility, NULL);
