@@ -617,7 +617,7 @@ CLATTN_API const char *clattn_param_name(clattn_operation op, int index);
 /**
  * The largest value parameter `index` of `op` accepts (the smallest is 0): 4096 for sizes, which
  * each operation fits to the device; for a choice of kernel or variant (DIRECT, KF, KT) its
- * largest choice, e.g. 5 for decode's DIRECT. -1 for an invalid op or index.
+ * largest choice, e.g. 6 for decode's DIRECT (mma). -1 for an invalid op or index.
  */
 CLATTN_API int clattn_param_max(clattn_operation op, int index);
 /**

@@ -1138,7 +1138,7 @@ static void usage(FILE *f)
             "                  looks up (clattn_get_params: before the operation fits them to\n"
             "                  the device) and where they come from; up to 16 times.\n"
             "                  OP: scores, pv, softmax, fused, decode or merge; DTYPE: f32,\n"
-            "                  f16 or bf16; HEAD_DIM 1 to 256, 0 for softmax and merge;\n"
+            "                  f16 or bf16; HEAD_DIM 1 to 576, 0 for softmax and merge;\n"
             "                  softmax's SEQ_Q and SEQ_KV are its rows and columns; masked:\n"
             "                  an additive mask or key lengths\n"
             "  --help          this text\n"

@@ -149,6 +149,21 @@ def _dtype_name(dtype: Any) -> str:
     raise ValueError(f"no clattn dtype for numpy {d}: f32, f16 or bf16")
 
 
+def _window_pair(window: Any) -> Tuple[int, int]:
+    """window=(left, right) as the descriptor's two fields (None: unbounded, -1); ValueError for
+    anything but a pair of ints or None."""
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(f"window is a pair (left, right) of ints or None (got {window!r})") from None
+    out = []
+    for v in (left, right):
+        if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))):
+            raise ValueError(f"window is a pair (left, right) of ints or None (got {window!r})")
+        out.append(-1 if v is None else int(v))
+    return out[0], out[1]
+
+
 def _host_array(a: Any, dtype: str) -> np.ndarray:
     """a as a C-contiguous array in the storage format of dtype."""
     arr = np.asarray(a)
@@ -362,7 +377,7 @@ class DeviceTensor:
     """
 
     __slots__ = ("_ctx", "_mem", "_base", "_keep", "_owns", "dtype", "shape", "strides", "offset",
-                 "_st", "__weakref__")
+                 "_view", "__weakref__")
 
     def __init__(self, ctx: "Context", mem: int, dtype: str, shape: Sequence[int],
                  strides: Optional[Sequence[int]] = None, offset: int = 0,
@@ -385,7 +400,24 @@ class DeviceTensor:
         if len(self.shape) == 4:
             st.shape[:] = self.shape
             st.stride[:] = self.strides
-        self._st = st
+        self._view = st
+
+    def _live(self) -> int:
+        """The cl_mem handle; ValueError once this tensor or the tensor it views was released (the
+        handle would reach OpenCL freed)."""
+        t: Optional[DeviceTensor] = self
+        while t is not None:
+            if not t._mem:
+                raise ValueError("this DeviceTensor's buffer was released (release() on it or on the "
+                                 "tensor it views)")
+            t = t._base
+        return self._mem
+
+    @property
+    def _st(self) -> Tensor:
+        """The clattn_tensor a C call takes (ValueError once released)."""
+        self._live()
+        return self._view
 
     # -- properties
     @property
@@ -438,7 +470,7 @@ class DeviceTensor:
         strides = tuple(strides) if strides is not None else self.strides
         if len(shape) != 4 or len(strides) != 3:
             raise ValueError("a view has 4 extents and 3 strides (batch, head, seq)")
-        return DeviceTensor(self._ctx, self._mem, self.dtype, shape, strides,
+        return DeviceTensor(self._ctx, self._live(), self.dtype, shape, strides,
                             self.offset if offset is None else offset, base=self._base or self,
                             keep=self._keep)
 
@@ -471,7 +503,7 @@ class DeviceTensor:
         lo, hi = self._span()
         host = np.empty(max(hi - lo, 0), dtype=self.numpy_dtype)
         if host.size:
-            _check_cl(_lib.cl().clEnqueueReadBuffer(q, self._mem, 1, lo * es, host.nbytes, host.ctypes.data,
+            _check_cl(_lib.cl().clEnqueueReadBuffer(q, self._live(), 1, lo * es, host.nbytes, host.ctypes.data,
                                                     0, None, None), "clEnqueueReadBuffer")
         if len(self.shape) == 4 and not (self.is_contiguous() and lo == self.offset):
             st = [s * es for s in self.strides] + [es]
@@ -501,7 +533,7 @@ class DeviceTensor:
         q = self._ctx._queue_handle()
         es = self.itemsize
         if len(self.shape) != 4 or self.is_contiguous():
-            _check_cl(cl.clEnqueueWriteBuffer(q, self._mem, 1, self.offset * es, host.nbytes, host.ctypes.data,
+            _check_cl(cl.clEnqueueWriteBuffer(q, self._live(), 1, self.offset * es, host.nbytes, host.ctypes.data,
                                               0, None, None), "clEnqueueWriteBuffer")
             return self
         B, H, S, D = self.shape
@@ -520,12 +552,12 @@ class DeviceTensor:
                     off = (self.offset + b * sb + h * sh) * es
                     src = host[b, h]
                     if rows_dense:
-                        err = cl.clEnqueueWriteBuffer(q, self._mem, 0, off, src.nbytes, src.ctypes.data,
+                        err = cl.clEnqueueWriteBuffer(q, self._live(), 0, off, src.nbytes, src.ctypes.data,
                                                       0, None, None)
                         _check_cl(err, "clEnqueueWriteBuffer")
                     else:
                         origin = (c_size_t * 3)(off, 0, 0)
-                        err = cl.clEnqueueWriteBufferRect(q, self._mem, 0, origin, zero, region, ss * es, 0,
+                        err = cl.clEnqueueWriteBufferRect(q, self._live(), 0, origin, zero, region, ss * es, 0,
                                                           D * es, 0, src.ctypes.data, 0, None, None)
                         _check_cl(err, "clEnqueueWriteBufferRect")
         finally:
@@ -555,7 +587,7 @@ class DeviceTensor:
         """This tensor as a pyopencl.array.Array on queue (zero-copy, retains the buffer)."""
         import pyopencl as pcl
         import pyopencl.array as pcla
-        buf = pcl.Buffer.from_int_ptr(self._mem, retain=True)
+        buf = pcl.Buffer.from_int_ptr(self._live(), retain=True)
         es = self.itemsize
         st = tuple(s * es for s in self.strides) + ((es,) if len(self.shape) == 4 else ())
         return pcla.Array(queue, self.shape, self.numpy_dtype, data=buf, offset=self.offset * es, strides=st)
@@ -940,6 +972,9 @@ class Context:
         arr = np.asarray(x)
         if arr.ndim != 4:
             raise ValueError(f"clattn tensors are 4-D [B][H][S][D] arrays (got shape {arr.shape})")
+        if (dtype is None and arr.dtype.kind in "iub") or (dtype is not None and _dtype_name(dtype) == "i32"):
+            raise ValueError(f"no clattn dtype for an attention tensor of numpy {arr.dtype}: f32, f16 or bf16 "
+                             "(integers are kv_lengths only)")
         t = self.to_device(arr, dtype)
         temps.append(t)
         return t
@@ -967,7 +1002,14 @@ class Context:
                 raise ValueError("kv_lengths as a pyopencl array must start at offset 0")
             temps.append(x)
             return int(x.base_data.int_ptr)
-        arr = np.ascontiguousarray(np.asarray(x).reshape(-1), dtype=np.int32)
+        # Integers only, clamped into int32 here (the library clamps to 0..seq_kv): a cast would
+        # wrap 2**32 + 3 to 3, truncate 5.7 to 5.
+        vals = []
+        for v in np.asarray(x, dtype=object).reshape(-1):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"kv_lengths holds integers (got {v!r})")
+            vals.append(min(max(int(v), 0), 2**31 - 1))
+        arr = np.array(vals, dtype=np.int32)
         t = DeviceTensor(self, self._alloc(arr.nbytes, arr), "i32", arr.shape)
         temps.append(t)
         return t.cl_mem
@@ -1215,10 +1257,8 @@ class Context:
         if kv_lengths is not None:
             d.kv_lengths = self._kvlen(kv_lengths, temps)
         if window is not None:
-            left, right = window
             d.window = 1
-            d.window_left = -1 if left is None else int(left)
-            d.window_right = -1 if right is None else int(right)
+            d.window_left, d.window_right = _window_pair(window)
         d.chunk = int(chunk)
         d.softcap = softcap
         if sinks is not None:
@@ -1348,8 +1388,8 @@ class Context:
         d.causal = 1 if causal else 0
         d.algorithm = _ALGORITHMS[algorithm]
         if window is not None:
-            d.window, d.window_left, d.window_right = 1, -1 if window[0] is None else window[0], \
-                -1 if window[1] is None else window[1]
+            d.window = 1
+            d.window_left, d.window_right = _window_pair(window)
         d.chunk = int(chunk)
         d.softcap = softcap
         if score_mod is not None:

@@ -131,7 +131,19 @@ def _load_clattn() -> tuple:
 
 
 def _load_opencl() -> ctypes.CDLL:
-    names = [os.environ.get("CLATTN_OPENCL_LIBRARY") or "", "libOpenCL.so.1", "libOpenCL.so",
+    given = os.environ.get("CLATTN_OPENCL_LIBRARY") or ""
+    if given:
+        # The library named is the one used, or an error: falling back would run another OpenCL
+        # than the caller chose.
+        try:
+            dll = ctypes.CDLL(given)
+        except OSError as e:
+            raise OSError(f"clattn: CLATTN_OPENCL_LIBRARY={given!r} does not load: {e}") from e
+        if not hasattr(dll, "clGetPlatformIDs"):
+            raise OSError(f"clattn: CLATTN_OPENCL_LIBRARY={given!r} is not an OpenCL library "
+                          "(no clGetPlatformIDs)")
+        return dll
+    names = ["libOpenCL.so.1", "libOpenCL.so",
              ctypes.util.find_library("OpenCL") or "", "OpenCL.dll",
              "/System/Library/Frameworks/OpenCL.framework/OpenCL"]
     errors = []

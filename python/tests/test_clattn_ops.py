@@ -175,3 +175,43 @@ def test_python_side_errors(ctx):
         t.write_seq(np.zeros((1, 1, 2, 4)), 3)
     with pytest.raises(ValueError):
         ctx.attention(t, t, t, algorithm="fastest")
+
+
+def test_released_tensor_raises(ctx, rng):
+    """A released tensor, or a view of one, raises ValueError instead of handing OpenCL a freed
+    buffer (which crashed the interpreter in a call)."""
+    q, k, v = qkv(rng)
+    t = ctx.to_device(k)
+    view = t.seq(0, SKV // 2)
+    t.release()
+    for bad in (t, view):
+        with pytest.raises(ValueError, match="released"):
+            ctx.attention(q, bad, bad)
+        with pytest.raises(ValueError, match="released"):
+            bad.numpy()
+        with pytest.raises(ValueError, match="released"):
+            bad.write(np.zeros(bad.shape, np.float32))
+
+
+def test_kv_lengths_integers_clamped(ctx, rng):
+    """kv_lengths past int32 clamp as the library clamps (to seq_kv, or 0), never wrap; floats
+    are refused rather than truncated."""
+    q, k, v = qkv(rng, b=1)
+    full = ctx.attention(q, k, v)
+    for big in (2**31, 2**32 + 3, 2**70, np.uint64(2**63 + 5)):
+        ref.assert_allclose(ctx.attention(q, k, v, kv_lengths=[big]), full, 0.0, what=f"kv_lengths {big}")
+    empty = ctx.attention(q, k, v, kv_lengths=[-2**32 + 5])
+    assert np.all(empty == 0.0)
+    for bad in ([5.7], [True], ["3"]):
+        with pytest.raises(ValueError, match="integers"):
+            ctx.attention(q, k, v, kv_lengths=bad)
+
+
+def test_integer_inputs_and_bad_window_raise_valueerror(ctx, rng):
+    q, k, v = qkv(rng)
+    for dt in (np.int32, np.int64):
+        with pytest.raises(ValueError, match="kv_lengths only"):
+            ctx.attention(q.astype(dt), k, v)
+    for w in (5, (1, 2, 3), (1.5, 0), "ab"):
+        with pytest.raises(ValueError, match="window"):
+            ctx.attention(q, k, v, window=w)
