@@ -972,7 +972,9 @@ class Context:
         arr = np.asarray(x)
         if arr.ndim != 4:
             raise ValueError(f"clattn tensors are 4-D [B][H][S][D] arrays (got shape {arr.shape})")
-        if (dtype is None and arr.dtype.kind in "iub") or (dtype is not None and _dtype_name(dtype) == "i32"):
+        # integers (but uint16, bf16's bits: to_device asks for dtype="bf16") are no attention data
+        ints = arr.dtype.kind in "ib" or (arr.dtype.kind == "u" and arr.dtype != np.uint16)
+        if (dtype is None and ints) or (dtype is not None and _dtype_name(dtype) == "i32"):
             raise ValueError(f"no clattn dtype for an attention tensor of numpy {arr.dtype}: f32, f16 or bf16 "
                              "(integers are kv_lengths only)")
         t = self.to_device(arr, dtype)

@@ -215,3 +215,9 @@ def test_integer_inputs_and_bad_window_raise_valueerror(ctx, rng):
     for w in (5, (1, 2, 3), (1.5, 0), "ab"):
         with pytest.raises(ValueError, match="window"):
             ctx.attention(q, k, v, window=w)
+
+
+def test_uint16_attention_input_asks_for_bf16(ctx, rng):
+    q, k, v = qkv(rng)
+    with pytest.raises(ValueError, match="bf16"):
+        ctx.attention(q.view(np.uint16)[..., ::2].copy(), k, v)
