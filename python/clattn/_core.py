@@ -998,7 +998,7 @@ class Context:
         if isinstance(x, DeviceTensor):
             if x.dtype != "i32" or x.offset != 0:
                 raise ValueError("kv_lengths as a DeviceTensor must be an 'i32' tensor at offset 0")
-            return x.cl_mem
+            return x._live()
         if hasattr(x, "base_data"):  # pyopencl array
             if x.offset != 0:
                 raise ValueError("kv_lengths as a pyopencl array must start at offset 0")

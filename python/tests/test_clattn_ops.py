@@ -191,6 +191,10 @@ def test_released_tensor_raises(ctx, rng):
             bad.numpy()
         with pytest.raises(ValueError, match="released"):
             bad.write(np.zeros(bad.shape, np.float32))
+    lens = ctx.to_device(np.full(B, SKV // 2, np.int32), "i32")
+    lens.release()
+    with pytest.raises(ValueError, match="released"):
+        ctx.attention(q, k, v, kv_lengths=lens)
 
 
 def test_kv_lengths_integers_clamped(ctx, rng):
