@@ -840,6 +840,18 @@ static void test_null_ctx(void **state)
     assert_non_null(strstr(clattn_last_error(NULL), "ctx"));
 }
 
+/* An append of k and v alone (no q, no rotation) of S tokens, B batches, H kv heads, D dims. */
+static clattn_kv_append_desc kv_only_desc(int64_t B, int64_t H, int64_t S, int64_t D)
+{
+    clattn_kv_append_desc d;
+    memset(&d, 0, sizeof d);
+    d.batch = B;
+    d.heads_kv = H;
+    d.seq_new = S;
+    d.head_dim = D;
+    return d;
+}
+
 /* The call waits for its wait list (a user event, completed after the call) and its done event
  * completes after the stores. */
 static void test_events(void **state)
@@ -854,12 +866,7 @@ static void test_events(void **state)
     out_img kc, vc;
     out_make(&kc, Q8, B, H, 4, D, 0);
     out_make(&vc, F32, B, H, 4, D, 0);
-    clattn_kv_append_desc d;
-    memset(&d, 0, sizeof d);
-    d.batch = B;
-    d.heads_kv = H;
-    d.seq_new = S;
-    d.head_dim = D;
+    clattn_kv_append_desc d = kv_only_desc(B, H, S, D);
     cl_context clctx = NULL;
     assert_int_equal(clGetCommandQueueInfo(clattn_queue(ctx), CL_QUEUE_CONTEXT, sizeof clctx, &clctx, NULL),
                      CL_SUCCESS);
@@ -911,12 +918,7 @@ static void test_q4_ties(void **state)
     out_img kc, vc;
     out_make(&kc, Q4, B, H, S, D, 0);
     out_make(&vc, F32, B, H, S, D, 0);
-    clattn_kv_append_desc d;
-    memset(&d, 0, sizeof d);
-    d.batch = B;
-    d.heads_kv = H;
-    d.seq_new = S;
-    d.head_dim = D;
+    clattn_kv_append_desc d = kv_only_desc(B, H, S, D);
     const clattn_status st = clattn_kv_append(ctx, &d, NULL, &k, &k, NULL, &kc.t, &vc.t, 0, NULL, NULL);
     if (st != CLATTN_SUCCESS)
         fail_msg("%s", clattn_last_error(ctx));

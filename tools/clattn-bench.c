@@ -3742,11 +3742,11 @@ static int enqueue_kvread(bench *bn, void *job)
 }
 
 /* kv_read's arguments for the K and V of a (its buffers) stored as s says: paged (s->page, its
- * table) or contiguous (BHSD or, with s->bshd, BSHD: the identity table in *ident, made here). */
-static int kvread_args(bench *bn, cl_kernel k, const shape *s, attn_run *a, cl_mem span, int nsplit, int w,
-                       cl_mem out, cl_mem *ident)
+ * table) or contiguous (BHSD or, with s->bshd, BSHD: the identity table in *ident, made here);
+ * rows of rk and rv bytes (rv 0: V is K's view, not read). */
+static int kvread_args(bench *bn, cl_kernel k, const shape *s, attn_run *a, uint64_t rk, uint64_t rv, cl_mem span,
+                       int nsplit, int w, cl_mem out, cl_mem *ident)
 {
-    const uint64_t rk = row_bytes(k_type(s), s->d), rv = a->m[2] ? row_bytes(v_type(s), s->dv) : 0;
     const uint64_t H = (uint64_t)s->hkv, P = s->page ? (uint64_t)s->page : (uint64_t)s->skv;
     /* strides of a page, a head and a row in bytes, per unit of row bytes */
     const int rows_first = s->page ? !s->hnd : s->bshd; /* [page][row][head] order */
@@ -3862,7 +3862,7 @@ static void run_page_reads(bench *bn, int kind, const shape *s)
     for (int i = 0; i < 2; i++) {
         kk[i] = clCreateKernel(prog, "kv_read", &err);
         check_cl(err, "clCreateKernel");
-        if (kvread_args(bn, kk[i], i ? &cs : s, &ar[i], span, (int)nsplit, w, out[i], &ident))
+        if (kvread_args(bn, kk[i], i ? &cs : s, &ar[i], rk, rv, span, (int)nsplit, w, out[i], &ident))
             goto done;
     }
     kvread_job jp = {kk[0], ngroups * lws, lws}, jc = {kk[1], ngroups * lws, lws};
