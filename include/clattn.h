@@ -351,7 +351,8 @@ CLATTN_API const char *clattn_last_build_log(const clattn_context *ctx);
  * Resolves a device spec exactly as clattn_create does, without creating anything.
  * `why` (may be NULL) receives one line explaining the choice, e.g. "first GPU (no spec given)".
  * @return CLATTN_SUCCESS with *platform and *device set, NO_DEVICE, UNSUPPORTED (only devices
- *         clattn passes over match) or INVALID_ARGUMENT otherwise.
+ *         clattn passes over match) or INVALID_ARGUMENT otherwise; on failure *platform, *device
+ *         and why are left as they were (the reason: clattn_last_error(NULL)).
  */
 CLATTN_API clattn_status clattn_select_device(const char *spec, cl_platform_id *platform,
                                               cl_device_id *device, char *why, size_t why_size);
@@ -359,7 +360,9 @@ CLATTN_API clattn_status clattn_select_device(const char *spec, cl_platform_id *
 /**
  * Writes the tuning-store key of `device` into buf: "vendorid:name:compute_units:local_mem_kib",
  * with characters outside [A-Za-z0-9._-] in the name replaced by '_'. The driver version is not part
- * of the key (it is kept as a tag in tuning files). @return INVALID_ARGUMENT if buf is too small.
+ * of the key (it is kept as a tag in tuning files). @return INVALID_ARGUMENT if buf is too small
+ * (its size needed is in the message), device is not valid or buf is NULL; buf is then left as it
+ * was.
  */
 CLATTN_API clattn_status clattn_device_key(cl_device_id device, char *buf, size_t size);
 

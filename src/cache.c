@@ -405,8 +405,11 @@ const char *clattn_cache_report(const clattn_context *ctx)
         char why[300] = "";
         const int dfd = open(ctx->cache_dir, O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
         struct stat d;
-        if (dfd < 0)
+        if (dfd < 0 && errno == ENOENT)
             snprintf(r, size, "%.4000s (not made yet: made 0700 at the first build)", ctx->cache_dir);
+        else if (dfd < 0) /* a regular file in its place or on its path, no permission: no disk cache */
+            snprintf(r, size, "%.4000s: not usable, kernels are built from source: %s", ctx->cache_dir,
+                     strerror(errno));
         else if (fstat(dfd, &d) != 0 || !dir_trusted(&d, why, sizeof why))
             snprintf(r, size, "%.4000s: not trusted, kernels are built from source: %s", ctx->cache_dir,
                      why[0] ? why : "cannot be examined");

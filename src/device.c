@@ -132,7 +132,6 @@ clattn_status clattn_device_key(cl_device_id device, char *buf, size_t size)
 {
     if (!buf || size == 0)
         return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT, "clattn_device_key: buf is NULL or size is 0");
-    buf[0] = '\0';
     char name[256];
     cl_uint vendor = 0, cus = 0;
     cl_ulong local = 0;
@@ -147,13 +146,14 @@ clattn_status clattn_device_key(cl_device_id device, char *buf, size_t size)
     for (char *c = name; *c; c++)
         if (!(ascii_alnum(*c) || *c == '.' || *c == '-' || *c == '_'))
             *c = '_';
-    int n = snprintf(buf, size, "%04x:%s:%u:%llu", vendor, name, cus,
-                     (unsigned long long)(local / 1024));
-    if (n < 0 || (size_t)n >= size) {
-        buf[0] = '\0';
+    /* formed apart, so that a buffer too small is left as it was (nothing the caller owns is
+     * modified on failure) */
+    char key[sizeof name + 64];
+    const int n = snprintf(key, sizeof key, "%04x:%s:%u:%llu", vendor, name, cus, (unsigned long long)(local / 1024));
+    if (n < 0 || (size_t)n >= size)
         return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT,
                             "clattn_device_key: buffer of %zu bytes is too small (needs %d)", size, n + 1);
-    }
+    memcpy(buf, key, (size_t)n + 1);
     return CLATTN_SUCCESS;
 }
 
@@ -242,12 +242,7 @@ static void say(char *why, size_t size, const char *fmt, const char *a, const ch
 clattn_status clattn_select_device(const char *spec, cl_platform_id *platform, cl_device_id *device,
                                    char *why, size_t why_size)
 {
-    if (platform)
-        *platform = NULL;
-    if (device)
-        *device = NULL;
-    if (why && why_size)
-        why[0] = '\0';
+    /* *platform, *device and why are written on success only */
     if (!platform || !device)
         return clattn__fail(NULL, CLATTN_INVALID_ARGUMENT,
                             "clattn_select_device: platform and device must not be NULL");

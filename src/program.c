@@ -449,6 +449,8 @@ clattn_status clattn__get_kernel(clattn_context *ctx, const char *file, const ch
         e->program = prog;
         e->from_disk = 0;
         ctx->stats.disk_rejects++;
+        if (ctx->stats.disk_hits) /* counted when it loaded: it was no hit after all */
+            ctx->stats.disk_hits--;
         k = clCreateKernel(e->program, kernel_name, &err);
     }
     if (!k || err != CL_SUCCESS) {

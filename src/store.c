@@ -350,7 +350,7 @@ int clattn__tuning_parse(const char *text, size_t len, clattn_tuning_table *t, c
             s++;
         if (!have_header) {
             if (strncmp(s, "clattn-tuning ", 14) != 0) {
-                why = "not a clattn tuning file (first line must be \"clattn-tuning 1\")";
+                why = "not a clattn tuning file (first line must be \"clattn-tuning 2\" or \"clattn-tuning 1\")";
                 goto bad;
             }
             if (strcmp(s + 14, "1") != 0 && strcmp(s + 14, "2") != 0) {

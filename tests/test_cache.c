@@ -728,6 +728,9 @@ static void test_unwritable(void **state)
     assert_int_equal(ctx->stats.disk_writes, 0);
     assert_int_equal(ctx->stats.disk_hits, 0);
     check_softmax_runs(ctx);
+    if ((r->kind == UNWRITABLE_UNDER_FILE || r->kind == UNWRITABLE_IS_FILE) &&
+        (!strstr(clattn_cache_report(ctx), "not usable") || !strstr(clattn_cache_report(ctx), "Not a directory")))
+        fail_msg("clattn_cache_report does not say why there is no disk cache: \"%s\"", clattn_cache_report(ctx));
     clattn_release(ctx);
 
     struct stat st;
@@ -1068,7 +1071,8 @@ static void test_restamped_other_program(void **state)
         ctx = new_context();
         get_kernel_ok(ctx, "merge.cl", OPT_MERGE, "merge_strided");
         print_stats(round ? "next context" : "re-stamped file", ctx);
-        assert_int_equal(ctx->stats.disk_hits, 1);
+        /* the re-stamped file is a reject, not a hit as well (it loaded, then lacked the kernel) */
+        assert_int_equal(ctx->stats.disk_hits, round ? 1 : 0);
         assert_int_equal(ctx->stats.builds, round ? 0 : 1);
         assert_int_equal(ctx->stats.disk_rejects, round ? 0 : 1);
         clattn_release(ctx);

@@ -291,8 +291,8 @@ static void test_spec(void **state)
     if (r->must_fail)
         assert_null(want);
 
-    char why[512];
-    cl_platform_id p = (cl_platform_id)&why; /* poison: cleared on failure */
+    char why[512] = "stale";
+    cl_platform_id p = (cl_platform_id)&why; /* poison: left as it was on failure */
     cl_device_id d = (cl_device_id)&why;
     const clattn_status sel = clattn_select_device(spec, &p, &d, why, sizeof why);
 
@@ -305,8 +305,10 @@ static void test_spec(void **state)
 
     if (want == NULL) {
         assert_int_equal(sel, CLATTN_NO_DEVICE);
-        assert_null(p);
-        assert_null(d);
+        /* nothing the caller owns is modified on failure */
+        assert_ptr_equal(p, (cl_platform_id)&why);
+        assert_ptr_equal(d, (cl_device_id)&why);
+        assert_string_equal(why, "stale");
         assert_int_equal(st, CLATTN_NO_DEVICE);
         assert_null(ctx);
         assert_non_null(msg);
@@ -365,11 +367,12 @@ static void test_select_null_out(void **state)
     cl_platform_id p = (cl_platform_id)&p;
     cl_device_id d = (cl_device_id)&d;
     char why[64] = "stale";
+    /* refused: the outputs it was given are left as they were */
     assert_int_equal(clattn_select_device("0:0", NULL, &d, why, sizeof why), CLATTN_INVALID_ARGUMENT);
-    assert_null(d);
-    assert_string_equal(why, "");
+    assert_ptr_equal(d, (cl_device_id)&d);
+    assert_string_equal(why, "stale");
     assert_int_equal(clattn_select_device("0:0", &p, NULL, NULL, 0), CLATTN_INVALID_ARGUMENT);
-    assert_null(p);
+    assert_ptr_equal(p, (cl_platform_id)&p);
 }
 
 static void test_create_null_ctx(void **state)
@@ -478,10 +481,13 @@ static void test_key_size(void **state)
         assert_string_equal(buf, key);
     } else {
         assert_int_equal(st, CLATTN_INVALID_ARGUMENT);
-        if (size > 0)
-            assert_int_equal(buf[0], '\0'); /* no half-written key left behind */
-        else
-            assert_int_equal(buf[0], 'x');
+        for (size_t i = 0; i < size; i++) /* refused: no byte of the buffer written */
+            assert_int_equal(buf[i], 'x');
+        if (size > 0) { /* the message says the size needed */
+            char want[64];
+            snprintf(want, sizeof want, "needs %zu", need);
+            assert_non_null(strstr(clattn_last_error(NULL), want));
+        }
     }
     assert_int_equal(buf[size], 'x'); /* nothing past the buffer touched */
     clattn_release(ctx);
@@ -490,9 +496,9 @@ static void test_key_size(void **state)
 static void test_key_null(void **state)
 {
     (void)state;
-    char buf[64];
+    char buf[64] = "stale";
     assert_int_equal(clattn_device_key(NULL, buf, sizeof buf), CLATTN_INVALID_ARGUMENT);
-    assert_string_equal(buf, "");
+    assert_string_equal(buf, "stale"); /* refused: left as it was */
     clattn_context *ctx = tu_context();
     assert_int_equal(clattn_device_key(clattn_device(ctx), NULL, 64), CLATTN_INVALID_ARGUMENT);
     clattn_release(ctx);

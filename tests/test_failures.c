@@ -654,6 +654,8 @@ static void test_llvmpipe_refused(void **state)
                 cl_device_id dv = (cl_device_id)&before;
                 if (clattn_select_device(specs[k], &pl, &dv, NULL, 0) != CLATTN_UNSUPPORTED)
                     fail_msg("%s: clattn_select_device does not refuse it", when);
+                if (pl != (cl_platform_id)&before || dv != (cl_device_id)&before)
+                    fail_msg("%s: clattn_select_device refused it but wrote its outputs", when);
             }
             assert_no_leak(&before, when);
         }
