@@ -47,6 +47,16 @@
 #define QP (DP + MMA_PAD) /* row pitches in local memory */
 #define KP (DP + MMA_PAD)
 #define VP (BN + MMA_PAD)
+/* V in local memory: transposed (element (key n, column c) at c·VP + n), or with MMA_LDSM row by
+ * row as stored (n·VR + c), which ldmatrix's .trans reads as the transposed fragments. */
+#if MMA_LDSM
+#define VR (DVP + MMA_PAD)
+#define V_ELEMS (BN * VR)
+#define V_AT(n, c) (V_OFF + (n) * VR + (c))
+#else
+#define V_ELEMS (DVP * VP)
+#define V_AT(n, c) (V_OFF + (c) * VP + (n))
+#endif
 #define NT (BN / MMA_N)  /* n-tiles of S */
 #define KB (BN / MMA_K)  /* k-blocks of P */
 #define DT (DVP / MMA_N) /* n-tiles of O */
@@ -54,43 +64,78 @@
 #if QREG /* Q is staged once, then K and V take its place */
 #define Q_OFF 0
 #define K_OFF 0
-#define SM_ELEMS (BM * QP > BN * KP + DVP * VP ? BM * QP : BN * KP + DVP * VP)
+#define SM_ELEMS (BM * QP > BN * KP + V_ELEMS ? BM * QP : BN * KP + V_ELEMS)
 #else
 #define Q_OFF 0
 #define K_OFF (BM * QP)
-#define SM_ELEMS (BM * QP + BN * KP + DVP * VP)
+#define SM_ELEMS (BM * QP + BN * KP + V_ELEMS)
 #endif
 #define V_OFF (K_OFF + BN * KP)
 
-/* Chunks of a row as stored: 8 16-bit values or 4 floats (16 bytes). */
+/* Chunks of a row as stored: 4 floats, or 8 16-bit values as a uint4 (element 2j the low half
+ * of word j): 16-bit vectors of 8 became pairs of 8-byte loads and stores in PTX. */
 #if DT_IN == 0
 #define CH 4
 #define tlv float4
-#define VLOAD_TL vload4
-#define VSTORE_TL vstore4
 #define TLV_NONFINITE(x) any((as_uint4(x) & 0x7f800000u) == 0x7f800000u)
 #else
 #define CH 8
-#define tlv ushort8
-#define VLOAD_TL vload8
-#define VSTORE_TL vstore8
+#define tlv uint4
 #if DT_IN == 1
-#define TLV_NONFINITE(x) any(((x) & (ushort)0x7c00u) == (ushort)0x7c00u)
+#define TLV_EXP 0x7c00u
 #else
-#define TLV_NONFINITE(x) any(((x) & (ushort)0x7f80u) == (ushort)0x7f80u)
+#define TLV_EXP 0x7f80u
 #endif
+#define TLV_NONFINITE(x) any(((x) & TLV_EXP) == TLV_EXP || ((x) & (TLV_EXP << 16)) == (TLV_EXP << 16))
 #endif
 
-/* CH elements of a row from element i, zero past element n. */
+/* A loop over the chunks 0 .. total - 1 of a staging, the work-group's NWI work-items taking
+ * them in turn (e, unsigned), rolled: unrolled, or with a trip count counted apart, ptxas took
+ * more registers (up to 255 at d128 against 245). */
+#define STAGE_LOOP(total, e) _Pragma("unroll 1") for (uint e = lid; e < (uint)(total); e += NWI)
+/* A chunk into local memory at p, 16 bytes aligned (pitches and offsets are multiples of 16
+ * bytes). */
+#define ST_CHUNK(x, p) (*(__local uint4 *)(p) = as_uint4(x))
+/* V's staging: keys a work-item takes together (16-bit values: a pair, one word a column), and
+ * the work-items over a column chunk's keys. */
+#if DT_IN == 0
+#define V_PER 1
+#else
+#define V_PER 2
+#endif
+#define V_KEYS (BN / V_PER)
+
+/* CH elements of a row from element i, zero past element n. With MMA_ALIGN16 (the host's: every
+ * row of Q, and of K and V where they are of the query's type, starts on 16 bytes) a whole chunk
+ * is one 16-byte load; vload of 16-bit values, which need only their own alignment, were 8 loads
+ * of 2 bytes and 12 byte permutes in SASS. */
+#ifndef MMA_ALIGN16
+#define MMA_ALIGN16 0
+#endif
+#if DT_IN == 0
+#define VLOAD_CH(p) vload4(0, p)
+#define TL_BITS(x) as_uint(x)
+#else
+#define VLOAD_CH(p) as_uint4(vload8(0, p))
+#define TL_BITS(x) (uint)(x)
+#endif
 inline tlv ld_chunk(__global const TL *p, int i, int n)
 {
     if (i + CH <= n)
-        return VLOAD_TL(0, p + i);
-    TL x[CH];
+#if MMA_ALIGN16
+        return *(__global const tlv *)(p + i);
+#else
+        return VLOAD_CH(p + i);
+#endif
+    uint x[CH]; /* the elements' bits (a vload from a private array kept it on the stack) */
     MMA_UNROLL
     for (int k = 0; k < CH; k++)
-        x[k] = i + k < n ? p[i + k] : (TL)0;
-    return VLOAD_TL(0, x);
+        x[k] = i + k < n ? TL_BITS(p[i + k]) : 0u;
+#if DT_IN == 0
+    return as_float4((uint4)(x[0], x[1], x[2], x[3]));
+#else
+    return (uint4)(x[0] | x[1] << 16, x[2] | x[3] << 16, x[4] | x[5] << 16, x[6] | x[7] << 16);
+#endif
 }
 
 /* A chunk of K (V) for the tiles: CH elements from element i (of n) of a key's row. K/V of the
@@ -117,9 +162,9 @@ __attribute__((always_inline)) inline ushort8 tile_from_f32(float8 x)
     vstore_half8_rte(x, 0, (__private half *)t);
     return vload8(0, t);
 }
-#define TILE_FROM_F32(x) tile_from_f32(x)
+#define TILE_FROM_F32(x) as_uint4(tile_from_f32(x))
 #else
-#define TILE_FROM_F32(x) f32_to_bf16_8(x)
+#define TILE_FROM_F32(x) as_uint4(f32_to_bf16_8(x))
 #endif
 #endif
 #if DT_K == DT_IN
@@ -177,13 +222,13 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
     __global const TL *Qb = (__global const TL *)(Q + q_off + (ulong)b * q_sb);
 
     /* Q as stored, zero past head_dim and for rows past R. */
-    for (int e = lid; e < BM * (DP / CH); e += NWI) {
+    STAGE_LOOP(BM * (DP / CH), e) {
         const int r = e / (DP / CH), d = CH * (e % (DP / CH)), row = r0 + r;
         tlv x = (tlv)(0);
         const int hq = hk * group + row / seq_q, i = row % seq_q;
         if (row < R && i < w.sq) /* a packed sequence's rows from w.q0 (VARLEN) */
             x = ld_chunk(Qb + (ulong)hq * q_sh + (ulong)(w.q0 + i) * q_ss, d, D);
-        VSTORE_TL(x, 0, sm + Q_OFF + r * QP + d);
+        ST_CHUNK(x, sm + Q_OFF + r * QP + d);
     }
     if (lid < 2) {
         seen_kt[lid] = k_lo - 1; /* no tile's */
@@ -226,23 +271,51 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
         const int guarded = has_mask || kt + BN > k_all || VAR_PER_KEY;
         const int par = ((kt - k_lo) / BN) & 1;
         /* K as stored, key-major (B of S stored n-major), zero past k_hi and head_dim. */
-        for (int e = lid; e < BN * (DP / CH); e += NWI) {
+        STAGE_LOOP(BN * (DP / CH), e) {
             const int n = e / (DP / CH), d = CH * (e % (DP / CH)), key = kt + n;
             const tlv x = key < k_hi ? TILE_K(Kb + kv_row(&ksrc, key, k_sb, k_ss), d, D, &ksrc, key) : (tlv)(0);
-            VSTORE_TL(x, 0, sm + K_OFF + n * KP + d);
+            ST_CHUNK(x, sm + K_OFF + n * KP + d);
         }
-        /* V transposed (B of P·V stored n-major): read along rows, written across. */
-        for (int e = lid; e < BN * (DVP / CH); e += NWI) {
+#if MMA_LDSM
+        /* V as stored, row by row (ldmatrix transposes its fragments). */
+        STAGE_LOOP(BN * (DVP / CH), e) {
             const int n = e / (DVP / CH), c = CH * (e % (DVP / CH)), key = kt + n;
             const tlv x = key < k_hi ? TILE_V(Vb + kv_row(&vsrc, key, v_sb, v_ss), c0, c, DVr, &vsrc, key) : (tlv)(0);
-            TL t[CH];
-            VSTORE_TL(x, 0, t);
+            ST_CHUNK(x, sm + V_AT(n, c));
+            if (guarded && TLV_NONFINITE(x))
+                bad_kt[par] = kt;
+        }
+#else
+        /* V transposed (B of P·V stored n-major): read along rows, written across, the lanes of a
+         * warp on consecutive keys of one column chunk, so that each store of a column covers
+         * consecutive words (banks). 16-bit values: a work-item takes keys n and n + 1 and writes
+         * their two values of a column as one word. (Lanes on the chunks of one key's row, as
+         * first written, put the 8 lanes of a key on one bank: 8-way conflicts in each of 32
+         * 2-byte stores.) */
+        STAGE_LOOP(V_KEYS * (DVP / CH), e) {
+            const int n = V_PER * (e % V_KEYS), c = CH * (e / V_KEYS), key = kt + n;
+            const tlv x = key < k_hi ? TILE_V(Vb + kv_row(&vsrc, key, v_sb, v_ss), c0, c, DVr, &vsrc, key) : (tlv)(0);
+#if DT_IN == 0
+            const float t[CH] = {x.s0, x.s1, x.s2, x.s3};
             MMA_UNROLL
             for (int q = 0; q < CH; q++)
                 sm[V_OFF + (c + q) * VP + n] = t[q];
             if (guarded && TLV_NONFINITE(x))
                 bad_kt[par] = kt;
+#else
+            const tlv x1 = key + 1 < k_hi ? TILE_V(Vb + kv_row(&vsrc, key + 1, v_sb, v_ss), c0, c, DVr, &vsrc, key + 1)
+                                          : (tlv)(0);
+            /* column c + 2j: the low halves of word j of x and x1; c + 2j + 1: their high halves */
+            const uint4 lo = (x & 0xffffu) | (x1 << 16), hi = (x >> 16) | (x1 & 0xffff0000u);
+            const uint t[CH] = {lo.s0, hi.s0, lo.s1, hi.s1, lo.s2, hi.s2, lo.s3, hi.s3};
+            MMA_UNROLL
+            for (int q = 0; q < CH; q++)
+                *(__local uint *)(sm + V_OFF + (c + q) * VP + n) = t[q];
+            if (guarded && (TLV_NONFINITE(x) || TLV_NONFINITE(x1)))
+                bad_kt[par] = kt;
+#endif
         }
+#endif
         /* A tile the mask hides from every row is skipped (fused_tiled.cl), from the mask's
          * flags (MFLAGS) or from the mask itself. */
         MARK_SEEN_TILE(BM, BN, NWI, lid, seen_kt[par]);
@@ -263,9 +336,14 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
 #else
             const mma_a a = mma_load_a(Qw + kk * MMA_K, QP, lane);
 #endif
+            /* n-tiles in pairs (NT is even): one ldmatrix a pair with MMA_LDSM */
             MMA_UNROLL
-            for (int nt = 0; nt < NT; nt++)
-                s[nt] = MMA(s[nt], a, mma_load_b(sm + K_OFF + nt * MMA_N * KP + kk * MMA_K, KP, lane));
+            for (int nt = 0; nt < NT; nt += 2) {
+                mma_b b0, b1;
+                mma_load_b_pair(sm + K_OFF + nt * MMA_N * KP + kk * MMA_K, KP, lane, &b0, &b1);
+                s[nt] = MMA(s[nt], a, b0);
+                s[nt + 1] = MMA(s[nt + 1], a, b1);
+            }
         }
         float p[NT][MMA_CE];
         MMA_UNROLL
@@ -302,24 +380,33 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
         for (int i = 0; i < 2; i++) {
             const float mnew = fmax(m[i], i ? mx.y : mx.x);
             mref[i] = mnew == NEG_INF ? 0.0f : mnew; /* no -inf - -inf */
-            alpha[i] = exp2((m[i] - mref[i]) * LOG2E);
+            alpha[i] = mma_exp2((m[i] - mref[i]) * LOG2E);
             m[i] = mnew;
         }
+        /* The weights; in a guarded tile hidden keys get -0 (HIDDEN_P). Two copies of the loop,
+         * so that an unguarded tile has no compare and select a weight. */
         float2 ps = (float2)(0.0f);
-        MMA_UNROLL
-        for (int nt = 0; nt < NT; nt++)
-            MMA_UNROLL
-            for (int e = 0; e < MMA_CE; e++) {
-                const int i = e >> 1;
-                float pe = exp2((p[nt][e] - mref[i]) * LOG2E);
-                if (guarded && p[nt][e] == NEG_INF)
-                    pe = HIDDEN_P;
-                p[nt][e] = pe;
-                if (i)
-                    ps.y += pe;
-                else
-                    ps.x += pe;
-            }
+#define MMA_WEIGHTS(HIDE)                                                                         \
+    MMA_UNROLL                                                                                   \
+    for (int nt = 0; nt < NT; nt++)                                                              \
+        MMA_UNROLL                                                                               \
+        for (int e = 0; e < MMA_CE; e++) {                                                       \
+            const int i = e >> 1;                                                                \
+            float pe = mma_exp2((p[nt][e] - mref[i]) * LOG2E);                                   \
+            if (HIDE && p[nt][e] == NEG_INF)                                                     \
+                pe = HIDDEN_P;                                                                   \
+            p[nt][e] = pe;                                                                       \
+            if (i)                                                                               \
+                ps.y += pe;                                                                      \
+            else                                                                                 \
+                ps.x += pe;                                                                      \
+        }
+        if (guarded) {
+            MMA_WEIGHTS(1)
+        } else {
+            MMA_WEIGHTS(0)
+        }
+#undef MMA_WEIGHTS
         ps += MMA_XOR2(ps, 1);
         ps += MMA_XOR2(ps, 2);
         float keep[2], wp[2];
@@ -348,9 +435,21 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
             for (int kb = 0; kb < KB; kb++) {
                 const mma_a a = mma_p_pack(vload4(0, p[MMA_P_TILE(kb, 0)]) * wp4,
                                            vload4(0, p[MMA_P_TILE(kb, MMA_AE - 1)]) * wp4);
+#if MMA_LDSM
+                /* column tiles in pairs, an odd last one alone */
+                MMA_UNROLL
+                for (int j = 0; j < DT; j += 2) {
+                    mma_b b0, b1;
+                    mma_load_b_km_pair(sm + V_AT(kb * MMA_K, j * MMA_N), VR, lane, j + 1 == DT, &b0, &b1);
+                    o[j] = MMA(o[j], a, b0);
+                    if (j + 1 < DT)
+                        o[j + 1] = MMA(o[j + 1], a, b1);
+                }
+#else
                 MMA_UNROLL
                 for (int j = 0; j < DT; j++)
                     o[j] = MMA(o[j], a, mma_load_b_pv(sm + V_OFF + j * MMA_N * VP + kb * MMA_K, VP, lane));
+#endif
             }
         } else {
             /* Inf or NaN in V where some row hides a key: key by key, each weight fetched from
@@ -371,7 +470,7 @@ MMA_UNROLL
 MMA_UNROLL
                     for (int e = 0; e < MMA_CE; e++) {
                         const float pr = e >> 1 ? pb : pa;
-                        const float v = tl_to_f(sm + V_OFF + (j * MMA_N + MMA_C_COL(lane, e)) * VP + n);
+                        const float v = tl_to_f(sm + V_AT(n, j * MMA_N + MMA_C_COL(lane, e)));
                         t[e] = IS_HIDDEN(pr) ? 0.0f : pr * v;
                     }
                     o[j] = mma_c_add(o[j], vload4(0, t));
@@ -418,5 +517,40 @@ MMA_UNROLL
         if (has_lse && MMA_T(lane) == 0 && c0 == 0)
             LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)opos * l_ss] = lse;
     }
+}
+#endif
+
+#if KSEL && K_ldsm_probe && DT_IN != 0
+/* The device's check of the ldmatrix loads (src/matrix.c, clattn__matrix_ldsm): one warp takes B
+ * fragments through mma_load_b_pair and mma_load_b_km_pair (ldmatrix with MMA_NV and MMA_LDSM)
+ * and through the plain loads, from a tile of distinct values 16 bytes into local memory, and
+ * writes for each lane how many fragments differ: 0 on every lane means the driver's ldmatrix,
+ * and its form of a __local address, give what the kernel assumes. */
+inline int mma_b_differ(mma_b x, mma_b y)
+{
+#if MMA_NV
+    return any(x != y);
+#else
+    int d = 0;
+    for (int e = 0; e < MMA_BE * MMA_PARTS; e++)
+        d |= x.v[e] != y.v[e];
+    return d;
+#endif
+}
+
+__kernel __attribute__((reqd_work_group_size(MMA_LANES, 1, 1))) void ldsm_probe(__global int *bad)
+{
+    __local TL t[16 * 24] __attribute__((aligned(16)));
+    const int lane = get_local_id(0);
+    for (int i = lane; i < 16 * 24; i += MMA_LANES)
+        t[i] = (TL)(i * 37 + 11);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    mma_b k0, k1, v0, v1, w0, w1;
+    mma_load_b_pair(t + 8, 24, lane, &k0, &k1);
+    mma_load_b_km_pair(t + 8, 24, lane, 0, &v0, &v1);
+    mma_load_b_km_pair(t, 24, lane, 1, &w0, &w1); /* one tile: w0 only */
+    bad[lane] = mma_b_differ(k0, mma_load_b(t + 8, 24, lane)) + mma_b_differ(k1, mma_load_b(t + 8 + 8 * 24, 24, lane)) +
+                mma_b_differ(v0, mma_load_b_km(t + 8, 24, lane)) + mma_b_differ(v1, mma_load_b_km(t + 16, 24, lane)) +
+                mma_b_differ(w0, mma_load_b_km(t, 24, lane));
 }
 #endif

@@ -18,6 +18,10 @@
  * product (10-bit mantissas), meant as an opt-in that the API does not offer yet (src/fused_mma.c
  * always builds 3xTF32).
  *
+ * MMA_LDSM 1 (16-bit types, the host's when its probe on the device passed): B fragments through
+ * ldmatrix (two tiles a load: mma_load_b_pair for K, mma_load_b_km_pair with .trans for V kept
+ * row by row); under emulation the same calls take the plain loads.
+ *
  * The kernel works with the types mma_a, mma_b (operand fragments) and mma_c (an accumulator,
  * MMA_CE floats a lane, two of them with 3xTF32), the loads, mma_p_pack, and the macros MMA,
  * MMA_XOR2 and MMA_IDX4, which under emulation use the kernel's `mctx` (mma_ctx: the lane, the
@@ -63,6 +67,10 @@
 #define MMA_3X 0
 #endif
 #define MMA_PARTS (MMA_3X ? 2 : 1)
+#if !defined(MMA_LDSM) || DT_IN == 0
+#undef MMA_LDSM
+#define MMA_LDSM 0 /* ldmatrix moves 16-bit elements only */
+#endif
 
 /* An element of local memory as float. */
 inline float tl_to_f(__local const TL *p)
@@ -113,11 +121,23 @@ typedef float4 mma_c;
 
 inline uint lds32(__local const TL *p) { return *(__local const uint *)p; }
 
+/* 2^x for the softmax's weights: ex2.approx.ftz.f32, one MUFU.EX2 (relative error below 2^-22;
+ * results under 2^-126 flushed to 0, which no weight beside the row's maximum of 1 can show;
+ * -inf gives 0, NaN NaN). libclc's exp2 took 33 instructions, a division among them, 64 % of the
+ * f16 d64 main loop in SASS (docs/measurements.md#fused-mma). The conversions and products are
+ * plain asm (no volatile): pure, so that ptxas and the compiler may schedule them. */
+inline float mma_exp2(float x)
+{
+    float r;
+    __asm__("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
 /* tf32_big on the GPU, as the register the mma reads. */
 inline uint cvt_tf32(float x)
 {
     uint r;
-    __asm__ volatile("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(tf32_clamp(x)));
+    __asm__("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(tf32_clamp(x)));
     return r;
 }
 
@@ -147,9 +167,9 @@ inline uint pack2(float lo, float hi)
 {
     uint r;
 #if DT_IN == 1
-    __asm__ volatile("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    __asm__("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
 #else
-    __asm__ volatile("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    __asm__("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
 #endif
     return r;
 }
@@ -158,20 +178,20 @@ inline float4 mma1(float4 c, uint4 a, uint2 b)
 {
     float c0 = c.s0, c1 = c.s1, c2 = c.s2, c3 = c.s3;
 #if DT_IN == 0
-    __asm__ volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-                     : "r"(a.s0), "r"(a.s1), "r"(a.s2), "r"(a.s3), "r"(b.s0), "r"(b.s1));
+    __asm__("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+            : "r"(a.s0), "r"(a.s1), "r"(a.s2), "r"(a.s3), "r"(b.s0), "r"(b.s1));
 #elif DT_IN == 1
-    __asm__ volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-                     : "r"(a.s0), "r"(a.s1), "r"(a.s2), "r"(a.s3), "r"(b.s0), "r"(b.s1));
+    __asm__("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+            : "r"(a.s0), "r"(a.s1), "r"(a.s2), "r"(a.s3), "r"(b.s0), "r"(b.s1));
 #else
-    __asm__ volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-                     : "r"(a.s0), "r"(a.s1), "r"(a.s2), "r"(a.s3), "r"(b.s0), "r"(b.s1));
+    __asm__("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+            : "r"(a.s0), "r"(a.s1), "r"(a.s2), "r"(a.s3), "r"(b.s0), "r"(b.s1));
 #endif
     return (float4)(c0, c1, c2, c3);
 }
@@ -221,6 +241,55 @@ inline mma_b mma_load_b_(__local const TL *p, int pitch, int lane, int keys)
                    lds32(p + MMA_B_COL(lane, 2) * pitch + MMA_B_ROW(lane, 2)));
 #endif
 }
+
+#if DT_IN != 0
+/* Element (k, n) of a B fragment stored k-major at p (V's rows: p[k·pitch + n]), 16-bit values
+ * read one at a time and paired (the fallback of ldmatrix's .trans). */
+inline mma_b mma_load_b_km(__local const TL *p, int pitch, int lane)
+{
+    uint r[2];
+    MMA_UNROLL
+    for (int j = 0; j < 2; j++) {
+        const int k = MMA_B_ROW(lane, 2 * j), n = MMA_B_COL(lane, 2 * j);
+        r[j] = (uint)p[k * pitch + n] | (uint)p[(k + 1) * pitch + n] << 16;
+    }
+    return (uint2)(r[0], r[1]);
+}
+#endif
+
+#if MMA_LDSM
+/* ldmatrix .x4: each lane gives one row address (mma_layout.cl, LDSM_*), the shared window's
+ * 32-bit address of a __local pointer; the probe (clattn__matrix_ldsm) checks on the device that
+ * these give the fragments of the plain loads before any kernel uses them. "memory": the loads
+ * must stay between the barriers around them. */
+#define DEFINE_LDSM(NAME, SHAPE)                                                                 \
+    inline uint4 NAME(__local const TL *p)                                                       \
+    {                                                                                            \
+        uint4 r;                                                                                 \
+        __asm__ volatile("ldmatrix.sync.aligned." SHAPE ".shared.b16 {%0,%1,%2,%3}, [%4];"      \
+                         : "=r"(r.s0), "=r"(r.s1), "=r"(r.s2), "=r"(r.s3)                        \
+                         : "r"((uint)(size_t)p)                                                  \
+                         : "memory");                                                            \
+        return r;                                                                                \
+    }
+DEFINE_LDSM(ldsm_x4, "m8n8.x4")
+DEFINE_LDSM(ldsm_x4_trans, "m8n8.x4.trans")
+/* S's B fragments of the n-tiles at p and p + 8·pitch (K stored n-major), one ldmatrix. */
+inline void mma_load_b_pair(__local const TL *p, int pitch, int lane, mma_b *b0, mma_b *b1)
+{
+    const uint4 r = ldsm_x4(p + MMA_LDSM_K_ROW(lane) * pitch + MMA_LDSM_K_COL(lane));
+    *b0 = r.s01;
+    *b1 = r.s23;
+}
+/* P·V's B fragments of columns p .. p + 7 and p + 8 .. p + 15 of V stored k-major; with `one`,
+ * the first only (the second tile's lanes read the first's rows). */
+inline void mma_load_b_km_pair(__local const TL *p, int pitch, int lane, int one, mma_b *b0, mma_b *b1)
+{
+    const uint4 r = ldsm_x4_trans(p + MMA_LDSM_V_ROW(lane) * pitch + (one ? 0 : MMA_LDSM_V_COL(lane)));
+    *b0 = r.s01;
+    *b1 = r.s23;
+}
+#endif
 
 inline mma_c mma_op(mma_c c, mma_a a, mma_b b)
 {
@@ -346,6 +415,16 @@ inline mma_b mma_load_b_(__local const TL *p, int pitch, int lane, int keys)
     return b;
 }
 
+/* Element (k, n) of a B fragment stored k-major at p (V's rows: p[k·pitch + n]). */
+inline mma_b mma_load_b_km(__local const TL *p, int pitch, int lane)
+{
+    mma_b b;
+    MMA_UNROLL
+    for (int e = 0; e < MMA_BE; e++)
+        emu_put(b.v, MMA_BE, e, tl_to_f(p + MMA_B_ROW(lane, e) * pitch + MMA_B_COL(lane, e)));
+    return b;
+}
+
 inline mma_a mma_p_pack(float4 t0, float4 t1)
 {
     const float c[2][4] = {{t0.s0, t0.s1, t0.s2, t0.s3}, {t1.s0, t1.s1, t1.s2, t1.s3}};
@@ -411,6 +490,7 @@ inline float4 emu_xch4(float4 v, int other, mma_ctx x)
     barrier(CLK_LOCAL_MEM_FENCE);
     return r;
 }
+#define mma_exp2(x) exp2(x)
 #define MMA(c, a, b) mma_emu((c), (a), (b), mctx)
 #define MMA_XOR2(v, m) emu_xch4((float4)((v), 0.0f, 0.0f), mctx.lane ^ (m), mctx).xy
 #define MMA_IDX4(v, src) emu_xch4((v), (src), mctx)
@@ -418,6 +498,23 @@ inline float4 emu_xch4(float4 v, int other, mma_ctx x)
 
 #define mma_load_b(p, pitch, lane) mma_load_b_((p), (pitch), (lane), 0)
 #define mma_load_b_pv(p, pitch, lane) mma_load_b_((p), (pitch), (lane), 1)
+
+#if !(MMA_NV && MMA_LDSM)
+/* Without ldmatrix (the emulation, which MMA_LDSM's layouts run on too): the same fragments from
+ * the plain loads. */
+inline void mma_load_b_pair(__local const TL *p, int pitch, int lane, mma_b *b0, mma_b *b1)
+{
+    *b0 = mma_load_b(p, pitch, lane);
+    *b1 = mma_load_b(p + 8 * pitch, pitch, lane);
+}
+#if DT_IN != 0
+inline void mma_load_b_km_pair(__local const TL *p, int pitch, int lane, int one, mma_b *b0, mma_b *b1)
+{
+    *b0 = mma_load_b_km(p, pitch, lane);
+    *b1 = mma_load_b_km(p + (one ? 0 : 8), pitch, lane);
+}
+#endif
+#endif
 
 /* An accumulator's value, its zero, and its elements scaled (both parts with 3xTF32). */
 #if MMA_3X

@@ -51,3 +51,20 @@
 #define MMA8_P_TILE(kb, e) (kb)
 #define MMA8_P_ELEM(e) ((((e) & 1) << 1) | ((e) >> 1))
 #define MMA8_P_KEY(k) ((k) < 4 ? 2 * (k) : 2 * ((k) - 4) + 1)
+
+/* ldmatrix (m8n8, .x4, 16-bit elements), PTX's per-lane rule: lane l gives the address of row
+ * LDSM_ROW(l) of matrix LDSM_MAT(l) (8 contiguous elements, 16 bytes aligned); register i of lane
+ * (g, t) then holds matrix i's row g, columns 2t and 2t + 1 (low half first), or with .trans its
+ * rows 2t and 2t + 1 of column g. The B fragments of two 8-wide tiles come from one x4:
+ *   K, stored n-major (key rows; S's B: element (k, n) = K[n][k]): matrix i is keys
+ *     8·(i >> 1) + r, elements 8·(i & 1) + c of the 16-element k-step: registers 0, 1 the first
+ *     n-tile's fragment, 2, 3 the second's (LDSM_K_ROW, LDSM_K_COL: lane l's row and column);
+ *   V, stored k-major (key rows; P·V's B: element (k, n) = V[k][n]), with .trans: matrix i is
+ *     keys 8·(i & 1) + r of the k-block, columns 8·(i >> 1) + c: registers 0, 1 the first 8
+ *     columns' fragment, 2, 3 the next 8's (LDSM_V_ROW, LDSM_V_COL). */
+#define MMA_LDSM_MAT(lane) ((lane) >> 3)
+#define MMA_LDSM_ROW(lane) ((lane) & 7)
+#define MMA_LDSM_K_ROW(lane) (8 * (MMA_LDSM_MAT(lane) >> 1) + MMA_LDSM_ROW(lane))
+#define MMA_LDSM_K_COL(lane) (8 * (MMA_LDSM_MAT(lane) & 1))
+#define MMA_LDSM_V_ROW(lane) (8 * (MMA_LDSM_MAT(lane) & 1) + MMA_LDSM_ROW(lane))
+#define MMA_LDSM_V_COL(lane) (8 * (MMA_LDSM_MAT(lane) >> 1))

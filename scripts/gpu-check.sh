@@ -45,11 +45,13 @@ if [[ $steps == *,matrix,* ]]; then
 # (CLATTN_MATRIX=auto: the FMA kernel too, in the same clattn-bench run) and with off, each with
 # the FMA peak of its run: matrix.csv (every line), matrix.err (the checks), and a summary.
 log "matrix: $(grep -m 1 -i "matrix units" "$out/info.txt" | sed 's/^ *//')"
-(cd "$build" && CLATTN_REQUIRE_DEVICE=1 timeout 200 ctest -j12 -R "^(test_attention|test_decode|test_mma_layout|test_attention_mma|test_decode_mma|test_robust)$" \
+(cd "$build" && CLATTN_REQUIRE_DEVICE=1 timeout 200 ctest -j12 -R "^(test_attention|test_decode|test_mma_layout|test_matrix|test_attention_mma|test_decode_mma|test_robust)$" \
   --output-on-failure >"$out/ctest-matrix.log" 2>&1)
 grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest-matrix.log" | head -n 20
 bin_=$(grep -l -a "fused_mma" "$CLATTN_CACHE_DIR"/*.clbin 2>/dev/null | head -n 1)
-[ -n "$bin_" ] && echo "driver's PTX: $(grep -a -m 1 '^\.version' "$bin_") $(grep -a -m 1 '^\.target' "$bin_"), $(grep -a -c 'mma.sync' "$bin_") mma.sync in $(basename "$bin_")"
+[ -n "$bin_" ] && echo "driver's PTX: $(grep -a -m 1 '^\.version' "$bin_") $(grep -a -m 1 '^\.target' "$bin_"), $(grep -a -c 'mma.sync' "$bin_") mma.sync, $(grep -a -c 'ldmatrix' "$bin_") ldmatrix, $(grep -a -c 'ex2.approx' "$bin_") ex2.approx in $(basename "$bin_")"
+# the ldmatrix probe's outcome on the device (test_matrix's kernel/ldsm_probe prints it)
+echo "$(CLATTN_TEST_FILTER=kernel/ldsm_probe timeout 60 "$build/tests/test_matrix" 2>&1 | grep -m 2 -E "ldmatrix probe|FAILED|OK \]" | tr '\n' ' ')"
 # MATRIX_SHAPES (clattn-bench shape options, ';' between shapes) and MATRIX_MODES (default
 # "auto off") let a dry run on PoCL take small shapes and the emulation.
 IFS=';' read -r -a shapes_ <<<"${MATRIX_SHAPES:---batch 4 --heads 16 --seq-q 4096 --seq-kv 4096 --dim 64;--batch 2 --heads 16 --seq-q 8192 --seq-kv 8192 --dim 128}"

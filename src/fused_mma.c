@@ -7,7 +7,7 @@
 #include <string.h>
 
 typedef struct mma_cfg {
-    int nw, bn, dp, dvp, qreg;
+    int nw, bn, dp, dvp, qreg, ldsm;
 } mma_cfg;
 
 /* Local memory of fused_mma: the one array of Q, K and V (Q's place taken by K and V when Q's
@@ -17,11 +17,32 @@ static size_t mma_local_bytes(const mma_cfg *c, int elem, int emulate)
 {
     const size_t pad = elem == 4 ? 4 : 8, k = elem == 4 ? 8 : 16, parts = elem == 4 ? 2 : 1; /* 3xTF32 */
     const size_t bm = 16 * (size_t)c->nw, qp = (size_t)c->dp + pad, vp = (size_t)c->bn + pad;
-    const size_t q = bm * qp, kv = (size_t)c->bn * qp + (size_t)c->dvp * vp;
+    /* V transposed (dvp rows of bn keys), or with ldmatrix as stored (bn rows of dvp) */
+    const size_t v = c->ldsm ? (size_t)c->bn * ((size_t)c->dvp + pad) : (size_t)c->dvp * vp;
+    const size_t q = bm * qp, kv = (size_t)c->bn * qp + v;
     size_t bytes = elem * (c->qreg ? (q > kv ? q : kv) : q + kv) + 16 + 16;
     if (emulate)
         bytes += 4 * (size_t)c->nw * (parts * (16 * k + k * 8) + 4 * 32);
     return bytes;
+}
+
+/* Whether every row of Q, and of K and V where they are of the query's type (a KV-cache type is
+ * decoded by its own loads), starts on 16 bytes: offsets and strides multiples of 16 bytes and
+ * the buffers so aligned (clattn__buffer_align16). The kernel then loads whole chunks of 16 bytes at once (MMA_ALIGN16). */
+static int views_align16(const clattn_context *ctx, const clattn_problem *p, int elem)
+{
+    if (ctx->dev.mem_align_bits < 128)
+        return 0;
+    const cl_ulong u = (cl_ulong)(16 / elem);
+    const clattn_view *vs[3] = {&p->q, &p->k, &p->v};
+    for (int i = 0; i < 3; i++) {
+        if (i > 0 && vs[i]->dtype != p->dtype)
+            continue;
+        if (vs[i]->offset % u || vs[i]->stride[0] % u || vs[i]->stride[1] % u || vs[i]->stride[2] % u ||
+            !clattn__buffer_align16(vs[i]->buffer))
+            return 0;
+    }
+    return 1;
 }
 
 clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p, int nw, int bn, int splits_req,
@@ -56,6 +77,9 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
     /* Q's fragments in registers: 16-bit heads up to 128 (32 registers a lane); f32's split
      * operands would take twice that, so f32 reloads Q from local memory at each tile. */
     c.qreg = elem == 2 && c.dp <= 128;
+    /* B fragments through ldmatrix: 16-bit types, up to 128 columns of O (at 256 ptxas spilled
+     * for sm_80: tests/mma_check.sh), on NVIDIA once the probe passed */
+    c.ldsm = elem == 2 && c.dvp <= 128 && clattn__matrix_ldsm(ctx, emulate);
     size_t cap = ctx->dev.max_wg < ctx->dev.max_item[0] ? ctx->dev.max_wg : ctx->dev.max_item[0];
     for (;;) {
         if ((size_t)32 * c.nw <= cap && clattn__local_fits(ctx, mma_local_bytes(&c, elem, emulate)))
@@ -85,10 +109,11 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
 
     char opts[400];
     snprintf(opts, sizeof opts,
-             "-cl-std=CL1.2 -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DNW=%d -DBN=%d -DDP=%d -DDVP=%d -DQREG=%d "
-             "-DMMA_NV=%d -DMMA_3X=1%s -DKSEL=1 -DK_fused_mma=1",
+             "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DNW=%d -DBN=%d -DDP=%d -DDVP=%d "
+             "-DQREG=%d -DMMA_NV=%d -DMMA_3X=1 -DMMA_ALIGN16=%d -DMMA_LDSM=%d%s -DKSEL=1 -DK_fused_mma=1",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype, p->has_mask ? (int)p->mask.dtype : 0,
-             c.nw, c.bn, c.dp, c.dvp, c.qreg, emulate ? 0 : 1, mf.on ? " -DMFLAGS=1" : "");
+             c.nw, c.bn, c.dp, c.dvp, c.qreg, emulate ? 0 : 1, views_align16(ctx, p, elem), c.ldsm,
+             mf.on ? " -DMFLAGS=1" : "");
     cl_kernel k;
     clattn_status st = clattn__get_kernel(ctx, "fused_mma.cl", opts, "fused_mma", &k);
     if (st == CLATTN_BUILD_FAILED && !explicit_ && (p->var.score_mod || p->var.mask_mod)) {

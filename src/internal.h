@@ -135,6 +135,10 @@ struct clattn_context {
     int matrix_backend;
     int nv_cc;
     char matrix_why[600];
+    /* ldmatrix for the 16-bit matrix kernel (clattn__matrix_ldsm): -1 not probed yet, 0 off (why
+     * in matrix_ldsm_why), 1 on; under emulation 1 unless a test set 0 (CLATTN_TEST_MMA_LDSM). */
+    int matrix_ldsm;
+    char matrix_ldsm_why[300];
     char matrix_report[900];
 };
 
@@ -317,6 +321,9 @@ clattn_status clattn__check_kvlen(clattn_context *ctx, cl_mem kvlen, int64_t bat
 /* Two checked views address the same elements in the same order (strides of extent-1 dimensions
  * are already 0 in both). */
 int clattn__same_view(const clattn_view *a, const clattn_view *b);
+/* Whether buffer m starts on 16 bytes, given a device whose CL_DEVICE_MEM_BASE_ADDR_ALIGN is at
+ * least that: not where it is a CL_MEM_USE_HOST_PTR buffer over host memory not so aligned. */
+int clattn__buffer_align16(cl_mem m);
 int clattn__views_overlap(const clattn_tensor *a, const clattn_tensor *b);
 /* The name of the first of the n checked views ts (NULL entries skipped) that t overlaps, or NULL. */
 const char *clattn__first_overlap(const clattn_tensor *t, int n, const clattn_tensor *const *ts,
@@ -627,6 +634,13 @@ clattn_status clattn__matrix_init(clattn_context *ctx);
 int clattn__matrix_auto(const clattn_context *ctx, int64_t seq_q, int64_t rows, clattn_params_source source);
 /* Gives up the device's backend for this context (its kernel did not build): why, for the report. */
 void clattn__matrix_drop(clattn_context *ctx, const char *why);
+/* Whether the 16-bit matrix kernel may load its B fragments through ldmatrix (MMA_LDSM): on an
+ * NVIDIA backend, probed at the first call that asks (ldsm_probe in cl/fused_mma.cl, on a queue of
+ * its own, so that nothing the caller enqueued can hold it up); under emulation ctx->matrix_ldsm. */
+int clattn__matrix_ldsm(clattn_context *ctx, int emulate);
+/* The probe itself: ldsm_probe built with MMA_NV nv, run on one warp; *bad_lanes the lanes whose
+ * ldmatrix fragments differ from the plain loads'. */
+clattn_status clattn__ldsm_probe(clattn_context *ctx, int nv, int *bad_lanes);
 
 clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl_uint num_wait,
                                 const cl_event *wait, cl_event *done);

@@ -63,6 +63,8 @@ clattn_status clattn__matrix_init(clattn_context *ctx)
     }
     ctx->matrix_backend = CLATTN_MMA_NONE;
     ctx->nv_cc = 0;
+    ctx->matrix_ldsm = ctx->matrix_mode == CLATTN_MATRIX_EMULATE ? 1 : -1;
+    ctx->matrix_ldsm_why[0] = '\0';
     const int nvidia_gpu = (ctx->dev.type & CL_DEVICE_TYPE_GPU) && ctx->dev.vendor_id == 0x10de;
     if (nvidia_gpu)
         ctx->nv_cc = nv_compute_capability(ctx->device);
@@ -96,6 +98,58 @@ int clattn__matrix_auto(const clattn_context *ctx, int64_t seq_q, int64_t rows, 
     return ctx->matrix_backend != CLATTN_MMA_NONE && source <= CLATTN_SOURCE_VENDOR && (seq_q > 16 || rows >= 16);
 }
 
+clattn_status clattn__ldsm_probe(clattn_context *ctx, int nv, int *bad_lanes)
+{
+    *bad_lanes = 0;
+    char opts[200];
+    snprintf(opts, sizeof opts,
+             "-cl-std=CL1.2 -DDT_IN=1 -DDT_OUT=0 -DDT_MASK=0 -DMMA_NV=%d -DMMA_LDSM=1 -DKSEL=1 -DK_ldsm_probe=1", nv);
+    cl_kernel k;
+    clattn_status st = clattn__get_kernel(ctx, "fused_mma.cl", opts, "ldsm_probe", &k);
+    if (st != CLATTN_SUCCESS)
+        return st;
+    /* a queue of its own: the context's may hold the caller's commands behind events not yet set */
+    cl_int err;
+    cl_command_queue q = clCreateCommandQueue(ctx->context, ctx->device, 0, &err);
+    if (!q)
+        return clattn__cl_fail(ctx, err, "clCreateCommandQueue (the ldmatrix probe)");
+    cl_mem buf = clCreateBuffer(ctx->context, CL_MEM_WRITE_ONLY, 32 * sizeof(cl_int), NULL, &err);
+    cl_int out[32] = {0};
+    const size_t n = 32;
+    if (buf) {
+        err = clSetKernelArg(k, 0, sizeof buf, &buf);
+        if (err == CL_SUCCESS)
+            err = clEnqueueNDRangeKernel(q, k, 1, NULL, &n, &n, 0, NULL, NULL);
+        if (err == CL_SUCCESS)
+            err = clEnqueueReadBuffer(q, buf, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL);
+        clReleaseMemObject(buf);
+    }
+    clReleaseCommandQueue(q);
+    if (err != CL_SUCCESS)
+        return clattn__cl_fail(ctx, err, "the ldmatrix probe");
+    for (int i = 0; i < 32; i++)
+        *bad_lanes += out[i] != 0;
+    return CLATTN_SUCCESS;
+}
+
+int clattn__matrix_ldsm(clattn_context *ctx, int emulate)
+{
+    if (emulate || ctx->matrix_ldsm >= 0)
+        return ctx->matrix_ldsm > 0;
+    int bad = 0;
+    const clattn_status st = clattn__ldsm_probe(ctx, 1, &bad);
+    ctx->matrix_ldsm = st == CLATTN_SUCCESS && bad == 0;
+    if (st != CLATTN_SUCCESS) {
+        snprintf(ctx->matrix_ldsm_why, sizeof ctx->matrix_ldsm_why, "the probe failed (%s): %.200s",
+                 clattn_status_name(st), ctx->error);
+        clattn__clear_error(ctx);
+    } else if (bad) {
+        snprintf(ctx->matrix_ldsm_why, sizeof ctx->matrix_ldsm_why,
+                 "its fragments differed from the plain loads' on %d of 32 lanes", bad);
+    }
+    return ctx->matrix_ldsm;
+}
+
 void clattn__matrix_drop(clattn_context *ctx, const char *why)
 {
     ctx->matrix_backend = CLATTN_MMA_NONE;
@@ -118,8 +172,10 @@ const char *clattn_matrix_report(const clattn_context *ctx)
     else if (ctx->matrix_backend == CLATTN_MMA_NV && ctx->matrix_mode == CLATTN_MATRIX_AUTO)
         snprintf(c->matrix_report, sizeof c->matrix_report,
                  "nvidia mma.sync (compute capability %d.%d): fused attention in f16, bf16 (m16n8k16) and f32 "
-                 "(3xTF32, m16n8k8) on the tensor cores (CLATTN_MATRIX=%s)",
-                 ctx->nv_cc / 10, ctx->nv_cc % 10, mode);
+                 "(3xTF32, m16n8k8) on the tensor cores (CLATTN_MATRIX=%s); ldmatrix: %s%.300s",
+                 ctx->nv_cc / 10, ctx->nv_cc % 10, mode,
+                 ctx->matrix_ldsm < 0 ? "probed at the first 16-bit call" : ctx->matrix_ldsm ? "on (probed)" : "off: ",
+                 ctx->matrix_ldsm == 0 ? ctx->matrix_ldsm_why : "");
     else if (ctx->matrix_backend == CLATTN_MMA_NV)
         snprintf(c->matrix_report, sizeof c->matrix_report,
                  "none: CLATTN_MATRIX=off (the device has nvidia mma.sync, compute capability %d.%d)",

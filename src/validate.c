@@ -195,6 +195,14 @@ static mem_place place_of(cl_mem m)
     return p;
 }
 
+int clattn__buffer_align16(cl_mem m)
+{
+    /* a device allocation starts on CL_DEVICE_MEM_BASE_ADDR_ALIGN, a sub-buffer on a multiple of
+     * it; the caller's host memory where the device computes in it, wherever the caller put it */
+    const mem_place p = place_of(m);
+    return !p.host || (p.host & 15u) == 0;
+}
+
 int clattn__bytes_overlap(cl_mem a, uint64_t a_lo, uint64_t a_hi, cl_mem b, uint64_t b_lo, uint64_t b_hi)
 {
     if (a == b)

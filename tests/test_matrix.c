@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "clattn_ref.h"
+#include "internal.h" /* the ldmatrix probe */
 
 static clattn_context *context_with(const char *matrix)
 {
@@ -169,6 +170,29 @@ static void test_call_params(void **state)
     clattn_release(ctx);
 }
 
+/* The ldmatrix probe's host side and its kernel, built as the emulation (plain loads on both
+ * sides: every lane must agree) on whatever device runs the tests; on NVIDIA also as the device
+ * runs it, where every lane must agree too (else the kernels would be built without ldmatrix:
+ * the report says so). */
+static void test_ldsm_probe(void **state)
+{
+    (void)state;
+    clattn_context *ctx = context_with(NULL);
+    int bad = -1;
+    assert_int_equal(clattn__ldsm_probe(ctx, 0, &bad), CLATTN_SUCCESS);
+    assert_int_equal(bad, 0);
+    if (ctx->matrix_backend == CLATTN_MMA_NV) {
+        assert_int_equal(clattn__ldsm_probe(ctx, 1, &bad), CLATTN_SUCCESS);
+        print_message("ldmatrix probe on the device: %d of 32 lanes differ\n", bad);
+        assert_int_equal(bad, 0);
+        assert_int_equal(clattn__matrix_ldsm(ctx, 0), 1);
+        assert_non_null(strstr(clattn_matrix_report(ctx), "ldmatrix: on"));
+    } else {
+        assert_int_equal(clattn__matrix_ldsm(ctx, 1), ctx->matrix_ldsm > 0);
+    }
+    clattn_release(ctx);
+}
+
 int main(void)
 {
     tu_add_test("env/bad_value", NULL, test_bad_value, NULL);
@@ -176,5 +200,6 @@ int main(void)
     tu_add_test("kernel/refused", NULL, test_refused, NULL);
     tu_add_test("kernel/emulated_override", NULL, test_emulated_override, NULL);
     tu_add_test("kernel/call_params", NULL, test_call_params, NULL);
+    tu_add_test("kernel/ldsm_probe", NULL, test_ldsm_probe, NULL);
     return tu_run_tests("matrix");
 }

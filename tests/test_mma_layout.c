@@ -6,7 +6,8 @@
  * lane gathers its fragments, the product scatters them and each lane computes its own C
  * elements) equals a plain GEMM; and the chain fused_mma.cl runs, S = Q·Kᵀ in C fragments whose
  * probabilities become P's A fragments (P_TILE, P_ELEM) with V's B fragment read through P_KEY,
- * gives P·V of a plain GEMM, for both shapes.
+ * gives P·V of a plain GEMM, for both shapes; and the lane addresses of the ldmatrix loads give,
+ * through a model of ldmatrix.x4 written from the PTX ISA, the same B fragments.
  *
  * Table-driven: one row per shape ("k16": f16/bf16 m16n8k16, "k8": tf32 m16n8k8).
  */
@@ -228,11 +229,66 @@ static void test_p_chain(void **state)
         }
 }
 
+/* ldmatrix.x4 as the PTX ISA describes it, written out here: lane l gives the address of row
+ * l % 8 of matrix l / 8; register i of lane l holds matrix i's row l / 4, columns 2(l % 4) and
+ * 2(l % 4) + 1, or with .trans its rows 2(l % 4) and 2(l % 4) + 1 of column l / 4. The tile is
+ * 16 x 16 with unique values; each lane's address is given as (row, col) of it. */
+static void ldmatrix_x4(const int tile[16][16], const int addr_row[MMA_LANES], const int addr_col[MMA_LANES],
+                        int trans, int out[MMA_LANES][8])
+{
+    for (int l = 0; l < MMA_LANES; l++)
+        for (int i = 0; i < 4; i++)
+            for (int h = 0; h < 2; h++) {
+                const int r = trans ? 2 * (l % 4) + h : l / 4, c = trans ? l / 4 : 2 * (l % 4) + h;
+                const int src = 8 * i + r; /* the lane whose address is row r of matrix i */
+                out[l][2 * i + h] = tile[addr_row[src]][addr_col[src] + c];
+            }
+}
+
+/* The lane addresses of MMA_LDSM_K_* and MMA_LDSM_V_* give, through ldmatrix, the B fragments of
+ * two 8-wide tiles in the m16n8k16 layout: K stored n-major (K[key][k]), V k-major (V[key][col])
+ * with .trans. */
+static void test_ldmatrix(void **state)
+{
+    (void)state;
+    int tile[16][16], ar[MMA_LANES], ac[MMA_LANES], out[MMA_LANES][8];
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++)
+            tile[r][c] = 100 * r + c;
+    for (int l = 0; l < MMA_LANES; l++) {
+        ar[l] = MMA_LDSM_K_ROW(l);
+        ac[l] = MMA_LDSM_K_COL(l);
+        assert_true(ar[l] < 16 && ac[l] + 8 <= 16);
+    }
+    ldmatrix_x4(tile, ar, ac, 0, out);
+    for (int l = 0; l < MMA_LANES; l++)
+        for (int nt = 0; nt < 2; nt++)
+            for (int e = 0; e < MMA16_BE; e++) { /* S's B: (k, n) = K[8·nt + n][k] */
+                const int want = tile[8 * nt + MMA16_B_COL(l, e)][MMA16_B_ROW(l, e)];
+                if (out[l][4 * nt + e] != want)
+                    fail_msg("K: lane %d n-tile %d element %d: %d, want %d", l, nt, e, out[l][4 * nt + e], want);
+            }
+    for (int l = 0; l < MMA_LANES; l++) {
+        ar[l] = MMA_LDSM_V_ROW(l);
+        ac[l] = MMA_LDSM_V_COL(l);
+        assert_true(ar[l] < 16 && ac[l] + 8 <= 16);
+    }
+    ldmatrix_x4(tile, ar, ac, 1, out);
+    for (int l = 0; l < MMA_LANES; l++)
+        for (int j = 0; j < 2; j++)
+            for (int e = 0; e < MMA16_BE; e++) { /* P·V's B: (k, n) = V[k][8·j + n] */
+                const int want = tile[MMA16_B_ROW(l, e)][8 * j + MMA16_B_COL(l, e)];
+                if (out[l][4 * j + e] != want)
+                    fail_msg("V: lane %d column tile %d element %d: %d, want %d", l, j, e, out[l][4 * j + e], want);
+            }
+}
+
 int main(void)
 {
     TU_ADD_TABLE("bijection", test_bijection, shapes);
     TU_ADD_TABLE("documented", test_documented, shapes);
     TU_ADD_TABLE("gemm", test_gemm, shapes);
     TU_ADD_TABLE("p_chain", test_p_chain, shapes);
+    tu_add_test("ldmatrix", NULL, test_ldmatrix, NULL);
     return tu_run_tests("mma_layout");
 }

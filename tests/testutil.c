@@ -276,6 +276,15 @@ static void apply_test_device(clattn_context *ctx)
     const int groups = tu_getenv_int("CLATTN_TEST_MAX_GROUPS_YZ", 0);
     if (groups > 0)
         ctx->dev.max_groups_yz = (size_t)groups;
+    /* CLATTN_TEST_MMA_LDSM=0: the 16-bit matrix kernel without ldmatrix's layout (V transposed in
+     * local memory), which NVIDIA gets where its probe fails; 1 (the emulation's default): with. */
+    const char *ldsm = getenv("CLATTN_TEST_MMA_LDSM");
+    if (ldsm && (!strcmp(ldsm, "0") || !strcmp(ldsm, "1")))
+        ctx->matrix_ldsm = atoi(ldsm);
+    else if (ldsm && *ldsm) {
+        fprintf(stderr, "CLATTN_TEST_MMA_LDSM=%s: expected 0 or 1\n", ldsm);
+        exit(2);
+    }
 }
 
 clattn_context *tu_context(void)
