@@ -50,7 +50,9 @@
 /* V in local memory: transposed (element (key n, column c) at c·VP + n), or with MMA_LDSM row by
  * row as stored (n·VR + c), which ldmatrix's .trans reads as the transposed fragments. */
 #if MMA_LDSM
-#define VR (DVP + MMA_PAD)
+/* a pitch of an odd number of 16-byte units: the 8 rows an ldmatrix reads hit 8 different
+ * 4-bank groups (DVP + 8 with DVP / 8 odd shared banks between rows: 2- to 8-way) */
+#define VR ((DVP + 15) / 16 * 16 + MMA_PAD)
 #define V_ELEMS (BN * VR)
 #define V_AT(n, c) (V_OFF + (n) * VR + (c))
 #else
@@ -538,10 +540,23 @@ inline int mma_b_differ(mma_b x, mma_b y)
 #endif
 }
 
-__kernel __attribute__((reqd_work_group_size(MMA_LANES, 1, 1))) void ldsm_probe(__global int *bad)
+__kernel __attribute__((reqd_work_group_size(MMA_LANES, 1, 1))) void ldsm_probe(__global int *bad, uint local_bytes)
 {
     __local TL t[16 * 24] __attribute__((aligned(16)));
     const int lane = get_local_id(0);
+    /* The address ldmatrix gets (mma.cl: the 32-bit value of a __local pointer) must look like an
+     * offset in the device's local memory, 16 bytes aligned and in elements' bytes, before any
+     * ldmatrix runs: a driver whose __local pointers are something else would make it fault, and
+     * a fault can take the whole context down, not just fail the probe. */
+#if MMA_NV
+    const uint a0 = (uint)(size_t)t, a1 = (uint)(size_t)(t + 8);
+    if ((a0 & 15u) || a1 - a0 != 16u || a0 >= local_bytes || local_bytes - a0 < sizeof t) {
+        bad[lane] = 100;
+        return;
+    }
+#else
+    (void)local_bytes; /* the emulation's loads take no such address */
+#endif
     for (int i = lane; i < 16 * 24; i += MMA_LANES)
         t[i] = (TL)(i * 37 + 11);
     barrier(CLK_LOCAL_MEM_FENCE);

@@ -17,8 +17,9 @@ static size_t mma_local_bytes(const mma_cfg *c, int elem, int emulate)
 {
     const size_t pad = elem == 4 ? 4 : 8, k = elem == 4 ? 8 : 16, parts = elem == 4 ? 2 : 1; /* 3xTF32 */
     const size_t bm = 16 * (size_t)c->nw, qp = (size_t)c->dp + pad, vp = (size_t)c->bn + pad;
-    /* V transposed (dvp rows of bn keys), or with ldmatrix as stored (bn rows of dvp) */
-    const size_t v = c->ldsm ? (size_t)c->bn * ((size_t)c->dvp + pad) : (size_t)c->dvp * vp;
+    /* V transposed (dvp rows of bn keys), or with ldmatrix as stored (bn rows of dvp rounded up
+     * to 16, then padded: VR in fused_mma.cl) */
+    const size_t v = c->ldsm ? (size_t)c->bn * (((size_t)c->dvp + 15) / 16 * 16 + pad) : (size_t)c->dvp * vp;
     const size_t q = bm * qp, kv = (size_t)c->bn * qp + v;
     size_t bytes = elem * (c->qreg ? (q > kv ? q : kv) : q + kv) + 16 + 16;
     if (emulate)

@@ -104,8 +104,19 @@ clattn_status clattn__ldsm_probe(clattn_context *ctx, int nv, int *bad_lanes)
     char opts[200];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DDT_IN=1 -DDT_OUT=0 -DDT_MASK=0 -DMMA_NV=%d -DMMA_LDSM=1 -DKSEL=1 -DK_ldsm_probe=1", nv);
+    /* built without the call's variants, KV storage and the user's snippets, which
+     * clattn__get_kernel would add to any program over attn_common.cl (a snippet that does not
+     * compile is the call's failure, not the probe's) */
+    char opts_saved[sizeof ctx->variant_opts];
+    const char *src_saved[2] = {ctx->variant_src[0], ctx->variant_src[1]};
+    memcpy(opts_saved, ctx->variant_opts, sizeof opts_saved);
+    ctx->variant_opts[0] = '\0';
+    ctx->variant_src[0] = ctx->variant_src[1] = NULL;
     cl_kernel k;
     clattn_status st = clattn__get_kernel(ctx, "fused_mma.cl", opts, "ldsm_probe", &k);
+    memcpy(ctx->variant_opts, opts_saved, sizeof opts_saved);
+    ctx->variant_src[0] = src_saved[0];
+    ctx->variant_src[1] = src_saved[1];
     if (st != CLATTN_SUCCESS)
         return st;
     /* a queue of its own: the context's may hold the caller's commands behind events not yet set */
@@ -117,7 +128,10 @@ clattn_status clattn__ldsm_probe(clattn_context *ctx, int nv, int *bad_lanes)
     cl_int out[32] = {0};
     const size_t n = 32;
     if (buf) {
+        const cl_uint local_bytes = ctx->dev.local_mem > 0xffffffffu ? 0xffffffffu : (cl_uint)ctx->dev.local_mem;
         err = clSetKernelArg(k, 0, sizeof buf, &buf);
+        if (err == CL_SUCCESS)
+            err = clSetKernelArg(k, 1, sizeof local_bytes, &local_bytes);
         if (err == CL_SUCCESS)
             err = clEnqueueNDRangeKernel(q, k, 1, NULL, &n, &n, 0, NULL, NULL);
         if (err == CL_SUCCESS)

@@ -181,6 +181,18 @@ static void test_ldsm_probe(void **state)
     int bad = -1;
     assert_int_equal(clattn__ldsm_probe(ctx, 0, &bad), CLATTN_SUCCESS);
     assert_int_equal(bad, 0);
+    /* inside a call with a user's snippet that does not compile (the call's variants set on the
+     * context): the probe builds without them, and leaves them as they were */
+    static const char bad_mod[] = "float score_mod(float s, int b, int h, int q, int k) { return s +; }";
+    snprintf(ctx->variant_opts, sizeof ctx->variant_opts, " -DVARIANTS=16 -DVARIANT_SRC=0x0123456789abcdef");
+    ctx->variant_src[0] = bad_mod;
+    bad = -1;
+    assert_int_equal(clattn__ldsm_probe(ctx, 0, &bad), CLATTN_SUCCESS);
+    assert_int_equal(bad, 0);
+    assert_string_equal(ctx->variant_opts, " -DVARIANTS=16 -DVARIANT_SRC=0x0123456789abcdef");
+    assert_ptr_equal(ctx->variant_src[0], bad_mod);
+    ctx->variant_opts[0] = '\0';
+    ctx->variant_src[0] = NULL;
     if (ctx->matrix_backend == CLATTN_MMA_NV) {
         assert_int_equal(clattn__ldsm_probe(ctx, 1, &bad), CLATTN_SUCCESS);
         print_message("ldmatrix probe on the device: %d of 32 lanes differ\n", bad);
