@@ -29,7 +29,8 @@ static size_t mma_local_bytes(const mma_cfg *c, int elem, int emulate)
 
 /* Whether every row of Q, and of K and V where they are of the query's type (a KV-cache type is
  * decoded by its own loads), starts on 16 bytes: offsets and strides multiples of 16 bytes and
- * the buffers so aligned (clattn__buffer_align16). The kernel then loads whole chunks of 16 bytes at once (MMA_ALIGN16). */
+ * the buffers so aligned (clattn__buffer_align16). The kernel then loads whole chunks of 16
+ * bytes at once (MMA_ALIGN16). */
 static int views_align16(const clattn_context *ctx, const clattn_problem *p, int elem)
 {
     if (ctx->dev.mem_align_bits < 128)
