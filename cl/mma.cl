@@ -174,25 +174,20 @@ inline uint pack2(float lo, float hi)
     return r;
 }
 
+/* The product's PTX shape and types for DT_IN. */
+#if DT_IN == 0
+#define MMA_PTX "m16n8k8.row.col.f32.tf32.tf32.f32"
+#elif DT_IN == 1
+#define MMA_PTX "m16n8k16.row.col.f32.f16.f16.f32"
+#else
+#define MMA_PTX "m16n8k16.row.col.f32.bf16.bf16.f32"
+#endif
 inline float4 mma1(float4 c, uint4 a, uint2 b)
 {
     float c0 = c.s0, c1 = c.s1, c2 = c.s2, c3 = c.s3;
-#if DT_IN == 0
-    __asm__("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
-            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+    __asm__("mma.sync.aligned." MMA_PTX " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
             : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
             : "r"(a.s0), "r"(a.s1), "r"(a.s2), "r"(a.s3), "r"(b.s0), "r"(b.s1));
-#elif DT_IN == 1
-    __asm__("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-            : "r"(a.s0), "r"(a.s1), "r"(a.s2), "r"(a.s3), "r"(b.s0), "r"(b.s1));
-#else
-    __asm__("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-            : "r"(a.s0), "r"(a.s1), "r"(a.s2), "r"(a.s3), "r"(b.s0), "r"(b.s1));
-#endif
     return (float4)(c0, c1, c2, c3);
 }
 

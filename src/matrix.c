@@ -110,8 +110,7 @@ clattn_status clattn__ldsm_probe(clattn_context *ctx, int nv, int *bad_lanes)
     char opts_saved[sizeof ctx->variant_opts];
     const char *src_saved[2] = {ctx->variant_src[0], ctx->variant_src[1]};
     memcpy(opts_saved, ctx->variant_opts, sizeof opts_saved);
-    ctx->variant_opts[0] = '\0';
-    ctx->variant_src[0] = ctx->variant_src[1] = NULL;
+    clattn__variant_leave(ctx);
     cl_kernel k;
     clattn_status st = clattn__get_kernel(ctx, "fused_mma.cl", opts, "ldsm_probe", &k);
     memcpy(ctx->variant_opts, opts_saved, sizeof opts_saved);
