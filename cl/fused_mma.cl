@@ -1,13 +1,15 @@
 /* Fused attention on the matrix units, `fused_mma`, written once over the tile layer (mma.cl,
- * mma_layout.cl): NVIDIA's mma.sync on GPUs with compute capability 8.0 and up, the emulation of
- * the same fragments everywhere else (CLATTN_MATRIX=emulate). Shared rules (arguments, work
- * ranges, masks, key splits): attn_common.cl; the host side: src/fused_mma.c.
+ * mma_layout.cl): NVIDIA's mma.sync on GPUs with compute capability 8.0 and up, AMD's MFMA on
+ * CDNA (gfx90a, gfx94x), the emulation of either family's fragments everywhere else
+ * (CLATTN_MATRIX=emulate, emulate-amd). Shared rules (arguments, work ranges, masks, key splits):
+ * attn_common.cl; the host side: src/fused_mma.c.
  *
  * Rows are packed as in the tiled kernel (row r of kv head hk is query head hk·group + r / seq_q,
- * position r % seq_q). A work-group of NW warps takes BM = 16·NW packed rows, each warp 16 of
- * them, so a row's softmax never leaves its warp: lane (g, t) holds columns 2t, 2t + 1 of every
- * 8-key n-tile in rows g and g + 8 (mma_layout.cl), and the row maximum and sum are reduced over
- * the 4 lanes of a row (xor 1, 2). Per tile of BN keys:
+ * position r % seq_q). A work-group of NW warps (wavefronts) takes BM = 16·NW packed rows, each
+ * warp 16 of them, so a row's softmax never leaves its warp: a lane holds the scores of MMA_RS
+ * rows (MMA_ROW) in each MMA_SN-key tile of S (NVIDIA: lane (g, t) columns 2t, 2t + 1 of rows g
+ * and g + 8 of 8-key n-tiles; AMD: 4 keys of one row of 16-key tiles), and the row maximum and
+ * sum are reduced over the 4 lanes of a row (xor MMA_RED0, MMA_RED1). Per tile of BN keys:
  *   K (row-major, = Bᵀ) and V (transposed) are staged in local memory as stored (16-bit values'
  *   bits, or f32); S = Q·Kᵀ on the matrix unit, Q's fragments kept in registers (QREG) or
  *   reloaded from local memory (wide heads); scale, hidden keys -inf (causal, key lengths, the
@@ -59,9 +61,9 @@
 #define V_ELEMS (DVP * VP)
 #define V_AT(n, c) (V_OFF + (c) * VP + (n))
 #endif
-#define NT (BN / MMA_N)  /* n-tiles of S */
-#define KB (BN / MMA_K)  /* k-blocks of P */
-#define DT (DVP / MMA_N) /* n-tiles of O */
+#define NT (BN / MMA_SN)  /* tiles of S */
+#define KB (BN / MMA_K)   /* k-blocks of P */
+#define DT (DVP / MMA_ON) /* tiles of O */
 #define QK (DP / MMA_K)  /* k-steps of S */
 #if QREG /* Q is staged once, then K and V take its place */
 #define Q_OFF 0
@@ -195,11 +197,11 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
     /* With a mask: the last even and odd tile in which a row sees a key; and the last even and
      * odd tile whose V holds Inf or NaN (the exact path's test). */
     __local int seen_kt[2], bad_kt[2];
-#if !MMA_NV
+#if !MMA_GPU
     __local float4 mscr[MMA_SCRATCH_FLOATS(NW) / 4];
 #endif
     const int lid = get_local_id(0), warp = lid / MMA_LANES, lane = lid % MMA_LANES;
-#if !MMA_NV
+#if !MMA_GPU
     mma_ctx mctx;
     mctx.lane = lane;
     mctx.lid = lid;
@@ -239,21 +241,21 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
     barrier(CLK_LOCAL_MEM_FENCE);
     __local const TL *Qw = sm + Q_OFF + MMA_M * warp * QP;
 #if QREG
-    mma_a qa[QK];
+    mma_q qa[QK];
     MMA_UNROLL
     for (int kk = 0; kk < QK; kk++)
-        qa[kk] = mma_load_a(Qw + kk * MMA_K, QP, lane);
+        qa[kk] = mma_load_q(Qw + kk * MMA_K, QP, lane);
     barrier(CLK_LOCAL_MEM_FENCE); /* K and V take Q's place */
 #endif
 
-    /* This lane's rows: g and g + 8 of its warp's 16. */
-    float m[2], l[2];
-    int rend[2], rows[2];
-    vrow vr[2];
-    ulong mrow[2];
+    /* This lane's rows (NVIDIA: g and g + 8 of its warp's 16; AMD: lane % 16). */
+    float m[MMA_RS], l[MMA_RS];
+    int rend[MMA_RS], rows[MMA_RS];
+    vrow vr[MMA_RS];
+    ulong mrow[MMA_RS];
     MMA_UNROLL
-    for (int i = 0; i < 2; i++) {
-        const int row = r0 + MMA_M * warp + MMA_G(lane) + 8 * i;
+    for (int i = 0; i < MMA_RS; i++) {
+        const int row = r0 + MMA_M * warp + MMA_ROW(lane, i);
         const int pos = row % seq_q, hq = hk * group + row / seq_q;
         rows[i] = row;
         m[i] = NEG_INF;
@@ -326,7 +328,7 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
             continue;
         const int vbad = guarded && bad_kt[par] == kt;
 
-        /* S = Q·Kᵀ */
+        /* S = Q·Kᵀ (AMD: Sᵀ = K·Qᵀ) */
         mma_c s[NT];
         MMA_UNROLL
         for (int nt = 0; nt < NT; nt++)
@@ -334,10 +336,11 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
         MMA_UNROLL
         for (int kk = 0; kk < QK; kk++) {
 #if QREG
-            const mma_a a = qa[kk];
+            const mma_q a = qa[kk];
 #else
-            const mma_a a = mma_load_a(Qw + kk * MMA_K, QP, lane);
+            const mma_q a = mma_load_q(Qw + kk * MMA_K, QP, lane);
 #endif
+#if MMA_LAYOUT == 0
             /* n-tiles in pairs (NT is even): one ldmatrix a pair with MMA_LDSM */
             MMA_UNROLL
             for (int nt = 0; nt < NT; nt += 2) {
@@ -346,6 +349,15 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
                 s[nt] = MMA(s[nt], a, b0);
                 s[nt + 1] = MMA(s[nt + 1], a, b1);
             }
+#elif MMA_PAIR
+            MMA_UNROLL
+            for (int nt = 0; nt < NT; nt += 2)
+                MMA_S2(s[nt], s[nt + 1], a, mma_load_k(sm + K_OFF + nt * MMA_SN * KP + kk * MMA_K, KP, lane));
+#else
+            MMA_UNROLL
+            for (int nt = 0; nt < NT; nt++)
+                s[nt] = MMA_S(s[nt], a, mma_load_k(sm + K_OFF + nt * MMA_SN * KP + kk * MMA_K, KP, lane));
+#endif
         }
         float p[NT][MMA_CE];
         MMA_UNROLL
@@ -356,7 +368,7 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
             for (int nt = 0; nt < NT; nt++)
                 MMA_UNROLL
                 for (int e = 0; e < MMA_CE; e++) {
-                    const int key = kt + nt * MMA_N + MMA_C_COL(lane, e), i = e >> 1;
+                    const int key = kt + nt * MMA_SN + MMA_S_KEY(lane, e), i = MMA_S_RS(e);
                     if (VAR_PER_KEY) {
                         p[nt][e] = var_key(p[nt][e], key, rend[i], &vr[i], &vp, has_mask, mask, mrow[i]);
                     } else if (key >= rend[i]) {
@@ -369,39 +381,38 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
         }
 
         /* The online softmax on the fragments: row maxima over the 4 lanes of a row. */
-        float2 mx = (float2)(NEG_INF);
+        mma_rv mx = (mma_rv)(NEG_INF);
         MMA_UNROLL
-        for (int nt = 0; nt < NT; nt++) {
-            mx.x = fmax(mx.x, fmax(p[nt][0], p[nt][1]));
-            mx.y = fmax(mx.y, fmax(p[nt][2], p[nt][3]));
-        }
-        mx = fmax(mx, MMA_XOR2(mx, 1));
-        mx = fmax(mx, MMA_XOR2(mx, 2));
-        float mref[2], alpha[2];
+        for (int nt = 0; nt < NT; nt++)
+            MMA_UNROLL
+            for (int e = 0; e < MMA_CE; e += 2) /* elements e, e + 1 share a slot */
+                RV_SET(mx, MMA_S_RS(e), fmax(RV_GET(mx, MMA_S_RS(e)), fmax(p[nt][e], p[nt][e + 1])));
+        mx = fmax(mx, MMA_XORR(mx, MMA_RED0));
+#if MMA_RED1
+        mx = fmax(mx, MMA_XORR(mx, MMA_RED1));
+#endif
+        float mref[MMA_RS], alpha[MMA_RS];
         MMA_UNROLL
-        for (int i = 0; i < 2; i++) {
-            const float mnew = fmax(m[i], i ? mx.y : mx.x);
+        for (int i = 0; i < MMA_RS; i++) {
+            const float mnew = fmax(m[i], RV_GET(mx, i));
             mref[i] = mnew == NEG_INF ? 0.0f : mnew; /* no -inf - -inf */
             alpha[i] = mma_exp2((m[i] - mref[i]) * LOG2E);
             m[i] = mnew;
         }
         /* The weights; in a guarded tile hidden keys get -0 (HIDDEN_P). Two copies of the loop,
          * so that an unguarded tile has no compare and select a weight. */
-        float2 ps = (float2)(0.0f);
+        mma_rv ps = (mma_rv)(0.0f);
 #define MMA_WEIGHTS(HIDE)                                                                         \
     MMA_UNROLL                                                                                   \
     for (int nt = 0; nt < NT; nt++)                                                              \
         MMA_UNROLL                                                                               \
         for (int e = 0; e < MMA_CE; e++) {                                                       \
-            const int i = e >> 1;                                                                \
+            const int i = MMA_S_RS(e);                                                           \
             float pe = mma_exp2((p[nt][e] - mref[i]) * LOG2E);                                   \
             if (HIDE && p[nt][e] == NEG_INF)                                                     \
                 pe = HIDDEN_P;                                                                   \
             p[nt][e] = pe;                                                                       \
-            if (i)                                                                               \
-                ps.y += pe;                                                                      \
-            else                                                                                 \
-                ps.x += pe;                                                                      \
+            RV_SET(ps, i, RV_GET(ps, i) + pe);                                                   \
         }
         if (guarded) {
             MMA_WEIGHTS(1)
@@ -409,12 +420,14 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
             MMA_WEIGHTS(0)
         }
 #undef MMA_WEIGHTS
-        ps += MMA_XOR2(ps, 1);
-        ps += MMA_XOR2(ps, 2);
-        float keep[2], wp[2];
+        ps += MMA_XORR(ps, MMA_RED0);
+#if MMA_RED1 /* WMMA: two lanes a row */
+        ps += MMA_XORR(ps, MMA_RED1);
+#endif
+        float keep[MMA_RS], wp[MMA_RS];
         MMA_UNROLL
-        for (int i = 0; i < 2; i++) {
-            const float lnew = l[i] * alpha[i] + (i ? ps.y : ps.x);
+        for (int i = 0; i < MMA_RS; i++) {
+            const float lnew = l[i] * alpha[i] + RV_GET(ps, i);
 #if DT_IN == 1
             keep[i] = alpha[i];
             wp[i] = 32768.0f; /* 2^15 */
@@ -425,18 +438,17 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
 #endif
             l[i] = lnew;
         }
-        const float4 keep4 = (float4)(keep[0], keep[0], keep[1], keep[1]);
-        const float4 wp4 = (float4)(wp[0], wp[0], wp[1], wp[1]);
+        const float4 keep4 = MMA_RS4(keep), wp4 = MMA_RS4(wp); /* by element (MMA_O_RS = MMA_S_RS) */
         MMA_UNROLL
         for (int j = 0; j < DT; j++)
             o[j] = mma_c_scale(o[j], keep4);
 
         if (!vbad) {
-            /* O += P·V on the matrix unit, P from S's fragments. */
+            /* O += P·V on the matrix unit (AMD: Oᵀ += Vᵀ·Pᵀ), P from S's fragments. */
             MMA_UNROLL
             for (int kb = 0; kb < KB; kb++) {
-                const mma_a a = mma_p_pack(vload4(0, p[MMA_P_TILE(kb, 0)]) * wp4,
-                                           vload4(0, p[MMA_P_TILE(kb, MMA_AE - 1)]) * wp4);
+                const mma_p a = MMA_P_PACK(vload4(0, p[MMA_P_TILE(kb, 0)]) * wp4,
+                                           vload4(0, p[MMA_P_TILE(kb, MMA_AE - 1)]) * wp4, kb);
 #if MMA_LDSM
                 /* column tiles in pairs, an odd last one alone */
                 MMA_UNROLL
@@ -447,33 +459,43 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
                     if (j + 1 < DT)
                         o[j + 1] = MMA(o[j + 1], a, b1);
                 }
+#elif MMA_PAIR
+                MMA_UNROLL
+                for (int j = 0; j < DT; j += 2)
+                    MMA_O2(o[j], o[j + 1], a, mma_load_v(sm + V_OFF + j * MMA_ON * VP, VP, lane, kb));
 #else
                 MMA_UNROLL
                 for (int j = 0; j < DT; j++)
-                    o[j] = MMA(o[j], a, mma_load_b_pv(sm + V_OFF + j * MMA_N * VP + kb * MMA_K, VP, lane));
+                    o[j] = MMA_O(o[j], a, mma_load_v(sm + V_OFF + j * MMA_ON * VP, VP, lane, kb));
 #endif
             }
         } else {
             /* Inf or NaN in V where some row hides a key: key by key, each weight fetched from
-             * the lane that holds it, hidden keys skipped. Rare: a rolled loop, the n-tile
-             * picked by selects (an indexed register array would live in memory). */
+             * the lane that holds it, hidden keys skipped. Rare: a rolled loop, the tile picked
+             * by selects (an indexed register array would live in memory). */
 #pragma unroll 1
             for (int n = 0; n < BN; n++) {
-                const int nt = n / MMA_N, h = n & 1;
+                const int nt = n / MMA_SN, ns = n % MMA_SN;
                 float4 pn = vload4(0, p[0]);
 MMA_UNROLL
                 for (int u = 1; u < NT; u++)
                     pn = u == nt ? vload4(0, p[u]) : pn;
-                const float4 q = MMA_IDX4(pn, MMA_G(lane) * 4 + (n % MMA_N) / 2) * wp4;
-                const float pa = h ? q.s1 : q.s0, pb = h ? q.s3 : q.s2;
+                /* the lane holding key n of this lane's rows (one lane for all its slots) */
+                const float4 q = MMA_IDX4(pn, MMA_S_LANE(MMA_ROW(lane, 0), ns));
+                float pr[MMA_RS];
+MMA_UNROLL
+                for (int i = 0; i < MMA_RS; i++) {
+                    const int se = MMA_S_ELEM(MMA_ROW(lane, i), ns);
+                    pr[i] = (se == 0 ? q.s0 : se == 1 ? q.s1 : se == 2 ? q.s2 : q.s3) * wp[i];
+                }
 MMA_UNROLL
                 for (int j = 0; j < DT; j++) {
                     float t[MMA_CE];
 MMA_UNROLL
                     for (int e = 0; e < MMA_CE; e++) {
-                        const float pr = e >> 1 ? pb : pa;
-                        const float v = tl_to_f(sm + V_AT(n, j * MMA_N + MMA_C_COL(lane, e)));
-                        t[e] = IS_HIDDEN(pr) ? 0.0f : pr * v;
+                        const float w = pr[MMA_O_RS(e)];
+                        const float v = tl_to_f(sm + V_AT(n, j * MMA_ON + MMA_O_COL(lane, e)));
+                        t[e] = IS_HIDDEN(w) ? 0.0f : w * v;
                     }
                     o[j] = mma_c_add(o[j], vload4(0, t));
                 }
@@ -485,7 +507,7 @@ MMA_UNROLL
     O += o_off + (ulong)split * o_split;
     LSE += l_off + (ulong)split * l_split;
     MMA_UNROLL
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < MMA_RS; i++) {
         const int row = rows[i];
         const int hq = hk * group + row / seq_q, pos = row % seq_q;
         if (row >= R || pos >= w.sq)
@@ -502,13 +524,14 @@ MMA_UNROLL
 #endif
         MMA_UNROLL
         for (int j = 0; j < DT; j++) {
-            const float4 v = mma_c_value(o[j]);
+            float v[MMA_CE];
+            vstore4(mma_c_value(o[j]), 0, v);
             MMA_UNROLL
-            for (int h = 0; h < 2; h++) {
-                const int col = j * MMA_N + MMA_C_COL(lane, 2 * i + h);
-                if (col >= DVr)
+            for (int e = 0; e < MMA_CE; e++) {
+                const int col = j * MMA_ON + MMA_O_COL(lane, e);
+                if (MMA_O_RS(e) != i || col >= DVr)
                     continue;
-                const float x = i ? (h ? v.s3 : v.s2) : (h ? v.s1 : v.s0);
+                const float x = v[e];
 #if DT_IN == 1
                 ST_OUT(orow, c0 + col, empty ? 0.0f : x * fin);
 #else
@@ -516,7 +539,7 @@ MMA_UNROLL
 #endif
             }
         }
-        if (has_lse && MMA_T(lane) == 0 && c0 == 0)
+        if (has_lse && MMA_LEADER(lane) && c0 == 0)
             LSE[(ulong)b * l_sb + (ulong)hq * l_sh + (ulong)opos * l_ss] = lse;
     }
 }
@@ -567,5 +590,136 @@ __kernel __attribute__((reqd_work_group_size(MMA_LANES, 1, 1))) void ldsm_probe(
     bad[lane] = mma_b_differ(k0, mma_load_b(t + 8, 24, lane)) + mma_b_differ(k1, mma_load_b(t + 8 + 8 * 24, 24, lane)) +
                 mma_b_differ(v0, mma_load_b_km(t + 8, 24, lane)) + mma_b_differ(v1, mma_load_b_km(t + 16, 24, lane)) +
                 mma_b_differ(w0, mma_load_b_km(t, 24, lane));
+}
+#endif
+
+#if KSEL && K_mma_probe
+/* The device's check of the tile layer itself (src/matrix.c, clattn__mma_probe; run once per
+ * context and input type before AMD's backend is used, and under emulation by the tests): one
+ * warp multiplies S = Q·Kᵀ and O = P·V through the layer's roles (mma_load_q, mma_load_k, MMA_S,
+ * mma_p_pack, mma_load_v, MMA_O) on 16 queries, 16 keys and 16 dimensions of small integers
+ * (every product and sum exact in each input type), exchanges values through MMA_XORR and
+ * MMA_IDX4 as the softmax and the exact path do, and writes for each lane how many of its
+ * elements differ from the plain products:
+ * 0 on every lane means the builtins, the layouts and the exchanges do on this device what the
+ * kernel assumes. */
+#define PR_D 16
+#define PR_N 16
+#define PR_QP (PR_D + MMA_PAD)
+#define PR_VP (PR_N + MMA_PAD)
+#define PR_DV (MMA_ON * (1 + MMA_PAIR))
+inline float pr_q(int r, int d) { return (float)((r * 3 + d * 5) % 7 - 3); }
+inline float pr_k(int n, int d) { return (float)((n * 5 + d * 3) % 9 - 4); }
+inline float pr_v(int c, int n) { return (float)((c * 7 + n) % 5 - 2); }
+inline float pr_w(int r, int n) { return 0.5f * (float)((r + 2 * n) % 4); }
+inline void pr_put(__local TL *p, float x)
+{
+#if DT_IN == 0
+    *p = x;
+#elif DT_IN == 1
+    vstore_half(x, 0, (__local half *)p);
+#else
+    *p = f32_to_bf16(x);
+#endif
+}
+
+__kernel __attribute__((reqd_work_group_size(MMA_LANES, 1, 1))) void mma_probe(__global int *bad)
+{
+    __local TL q[16 * PR_QP] __attribute__((aligned(16)));
+    __local TL k[PR_N * PR_QP] __attribute__((aligned(16)));
+    __local TL vt[PR_DV * PR_VP] __attribute__((aligned(16)));
+    const int lane = get_local_id(0);
+#if !MMA_GPU
+    __local float4 mscr[MMA_SCRATCH_FLOATS(1) / 4];
+    mma_ctx mctx;
+    mctx.lane = lane;
+    mctx.lid = lane;
+    mctx.scr = (__local float *)mscr;
+    mctx.xch = mscr + MMA_WARP_FLOATS / 4;
+#endif
+    for (int i = lane; i < 16 * PR_QP; i += MMA_LANES) {
+        const int r = i / PR_QP, d = i % PR_QP;
+        pr_put(q + i, d < PR_D ? pr_q(r, d) : 0.0f);
+        pr_put(k + i, d < PR_D ? pr_k(r, d) : 0.0f);
+    }
+    for (int i = lane; i < PR_DV * PR_VP; i += MMA_LANES) {
+        const int c = i / PR_VP, n = i % PR_VP;
+        pr_put(vt + i, n < PR_N ? pr_v(c, n) : 0.0f);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int nbad = 0;
+    mma_c s[PR_N / MMA_SN];
+    for (int nt = 0; nt < PR_N / MMA_SN; nt++)
+        s[nt] = mma_c_zero();
+    for (int kk = 0; kk < PR_D / MMA_K; kk++) {
+        const mma_q a = mma_load_q(q + kk * MMA_K, PR_QP, lane);
+#if MMA_PAIR
+        for (int nt = 0; nt < PR_N / MMA_SN; nt += 2)
+            MMA_S2(s[nt], s[nt + 1], a, mma_load_k(k + nt * MMA_SN * PR_QP + kk * MMA_K, PR_QP, lane));
+#else
+        for (int nt = 0; nt < PR_N / MMA_SN; nt++)
+            s[nt] = MMA_S(s[nt], a, mma_load_k(k + nt * MMA_SN * PR_QP + kk * MMA_K, PR_QP, lane));
+#endif
+    }
+    float p[PR_N / MMA_SN][MMA_CE];
+    for (int nt = 0; nt < PR_N / MMA_SN; nt++) {
+        float got[MMA_CE];
+        vstore4(mma_c_value(s[nt]), 0, got);
+        for (int e = 0; e < MMA_CE; e++) {
+            const int r = MMA_ROW(lane, MMA_S_RS(e)), n = nt * MMA_SN + MMA_S_KEY(lane, e);
+            float want = 0.0f;
+            for (int d = 0; d < PR_D; d++)
+                want += pr_q(r, d) * pr_k(n, d);
+            nbad += got[e] != want;
+            p[nt][e] = pr_w(r, n);
+        }
+    }
+    mma_c o[2] = {mma_c_zero(), mma_c_zero()}; /* O's tile (two half tiles with WMMA) */
+    for (int kb = 0; kb < PR_N / MMA_K; kb++) {
+        const mma_p a = MMA_P_PACK(vload4(0, p[MMA_P_TILE(kb, 0)]), vload4(0, p[MMA_P_TILE(kb, MMA_AE - 1)]), kb);
+#if MMA_PAIR
+        MMA_O2(o[0], o[1], a, mma_load_v(vt, PR_VP, lane, kb));
+#else
+        o[0] = MMA_O(o[0], a, mma_load_v(vt, PR_VP, lane, kb));
+#endif
+    }
+    for (int j = 0; j <= MMA_PAIR; j++) {
+        float got[MMA_CE];
+        vstore4(mma_c_value(o[j]), 0, got);
+        for (int e = 0; e < MMA_CE; e++) {
+            const int r = MMA_ROW(lane, MMA_O_RS(e)), c = j * MMA_ON + MMA_O_COL(lane, e);
+            float want = 0.0f;
+            for (int n = 0; n < PR_N; n++)
+                want += pr_w(r, n) * pr_v(c, n);
+            nbad += got[e] != want;
+        }
+    }
+    /* The rows' exchanges: lane ^ MMA_RED0 and lane ^ MMA_RED1 hold the same rows in each slot
+     * (the reductions' partners), and a value exchanged comes from the lane named. */
+    mma_rv v = (mma_rv)(0.0f), w = (mma_rv)(0.0f);
+    for (int i = 0; i < MMA_RS; i++) {
+        RV_SET(v, i, (float)(MMA_ROW(lane, i) + 1000 * i));
+        RV_SET(w, i, (float)(lane + 1000 * i));
+    }
+    const mma_rv x0 = MMA_XORR(v, MMA_RED0), x1 = MMA_XORR(v, MMA_RED1), y0 = MMA_XORR(w, MMA_RED0);
+    for (int i = 0; i < MMA_RS; i++) {
+        nbad += RV_GET(x0, i) != RV_GET(v, i);
+        nbad += RV_GET(x1, i) != RV_GET(v, i);
+        nbad += RV_GET(y0, i) != (float)((lane ^ MMA_RED0) + 1000 * i);
+    }
+    /* The exact path's fetch: row r's score of key n from lane MMA_S_LANE(r, n), element
+     * MMA_S_ELEM(r, n), one lane for all of a lane's rows. */
+    for (int n = 0; n < PR_N; n++) {
+        const int nt = n / MMA_SN, ns = n % MMA_SN;
+        const float4 f = MMA_IDX4(mma_c_value(s[nt]), MMA_S_LANE(MMA_ROW(lane, 0), ns));
+        for (int i = 0; i < MMA_RS; i++) {
+            const int r = MMA_ROW(lane, i), se = MMA_S_ELEM(r, ns);
+            float want = 0.0f;
+            for (int d = 0; d < PR_D; d++)
+                want += pr_q(r, d) * pr_k(n, d);
+            nbad += (se == 0 ? f.s0 : se == 1 ? f.s1 : se == 2 ? f.s2 : f.s3) != want;
+        }
+    }
+    bad[lane] = nbad;
 }
 #endif

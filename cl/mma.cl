@@ -2,39 +2,72 @@
  * mma_layout.cl, loaded from local memory, multiplied, and exchanged between the lanes that share
  * a row, so that a kernel is written once (fused_mma.cl) and runs on every backend:
  *
- *   MMA_NV 1: NVIDIA (compute capability 8.0 and up), inline PTX: mma.sync.aligned m16n8k16 f16
- *             and bf16 with f32 accumulation, m16n8k8 tf32; shfl.sync for the row exchanges.
- *   MMA_NV 0: emulation in plain OpenCL C, for tests and for checking a device, never for speed.
- *             Each work-item plays one lane with the same ownership; a product goes through
- *             local memory between two barriers (PoCL has no sub-groups), so every call that
- *             multiplies or exchanges must be reached by the whole work-group alike.
+ *   MMA_NV 1:  NVIDIA (compute capability 8.0 and up), inline PTX: mma.sync.aligned m16n8k16 f16
+ *              and bf16 with f32 accumulation, m16n8k8 tf32; shfl.sync for the row exchanges.
+ *   MMA_AMD 1: AMD CDNA (gfx90a, gfx94x), clang's builtins: v_mfma_f32_16x16x16f16,
+ *              16x16x16bf16_1k and 16x16x4f32 (f32 inputs multiplied in f32) on a wavefront of
+ *              64 lanes; ds_bpermute for the row exchanges.
+ *   MMA_AMD 2: AMD RDNA3 (gfx11), v_wmma_f32_16x16x16_f16 and _bf16 on a wavefront of 32 (f16
+ *              and bf16 only); ds_bpermute for the row exchanges and P's half-waves.
+ *   neither:   emulation in plain OpenCL C, for tests and for checking a device, never for speed.
+ *              Each work-item plays one lane with the same ownership; a product goes through
+ *              local memory between two barriers (PoCL has no sub-groups), so every call that
+ *              multiplies or exchanges must be reached by the whole work-group alike. It runs
+ *              any family's layout (MMA_LAYOUT 0: NVIDIA's, 1: AMD MFMA's, 2: AMD WMMA's).
  *
- * The element type follows DT_IN: f16 (1) and bf16 (2) as m16n8k16 with the values' bits in
- * local memory (TL ushort: no cl_khr_fp16 needed); f32 (0) as tf32 m16n8k8 (TL float), by
- * default as 3xTF32 (MMA_3X 1): each operand a = big + small, big = tf32(a) and small =
- * tf32(a - big) (round to nearest, ties away: cvt.rna), the products big·big in one accumulator
- * and small·big + big·small in another, added when the value is read (mma_c_value); folding the
- * small products into the big accumulator at once loses most of the gain. MMA_3X 0: one tf32
- * product (10-bit mantissas), meant as an opt-in that the API does not offer yet (src/fused_mma.c
- * always builds 3xTF32).
+ * The families differ in orientation (mma_layout.cl, NVA_* and MFA_*): NVIDIA multiplies S = Q·Kᵀ
+ * and O = P·V, AMD the transposes Sᵀ = K·Qᵀ and Oᵀ = Vᵀ·Pᵀ, so that on both a lane's scores, its
+ * weights in P's fragment and its elements of O belong to rows it holds. The kernel names the
+ * roles (mma_load_q, mma_load_k, mma_load_v, MMA_S, MMA_O, mma_p_pack; MMA_ROW, MMA_S_KEY,
+ * MMA_O_COL, MMA_XORR: mma.cl's attention macros below) and each family maps them to A and B.
  *
- * MMA_LDSM 1 (16-bit types, the host's when its probe on the device passed): B fragments through
- * ldmatrix (two tiles a load: mma_load_b_pair for K, mma_load_b_km_pair with .trans for V kept
- * row by row); under emulation the same calls take the plain loads.
+ * The element type follows DT_IN: f16 (1) and bf16 (2) as m16n8k16 (NVIDIA) or 16x16x16 (AMD)
+ * with the values' bits in local memory (TL ushort: no cl_khr_fp16 needed on NVIDIA); f32 (0) on
+ * NVIDIA as tf32 m16n8k8 (TL float), by default as 3xTF32 (MMA_3X 1): each operand a = big +
+ * small, big = tf32(a) and small = tf32(a - big) (round to nearest, ties away: cvt.rna), the
+ * products big·big in one accumulator and small·big + big·small in another, added when the value
+ * is read (mma_c_value); folding the small products into the big accumulator at once loses most
+ * of the gain. MMA_3X 0: one tf32 product (10-bit mantissas), meant as an opt-in that the API does
+ * not offer yet (src/fused_mma.c always builds 3xTF32). On AMD, f32 is multiplied in f32 (no
+ * split: MMA_3X 0).
  *
- * The kernel works with the types mma_a, mma_b (operand fragments) and mma_c (an accumulator,
- * MMA_CE floats a lane, two of them with 3xTF32), the loads, mma_p_pack, and the macros MMA,
- * MMA_XOR2 and MMA_IDX4, which under emulation use the kernel's `mctx` (mma_ctx: the lane, the
- * work-item's index and the local scratch) and on NVIDIA nothing but their arguments. */
+ * MMA_LDSM 1 (NVIDIA's layout, 16-bit types, the host's when its probe on the device passed): B
+ * fragments through ldmatrix (two tiles a load: mma_load_b_pair for K, mma_load_b_km_pair with
+ * .trans for V kept row by row); under emulation the same calls take the plain loads.
+ *
+ * The kernel works with the fragment types mma_q, mma_k, mma_v, mma_p and mma_c (an accumulator,
+ * MMA_CE floats a lane, two of them with 3xTF32), the loads, mma_p_pack, and the macros MMA_S,
+ * MMA_O, MMA_XORR and MMA_IDX4, which under emulation use the kernel's `mctx` (mma_ctx: the lane,
+ * the work-item's index and the local scratch) and on a GPU nothing but their arguments. */
+
+#ifndef MMA_NV
+#define MMA_NV 0
+#endif
+#ifndef MMA_AMD
+#define MMA_AMD 0
+#endif
+#if MMA_AMD
+#undef MMA_LAYOUT
+#define MMA_LAYOUT MMA_AMD
+#elif MMA_NV
+#undef MMA_LAYOUT
+#define MMA_LAYOUT 0
+#endif
+#ifndef MMA_LAYOUT
+#define MMA_LAYOUT 0
+#endif
+#define MMA_GPU (MMA_NV || MMA_AMD)
 
 /* Loops over fragments: unrolled on GPUs (fragment arrays must stay in registers), rolled under
  * emulation, where unrolled products would copy their barriers and PoCL compiles for minutes. */
-#if MMA_NV
+#if MMA_GPU
 #define MMA_UNROLL _Pragma("unroll")
 #else
 #define MMA_UNROLL _Pragma("unroll 1")
 #endif
 
+#if MMA_LAYOUT == 0
+/* ---- NVIDIA's layout: S = Q·Kᵀ, O = P·V (A = Q and P; B = K and V) */
 #if DT_IN == 0
 #define MMA_K MMA8_K
 #define MMA_AE MMA8_AE
@@ -43,11 +76,10 @@
 #define MMA_A_COL MMA8_A_COL
 #define MMA_B_ROW MMA8_B_ROW
 #define MMA_B_COL MMA8_B_COL
-#define MMA_P_TILE MMA8_P_TILE
-#define MMA_P_ELEM MMA8_P_ELEM
-#define MMA_P_KEY MMA8_P_KEY
-#define TL float
-#define MMA_PAD 4 /* row pitch ≡ 4 words (mod 32): the 8 rows x 4 lanes of a load hit 32 banks */
+#define MMA_P_TILE(kb, e) MMA8_P_TILE(kb, e)
+#define MMA_P_ELEM(kb, e) MMA8_P_ELEM(e)
+#define MMA_P_KEY(kb, k) (MMA8_K * (kb) + MMA8_P_KEY(k))
+#define MMA_TF32 1 /* operands rounded to tf32 */
 #ifndef MMA_3X
 #define MMA_3X 1
 #endif
@@ -59,18 +91,158 @@
 #define MMA_A_COL MMA16_A_COL
 #define MMA_B_ROW MMA16_B_ROW
 #define MMA_B_COL MMA16_B_COL
-#define MMA_P_TILE MMA16_P_TILE
-#define MMA_P_ELEM MMA16_P_ELEM
-#define MMA_P_KEY MMA16_P_KEY
+#define MMA_P_TILE(kb, e) MMA16_P_TILE(kb, e)
+#define MMA_P_ELEM(kb, e) MMA16_P_ELEM(e)
+#define MMA_P_KEY(kb, k) (MMA16_K * (kb) + MMA16_P_KEY(k))
+#endif
+#define MMA_QA 1 /* Q (and P) are the A operands */
+#define MMA_RS NVA_RS
+#define MMA_SN NVA_S_N
+#define MMA_S_KEY NVA_S_KEY
+#define MMA_S_RS NVA_S_RS
+#define MMA_ROW NVA_ROW
+#define MMA_S_LANE NVA_S_LANE
+#define MMA_S_ELEM NVA_S_ELEM
+#define MMA_ON NVA_O_N
+#define MMA_O_COL NVA_O_COL
+#define MMA_O_RS NVA_O_RS
+#define MMA_LEADER NVA_LEADER
+#define MMA_RED0 NVA_RED0
+#define MMA_RED1 NVA_RED1
+#elif MMA_LAYOUT == 1
+/* ---- AMD MFMA's layout (a wavefront of 64): Sᵀ = K·Qᵀ, Oᵀ = Vᵀ·Pᵀ (A = K and Vᵀ; B = Q and Pᵀ) */
+#if MMA_AMD && defined(__AMDGCN_WAVEFRONT_SIZE__) && __AMDGCN_WAVEFRONT_SIZE__ != 64
+#error "the MFMA backend is written for wavefronts of 64"
+#endif
+#undef MMA_LANES
+#undef MMA_N
+#undef MMA_CE
+#undef MMA_C_ROW
+#undef MMA_C_COL
+#define MMA_LANES MFMA_LANES
+#define MMA_N MFMA_N
+#define MMA_CE MFMA_CE
+#define MMA_C_ROW MFMA_C_ROW
+#define MMA_C_COL MFMA_C_COL
+#if DT_IN == 0
+#define MMA_K MFMA4_K
+#define MMA_AE MFMA4_AE
+#define MMA_BE MFMA4_BE
+#define MMA_A_ROW MFMA4_A_ROW
+#define MMA_A_COL MFMA4_A_COL
+#define MMA_B_ROW MFMA4_B_ROW
+#define MMA_B_COL MFMA4_B_COL
+#define MMA_P_TILE MFA4_P_TILE
+#define MMA_P_ELEM MFA4_P_ELEM
+#define MMA_P_KEY MFA4_P_KEY
+#else
+#define MMA_K MFMA16_K
+#define MMA_AE MFMA16_AE
+#define MMA_BE MFMA16_BE
+#define MMA_A_ROW MFMA16_A_ROW
+#define MMA_A_COL MFMA16_A_COL
+#define MMA_B_ROW MFMA16_B_ROW
+#define MMA_B_COL MFMA16_B_COL
+#define MMA_P_TILE MFA16_P_TILE
+#define MMA_P_ELEM MFA16_P_ELEM
+#define MMA_P_KEY MFA16_P_KEY
+#endif
+#undef MMA_3X
+#define MMA_3X 0 /* f32 multiplied in f32 */
+#define MMA_QA 0 /* Q (and P) are the B operands */
+#define MMA_RS MFA_RS
+#define MMA_SN MFA_S_N
+#define MMA_S_KEY MFA_S_KEY
+#define MMA_S_RS MFA_S_RS
+#define MMA_ROW MFA_ROW
+#define MMA_S_LANE MFA_S_LANE
+#define MMA_S_ELEM MFA_S_ELEM
+#define MMA_ON MFA_O_N
+#define MMA_O_COL MFA_O_COL
+#define MMA_O_RS MFA_O_RS
+#define MMA_LEADER MFA_LEADER
+#define MMA_RED0 MFA_RED0
+#define MMA_RED1 MFA_RED1
+#else
+/* ---- AMD WMMA's layout (a wavefront of 32), oriented as MFMA's; the kernel's tiles of S and O
+ * are halves of a product's (MMA_PAIR: MMA_S2 and MMA_O2 multiply two at once) */
+#if DT_IN == 0
+#error "RDNA3's WMMA multiplies f16 and bf16 only"
+#endif
+#if MMA_AMD && defined(__AMDGCN_WAVEFRONT_SIZE__) && __AMDGCN_WAVEFRONT_SIZE__ != 32
+#error "RDNA3's WMMA backend is written for wavefronts of 32 (the driver builds wave64)"
+#endif
+#undef MMA_LANES
+#undef MMA_N
+#undef MMA_CE
+#undef MMA_C_ROW
+#undef MMA_C_COL
+#define MMA_LANES WMMA_LANES
+#define MMA_N WMMA_N
+#define MMA_CE 4 /* a half tile's; a product's C has WMMA_CE */
+#define MMA_C_ROW WMMA_C_ROW
+#define MMA_C_COL WMMA_C_COL
+#define MMA_K WMMA_K
+#define MMA_AE WMMA_AE
+#define MMA_BE WMMA_BE
+#define MMA_A_ROW WMMA_A_ROW
+#define MMA_A_COL WMMA_A_COL
+#define MMA_B_ROW WMMA_B_ROW
+#define MMA_B_COL WMMA_B_COL
+#define MMA_P_TILE WMA_P_TILE
+#define MMA_P_KEY WMA_P_KEY
+#define MMA_PAIR 1
+#define MMA_QA 0
+#define MMA_RS WMA_RS
+#define MMA_SN WMA_S_N
+#define MMA_S_KEY WMA_S_KEY
+#define MMA_S_RS WMA_S_RS
+#define MMA_ROW WMA_ROW
+#define MMA_S_LANE WMA_S_LANE
+#define MMA_S_ELEM WMA_S_ELEM
+#define MMA_ON WMA_O_N
+#define MMA_O_COL WMA_O_COL
+#define MMA_O_RS WMA_O_RS
+#define MMA_LEADER WMA_LEADER
+#define MMA_RED0 WMA_RED0
+#define MMA_RED1 WMA_RED1
+#endif
+#ifndef MMA_PAIR
+#define MMA_PAIR 0
+#endif
+#ifndef MMA_TF32
+#define MMA_TF32 0
+#endif
+#if DT_IN == 0
+#define TL float
+#define MMA_PAD 4 /* row pitch ≡ 4 words (mod 32): the 8 rows x 4 lanes of a load hit 32 banks */
+#else
 #define TL ushort
 #define MMA_PAD 8 /* 8 halves: the same 4 words */
+#undef MMA_3X
 #define MMA_3X 0
 #endif
 #define MMA_PARTS (MMA_3X ? 2 : 1)
-#if !defined(MMA_LDSM) || DT_IN == 0
+#if !defined(MMA_LDSM) || DT_IN == 0 || MMA_LAYOUT != 0
 #undef MMA_LDSM
-#define MMA_LDSM 0 /* ldmatrix moves 16-bit elements only */
+#define MMA_LDSM 0 /* ldmatrix moves 16-bit elements only, in NVIDIA's layout */
 #endif
+/* A lane's scores, weights and O elements share the row slots MMA_S_RS(e) = MMA_O_RS(e) (one
+ * float4 of each S or O tile); the row statistics are a value a slot (mma_rv). */
+#if MMA_CE != 4
+#error "the kernel keeps a tile's elements of a lane as one float4"
+#endif
+#if MMA_RS == 2
+typedef float2 mma_rv;
+#define RV_GET(rv, i) ((i) ? (rv).y : (rv).x)
+#define RV_SET(rv, i, val) ((i) ? ((rv).y = (val)) : ((rv).x = (val)))
+#else
+typedef float mma_rv;
+#define RV_GET(rv, i) (rv)
+#define RV_SET(rv, i, val) ((rv) = (val))
+#endif
+/* The row slots' values a[MMA_S_RS(e)] of a tile's 4 elements. */
+#define MMA_RS4(a) ((float4)((a)[MMA_S_RS(0)], (a)[MMA_S_RS(1)], (a)[MMA_S_RS(2)], (a)[MMA_S_RS(3)]))
 
 /* An element of local memory as float. */
 inline float tl_to_f(__local const TL *p)
@@ -210,17 +382,17 @@ inline mma_a mma_load_a(__local const TL *p, int pitch, int lane)
 #endif
 }
 
-/* The B fragment of the MMA_K x 8 block stored n-major at p: element (k, n) at p[n·pitch + k].
- * With `keys` (mma_load_b_pv) the k index stands for key MMA_P_KEY(k), as in P's fragment. */
-inline mma_b mma_load_b_(__local const TL *p, int pitch, int lane, int keys)
+/* The B fragment of the MMA_K x 8 block stored n-major at p: element (k, n) at p[n·pitch + k'],
+ * k' = k, or with `keyed` (V's fragment of P·V for k-block kb, from V transposed: element (key,
+ * column c) at p[c·pitch + key]) k' = MMA_P_KEY(kb, k), the key P's fragment has at k. */
+inline mma_b nv_load_b(__local const TL *p, int pitch, int lane, int kb, int keyed)
 {
+#define NV_K(k) (keyed ? MMA_P_KEY(kb, (k)) : (k))
 #if DT_IN == 0
     float x[MMA_BE];
     MMA_UNROLL
-    for (int e = 0; e < MMA_BE; e++) {
-        const int k = MMA_B_ROW(lane, e);
-        x[e] = p[MMA_B_COL(lane, e) * pitch + (keys ? MMA_P_KEY(k) : k)];
-    }
+    for (int e = 0; e < MMA_BE; e++)
+        x[e] = p[MMA_B_COL(lane, e) * pitch + NV_K(MMA_B_ROW(lane, e))];
     const uint2 big = (uint2)(cvt_tf32(x[0]), cvt_tf32(x[1]));
 #if MMA_3X
     mma_b b;
@@ -231,11 +403,14 @@ inline mma_b mma_load_b_(__local const TL *p, int pitch, int lane, int keys)
     return big;
 #endif
 #else
-    (void)keys; /* m16n8k16: keys in order */
-    return (uint2)(lds32(p + MMA_B_COL(lane, 0) * pitch + MMA_B_ROW(lane, 0)),
-                   lds32(p + MMA_B_COL(lane, 2) * pitch + MMA_B_ROW(lane, 2)));
+    /* m16n8k16: keys in order, two adjacent a register */
+    return (uint2)(lds32(p + MMA_B_COL(lane, 0) * pitch + NV_K(MMA_B_ROW(lane, 0))),
+                   lds32(p + MMA_B_COL(lane, 2) * pitch + NV_K(MMA_B_ROW(lane, 2))));
 #endif
+#undef NV_K
 }
+inline mma_b mma_load_bn(__local const TL *p, int pitch, int lane) { return nv_load_b(p, pitch, lane, 0, 0); }
+inline mma_b mma_load_v(__local const TL *p, int pitch, int lane, int kb) { return nv_load_b(p, pitch, lane, kb, 1); }
 
 #if DT_IN != 0
 /* Element (k, n) of a B fragment stored k-major at p (V's rows: p[k·pitch + n]), 16-bit values
@@ -298,15 +473,16 @@ inline mma_c mma_op(mma_c c, mma_a a, mma_b b)
 #endif
 }
 
-/* P's A fragment of one k-block from the probabilities of S's n-tiles t0 and t1 (t1 unused
- * with m16n8k8): element e from element P_ELEM(e) of tile P_TILE(0, e) (mma_layout.cl). */
-inline mma_a mma_p_pack(float4 t0, float4 t1)
+/* P's A fragment of k-block kb from the probabilities of S's n-tiles t0 = MMA_P_TILE(kb, 0) and
+ * t1 = MMA_P_TILE(kb, MMA_AE - 1) (the same with m16n8k8): element e from element P_ELEM(kb, e)
+ * of tile P_TILE(kb, e) (mma_layout.cl). */
+inline mma_a mma_p_pack(float4 t0, float4 t1, int kb)
 {
     const float c[2][4] = {{t0.s0, t0.s1, t0.s2, t0.s3}, {t1.s0, t1.s1, t1.s2, t1.s3}};
     float x[MMA_AE];
     MMA_UNROLL
     for (int e = 0; e < MMA_AE; e++)
-        x[e] = c[MMA_P_TILE(0, e)][MMA_P_ELEM(e)];
+        x[e] = c[MMA_P_TILE(kb, e) != MMA_P_TILE(kb, 0)][MMA_P_ELEM(kb, e)];
 #if DT_IN == 0
     return tf32_a(x);
 #else
@@ -335,8 +511,159 @@ inline float4 shfl_idx4(float4 v, int x)
     return as_float4((uint4)(r[0], r[1], r[2], r[3]));
 }
 #define MMA(c, a, b) mma_op((c), (a), (b))
-#define MMA_XOR2(v, m) shfl_xor2((v), (m))
+#define MMA_XORR(v, m) shfl_xor2((v), (m))
 #define MMA_IDX4(v, src) shfl_idx4((v), (src))
+#define MMA_P_PACK(t0, t1, kb) mma_p_pack((t0), (t1), (kb))
+#define MMA_SCRATCH_FLOATS(nw) 0
+
+#elif MMA_AMD
+/* ---------------------------------------------------------------- AMD: clang's MFMA builtins */
+#if DT_IN == 1
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#endif
+#if DT_IN == 0
+typedef float mma_a;
+typedef float mma_b;
+#elif MMA_LAYOUT == 1
+typedef uint2 mma_a; /* 4 16-bit values, element e in bits 16·e */
+typedef uint2 mma_b;
+#else
+typedef uint8 mma_a; /* WMMA: 16 16-bit values */
+typedef uint8 mma_b;
+#endif
+typedef float4 mma_c;
+
+/* 2^x for the weights: v_exp_f32 (native_exp2), denormal results flushed, as NVIDIA's ex2.approx. */
+#define mma_exp2(x) native_exp2(x)
+
+#if MMA_LAYOUT == 2
+/* One WMMA product into two half tiles (C elements 0-3 and 4-7). */
+inline void mma_op2(mma_c *c0, mma_c *c1, mma_a a, mma_b b)
+{
+    float8 c = (float8)(*c0, *c1);
+#if DT_IN == 1
+    c = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(as_half16(a), as_half16(b), c);
+#else
+    c = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(as_short16(a), as_short16(b), c);
+#endif
+    *c0 = c.lo;
+    *c1 = c.hi;
+}
+#else
+inline mma_c mma_op(mma_c c, mma_a a, mma_b b)
+{
+#if DT_IN == 0
+    return __builtin_amdgcn_mfma_f32_16x16x4f32(a, b, c, 0, 0, 0);
+#elif DT_IN == 1
+    return __builtin_amdgcn_mfma_f32_16x16x16f16(as_half4(a), as_half4(b), c, 0, 0, 0);
+#else
+    return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(as_short4(a), as_short4(b), c, 0, 0, 0);
+#endif
+}
+#endif
+
+/* A fragment from row-major storage (element (row, k) at p[row·pitch + k]); B from n-major
+ * (element (k, n) at p[n·pitch + k]); V's A fragment (row: column c of V, k: key MMA_P_KEY) from
+ * V transposed (p[c·pitch + key]). 16-bit values: a lane's 4 k indices are adjacent, one 8-byte
+ * load (pitches and offsets are multiples of 4 elements). */
+#if DT_IN == 0
+inline mma_a mma_load_a(__local const TL *p, int pitch, int lane)
+{
+    return p[MMA_A_ROW(lane, 0) * pitch + MMA_A_COL(lane, 0)];
+}
+inline mma_b mma_load_bn(__local const TL *p, int pitch, int lane)
+{
+    return p[MMA_B_COL(lane, 0) * pitch + MMA_B_ROW(lane, 0)];
+}
+inline mma_a mma_load_v(__local const TL *p, int pitch, int lane, int kb)
+{
+    return p[MMA_A_ROW(lane, 0) * pitch + MMA_P_KEY(kb, MMA_A_COL(lane, 0))];
+}
+#elif MMA_LAYOUT == 2
+/* WMMA: a lane's 16 k indices of one row, two 16-byte loads (pitches and offsets are multiples
+ * of 8 elements). */
+inline uint8 ld16x2(__local const TL *p) { return (uint8)(*(__local const uint4 *)p, *(__local const uint4 *)(p + 8)); }
+inline mma_a mma_load_a(__local const TL *p, int pitch, int lane) { return ld16x2(p + MMA_A_ROW(lane, 0) * pitch); }
+inline mma_b mma_load_bn(__local const TL *p, int pitch, int lane) { return ld16x2(p + MMA_B_COL(lane, 0) * pitch); }
+inline mma_a mma_load_v(__local const TL *p, int pitch, int lane, int kb)
+{
+    return ld16x2(p + MMA_A_ROW(lane, 0) * pitch + MMA_P_KEY(kb, 0));
+}
+#else
+inline mma_a mma_load_a(__local const TL *p, int pitch, int lane)
+{
+    return *(__local const uint2 *)(p + MMA_A_ROW(lane, 0) * pitch + MMA_A_COL(lane, 0));
+}
+inline mma_b mma_load_bn(__local const TL *p, int pitch, int lane)
+{
+    return *(__local const uint2 *)(p + MMA_B_COL(lane, 0) * pitch + MMA_B_ROW(lane, 0));
+}
+inline mma_a mma_load_v(__local const TL *p, int pitch, int lane, int kb)
+{
+    return *(__local const uint2 *)(p + MMA_A_ROW(lane, 0) * pitch + MMA_P_KEY(kb, MMA_A_COL(lane, 0)));
+}
+#endif
+
+/* Two floats as one register of two 16-bit values, lo in the low half, rounded to nearest even. */
+inline uint pack2(float lo, float hi)
+{
+#if DT_IN == 1
+    return as_uint((half2)((half)lo, (half)hi));
+#else
+    return (uint)f32_to_bf16(lo) | (uint)f32_to_bf16(hi) << 16;
+#endif
+}
+
+/* The wavefront's lanes through ds_bpermute (a lane's index from mbcnt: the hardware's). */
+inline uint amd_lane(void) { return __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u)); }
+inline float amd_from(float v, uint src) { return as_float(__builtin_amdgcn_ds_bpermute((int)(src << 2), as_int(v))); }
+inline uint amd_from_u(uint v, uint src) { return (uint)__builtin_amdgcn_ds_bpermute((int)(src << 2), (int)v); }
+
+#if MMA_LAYOUT == 2
+/* P's B fragment of k-block kb (16 keys, every lane all of them for its query) from the half
+ * tiles t0 = 2kb and t1 = 2kb + 1: the lane holds keys 2i + h (h its half-wave, i < 8: t0's
+ * elements, then t1's), the lane ^ 16 the others. Each packs its 8 weights as 16-bit values,
+ * the two exchange them (4 words), and each lays out the 16 in key order. */
+inline mma_b mma_p_pack(float4 t0, float4 t1, int kb)
+{
+    (void)kb;
+    const uint lane = amd_lane(), h = lane >> 4;
+    const uint4 own = (uint4)(pack2(t0.s0, t0.s1), pack2(t0.s2, t0.s3), pack2(t1.s0, t1.s1), pack2(t1.s2, t1.s3));
+    const uint4 oth = (uint4)(amd_from_u(own.s0, lane ^ 16), amd_from_u(own.s1, lane ^ 16),
+                              amd_from_u(own.s2, lane ^ 16), amd_from_u(own.s3, lane ^ 16));
+    /* word j of own (oth) holds its weights of pair index 2j (low half) and 2j + 1; B's word i
+     * holds keys 2i (low) and 2i + 1: the half-wave 0 lane's weight of pair i and the other's */
+    const uint4 lo = h ? oth : own, hi = h ? own : oth;
+    const uint4 e = (lo & 0xffffu) | (hi << 16), o = (lo >> 16) | (hi & 0xffff0000u);
+    return (uint8)(e.s0, o.s0, e.s1, o.s1, e.s2, o.s2, e.s3, o.s3);
+}
+#else
+/* P's B fragment of k-block kb: the C fragment of Sᵀ's tile MMA_P_TILE(kb, 0) (t0; t1 the same
+ * tile), element e from element MMA_P_ELEM(kb, e). */
+inline mma_b mma_p_pack(float4 t0, float4 t1, int kb)
+{
+    (void)t1;
+#if DT_IN == 0
+    const int e = MMA_P_ELEM(kb, 0);
+    return e == 0 ? t0.s0 : e == 1 ? t0.s1 : e == 2 ? t0.s2 : t0.s3;
+#else
+    (void)kb; /* 16x16x16: the tile's elements in order */
+    return (uint2)(pack2(t0.s0, t0.s1), pack2(t0.s2, t0.s3));
+#endif
+}
+#endif
+inline float4 amd_idx4(float4 v, uint src)
+{
+    return (float4)(amd_from(v.s0, src), amd_from(v.s1, src), amd_from(v.s2, src), amd_from(v.s3, src));
+}
+#if MMA_LAYOUT == 2
+#define MMA2(c0, c1, a, b) mma_op2(&(c0), &(c1), (a), (b))
+#else
+#define MMA(c, a, b) mma_op((c), (a), (b))
+#endif
+#define MMA_XORR(v, m) amd_from((v), amd_lane() ^ (uint)(m))
+#define MMA_IDX4(v, src) amd_idx4((v), (uint)(src))
+#define MMA_P_PACK(t0, t1, kb) mma_p_pack((t0), (t1), (kb))
 #define MMA_SCRATCH_FLOATS(nw) 0
 
 #else
@@ -365,7 +692,7 @@ typedef struct {
 inline float mma_round(float x)
 {
 #if DT_IN == 0
-    return tf32_big(x);
+    return MMA_TF32 ? tf32_big(x) : x; /* NVIDIA's tf32, AMD's f32 */
 #elif DT_IN == 1
     ushort h[1]; /* a half array needs cl_khr_fp16, a pointer to half does not */
     vstore_half_rte(x, 0, (half *)h);
@@ -398,17 +725,36 @@ inline mma_a mma_load_a(__local const TL *p, int pitch, int lane)
     return a;
 }
 
-inline mma_b mma_load_b_(__local const TL *p, int pitch, int lane, int keys)
+inline mma_b mma_load_bn(__local const TL *p, int pitch, int lane)
 {
     mma_b b;
     MMA_UNROLL
-    for (int e = 0; e < MMA_BE; e++) {
-        const int k = MMA_B_ROW(lane, e);
-        const float x = tl_to_f(p + MMA_B_COL(lane, e) * pitch + (keys ? MMA_P_KEY(k) : k));
-        emu_put(b.v, MMA_BE, e, x);
-    }
+    for (int e = 0; e < MMA_BE; e++)
+        emu_put(b.v, MMA_BE, e, tl_to_f(p + MMA_B_COL(lane, e) * pitch + MMA_B_ROW(lane, e)));
     return b;
 }
+
+/* V's fragment of k-block kb from V transposed at p (element (key, column c) at p[c·pitch +
+ * key]): NVIDIA's B (k the key, n the column), AMD's A (row the column, k the key). */
+#if MMA_LAYOUT == 0
+inline mma_b mma_load_v(__local const TL *p, int pitch, int lane, int kb)
+{
+    mma_b b;
+    MMA_UNROLL
+    for (int e = 0; e < MMA_BE; e++)
+        emu_put(b.v, MMA_BE, e, tl_to_f(p + MMA_B_COL(lane, e) * pitch + MMA_P_KEY(kb, MMA_B_ROW(lane, e))));
+    return b;
+}
+#else
+inline mma_a mma_load_v(__local const TL *p, int pitch, int lane, int kb)
+{
+    mma_a a;
+    MMA_UNROLL
+    for (int e = 0; e < MMA_AE; e++)
+        emu_put(a.v, MMA_AE, e, tl_to_f(p + MMA_A_ROW(lane, e) * pitch + MMA_P_KEY(kb, MMA_A_COL(lane, e))));
+    return a;
+}
+#endif
 
 /* Element (k, n) of a B fragment stored k-major at p (V's rows: p[k·pitch + n]). */
 inline mma_b mma_load_b_km(__local const TL *p, int pitch, int lane)
@@ -420,17 +766,51 @@ inline mma_b mma_load_b_km(__local const TL *p, int pitch, int lane)
     return b;
 }
 
-inline mma_a mma_p_pack(float4 t0, float4 t1)
+/* v of lane (lane ^ m), or of lane src, of the same warp, through the exchange slots. */
+inline float4 emu_xch4(float4 v, int other, mma_ctx x)
+{
+    x.xch[x.lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const float4 r = x.xch[(x.lid & ~(MMA_LANES - 1)) | other];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+/* P's fragment of k-block kb from S's tiles t0 = MMA_P_TILE(kb, 0) and t1 (the other tile it
+ * takes, or t0 again): NVIDIA's A, AMD's B; WMMA's takes the other half-wave's weights too. */
+#if MMA_LAYOUT == 0
+#define MMA_PF mma_a
+#define MMA_PE MMA_AE
+#else
+#define MMA_PF mma_b
+#define MMA_PE MMA_BE
+#endif
+#if MMA_LAYOUT == 2
+inline MMA_PF mma_p_pack(float4 t0, float4 t1, int kb, mma_ctx x)
+{
+    (void)kb;
+    const float4 u0 = emu_xch4(t0, x.lane ^ 16, x), u1 = emu_xch4(t1, x.lane ^ 16, x);
+    const float own[8] = {t0.s0, t0.s1, t0.s2, t0.s3, t1.s0, t1.s1, t1.s2, t1.s3};
+    const float oth[8] = {u0.s0, u0.s1, u0.s2, u0.s3, u1.s0, u1.s1, u1.s2, u1.s3};
+    MMA_PF f;
+    MMA_UNROLL
+    for (int k = 0; k < MMA_PE; k++) /* key k: pair k / 2 of the lane of half-wave k % 2 */
+        emu_put(f.v, MMA_PE, k, (k & 1) == (x.lane >> 4) ? own[k >> 1] : oth[k >> 1]);
+    return f;
+}
+#else
+inline MMA_PF mma_p_pack(float4 t0, float4 t1, int kb)
 {
     const float c[2][4] = {{t0.s0, t0.s1, t0.s2, t0.s3}, {t1.s0, t1.s1, t1.s2, t1.s3}};
-    mma_a a;
+    MMA_PF f;
     MMA_UNROLL
-    for (int e = 0; e < MMA_AE; e++) {
-        const float x = c[MMA_P_TILE(0, e)][MMA_P_ELEM(e)];
-        emu_put(a.v, MMA_AE, e, x);
+    for (int e = 0; e < MMA_PE; e++) {
+        const float x = c[MMA_P_TILE(kb, e) != MMA_P_TILE(kb, 0)][MMA_P_ELEM(kb, e)];
+        emu_put(f.v, MMA_PE, e, x);
     }
-    return a;
+    return f;
 }
+#endif
 
 /* C += A·B for the warp: the lanes scatter their fragments to the warp's scratch through the
  * layout, then each computes its own C elements. */
@@ -476,25 +856,86 @@ inline mma_c mma_emu(mma_c c, mma_a a, mma_b b, mma_ctx x)
 #endif
 }
 
-/* v of lane (lane ^ m), or of lane src, of the same warp, through the exchange slots. */
-inline float4 emu_xch4(float4 v, int other, mma_ctx x)
+#if MMA_LAYOUT == 2
+/* One WMMA product into two half tiles: A and B are whole in each half-wave, so the lanes of
+ * half-wave 0 write them, and a lane of half-wave 1 whose operands differ in a bit from its
+ * twin's (which the hardware requires to be the same) gets NaN; C's 8 elements a lane, 0-3 into
+ * c0 and 4-7 into c1. */
+inline void mma_emu2(mma_c *c0, mma_c *c1, mma_a a, mma_b b, mma_ctx x)
 {
-    x.xch[x.lid] = v;
+    __local float *As = x.scr, *Bs = x.scr + MMA_M * MMA_K;
+    if (x.lane < 16) {
+        MMA_UNROLL
+        for (int e = 0; e < MMA_AE; e++)
+            As[MMA_A_ROW(x.lane, e) * MMA_K + MMA_A_COL(x.lane, e)] = a.v[e];
+        MMA_UNROLL
+        for (int e = 0; e < MMA_BE; e++)
+            Bs[MMA_B_ROW(x.lane, e) * MMA_N + MMA_B_COL(x.lane, e)] = b.v[e];
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
-    const float4 r = x.xch[(x.lid & ~(MMA_LANES - 1)) | other];
+    float r[WMMA_CE];
+    vstore4(*c0, 0, r);
+    vstore4(*c1, 1, r);
+    int twin = 1;
+    MMA_UNROLL
+    for (int e = 0; e < MMA_AE; e++)
+        twin &= as_uint(a.v[e]) == as_uint(As[MMA_A_ROW(x.lane, e) * MMA_K + MMA_A_COL(x.lane, e)]) &&
+                as_uint(b.v[e]) == as_uint(Bs[MMA_B_ROW(x.lane, e) * MMA_N + MMA_B_COL(x.lane, e)]);
+    if (!twin)
+        vstore8((float8)(NAN), 0, r);
+    MMA_UNROLL
+    for (int e = 0; e < WMMA_CE; e++) {
+        const int row = MMA_C_ROW(x.lane, e), col = MMA_C_COL(x.lane, e);
+        MMA_UNROLL
+        for (int k = 0; k < MMA_K; k++)
+            r[e] = fma(As[row * MMA_K + k], Bs[k * MMA_N + col], r[e]);
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
+    *c0 = vload4(0, r);
+    *c1 = vload4(1, r);
 }
+#define MMA2(c0, c1, a, b) mma_emu2(&(c0), &(c1), (a), (b), mctx)
+#define MMA_P_PACK(t0, t1, kb) mma_p_pack((t0), (t1), (kb), mctx)
+#else
+#define MMA_P_PACK(t0, t1, kb) mma_p_pack((t0), (t1), (kb))
+#endif
 #define mma_exp2(x) exp2(x)
 #define MMA(c, a, b) mma_emu((c), (a), (b), mctx)
-#define MMA_XOR2(v, m) emu_xch4((float4)((v), 0.0f, 0.0f), mctx.lane ^ (m), mctx).xy
+#if MMA_RS == 2
+#define MMA_XORR(v, m) emu_xch4((float4)((v), 0.0f, 0.0f), mctx.lane ^ (m), mctx).xy
+#else
+#define MMA_XORR(v, m) emu_xch4((float4)((v), 0.0f, 0.0f, 0.0f), mctx.lane ^ (m), mctx).x
+#endif
 #define MMA_IDX4(v, src) emu_xch4((v), (src), mctx)
 #endif
 
-#define mma_load_b(p, pitch, lane) mma_load_b_((p), (pitch), (lane), 0)
-#define mma_load_b_pv(p, pitch, lane) mma_load_b_((p), (pitch), (lane), 1)
+#define mma_load_b mma_load_bn
 
-#if !(MMA_NV && MMA_LDSM)
+/* The roles (mma_layout.cl): NVIDIA's Q and P are A operands, K and V B operands; AMD's the
+ * other way round. MMA_S accumulates a tile of S (Sᵀ on AMD), MMA_O one of O (Oᵀ). */
+#if MMA_QA
+typedef mma_a mma_q;
+typedef mma_b mma_k;
+typedef mma_a mma_p;
+#define mma_load_q mma_load_a
+#define mma_load_k mma_load_bn
+#define MMA_S(s, q, k) MMA((s), (q), (k))
+#define MMA_O(o, p, v) MMA((o), (p), (v))
+#else
+typedef mma_b mma_q;
+typedef mma_a mma_k;
+typedef mma_b mma_p;
+#define mma_load_q mma_load_bn
+#define mma_load_k mma_load_a
+#define MMA_S(s, q, k) MMA((s), (k), (q))
+#define MMA_O(o, p, v) MMA((o), (v), (p))
+#endif
+#if MMA_PAIR /* two half tiles a product */
+#define MMA_S2(s0, s1, q, k) MMA2(s0, s1, (k), (q))
+#define MMA_O2(o0, o1, p, v) MMA2(o0, o1, (v), (p))
+#endif
+
+#if MMA_LAYOUT == 0 && !(MMA_NV && MMA_LDSM)
 /* Without ldmatrix (the emulation, which MMA_LDSM's layouts run on too): the same fragments from
  * the plain loads. */
 inline void mma_load_b_pair(__local const TL *p, int pitch, int lane, mma_b *b0, mma_b *b1)

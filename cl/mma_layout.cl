@@ -68,3 +68,120 @@
 #define MMA_LDSM_K_COL(lane) (8 * (MMA_LDSM_MAT(lane) & 1))
 #define MMA_LDSM_V_ROW(lane) (8 * (MMA_LDSM_MAT(lane) & 1) + MMA_LDSM_ROW(lane))
 #define MMA_LDSM_V_COL(lane) (8 * (MMA_LDSM_MAT(lane) >> 1))
+
+/* AMD CDNA's matrix cores (gfx90a, gfx94x: v_mfma, a wavefront of 64 lanes), AMD's register
+ * layouts (the CDNA3 ISA guide, "Matrix fused multiply-add"): for 16 x 16 outputs, lane l holds
+ * column l % 16 of C in rows 4·(l / 16) + e; A's row l % 16 and B's column l % 16 at the k
+ * indices AE·(l / 16) + e. v_mfma_f32_16x16x16{f16,bf16_1k}: AE = BE = 4; v_mfma_f32_16x16x4f32
+ * (f32 inputs multiplied in f32): one element, k = l / 16. */
+#define MFMA_LANES 64
+#define MFMA_M 16
+#define MFMA_N 16
+#define MFMA_CE 4
+#define MFMA_C_ROW(lane, e) (4 * ((lane) >> 4) + (e))
+#define MFMA_C_COL(lane, e) ((lane) & 15)
+#define MFMA16_K 16
+#define MFMA16_AE 4
+#define MFMA16_BE 4
+#define MFMA16_A_ROW(lane, e) ((lane) & 15)
+#define MFMA16_A_COL(lane, e) (4 * ((lane) >> 4) + (e))
+#define MFMA16_B_ROW(lane, e) (4 * ((lane) >> 4) + (e))
+#define MFMA16_B_COL(lane, e) ((lane) & 15)
+#define MFMA4_K 4
+#define MFMA4_AE 1
+#define MFMA4_BE 1
+#define MFMA4_A_ROW(lane, e) ((lane) & 15)
+#define MFMA4_A_COL(lane, e) ((lane) >> 4)
+#define MFMA4_B_ROW(lane, e) ((lane) >> 4)
+#define MFMA4_B_COL(lane, e) ((lane) & 15)
+
+/* Attention's roles on the two families. A warp (wavefront) takes 16 query rows and tiles of
+ * S_N keys; a lane holds S_E scores a tile, in RS row slots, and O's elements likewise.
+ *   NVIDIA (NVA_*): S = Q·Kᵀ (A = Q, B = K stored n-major), O = P·V (A = P, B = V); a row's
+ *     scores lie in the 4 lanes of its group (reduced by xor 1 and 2), each lane two rows.
+ *   AMD (MFA_*): the transposes, Sᵀ = K·Qᵀ (A = K, B = Q n-major) and Oᵀ = Vᵀ·Pᵀ (A = Vᵀ,
+ *     B = Pᵀ): C's layout puts one query in a lane's column, so the C fragment of Sᵀ is already
+ *     the B fragment of Pᵀ (no exchange between lanes), O's elements share that query, and a
+ *     row's scores lie in lanes l, l + 16, l + 32, l + 48 (reduced by xor 16 and 32).
+ * S_KEY(lane, e): the key (within the tile) of a lane's score e, S_RS(e) its row slot, ROW(lane,
+ * i) the query row (within the warp's 16) of slot i; S_LANE(r, n), S_ELEM(r, n): the lane and
+ * element holding row r's score of key n; O_COL(lane, e), O_RS(e) the same for O's columns;
+ * LEADER(lane): one lane of each row (writes its LSE). */
+#define NVA_RS 2
+#define NVA_S_N MMA_N
+#define NVA_S_KEY(lane, e) MMA_C_COL(lane, e)
+#define NVA_S_RS(e) ((e) >> 1)
+#define NVA_ROW(lane, i) (MMA_G(lane) + 8 * (i))
+#define NVA_S_LANE(r, n) (4 * ((r) & 7) + (((n) & 7) >> 1))
+#define NVA_S_ELEM(r, n) (2 * ((r) >> 3) + ((n) & 1))
+#define NVA_O_N MMA_N
+#define NVA_O_COL(lane, e) MMA_C_COL(lane, e)
+#define NVA_O_RS(e) ((e) >> 1)
+#define NVA_LEADER(lane) (MMA_T(lane) == 0)
+#define NVA_RED0 1
+#define NVA_RED1 2
+#define MFA_RS 1
+#define MFA_S_N MFMA_M
+#define MFA_S_KEY(lane, e) MFMA_C_ROW(lane, e)
+#define MFA_S_RS(e) 0
+#define MFA_ROW(lane, i) ((lane) & 15)
+#define MFA_S_LANE(r, n) ((r) + 16 * (((n) & 15) >> 2))
+#define MFA_S_ELEM(r, n) ((n) & 3)
+#define MFA_O_N MFMA_M
+#define MFA_O_COL(lane, e) MFMA_C_ROW(lane, e)
+#define MFA_O_RS(e) 0
+#define MFA_LEADER(lane) ((lane) < 16)
+#define MFA_RED0 16
+#define MFA_RED1 32
+
+/* P's fragment of k-block kb from S's tiles, and the keys its k indices stand for, on AMD:
+ * 16x16x16: a tile is one k-block, element e of P's B fragment is element e of S's C (the same
+ * lane's keys, in order); 16x16x4: a tile is four k-blocks, k-block kb takes element kb % 4 of
+ * tile kb / 4, so its k index k stands for key 4k + kb % 4 of the tile (V's A fragment reads the
+ * same). MFA*_P_KEY: the key within the tile (BN keys) for k index k of k-block kb. */
+#define MFA16_P_TILE(kb, e) (kb)
+#define MFA16_P_ELEM(kb, e) (e)
+#define MFA16_P_KEY(kb, k) (16 * (kb) + (k))
+#define MFA4_P_TILE(kb, e) ((kb) >> 2)
+#define MFA4_P_ELEM(kb, e) ((kb) & 3)
+#define MFA4_P_KEY(kb, k) (16 * ((kb) >> 2) + 4 * (k) + ((kb) & 3))
+
+/* AMD RDNA3's WMMA (gfx11, a wavefront of 32; RDNA3's ISA guide, "WMMA"): 16 x 16 x 16, f16 and
+ * bf16 only. A and B whole in each half-wave: lane l holds row (A) or column (B) l % 16 at all 16
+ * k indices, lanes l and l + 16 the same values; C (f32) column l % 16 in rows 2e + l / 16, 8
+ * elements. */
+#define WMMA_LANES 32
+#define WMMA_M 16
+#define WMMA_N 16
+#define WMMA_K 16
+#define WMMA_AE 16
+#define WMMA_BE 16
+#define WMMA_CE 8
+#define WMMA_A_ROW(lane, e) ((lane) & 15)
+#define WMMA_A_COL(lane, e) (e)
+#define WMMA_B_ROW(lane, e) (e)
+#define WMMA_B_COL(lane, e) ((lane) & 15)
+#define WMMA_C_ROW(lane, e) (2 * (e) + ((lane) >> 4))
+#define WMMA_C_COL(lane, e) ((lane) & 15)
+
+/* Its roles (WMA_*), oriented as MFMA's (Sᵀ = K·Qᵀ, Oᵀ = Vᵀ·Pᵀ: a lane's C elements share its
+ * query l % 16). The kernel's tiles are halves of a product's (8 keys or columns, C elements
+ * 4h .. 4h + 3 of half h: MMA_S and MMA_O take two at once): a lane holds keys 2e + l / 16 of
+ * each, a row's scores lie in lanes l and l + 16 (reduced by xor 16 alone: RED1 0, none). P's B
+ * fragment of k-block kb (half-tiles 2kb and 2kb + 1) needs all 16 keys in every lane: the pack
+ * takes the other half-wave's (lane ^ 16) through an exchange; its k index is the key. */
+#define WMA_RS 1
+#define WMA_S_N 8
+#define WMA_S_KEY(lane, e) (2 * (e) + ((lane) >> 4))
+#define WMA_S_RS(e) 0
+#define WMA_ROW(lane, i) ((lane) & 15)
+#define WMA_S_LANE(r, n) ((r) + 16 * ((n) & 1))
+#define WMA_S_ELEM(r, n) (((n) & 7) >> 1)
+#define WMA_O_N 8
+#define WMA_O_COL(lane, e) (2 * (e) + ((lane) >> 4))
+#define WMA_O_RS(e) 0
+#define WMA_LEADER(lane) ((lane) < 16)
+#define WMA_RED0 16
+#define WMA_RED1 0
+#define WMA_P_TILE(kb, e) (2 * (kb) + ((e) >> 3))
+#define WMA_P_KEY(kb, k) (16 * (kb) + (k))

@@ -192,7 +192,7 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     /* Dropout is drawn in fused_direct alone (cl/attn_common.cl): every device runs it then. */
     if (p->drop.on)
         kernel = CLATTN_KERNEL_DIRECT;
-    if (!p->drop.on && (chosen || clattn__matrix_auto(ctx, p->seq_q, R, source))) {
+    if (!p->drop.on && (chosen || clattn__matrix_auto(ctx, (int)p->dtype, p->seq_q, R, source))) {
         const int explicit_ = source >= CLATTN_SOURCE_ENVIRONMENT;
         const int emulate = ctx->matrix_mode == CLATTN_MATRIX_EMULATE;
         if (!emulate && (ctx->matrix_mode == CLATTN_MATRIX_OFF || !ctx->matrix_backend)) {

@@ -1,6 +1,6 @@
 /* The launcher of the matrix-unit kernel (fused_mma.cl over the tile layer mma.cl): its tile
- * fitted to local memory, the backend (NVIDIA's mma.sync, or the emulation), key splits and the
- * mask's flags as the tiled kernel has them. Which calls run it: src/fused.c. */
+ * fitted to local memory, the backend (NVIDIA's mma.sync, AMD's MFMA, or the emulation of either
+ * layout), key splits and the mask's flags as the tiled kernel has them. Which calls run it: src/fused.c. */
 #include "fused.h"
 
 #include <stdio.h>
@@ -8,6 +8,7 @@
 
 typedef struct mma_cfg {
     int nw, bn, dp, dvp, qreg, ldsm;
+    int layout; /* 0 NVIDIA's; AMD's 16 x 16 tiles: 1 MFMA (64 lanes, f32 without 3xTF32), 2 WMMA */
 } mma_cfg;
 
 /* Local memory of fused_mma: the one array of Q, K and V (Q's place taken by K and V when Q's
@@ -15,7 +16,9 @@ typedef struct mma_cfg {
  * scratch and a float4 exchange slot per work-item (MMA_SCRATCH_FLOATS, mma.cl). */
 static size_t mma_local_bytes(const mma_cfg *c, int elem, int emulate)
 {
-    const size_t pad = elem == 4 ? 4 : 8, k = elem == 4 ? 8 : 16, parts = elem == 4 ? 2 : 1; /* 3xTF32 */
+    const size_t pad = elem == 4 ? 4 : 8;
+    const size_t k = elem == 4 ? (c->layout ? 4 : 8) : 16, parts = elem == 4 && !c->layout ? 2 : 1; /* 3xTF32 */
+    const size_t n = c->layout ? 16 : 8, lanes = c->layout == 1 ? 64 : 32;
     const size_t bm = 16 * (size_t)c->nw, qp = (size_t)c->dp + pad, vp = (size_t)c->bn + pad;
     /* V transposed (dvp rows of bn keys), or with ldmatrix as stored (bn rows of dvp rounded up
      * to 16, then padded: VR in fused_mma.cl) */
@@ -23,7 +26,7 @@ static size_t mma_local_bytes(const mma_cfg *c, int elem, int emulate)
     const size_t q = bm * qp, kv = (size_t)c->bn * qp + v;
     size_t bytes = elem * (c->qreg ? (q > kv ? q : kv) : q + kv) + 16 + 16;
     if (emulate)
-        bytes += 4 * (size_t)c->nw * (parts * (16 * k + k * 8) + 4 * 32);
+        bytes += 4 * (size_t)c->nw * (parts * (16 * k + k * n) + 4 * lanes);
     return bytes;
 }
 
@@ -53,15 +56,39 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
 {
     *used = 0;
     const int R = (int)(p->heads_q / p->heads_kv) * (int)p->seq_q;
-    const int elem = p->dtype == CLATTN_F32 ? 4 : 2, kdim = elem == 4 ? 8 : 16;
     mma_cfg c;
+    /* The layout: AMD's where the device's backend is AMD's or the emulation was asked for it. */
+    c.layout = emulate || ctx->matrix_backend == CLATTN_MMA_AMD ? ctx->matrix_layout : 0;
+    if (c.layout == 2 && p->dtype == CLATTN_F32) {
+        if (explicit_)
+            return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                                "kernel=mma (the matrix-unit kernel): RDNA3's WMMA multiplies f16 and bf16 only, "
+                                "not f32 inputs");
+        return CLATTN_SUCCESS; /* *used 0: the FMA kernel runs */
+    }
+    /* AMD's backend runs an input type only once its probe passed on the device. */
+    if (!emulate && c.layout && !clattn__matrix_checked(ctx, (int)p->dtype)) {
+        if (explicit_)
+            return clattn__fail(ctx, CLATTN_UNSUPPORTED, "kernel=mma (the matrix-unit kernel): %s",
+                                ctx->matrix_check_why);
+        return CLATTN_SUCCESS; /* *used 0: the FMA kernel runs */
+    }
+    const int lanes = c.layout == 1 ? 64 : 32;
+    /* head_dim rounded up to the k of a product and to a 16-byte chunk of staging: NVIDIA f32
+     * (tf32 m16n8k8) 8, AMD f32 (16x16x4) 4, 16-bit 16; head_dim_v to the columns of an O tile */
+    const int elem = p->dtype == CLATTN_F32 ? 4 : 2, kdim = elem == 4 ? (c.layout ? 4 : 8) : 16;
+    const int on = c.layout ? 16 : 8;
     c.dp = (int)((p->head_dim + kdim - 1) / kdim * kdim);
-    c.dvp = (int)((p->head_dim_v + 7) / 8 * 8);
-    /* f32 (3xTF32: two accumulators) above 64 columns: blocks of 64 columns, a work-group each
-     * (S computed once per block), which keeps the accumulators in registers (ptxas spilled at
-     * 128 columns). See docs/measurements.md#fused-mma. */
-    if (elem == 4 && c.dvp > 64)
+    c.dvp = (int)((p->head_dim_v + on - 1) / on * on);
+    /* NVIDIA f32 (3xTF32: two accumulators) above 64 columns: blocks of 64 columns, a work-group
+     * each (S computed once per block), which keeps the accumulators in registers (ptxas spilled
+     * at 128 columns). See docs/measurements.md#fused-mma. */
+    if (elem == 4 && !c.layout && c.dvp > 64)
         c.dvp = 64;
+    /* RDNA3's WMMA (16 registers an operand, all 256 a wave may have at 64-key tiles or Q's
+     * fragments kept at 128): blocks of 128 columns, tests/mma_check.sh. */
+    if (c.layout == 2 && c.dvp > 128)
+        c.dvp = 128;
     const int col_blocks = clattn__ceil_div_int((int)p->head_dim_v, c.dvp);
     /* Warps (16 rows each): up to 4, no more than the packed rows need. */
     if (nw <= 0) {
@@ -70,23 +97,27 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
             nw /= 2;
     }
     c.nw = nw >= 8 ? 8 : nw >= 4 ? 4 : nw >= 2 ? 2 : 1;
-    /* Keys a tile: 64 for 16-bit heads up to 64 wide, 32 above, 16 for f32 (3xTF32's split
-     * operands and two accumulators: 32 keys spilled registers in ptxas for sm_90). Not yet
-     * measured on a GPU. See docs/measurements.md#fused-mma. */
+    /* Keys a tile: NVIDIA 64 for 16-bit heads up to 64 wide, 32 above, 16 for f32 (3xTF32's split
+     * operands and two accumulators: 32 keys spilled registers in ptxas for sm_90); AMD MFMA 64,
+     * WMMA 32 (halved below to fit local memory). Not yet measured on a GPU. See
+     * docs/measurements.md#fused-mma. */
     if (bn <= 0)
-        bn = elem == 2 ? (c.dp <= 64 ? 64 : 32) : 16;
+        bn = c.layout == 1 ? 64 : c.layout == 2 ? 32 : elem == 2 ? (c.dp <= 64 ? 64 : 32) : 16;
     c.bn = bn >= 128 ? 128 : bn >= 64 ? 64 : bn >= 32 ? 32 : 16;
-    /* Q's fragments in registers: 16-bit heads up to 128 (32 registers a lane); f32's split
-     * operands would take twice that, so f32 reloads Q from local memory at each tile. */
-    c.qreg = elem == 2 && c.dp <= 128;
+    if (c.layout == 2 && c.bn > 64) /* WMMA: 128 keys spilled (docs/measurements.md#fused-mma) */
+        c.bn = 64;
+    /* Q's fragments in registers: 16-bit heads up to 128 (32 registers a lane); NVIDIA f32's
+     * split operands would take twice that, so it reloads Q from local memory at each tile; AMD
+     * MFMA any type up to 128, WMMA (whole rows a lane: 64 registers at 128) up to 64. */
+    c.qreg = c.layout == 2 ? c.dp <= 64 : (elem == 2 || c.layout) && c.dp <= 128;
     /* B fragments through ldmatrix: 16-bit types, up to 128 columns of O (at 256 ptxas spilled
      * for sm_80: tests/mma_check.sh), on NVIDIA once the probe passed */
-    c.ldsm = elem == 2 && c.dvp <= 128 && clattn__matrix_ldsm(ctx, emulate);
+    c.ldsm = !c.layout && elem == 2 && c.dvp <= 128 && clattn__matrix_ldsm(ctx, emulate);
     size_t cap = ctx->dev.max_wg < ctx->dev.max_item[0] ? ctx->dev.max_wg : ctx->dev.max_item[0];
     for (;;) {
-        if ((size_t)32 * c.nw <= cap && clattn__local_fits(ctx, mma_local_bytes(&c, elem, emulate)))
+        if ((size_t)lanes * c.nw <= cap && clattn__local_fits(ctx, mma_local_bytes(&c, elem, emulate)))
             break;
-        if ((size_t)32 * c.nw > cap && c.nw > 1)
+        if ((size_t)lanes * c.nw > cap && c.nw > 1)
             c.nw /= 2;
         else if (c.bn > 16)
             c.bn /= 2;
@@ -104,7 +135,7 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
     const int bm = 16 * c.nw, row_tiles = clattn__ceil_div_int(R, bm);
     const long long tiles = (long long)row_tiles * col_blocks * p->batch * p->heads_kv;
     int split_len;
-    const int splits = clattn__choose_splits(ctx, p, tiles, c.bn, 32 * c.nw, splits_req, &split_len);
+    const int splits = clattn__choose_splits(ctx, p, tiles, c.bn, lanes * c.nw, splits_req, &split_len);
     const uint64_t part_bytes = splits > 1 ? (uint64_t)splits * clattn__part_floats(p) * 4 : 0;
     clattn_mask_flags mf;
     clattn__plan_tile_flags(ctx, p, part_bytes, &mf);
@@ -112,9 +143,11 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
     char opts[400];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DNW=%d -DBN=%d -DDP=%d -DDVP=%d "
-             "-DQREG=%d -DMMA_NV=%d -DMMA_3X=1 -DMMA_ALIGN16=%d -DMMA_LDSM=%d%s -DKSEL=1 -DK_fused_mma=1",
+             "-DQREG=%d -DMMA_NV=%d -DMMA_AMD=%d -DMMA_LAYOUT=%d -DMMA_3X=1 -DMMA_ALIGN16=%d -DMMA_LDSM=%d%s "
+             "-DKSEL=1 -DK_fused_mma=1",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype, p->has_mask ? (int)p->mask.dtype : 0,
-             c.nw, c.bn, c.dp, c.dvp, c.qreg, emulate ? 0 : 1, views_align16(ctx, p, elem), c.ldsm,
+             c.nw, c.bn, c.dp, c.dvp, c.qreg, !emulate && !c.layout, emulate ? 0 : c.layout, c.layout,
+             views_align16(ctx, p, elem), c.ldsm,
              mf.on ? " -DMFLAGS=1" : "");
     cl_kernel k;
     clattn_status st = clattn__get_kernel(ctx, "fused_mma.cl", opts, "fused_mma", &k);
@@ -137,8 +170,8 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
     if (st || (st = clattn__get_mask_kernels(ctx, p, &mf)))
         return st;
     *used = 1;
-    const size_t local[3] = {(size_t)32 * c.nw, 1, 1};
-    const size_t global[3] = {(size_t)32 * c.nw * col_blocks, (size_t)row_tiles,
+    const size_t local[3] = {(size_t)lanes * c.nw, 1, 1};
+    const size_t global[3] = {(size_t)lanes * c.nw * col_blocks, (size_t)row_tiles,
                               (size_t)(p->batch * p->heads_kv) * (size_t)splits};
     return clattn__fused_launch_tiles(ctx, p, k, "fused_mma", part_bytes, &mf, splits, split_len, global, local,
                                       num_wait, wait, done);

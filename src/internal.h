@@ -128,22 +128,29 @@ struct clattn_context {
     int override_v[8][12];
 
     /* The matrix units (src/matrix.c): CLATTN_MATRIX (CLATTN_MATRIX_AUTO, _OFF, _EMULATE), the
-     * device's backend (CLATTN_MMA_NONE, CLATTN_MMA_NV), NVIDIA's compute capability as 10·major +
+     * device's backend (CLATTN_MMA_NONE, _NV, _AMD), NVIDIA's compute capability as 10·major +
      * minor (0: not an NVIDIA device or not reported), why the device has no backend or why it
      * was given up, and clattn_matrix_report's text. */
     int matrix_mode;
     int matrix_backend;
+    /* the fragment layout the matrix kernel takes: 0 NVIDIA's, 1 AMD MFMA's, 2 AMD WMMA's (the
+     * AMD backend's for the device, or CLATTN_MATRIX=emulate-amd, emulate-wmma) */
+    int matrix_layout;
     int nv_cc;
     char matrix_why[600];
     /* ldmatrix for the 16-bit matrix kernel (clattn__matrix_ldsm): -1 not probed yet, 0 off (why
      * in matrix_ldsm_why), 1 on; under emulation 1 unless a test set 0 (CLATTN_TEST_MMA_LDSM). */
     int matrix_ldsm;
     char matrix_ldsm_why[300];
+    /* AMD's backend per input type (f32, f16, bf16: clattn__matrix_checked): -1 not probed yet, 0
+     * its probe failed (why in matrix_check_why: the FMA kernels run), 1 passed */
+    int matrix_checked[3];
+    char matrix_check_why[300];
     char matrix_report[900];
 };
 
 enum { CLATTN_MATRIX_AUTO = 0, CLATTN_MATRIX_OFF = 1, CLATTN_MATRIX_EMULATE = 2 };
-enum { CLATTN_MMA_NONE = 0, CLATTN_MMA_NV = 1 };
+enum { CLATTN_MMA_NONE = 0, CLATTN_MMA_NV = 1, CLATTN_MMA_AMD = 2 };
 
 /* ---- errors (util.c) ---- */
 clattn_status clattn__fail(clattn_context *ctx, clattn_status st, const char *fmt, ...)
@@ -626,18 +633,35 @@ int clattn__decode_tiled_default(const clattn_context *ctx, int64_t rows, int64_
 /* ---- matrix units (matrix.c) ---- */
 /* Reads CLATTN_MATRIX and what the device offers; INVALID_ARGUMENT for a value it does not know. */
 clattn_status clattn__matrix_init(clattn_context *ctx);
+/* The matrix layout of an AMD device by its name ("gfx90a:sramecc+:xnack-"): 1 MFMA, 2 WMMA, 0
+ * none. */
+int clattn__amd_layout(const char *name);
 /* Whether fused attention runs the matrix kernel (fused_mma.cl) although its parameters name
  * another: for the library's own choices (defaults; with CLATTN_MATRIX=emulate also tuned values)
  * where the device has the unit or the emulation is forced: prefill, and decode from 16 packed
  * rows per kv head (fewer leave most of a 16-row fragment empty). Tuned values of other kernels
- * are kept: the tuner compared them with it. */
-int clattn__matrix_auto(const clattn_context *ctx, int64_t seq_q, int64_t rows, clattn_params_source source);
+ * are kept: the tuner compared them with it. dtype: the inputs' type (RDNA3's WMMA takes no f32;
+ * an AMD type whose probe failed stays on the FMA kernels). */
+int clattn__matrix_auto(const clattn_context *ctx, int dtype, int64_t seq_q, int64_t rows,
+                        clattn_params_source source);
 /* Gives up the device's backend for this context (its kernel did not build): why, for the report. */
 void clattn__matrix_drop(clattn_context *ctx, const char *why);
 /* Whether the 16-bit matrix kernel may load its B fragments through ldmatrix (MMA_LDSM): on an
  * NVIDIA backend, probed at the first call that asks (ldsm_probe in cl/fused_mma.cl, on a queue of
  * its own, so that nothing the caller enqueued can hold it up); under emulation ctx->matrix_ldsm. */
 int clattn__matrix_ldsm(clattn_context *ctx, int emulate);
+/* The tile layer's probe (mma_probe in fused_mma.cl): built for backend (CLATTN_MMA_NONE: the
+ * emulation) in layout (0 NVIDIA's, 1 AMD MFMA's, 2 AMD WMMA's: 16-bit types only) and input
+ * type dtype (0 f32, 1 f16, 2 bf16), run on
+ * one warp on a queue of its own; *bad_lanes the lanes whose products or exchanges differ from
+ * the plain ones. */
+clattn_status clattn__mma_probe(clattn_context *ctx, int backend, int layout, int dtype, int *bad_lanes);
+/* The probe's build options for backend, layout and dtype (those of src/fused_mma.c's kernel). */
+void clattn__mma_probe_opts(int backend, int layout, int dtype, char *opts, size_t size);
+/* Whether the device's backend passed the probe for dtype (run at the first call of that type,
+ * once per context; AMD's backend, which no machine of ours has run, is used only where it
+ * passed). */
+int clattn__matrix_checked(clattn_context *ctx, int dtype);
 /* The probe itself: ldsm_probe built with MMA_NV nv, run on one warp; *bad_lanes the lanes whose
  * ldmatrix fragments differ from the plain loads'. */
 clattn_status clattn__ldsm_probe(clattn_context *ctx, int nv, int *bad_lanes);

@@ -46,10 +46,29 @@ static int nv_compute_capability(cl_device_id d)
     return (int)(10 * major + (minor < 10 ? minor : 9));
 }
 
+/* The AMD GPUs the matrix kernel takes, for which tests/mma_check.sh compiles it: 1 for CDNA2
+ * (gfx90a) and CDNA3 (gfx940, gfx941, gfx942), whose matrix cores take v_mfma_f32_16x16x16f16,
+ * _16x16x16bf16_1k and _16x16x4f32 on wavefronts of 64; 2 for RDNA3 and 3.5 (gfx1100-1103,
+ * gfx1150-1153): v_wmma_f32_16x16x16_f16 and _bf16 on wavefronts of 32; 0 for the others
+ * (CDNA4's gfx950, 160 KiB of local memory, and RDNA4's gfx12, another WMMA layout, until
+ * checked). AMD's OpenCL names the device by its target ("gfx90a:sramecc+:xnack-"). */
+int clattn__amd_layout(const char *name)
+{
+    static const char *const arch[] = {"gfx90a", "gfx940", "gfx941", "gfx942",
+                                       "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153"};
+    for (size_t i = 0; i < sizeof arch / sizeof arch[0]; i++) {
+        const size_t n = strlen(arch[i]);
+        if (strncmp(name, arch[i], n) == 0 && (name[n] == '\0' || name[n] == ':'))
+            return i < 4 ? 1 : 2;
+    }
+    return 0;
+}
+
 clattn_status clattn__matrix_init(clattn_context *ctx)
 {
     const char *env = getenv("CLATTN_MATRIX");
     ctx->matrix_mode = CLATTN_MATRIX_AUTO;
+    ctx->matrix_layout = 0;
     if (env && *env) {
         if (clattn__same_word(env, "auto"))
             ctx->matrix_mode = CLATTN_MATRIX_AUTO;
@@ -57,14 +76,22 @@ clattn_status clattn__matrix_init(clattn_context *ctx)
             ctx->matrix_mode = CLATTN_MATRIX_OFF;
         else if (clattn__same_word(env, "emulate"))
             ctx->matrix_mode = CLATTN_MATRIX_EMULATE;
+        else if (clattn__same_word(env, "emulate-amd"))
+            ctx->matrix_mode = CLATTN_MATRIX_EMULATE, ctx->matrix_layout = 1;
+        else if (clattn__same_word(env, "emulate-wmma"))
+            ctx->matrix_mode = CLATTN_MATRIX_EMULATE, ctx->matrix_layout = 2;
         else
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                                "CLATTN_MATRIX=\"%.100s\": expected auto, off or emulate", env);
+                                "CLATTN_MATRIX=\"%.100s\": expected auto, off, emulate, emulate-amd or emulate-wmma",
+                                env);
     }
     ctx->matrix_backend = CLATTN_MMA_NONE;
     ctx->nv_cc = 0;
     ctx->matrix_ldsm = ctx->matrix_mode == CLATTN_MATRIX_EMULATE ? 1 : -1;
     ctx->matrix_ldsm_why[0] = '\0';
+    for (int i = 0; i < 3; i++)
+        ctx->matrix_checked[i] = -1;
+    ctx->matrix_check_why[0] = '\0';
     const int nvidia_gpu = (ctx->dev.type & CL_DEVICE_TYPE_GPU) && ctx->dev.vendor_id == 0x10de;
     if (nvidia_gpu)
         ctx->nv_cc = nv_compute_capability(ctx->device);
@@ -80,69 +107,137 @@ clattn_status clattn__matrix_init(clattn_context *ctx)
                  "the driver does not report a compute capability (cl_nv_device_attribute_query)");
     } else if (ctx->dev.type & CL_DEVICE_TYPE_CPU) {
         snprintf(ctx->matrix_why, sizeof ctx->matrix_why, "a CPU device");
-    } else {
-        /* Intel (cl_intel_subgroup_matrix_multiply_accumulate) and AMD (MFMA, WMMA) layouts are
-         * not written yet: docs/architecture.md, matrix units. */
+    } else if (ctx->dev.vendor_id == 0x1002 && clattn__amd_layout(ctx->dev.name)) {
+        ctx->matrix_backend = CLATTN_MMA_AMD;
+        if (ctx->matrix_mode != CLATTN_MATRIX_EMULATE)
+            ctx->matrix_layout = clattn__amd_layout(ctx->dev.name);
+        ctx->matrix_why[0] = '\0';
+    } else if (ctx->dev.vendor_id == 0x1002) {
         snprintf(ctx->matrix_why, sizeof ctx->matrix_why,
-                 "no backend for this vendor yet (NVIDIA only; Intel and AMD matrix units are not used)");
+                 "AMD %.60s: the AMD backends cover CDNA2 and CDNA3 (gfx90a, gfx940-942: MFMA) and RDNA3 "
+                 "(gfx1100-1103, gfx1150-1153: WMMA); MI100's gfx908 lacks the bf16 product, gfx950 and "
+                 "RDNA4 are not checked yet",
+                 ctx->dev.name);
+    } else {
+        /* Intel's cl_intel_subgroup_matrix_multiply_accumulate is not written yet:
+         * docs/architecture.md, matrix units. */
+        snprintf(ctx->matrix_why, sizeof ctx->matrix_why,
+                 "no backend for this device's matrix units (NVIDIA sm_80 and up and AMD CDNA2 and up "
+                 "only; Intel's are not used)");
     }
     return CLATTN_SUCCESS;
 }
 
-int clattn__matrix_auto(const clattn_context *ctx, int64_t seq_q, int64_t rows, clattn_params_source source)
+int clattn__matrix_auto(const clattn_context *ctx, int dtype, int64_t seq_q, int64_t rows,
+                        clattn_params_source source)
 {
     if (source >= CLATTN_SOURCE_ENVIRONMENT || ctx->matrix_mode == CLATTN_MATRIX_OFF)
+        return 0;
+    /* RDNA3's WMMA has no f32 product; an AMD type whose probe failed runs the FMA kernels */
+    if ((ctx->matrix_layout == 2 && dtype == CLATTN_F32) ||
+        (ctx->matrix_backend == CLATTN_MMA_AMD && ctx->matrix_mode != CLATTN_MATRIX_EMULATE && dtype >= 0 &&
+         dtype <= 2 && ctx->matrix_checked[dtype] == 0))
         return 0;
     if (ctx->matrix_mode == CLATTN_MATRIX_EMULATE)
         return 1;
     return ctx->matrix_backend != CLATTN_MMA_NONE && source <= CLATTN_SOURCE_VENDOR && (seq_q > 16 || rows >= 16);
 }
 
-clattn_status clattn__ldsm_probe(clattn_context *ctx, int nv, int *bad_lanes)
+/* Builds kernel kname of fused_mma.cl with opts, without the call's variants, KV storage and the
+ * user's snippets, which clattn__get_kernel would add to any program over attn_common.cl (a
+ * snippet that does not compile is the call's failure, not the probe's), and runs it on one warp
+ * of `lanes` work-items, on a queue of its own (the context's may hold the caller's commands
+ * behind events not yet set); its arguments: a buffer of an int a lane, and with local_arg the
+ * device's local memory size. *bad_lanes: the lanes that wrote other than 0. */
+static clattn_status run_probe(clattn_context *ctx, const char *opts, const char *kname, const char *what, size_t lanes,
+                               int local_arg, int *bad_lanes)
 {
     *bad_lanes = 0;
-    char opts[200];
-    snprintf(opts, sizeof opts,
-             "-cl-std=CL1.2 -DDT_IN=1 -DDT_OUT=0 -DDT_MASK=0 -DMMA_NV=%d -DMMA_LDSM=1 -DKSEL=1 -DK_ldsm_probe=1", nv);
-    /* built without the call's variants, KV storage and the user's snippets, which
-     * clattn__get_kernel would add to any program over attn_common.cl (a snippet that does not
-     * compile is the call's failure, not the probe's) */
     char opts_saved[sizeof ctx->variant_opts];
     const char *src_saved[2] = {ctx->variant_src[0], ctx->variant_src[1]};
     memcpy(opts_saved, ctx->variant_opts, sizeof opts_saved);
     clattn__variant_leave(ctx);
     cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "fused_mma.cl", opts, "ldsm_probe", &k);
+    clattn_status st = clattn__get_kernel(ctx, "fused_mma.cl", opts, kname, &k);
     memcpy(ctx->variant_opts, opts_saved, sizeof opts_saved);
     ctx->variant_src[0] = src_saved[0];
     ctx->variant_src[1] = src_saved[1];
     if (st != CLATTN_SUCCESS)
         return st;
-    /* a queue of its own: the context's may hold the caller's commands behind events not yet set */
     cl_int err;
     cl_command_queue q = clCreateCommandQueue(ctx->context, ctx->device, 0, &err);
-    if (!q)
-        return clattn__cl_fail(ctx, err, "clCreateCommandQueue (the ldmatrix probe)");
-    cl_mem buf = clCreateBuffer(ctx->context, CL_MEM_WRITE_ONLY, 32 * sizeof(cl_int), NULL, &err);
-    cl_int out[32] = {0};
-    const size_t n = 32;
+    if (!q) {
+        char where[96];
+        snprintf(where, sizeof where, "clCreateCommandQueue (%s)", what);
+        return clattn__cl_fail(ctx, err, where);
+    }
+    cl_int out[64] = {0};
+    if (lanes > 64)
+        lanes = 64;
+    cl_mem buf = clCreateBuffer(ctx->context, CL_MEM_WRITE_ONLY, sizeof out, NULL, &err);
     if (buf) {
         const cl_uint local_bytes = ctx->dev.local_mem > 0xffffffffu ? 0xffffffffu : (cl_uint)ctx->dev.local_mem;
         err = clSetKernelArg(k, 0, sizeof buf, &buf);
-        if (err == CL_SUCCESS)
+        if (err == CL_SUCCESS && local_arg)
             err = clSetKernelArg(k, 1, sizeof local_bytes, &local_bytes);
         if (err == CL_SUCCESS)
-            err = clEnqueueNDRangeKernel(q, k, 1, NULL, &n, &n, 0, NULL, NULL);
+            err = clEnqueueNDRangeKernel(q, k, 1, NULL, &lanes, &lanes, 0, NULL, NULL);
         if (err == CL_SUCCESS)
-            err = clEnqueueReadBuffer(q, buf, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL);
+            err = clEnqueueReadBuffer(q, buf, CL_TRUE, 0, lanes * sizeof(cl_int), out, 0, NULL, NULL);
         clReleaseMemObject(buf);
     }
     clReleaseCommandQueue(q);
     if (err != CL_SUCCESS)
-        return clattn__cl_fail(ctx, err, "the ldmatrix probe");
-    for (int i = 0; i < 32; i++)
+        return clattn__cl_fail(ctx, err, what);
+    for (size_t i = 0; i < lanes; i++)
         *bad_lanes += out[i] != 0;
     return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__ldsm_probe(clattn_context *ctx, int nv, int *bad_lanes)
+{
+    char opts[200];
+    snprintf(opts, sizeof opts,
+             "-cl-std=CL1.2 -DDT_IN=1 -DDT_OUT=0 -DDT_MASK=0 -DMMA_NV=%d -DMMA_LDSM=1 -DKSEL=1 -DK_ldsm_probe=1", nv);
+    return run_probe(ctx, opts, "ldsm_probe", "the ldmatrix probe", 32, 1, bad_lanes);
+}
+
+void clattn__mma_probe_opts(int backend, int layout, int dtype, char *opts, size_t size)
+{
+    /* as src/fused_mma.c builds the kernel: MMA_AMD names the AMD layout (1 MFMA, 2 WMMA) */
+    snprintf(opts, size,
+             "-cl-std=CL1.2 -DDT_IN=%d -DDT_OUT=0 -DDT_MASK=0 -DMMA_NV=%d -DMMA_AMD=%d -DMMA_LAYOUT=%d -DMMA_3X=1 "
+             "-DKSEL=1 -DK_mma_probe=1",
+             dtype, backend == CLATTN_MMA_NV, backend == CLATTN_MMA_AMD ? layout : 0, layout);
+}
+
+clattn_status clattn__mma_probe(clattn_context *ctx, int backend, int layout, int dtype, int *bad_lanes)
+{
+    char opts[240];
+    clattn__mma_probe_opts(backend, layout, dtype, opts, sizeof opts);
+    return run_probe(ctx, opts, "mma_probe", "the matrix-unit probe", layout == 1 ? 64 : 32, 0, bad_lanes);
+}
+
+int clattn__matrix_checked(clattn_context *ctx, int dtype)
+{
+    if (dtype < 0 || dtype > 2 || (ctx->matrix_layout == 2 && dtype == 0))
+        return 0;
+    if (ctx->matrix_checked[dtype] >= 0)
+        return ctx->matrix_checked[dtype];
+    static const char *const names[3] = {"f32", "f16", "bf16"};
+    int bad = 0;
+    const clattn_status st = clattn__mma_probe(ctx, ctx->matrix_backend, ctx->matrix_layout, dtype, &bad);
+    ctx->matrix_checked[dtype] = st == CLATTN_SUCCESS && bad == 0;
+    if (st != CLATTN_SUCCESS) {
+        snprintf(ctx->matrix_check_why, sizeof ctx->matrix_check_why, "%s: the probe failed (%s): %.200s",
+                 names[dtype], clattn_status_name(st), ctx->error);
+        clattn__clear_error(ctx);
+    } else if (bad) {
+        snprintf(ctx->matrix_check_why, sizeof ctx->matrix_check_why,
+                 "%s: its products or exchanges differed from the plain ones on %d of %d lanes", names[dtype], bad,
+                 ctx->matrix_layout == 1 ? 64 : 32);
+    }
+    return ctx->matrix_checked[dtype];
 }
 
 int clattn__matrix_ldsm(clattn_context *ctx, int emulate)
@@ -169,6 +264,8 @@ void clattn__matrix_drop(clattn_context *ctx, const char *why)
     snprintf(ctx->matrix_why, sizeof ctx->matrix_why, "%s", why);
 }
 
+static const char *check_word(int state) { return state < 0 ? "not yet" : state ? "passed" : "failed (FMA kernels)"; }
+
 const char *clattn_matrix_report(const clattn_context *ctx)
 {
     if (!ctx)
@@ -177,11 +274,36 @@ const char *clattn_matrix_report(const clattn_context *ctx)
     const char *mode = ctx->matrix_mode == CLATTN_MATRIX_OFF       ? "off"
                        : ctx->matrix_mode == CLATTN_MATRIX_EMULATE ? "emulate"
                                                                    : "auto";
-    if (ctx->matrix_mode == CLATTN_MATRIX_EMULATE)
+    if (ctx->matrix_mode == CLATTN_MATRIX_EMULATE && ctx->matrix_layout == 1)
+        snprintf(c->matrix_report, sizeof c->matrix_report,
+                 "emulated (CLATTN_MATRIX=emulate-amd): fused attention runs the matrix kernel with AMD's "
+                 "MFMA fragment layouts (64 lanes) through local memory, for tests; f16, bf16, f32%s%s",
+                 ctx->matrix_backend ? "" : "; the device itself: none, ", ctx->matrix_backend ? "" : ctx->matrix_why);
+    else if (ctx->matrix_mode == CLATTN_MATRIX_EMULATE && ctx->matrix_layout == 2)
+        snprintf(c->matrix_report, sizeof c->matrix_report,
+                 "emulated (CLATTN_MATRIX=emulate-wmma): fused attention runs the matrix kernel with AMD RDNA3's "
+                 "WMMA fragment layouts (32 lanes) through local memory, for tests; f16, bf16 (f32: the FMA "
+                 "kernels)%s%s",
+                 ctx->matrix_backend ? "" : "; the device itself: none, ", ctx->matrix_backend ? "" : ctx->matrix_why);
+    else if (ctx->matrix_mode == CLATTN_MATRIX_EMULATE)
         snprintf(c->matrix_report, sizeof c->matrix_report,
                  "emulated (CLATTN_MATRIX=emulate): fused attention runs the matrix kernel with NVIDIA's "
                  "fragment layouts through local memory, for tests; f16, bf16, f32 (3xTF32)%s%s",
                  ctx->matrix_backend ? "" : "; the device itself: none, ", ctx->matrix_backend ? "" : ctx->matrix_why);
+    else if (ctx->matrix_backend == CLATTN_MMA_AMD && ctx->matrix_mode == CLATTN_MATRIX_AUTO)
+        snprintf(c->matrix_report, sizeof c->matrix_report,
+                 "%s (%.60s): fused attention in %s on the matrix cores (CLATTN_MATRIX=%s); self-check of each "
+                 "type at its first call: f32 %s, f16 %s, bf16 %s%s%.300s",
+                 ctx->matrix_layout == 2 ? "amd wmma" : "amd mfma", ctx->dev.name,
+                 ctx->matrix_layout == 2 ? "f16 and bf16 (16x16x16; f32 on the FMA kernels)"
+                                         : "f16, bf16 (16x16x16) and f32 (16x16x4, multiplied in f32)",
+                 mode, ctx->matrix_layout == 2 ? "not used" : check_word(ctx->matrix_checked[0]),
+                 check_word(ctx->matrix_checked[1]), check_word(ctx->matrix_checked[2]),
+                 ctx->matrix_check_why[0] ? "; " : "", ctx->matrix_check_why);
+    else if (ctx->matrix_backend == CLATTN_MMA_AMD)
+        snprintf(c->matrix_report, sizeof c->matrix_report,
+                 "none: CLATTN_MATRIX=off (the device has amd %s, %.60s)", ctx->matrix_layout == 2 ? "wmma" : "mfma",
+                 ctx->dev.name);
     else if (ctx->matrix_backend == CLATTN_MMA_NV && ctx->matrix_mode == CLATTN_MATRIX_AUTO)
         snprintf(c->matrix_report, sizeof c->matrix_report,
                  "nvidia mma.sync (compute capability %d.%d): fused attention in f16, bf16 (m16n8k16) and f32 "

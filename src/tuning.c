@@ -533,7 +533,7 @@ clattn_status clattn_get_call_params(clattn_context *ctx, const clattn_problem_c
     int *direct = decode ? &mp.decode.DIRECT : &mp.fused.DIRECT;
     const int mma = decode ? CLATTN_KERNEL_MMA_DECODE : CLATTN_KERNEL_MMA_FUSED;
     if ((decode || pc->operation == CLATTN_OPERATION_FUSED) && *direct != mma &&
-        clattn__matrix_auto(ctx, pc->seq_q > 0 ? pc->seq_q : 1, rows, out->source)) {
+        clattn__matrix_auto(ctx, (int)pc->dtype, pc->seq_q > 0 ? pc->seq_q : 1, rows, out->source)) {
         *direct = mma;
         mp.fused.WGY = mp.fused.NS = 0; /* slots 1 and 3 in FUSED and DECODE alike */
         memcpy(out->values, mp.v, sizeof mp.v);

@@ -1,29 +1,51 @@
 #!/usr/bin/env bash
-# Offline checks of the matrix kernel's NVIDIA backend (cl/fused_mma.cl over cl/mma.cl, MMA_NV 1),
-# which no test device here runs: compiled as src/program.c assembles it, by clang's NVPTX target
-# with libclc's OpenCL built-ins (Debian's libclc-15) to PTX, then by the CUDA toolkit's ptxas for
-# sm_80 and sm_90 (when installed). Each variant must compile, hold exactly the mma.sync
-# instructions its tile calls for (S: DP/K x BN/8, P·V: BN/K x DVP/8; three each with 3xTF32:
-# fully unrolled, fragments in registers), assemble, spill nothing and stay within its register
-# budget (255, the most a thread may have, or less where the variant is meant to leave room), and
-# hold the 8 butterfly shuffles of the rows' softmax (nothing else of the kernel shuffles so).
+# Offline checks of the matrix kernel's NVIDIA backend (cl/fused_mma.cl over cl/mma.cl, MMA_NV 1)
+# and of its AMD backend (MMA_AMD 1, at the end), which no test device here runs: compiled as
+# src/program.c assembles it, by clang's NVPTX target with libclc's OpenCL built-ins (Debian's
+# libclc-19) to PTX, then by the CUDA toolkit's ptxas for sm_80 and sm_90 (when installed). Each
+# variant must compile, hold exactly the mma.sync instructions its tile calls for (S: DP/K x
+# BN/8, P·V: BN/K x DVP/8; three each with 3xTF32: fully unrolled, fragments in registers),
+# assemble, spill nothing and stay within its register budget (255, the most a thread may have,
+# or less where the variant is meant to leave room), and hold the 8 butterfly shuffles of the
+# rows' softmax (nothing else of the kernel shuffles so).
 # It cannot check what NVIDIA's driver accepts: scripts/gpu-check.sh probes that on a GPU.
+# The AMD backends go through clang's amdgcn target (MFMA: gfx90a and gfx942; RDNA3's WMMA: gfx1100
+# and gfx1151) with libclc's amdgcn library: it must compile, hold the tile's v_mfma products, the 8 ds_bpermute of the row
+# exchanges, a v_exp_f32 a weight, no scratch accesses (no buffer_ or scratch_ instruction: the
+# kernel's global memory goes through global_ ones; clang 19 reserves a private segment it never
+# touches) and no VGPR spill, and stay within a budget of VGPRs and AGPRs together (256: two
+# wavefronts a SIMD at least; head size 256, 512).
 #
 #   tests/mma_check.sh CL_DIR
 #
-# Exit 77 (skipped) without clang-15 and libclc-15's nvptx64 library.
+# Exit 77 (skipped) without a clang that links libclc's nvptx64 library (clang-19 with libclc-19,
+# or clang-15 with libclc-15: the bitcode must be of the compiler's LLVM version).
 set -uo pipefail
 cl=$1
-clang=$(command -v clang-15 || true)
 libclc=/usr/lib/clc/nvptx64--nvidiacl.bc
+libclc_amd=/usr/lib/clc/amdgcn--amdhsa.bc
 ptxas=$(command -v ptxas || ls /usr/local/cuda/bin/ptxas 2>/dev/null || true)
-if [ -z "$clang" ] || [ ! -f "$libclc" ]; then
-  echo "clang-15 or $libclc missing (apt-get install clang-15 libclc-15): skipped"
-  exit 77
-fi
-[ -n "$ptxas" ] || echo "no ptxas (CUDA toolkit): PTX only"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+clang=""
+if [ -f "$libclc" ]; then
+  echo '__kernel void k(__global float *x) { x[0] = exp2(x[1]); }' >"$tmp/t.cl"
+  for c in clang-19 clang-15; do
+    command -v "$c" >/dev/null || continue
+    if "$c" -x cl -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -Xclang -finclude-default-header -O2 \
+         -Xclang -mlink-builtin-bitcode -Xclang "$libclc" -Wno-linker-warnings -S -o "$tmp/t.ptx" "$tmp/t.cl" \
+         >/dev/null 2>&1; then
+      clang=$(command -v "$c")
+      break
+    fi
+  done
+fi
+if [ -z "$clang" ]; then
+  echo "no clang that links $libclc (apt-get install clang-19 libclc-19): skipped"
+  exit 77
+fi
+echo "$("$clang" --version | head -n 1)"
+[ -n "$ptxas" ] || echo "no ptxas (CUDA toolkit): PTX only"
 cat "$cl/common.cl" "$cl/kv_access.cl" "$cl/attn_common.cl" "$cl/mma_layout.cl" "$cl/mma.cl" "$cl/fused_mma.cl" >"$tmp/src.cl"
 fail=0
 
@@ -110,25 +132,27 @@ check() {
 
 # f16 and bf16 (m16n8k16): the defaults of src/fused_mma.c for head sizes 64, 128, 256, with
 # rows on 16 bytes (MMA_ALIGN16: 16-byte loads), and without.
+# Budgets: 192 at head size 64 (three work-groups of 4 warps an SM; clang 15's PTX took 164-168
+# registers there, clang 19's 179-184), else 255.
 # With ldmatrix (MMA_LDSM: the NVIDIA default once the driver's probe passed, up to 128 columns
 # of O: at 256 its fragments spilled on sm_80) and without.
-check 168 1 4 64 64 64 1 -DMMA_ALIGN16=1 -DMMA_LDSM=1
-check 168 2 4 64 64 64 1 -DMMA_ALIGN16=1 -DMMA_LDSM=1
+check 192 1 4 64 64 64 1 -DMMA_ALIGN16=1 -DMMA_LDSM=1
+check 192 2 4 64 64 64 1 -DMMA_ALIGN16=1 -DMMA_LDSM=1
 check 255 1 4 32 128 128 1 -DMMA_ALIGN16=1 -DMMA_LDSM=1
 check 255 1 2 16 256 256 0 -DMMA_ALIGN16=1
-check 168 1 1 32 112 40 1 -DMMA_LDSM=1
-check 168 1 4 64 64 64 1 -DMMA_ALIGN16=1
+check 192 1 1 32 112 40 1 -DMMA_LDSM=1
+check 192 1 4 64 64 64 1 -DMMA_ALIGN16=1
 check 255 1 4 32 128 128 1 -DMMA_ALIGN16=1
-check 168 1 4 64 64 64 1
-check 168 2 4 64 64 64 1
-check 168 1 4 64 64 64 1 -DDT_MASK=1 -DMFLAGS=1
+check 192 1 4 64 64 64 1
+check 192 2 4 64 64 64 1
+check 192 1 4 64 64 64 1 -DDT_MASK=1 -DMFLAGS=1
 check 255 1 4 32 128 128 1
 check 255 2 4 32 128 128 1
 check 255 1 2 16 256 256 0
 check 255 1 1 32 112 40 1
 # KV caches (kv_access.cl): paged f16 K/V, and paged q8_0 K with q4_0 V decoded into the f16 tiles,
 # with packed sequences.
-check 168 1 4 64 64 64 1 -DKVC=1 -DPAGE=16 -DDT_K=1 -DDT_V=1
+check 192 1 4 64 64 64 1 -DKVC=1 -DPAGE=16 -DDT_K=1 -DDT_V=1
 check 255 1 4 32 128 128 1 -DKVC=1 -DPAGE=16 -DDT_K=6 -DDT_V=7 -DVARLEN=1
 # f32 through 3xTF32 (m16n8k8): Q reloaded from local memory, 16-key tiles, O in blocks of 64
 # columns.
@@ -148,5 +172,101 @@ else
   echo "FAIL ldsm_probe: does not compile or assemble, or not 3 ldmatrix"
   head -n 20 "$tmp/log" "$tmp/ptxas" 2>/dev/null
   fail=1
+fi
+
+# check_amd BUDGET AMD DT_IN NW BN DP DVP QREG [more -D options]: AMD 1, MFMA (16x16x16 for
+# 16-bit types, 16x16x4 f32; gfx90a and gfx942), or AMD 2, RDNA3's WMMA (16x16x16, f16 and bf16;
+# gfx1100 and gfx1151); Sᵀ = K·Qᵀ: DP/K x BN/16 products, Oᵀ = Vᵀ·Pᵀ: BN/K x DVP/16; BUDGET: VGPRs
+# and AGPRs together (512: one wavefront a SIMD). ds_bpermute: MFMA 8 (2 x 2 rounds of the rows'
+# reductions, 4 for the exact path's fetch), WMMA 6 + 4 a k-block of P (one round, and P's
+# weights from the other half-wave).
+check_amd() {
+  local budget=$1 amd=$2 dt=$3 nw=$4 bn=$5 dp=$6 dvp=$7 qreg=$8
+  shift 8
+  local k=16 archs="gfx90a gfx942" wb=8 ins=v_mfma_f32_16x16
+  [ "$dt" -eq 0 ] && k=4
+  [ "$amd" -eq 2 ] && archs="gfx1100 gfx1151" wb=$((6 + 4 * bn / 16)) ins=v_wmma_f32_16x16x16
+  local want=$(((dp / k) * (bn / 16) + (bn / k) * (dvp / 16)))
+  local what="amd$amd DT_IN=$dt NW=$nw BN=$bn DP=$dp DVP=$dvp QREG=$qreg $*" line=""
+  for arch in $archs; do
+    if ! "$clang" -x cl -cl-std=CL1.2 -cl-mad-enable -target amdgcn-amd-amdhsa -mcpu=$arch -nogpulib \
+         -Xclang -finclude-default-header -O2 -Xclang -mlink-builtin-bitcode -Xclang "$libclc_amd" \
+         -Wno-linker-warnings -DHAS_FMA=1 -DMMA_AMD="$amd" -DDT_OUT=0 -DDT_IN="$dt" -DNW="$nw" -DBN="$bn" \
+         -DDP="$dp" -DDVP="$dvp" -DQREG="$qreg" "$@" -S -o "$tmp/k.s" "$tmp/src.cl" >"$tmp/log" 2>&1; then
+      echo "FAIL $what: $arch: does not compile"
+      head -n 20 "$tmp/log"
+      fail=1
+      return
+    fi
+    local n nb ne priv vspill vgpr agpr
+    n=$(grep -c "$ins" "$tmp/k.s")
+    nb=$(grep -c "ds_bpermute_b32" "$tmp/k.s")
+    ne=$(grep -c "v_exp_f32" "$tmp/k.s")
+    priv=$(grep -cE "^[[:space:]]*(buffer|scratch)_(load|store)" "$tmp/k.s")
+    vspill=$(sed -n 's/^ *\.vgpr_spill_count: *\([0-9]*\).*/\1/p' "$tmp/k.s" | head -n 1)
+    vgpr=$(sed -n 's/^ *\.vgpr_count: *\([0-9]*\).*/\1/p' "$tmp/k.s" | head -n 1)
+    agpr=$(sed -n 's/^ *\.agpr_count: *\([0-9]*\).*/\1/p' "$tmp/k.s" | head -n 1)
+    if [ "$n" -ne "$want" ] || [ "$nb" -ne "$wb" ] || [ "$ne" -lt $((bn / 4)) ] || [ "${priv:-1}" != "0" ] ||
+       [ "${vspill:-1}" != "0" ] || [ $((${vgpr:-999} + ${agpr:-0})) -gt "$budget" ]; then
+      echo "FAIL $what: $arch: $n $ins (expected $want), $nb ds_bpermute ($wb), $ne v_exp_f32 (>= $((bn / 4))),"\
+           "$priv scratch accesses, ${vspill:-?} VGPR spills, ${vgpr:-?} VGPRs + ${agpr:-?} AGPRs ($budget)"
+      fail=1
+      return
+    fi
+    [ -z "$line" ] && line="ok   $what: $n $ins, $nb ds_bpermute, $ne v_exp_f32"
+    line="$line, $arch $vgpr + ${agpr:-0} registers"
+  done
+  echo "$line"
+}
+# The tile layer's probe (mma_probe, src/matrix.c) as the host builds it for each backend and type
+# (the options of clattn__mma_probe_opts, which test_matrix checks).
+for dt in 0 1 2; do
+  if "$clang" -x cl -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -Xclang -finclude-default-header -O2 -march=sm_80 \
+       -Xclang -mlink-builtin-bitcode -Xclang "$libclc" -Wno-linker-warnings -DHAS_FMA=1 -DDT_IN=$dt -DDT_OUT=0 \
+       -DDT_MASK=0 -DMMA_NV=1 -DMMA_3X=1 -DKSEL=1 -DK_mma_probe=1 -S -o "$tmp/p.ptx" "$tmp/src.cl" >"$tmp/log" 2>&1 &&
+     [ "$(grep -c "mma.sync.aligned" "$tmp/p.ptx")" -ge 2 ] &&
+     { [ -z "$ptxas" ] || "$ptxas" -arch=sm_80 "$tmp/p.ptx" -o "$tmp/p.cubin" >"$tmp/ptxas" 2>&1; } &&
+     { [ ! -f "$libclc_amd" ] ||
+       { "$clang" -x cl -cl-std=CL1.2 -target amdgcn-amd-amdhsa -mcpu=gfx90a -nogpulib -Xclang -finclude-default-header \
+           -O2 -Xclang -mlink-builtin-bitcode -Xclang "$libclc_amd" -Wno-linker-warnings -DHAS_FMA=1 -DDT_IN=$dt \
+           -DDT_OUT=0 -DDT_MASK=0 -DMMA_AMD=1 -DMMA_LAYOUT=1 -DKSEL=1 -DK_mma_probe=1 -S -o "$tmp/p.s" "$tmp/src.cl" \
+           >"$tmp/log" 2>&1 &&
+         [ "$(grep -c "v_mfma_f32_16x16" "$tmp/p.s")" -ge 2 ] &&
+         { [ "$dt" -eq 0 ] ||
+           { "$clang" -x cl -cl-std=CL1.2 -target amdgcn-amd-amdhsa -mcpu=gfx1100 -nogpulib -Xclang \
+               -finclude-default-header -O2 -Xclang -mlink-builtin-bitcode -Xclang "$libclc_amd" -Wno-linker-warnings \
+               -DHAS_FMA=1 -DDT_IN=$dt -DDT_OUT=0 -DDT_MASK=0 -DMMA_AMD=2 -DMMA_LAYOUT=2 -DKSEL=1 -DK_mma_probe=1 -S -o "$tmp/p.s" \
+               "$tmp/src.cl" >"$tmp/log" 2>&1 && [ "$(grep -c "v_wmma_f32_16x16x16" "$tmp/p.s")" -ge 2 ]; }; }; }; }; then
+    echo "ok   mma_probe DT_IN=$dt: NVIDIA and AMD"
+  else
+    echo "FAIL mma_probe DT_IN=$dt: does not compile or assemble for NVIDIA or AMD"
+    head -n 20 "$tmp/log" "$tmp/ptxas" 2>/dev/null
+    fail=1
+  fi
+done
+
+if [ -f "$libclc_amd" ]; then
+  # the tiles src/fused_mma.c fits to 64 KiB of local memory (64 keys, halved until Q, K and V
+  # fit; Q's fragments in registers up to 128)
+  check_amd 256 1 1 4 64 64 64 1 -DMMA_ALIGN16=1
+  check_amd 256 1 2 4 64 64 64 1 -DMMA_ALIGN16=1
+  check_amd 256 1 1 4 64 128 128 1 -DMMA_ALIGN16=1
+  check_amd 256 1 2 4 64 128 128 1
+  check_amd 512 1 1 4 16 256 256 0 -DMMA_ALIGN16=1
+  check_amd 256 1 1 1 64 112 48 1 -DDT_MASK=1 -DMFLAGS=1
+  check_amd 256 1 0 4 64 64 64 1 -DMMA_ALIGN16=1
+  check_amd 256 1 0 4 32 128 128 1
+  check_amd 512 1 0 1 16 256 256 0
+  check_amd 256 1 1 4 64 128 128 1 -DKVC=1 -DPAGE=16 -DDT_K=6 -DDT_V=7 -DVARLEN=1
+  # RDNA3's WMMA (f16 and bf16): 32-key tiles, Q's fragments (16 registers a k-step) in registers
+  # up to head size 64, O in blocks of 128 columns (64 keys, or Q kept, spilled at 128)
+  check_amd 256 2 1 4 32 64 64 1 -DMMA_ALIGN16=1
+  check_amd 256 2 2 4 32 64 64 1 -DMMA_ALIGN16=1
+  check_amd 256 2 1 4 32 128 128 0 -DMMA_ALIGN16=1
+  check_amd 256 2 1 1 32 112 48 0 -DDT_MASK=1 -DMFLAGS=1
+  check_amd 256 2 1 4 32 256 128 0 -DMMA_ALIGN16=1
+  check_amd 256 2 2 4 32 128 128 0 -DKVC=1 -DPAGE=16 -DDT_K=6 -DDT_V=7 -DVARLEN=1
+else
+  echo "no $libclc_amd: the AMD backend not checked"
 fi
 exit $fail

@@ -7,6 +7,8 @@
  * clattn_get_call_params reports the kernel where the library picks it. The numerics of the
  * kernel itself are the test tables' (test_attention_mma, test_decode_mma, test_robust_mma).
  *
+ * the tile layer's probe (mma_probe) of both layouts and every input type under emulation, and on
+ * the device where it has a backend.
  * Each test sets CLATTN_MATRIX before making its own context and unsets it after.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
@@ -51,14 +53,45 @@ static void test_reports(void **state)
     (void)state;
     clattn_context *ctx = context_with(NULL);
     const char *r = clattn_matrix_report(ctx);
-    assert_true(strncmp(r, "none: ", 6) == 0 || strncmp(r, "nvidia mma.sync", 15) == 0);
+    assert_true(strncmp(r, "none: ", 6) == 0 || strncmp(r, "nvidia mma.sync", 15) == 0 ||
+                strncmp(r, "amd mfma", 8) == 0);
     clattn_release(ctx);
     ctx = context_with("OFF");
     assert_true(strncmp(clattn_matrix_report(ctx), "none: ", 6) == 0);
     clattn_release(ctx);
     ctx = context_with("emulate");
     assert_true(strncmp(clattn_matrix_report(ctx), "emulated", 8) == 0);
+    assert_null(strstr(clattn_matrix_report(ctx), "AMD"));
+    assert_int_equal(ctx->matrix_layout, 0);
     clattn_release(ctx);
+    ctx = context_with("Emulate-AMD");
+    assert_true(strncmp(clattn_matrix_report(ctx), "emulated (CLATTN_MATRIX=emulate-amd)", 36) == 0);
+    assert_int_equal(ctx->matrix_layout, 1);
+    clattn_release(ctx);
+    ctx = context_with("emulate-wmma");
+    assert_true(strncmp(clattn_matrix_report(ctx), "emulated (CLATTN_MATRIX=emulate-wmma)", 37) == 0);
+    assert_int_equal(ctx->matrix_layout, 2);
+    clattn_release(ctx);
+}
+
+/* The AMD targets of the MFMA backend, by the device names AMD's OpenCL gives. */
+static void test_amd_arch(void **state)
+{
+    (void)state;
+    static const char *const mfma[] = {"gfx90a", "gfx90a:sramecc+:xnack-", "gfx940", "gfx941:xnack+",
+                                       "gfx942:sramecc+:xnack-"};
+    static const char *const wmma[] = {"gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151:xnack-", "gfx1153"};
+    static const char *const no[] = {"gfx908:sramecc+:xnack-", "gfx906", "gfx1030", "gfx1201", "gfx9400", "gfx90", "",
+                                     "Radeon RX 7900 XTX", "gfx90ab", "gfx950", "gfx11000", "gfx110"};
+    for (size_t i = 0; i < sizeof mfma / sizeof mfma[0]; i++)
+        if (clattn__amd_layout(mfma[i]) != 1)
+            fail_msg("%s: layout %d, not MFMA's", mfma[i], clattn__amd_layout(mfma[i]));
+    for (size_t i = 0; i < sizeof wmma / sizeof wmma[0]; i++)
+        if (clattn__amd_layout(wmma[i]) != 2)
+            fail_msg("%s: layout %d, not WMMA's", wmma[i], clattn__amd_layout(wmma[i]));
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        if (clattn__amd_layout(no[i]))
+            fail_msg("%s: taken", no[i]);
 }
 
 enum { B = 1, HQ = 4, HKV = 2, SQ = 40, SKV = 70, D = 24 };
@@ -107,9 +140,11 @@ static void test_refused(void **state)
     fill(k, sizeof k / sizeof k[0], 2);
     fill(v, sizeof v / sizeof v[0], 3);
     const clattn_attention_desc d = small_desc();
-    for (int off = 0; off < 2; off++) {
-        clattn_context *ctx = context_with(off ? "off" : NULL);
-        if (!off && strncmp(clattn_matrix_report(ctx), "none", 4) != 0) {
+    /* without the units, under CLATTN_MATRIX=off, and f32 inputs on RDNA3's layout (WMMA has no
+     * f32 product) */
+    for (int mode = 0; mode < 3; mode++) {
+        clattn_context *ctx = context_with(mode == 0 ? NULL : mode == 1 ? "off" : "emulate-wmma");
+        if (mode == 0 && strncmp(clattn_matrix_report(ctx), "none", 4) != 0) {
             clattn_release(ctx); /* the device has the units: nothing to refuse */
             continue;
         }
@@ -119,8 +154,10 @@ static void test_refused(void **state)
         const clattn_status st = clattn_attention_host(ctx, &d, CLATTN_F32, q, k, v, out, NULL);
         assert_int_equal(st, CLATTN_UNSUPPORTED);
         assert_non_null(strstr(clattn_last_error(ctx), "kernel=mma"));
-        if (off)
+        if (mode == 1)
             assert_non_null(strstr(clattn_last_error(ctx), "CLATTN_MATRIX=off"));
+        if (mode == 2)
+            assert_non_null(strstr(clattn_last_error(ctx), "WMMA"));
         for (size_t i = 0; i < sizeof out / sizeof out[0]; i++)
             assert_true(out[i] == 777.0f);
         clattn_release(ctx);
@@ -129,7 +166,7 @@ static void test_refused(void **state)
 
 static void test_emulated_override(void **state)
 {
-    (void)state;
+    const char *mode = *state; /* emulate: NVIDIA's layouts; emulate-amd: AMD's */
     static float q[B * HQ * SQ * D], k[B * HKV * SKV * D], v[B * HKV * SKV * D], out[B * HQ * SQ * D];
     static double xq[B * HQ * SQ * D], xk[B * HKV * SKV * D], xv[B * HKV * SKV * D], ref[B * HQ * SQ * D];
     fill(q, sizeof q / sizeof q[0], 4);
@@ -141,7 +178,7 @@ static void test_emulated_override(void **state)
         xk[i] = k[i];
         xv[i] = v[i];
     }
-    clattn_context *ctx = context_with("emulate");
+    clattn_context *ctx = context_with(mode);
     ask_for_mma(ctx);
     const clattn_attention_desc d = small_desc();
     assert_int_equal(clattn_attention_host(ctx, &d, CLATTN_F32, q, k, v, out, NULL), CLATTN_SUCCESS);
@@ -205,13 +242,50 @@ static void test_ldsm_probe(void **state)
     clattn_release(ctx);
 }
 
+/* The tile layer's probe (mma_probe), built as the emulation of each layout for each input type:
+ * every lane's products and exchanges must equal the plain ones; on a device with a backend, as
+ * the device runs it too. */
+static void test_mma_probe(void **state)
+{
+    (void)state;
+    clattn_context *ctx = context_with(NULL);
+    for (int layout = 0; layout <= 2; layout++)
+        for (int dt = layout == 2; dt <= 2; dt++) { /* WMMA: f16 and bf16 */
+            int bad = -1;
+            const clattn_status st = clattn__mma_probe(ctx, CLATTN_MMA_NONE, layout, dt, &bad);
+            if (st != CLATTN_SUCCESS || bad != 0)
+                fail_msg("layout %d type %d: %s, %d lanes differ: %s", layout, dt, clattn_status_string(st), bad,
+                         clattn_last_error(ctx));
+        }
+    /* built as the kernel is for each backend: MMA_AMD names the AMD layout */
+    char opts[240];
+    clattn__mma_probe_opts(CLATTN_MMA_AMD, 2, 1, opts, sizeof opts);
+    assert_non_null(strstr(opts, "-DMMA_NV=0 -DMMA_AMD=2 -DMMA_LAYOUT=2 "));
+    clattn__mma_probe_opts(CLATTN_MMA_AMD, 1, 0, opts, sizeof opts);
+    assert_non_null(strstr(opts, "-DDT_IN=0 "));
+    assert_non_null(strstr(opts, "-DMMA_NV=0 -DMMA_AMD=1 -DMMA_LAYOUT=1 "));
+    clattn__mma_probe_opts(CLATTN_MMA_NV, 0, 2, opts, sizeof opts);
+    assert_non_null(strstr(opts, "-DMMA_NV=1 -DMMA_AMD=0 -DMMA_LAYOUT=0 "));
+    clattn__mma_probe_opts(CLATTN_MMA_NONE, 2, 2, opts, sizeof opts);
+    assert_non_null(strstr(opts, "-DMMA_NV=0 -DMMA_AMD=0 -DMMA_LAYOUT=2 "));
+    if (ctx->matrix_backend != CLATTN_MMA_NONE)
+        for (int dt = ctx->matrix_layout == 2; dt <= 2; dt++) {
+            assert_int_equal(clattn__matrix_checked(ctx, dt), 1);
+            print_message("matrix-unit probe on the device, type %d: passed\n", dt);
+        }
+    clattn_release(ctx);
+}
+
 int main(void)
 {
     tu_add_test("env/bad_value", NULL, test_bad_value, NULL);
     tu_add_test("report/modes", NULL, test_reports, NULL);
     tu_add_test("kernel/refused", NULL, test_refused, NULL);
-    tu_add_test("kernel/emulated_override", NULL, test_emulated_override, NULL);
+    tu_add_test("report/amd_arch", NULL, test_amd_arch, NULL);
+    tu_add_test("kernel/emulated_override", "nvidia", test_emulated_override, "emulate");
+    tu_add_test("kernel/emulated_override", "amd", test_emulated_override, "emulate-amd");
     tu_add_test("kernel/call_params", NULL, test_call_params, NULL);
     tu_add_test("kernel/ldsm_probe", NULL, test_ldsm_probe, NULL);
+    tu_add_test("kernel/mma_probe", NULL, test_mma_probe, NULL);
     return tu_run_tests("matrix");
 }
