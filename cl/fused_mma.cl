@@ -1,15 +1,16 @@
 /* Fused attention on the matrix units, `fused_mma`, written once over the tile layer (mma.cl,
  * mma_layout.cl): NVIDIA's mma.sync on GPUs with compute capability 8.0 and up, AMD's MFMA on
- * CDNA (gfx90a, gfx94x), the emulation of either family's fragments everywhere else
- * (CLATTN_MATRIX=emulate, emulate-amd). Shared rules (arguments, work ranges, masks, key splits):
- * attn_common.cl; the host side: src/fused_mma.c.
+ * CDNA (gfx90a, gfx94x) and WMMA on RDNA3, the emulation of any family's fragments everywhere
+ * else (CLATTN_MATRIX=emulate, emulate-amd, emulate-wmma). Shared rules (arguments, work ranges,
+ * masks, key splits): attn_common.cl; the host side: src/fused_mma.c.
  *
  * Rows are packed as in the tiled kernel (row r of kv head hk is query head hk·group + r / seq_q,
  * position r % seq_q). A work-group of NW warps (wavefronts) takes BM = 16·NW packed rows, each
  * warp 16 of them, so a row's softmax never leaves its warp: a lane holds the scores of MMA_RS
  * rows (MMA_ROW) in each MMA_SN-key tile of S (NVIDIA: lane (g, t) columns 2t, 2t + 1 of rows g
- * and g + 8 of 8-key n-tiles; AMD: 4 keys of one row of 16-key tiles), and the row maximum and
- * sum are reduced over the 4 lanes of a row (xor MMA_RED0, MMA_RED1). Per tile of BN keys:
+ * and g + 8 of 8-key n-tiles; MFMA: 4 keys of one row of 16-key tiles; WMMA: 4 keys of one row
+ * of 8-key half tiles), and the row maximum and sum are reduced over the lanes of a row (xor
+ * MMA_RED0 and MMA_RED1: 4 lanes; WMMA's 2, MMA_RED1 0). Per tile of BN keys:
  *   K (row-major, = Bᵀ) and V (transposed) are staged in local memory as stored (16-bit values'
  *   bits, or f32); S = Q·Kᵀ on the matrix unit, Q's fragments kept in registers (QREG) or
  *   reloaded from local memory (wide heads); scale, hidden keys -inf (causal, key lengths, the

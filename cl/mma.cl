@@ -517,7 +517,7 @@ inline float4 shfl_idx4(float4 v, int x)
 #define MMA_SCRATCH_FLOATS(nw) 0
 
 #elif MMA_AMD
-/* ---------------------------------------------------------------- AMD: clang's MFMA builtins */
+/* ---------------------------------------------------------------- AMD: clang's MFMA and WMMA builtins */
 #if DT_IN == 1
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
 #endif
