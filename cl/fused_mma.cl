@@ -613,6 +613,14 @@ inline float pr_q(int r, int d) { return (float)((r * 3 + d * 5) % 7 - 3); }
 inline float pr_k(int n, int d) { return (float)((n * 5 + d * 3) % 9 - 4); }
 inline float pr_v(int c, int n) { return (float)((c * 7 + n) % 5 - 2); }
 inline float pr_w(int r, int n) { return 0.5f * (float)((r + 2 * n) % 4); }
+/* row r's score of key n, exact */
+inline float pr_s(int r, int n)
+{
+    float s = 0.0f;
+    for (int d = 0; d < PR_D; d++)
+        s += pr_q(r, d) * pr_k(n, d);
+    return s;
+}
 inline void pr_put(__local TL *p, float x)
 {
 #if DT_IN == 0
@@ -668,10 +676,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_LANES, 1, 1))) void mma_probe(_
         vstore4(mma_c_value(s[nt]), 0, got);
         for (int e = 0; e < MMA_CE; e++) {
             const int r = MMA_ROW(lane, MMA_S_RS(e)), n = nt * MMA_SN + MMA_S_KEY(lane, e);
-            float want = 0.0f;
-            for (int d = 0; d < PR_D; d++)
-                want += pr_q(r, d) * pr_k(n, d);
-            nbad += got[e] != want;
+            nbad += got[e] != pr_s(r, n);
             p[nt][e] = pr_w(r, n);
         }
     }
@@ -715,10 +720,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_LANES, 1, 1))) void mma_probe(_
         const float4 f = MMA_IDX4(mma_c_value(s[nt]), MMA_S_LANE(MMA_ROW(lane, 0), ns));
         for (int i = 0; i < MMA_RS; i++) {
             const int r = MMA_ROW(lane, i), se = MMA_S_ELEM(r, ns);
-            float want = 0.0f;
-            for (int d = 0; d < PR_D; d++)
-                want += pr_q(r, d) * pr_k(n, d);
-            nbad += (se == 0 ? f.s0 : se == 1 ? f.s1 : se == 2 ? f.s2 : f.s3) != want;
+            nbad += (se == 0 ? f.s0 : se == 1 ? f.s1 : se == 2 ? f.s2 : f.s3) != pr_s(r, n);
         }
     }
     bad[lane] = nbad;

@@ -737,24 +737,24 @@ inline mma_b mma_load_bn(__local const TL *p, int pitch, int lane)
 /* V's fragment of k-block kb from V transposed at p (element (key, column c) at p[c·pitch +
  * key]): NVIDIA's B (k the key, n the column), AMD's A (row the column, k the key). */
 #if MMA_LAYOUT == 0
-inline mma_b mma_load_v(__local const TL *p, int pitch, int lane, int kb)
-{
-    mma_b b;
-    MMA_UNROLL
-    for (int e = 0; e < MMA_BE; e++)
-        emu_put(b.v, MMA_BE, e, tl_to_f(p + MMA_B_COL(lane, e) * pitch + MMA_P_KEY(kb, MMA_B_ROW(lane, e))));
-    return b;
-}
+#define EMU_VF mma_b
+#define EMU_VE MMA_BE
+#define EMU_V_COL MMA_B_COL
+#define EMU_V_K MMA_B_ROW
 #else
-inline mma_a mma_load_v(__local const TL *p, int pitch, int lane, int kb)
-{
-    mma_a a;
-    MMA_UNROLL
-    for (int e = 0; e < MMA_AE; e++)
-        emu_put(a.v, MMA_AE, e, tl_to_f(p + MMA_A_ROW(lane, e) * pitch + MMA_P_KEY(kb, MMA_A_COL(lane, e))));
-    return a;
-}
+#define EMU_VF mma_a
+#define EMU_VE MMA_AE
+#define EMU_V_COL MMA_A_ROW
+#define EMU_V_K MMA_A_COL
 #endif
+inline EMU_VF mma_load_v(__local const TL *p, int pitch, int lane, int kb)
+{
+    EMU_VF f;
+    MMA_UNROLL
+    for (int e = 0; e < EMU_VE; e++)
+        emu_put(f.v, EMU_VE, e, tl_to_f(p + EMU_V_COL(lane, e) * pitch + MMA_P_KEY(kb, EMU_V_K(lane, e))));
+    return f;
+}
 
 /* Element (k, n) of a B fragment stored k-major at p (V's rows: p[k·pitch + n]). */
 inline mma_b mma_load_b_km(__local const TL *p, int pitch, int lane)
