@@ -1,7 +1,8 @@
 /* Fused attention on the matrix units, `fused_mma`, written once over the tile layer (mma.cl,
  * mma_layout.cl): NVIDIA's mma.sync on GPUs with compute capability 8.0 and up, AMD's MFMA on
- * CDNA (gfx90a, gfx94x) and WMMA on RDNA3, the emulation of any family's fragments everywhere
- * else (CLATTN_MATRIX=emulate, emulate-amd, emulate-wmma). Shared rules (arguments, work ranges,
+ * CDNA (gfx90a, gfx94x) and WMMA on RDNA3, Intel's XMX on sub-groups of 16, the emulation of any
+ * family's fragments everywhere else (CLATTN_MATRIX=emulate, emulate-amd, emulate-wmma,
+ * emulate-intel). Shared rules (arguments, work ranges,
  * masks, key splits): attn_common.cl; the host side: src/fused_mma.c.
  *
  * Rows are packed as in the tiled kernel (row r of kv head hk is query head hk·group + r / seq_q,
@@ -9,8 +10,9 @@
  * warp 16 of them, so a row's softmax never leaves its warp: a lane holds the scores of MMA_RS
  * rows (MMA_ROW) in each MMA_SN-key tile of S (NVIDIA: lane (g, t) columns 2t, 2t + 1 of rows g
  * and g + 8 of 8-key n-tiles; MFMA: 4 keys of one row of 16-key tiles; WMMA: 4 keys of one row
- * of 8-key half tiles), and the row maximum and sum are reduced over the lanes of a row (xor
- * MMA_RED0 and MMA_RED1: 4 lanes; WMMA's 2, MMA_RED1 0). Per tile of BN keys:
+ * of 8-key half tiles; XMX: the 4 keys of 4-key half tiles of its own row), and the row maximum
+ * and sum are reduced over the lanes of a row (xor MMA_RED0 and MMA_RED1: 4 lanes; WMMA's 2,
+ * MMA_RED1 0; XMX's 1, MMA_RED0 0). Per tile of BN keys:
  *   K (row-major, = Bᵀ) and V (transposed) are staged in local memory as stored (16-bit values'
  *   bits, or f32); S = Q·Kᵀ on the matrix unit, Q's fragments kept in registers (QREG) or
  *   reloaded from local memory (wide heads); scale, hidden keys -inf (causal, key lengths, the
@@ -190,7 +192,7 @@ __attribute__((always_inline)) inline ushort8 tile_from_f32(float8 x)
 #endif
 
 #if !KSEL || K_fused_mma
-__kernel __attribute__((reqd_work_group_size(NWI, 1, 1))) void
+__kernel __attribute__((reqd_work_group_size(NWI, 1, 1))) MMA_SG_ATTR void
 fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
 {
     const vparams vp = VP_MAKE;
@@ -201,7 +203,7 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
 #if !MMA_GPU
     __local float4 mscr[MMA_SCRATCH_FLOATS(NW) / 4];
 #endif
-    const int lid = get_local_id(0), warp = lid / MMA_LANES, lane = lid % MMA_LANES;
+    const int lid = get_local_id(0), warp = MMA_WARP_OF(lid), lane = MMA_LANE_OF(lid);
 #if !MMA_GPU
     mma_ctx mctx;
     mctx.lane = lane;
@@ -388,7 +390,9 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
             MMA_UNROLL
             for (int e = 0; e < MMA_CE; e += 2) /* elements e, e + 1 share a slot */
                 RV_SET(mx, MMA_S_RS(e), fmax(RV_GET(mx, MMA_S_RS(e)), fmax(p[nt][e], p[nt][e + 1])));
+#if MMA_RED0 /* Intel: a row in one lane */
         mx = fmax(mx, MMA_XORR(mx, MMA_RED0));
+#endif
 #if MMA_RED1
         mx = fmax(mx, MMA_XORR(mx, MMA_RED1));
 #endif
@@ -421,7 +425,9 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
             MMA_WEIGHTS(0)
         }
 #undef MMA_WEIGHTS
+#if MMA_RED0
         ps += MMA_XORR(ps, MMA_RED0);
+#endif
 #if MMA_RED1 /* WMMA: two lanes a row */
         ps += MMA_XORR(ps, MMA_RED1);
 #endif
@@ -448,8 +454,7 @@ fused_mma(ATTN_KERNEL_ARGS(T_K, T_V) MFLAG_ARGS VARIANT_ARGS KVC_ARGS)
             /* O += P·V on the matrix unit (AMD: Oᵀ += Vᵀ·Pᵀ), P from S's fragments. */
             MMA_UNROLL
             for (int kb = 0; kb < KB; kb++) {
-                const mma_p a = MMA_P_PACK(vload4(0, p[MMA_P_TILE(kb, 0)]) * wp4,
-                                           vload4(0, p[MMA_P_TILE(kb, MMA_AE - 1)]) * wp4, kb);
+                const mma_p a = MMA_P_OF(p, kb, wp4);
 #if MMA_LDSM
                 /* column tiles in pairs, an odd last one alone */
                 MMA_UNROLL
@@ -632,12 +637,12 @@ inline void pr_put(__local TL *p, float x)
 #endif
 }
 
-__kernel __attribute__((reqd_work_group_size(MMA_LANES, 1, 1))) void mma_probe(__global int *bad)
+__kernel __attribute__((reqd_work_group_size(MMA_LANES, 1, 1))) MMA_SG_ATTR void mma_probe(__global int *bad)
 {
     __local TL q[16 * PR_QP] __attribute__((aligned(16)));
     __local TL k[PR_N * PR_QP] __attribute__((aligned(16)));
     __local TL vt[PR_DV * PR_VP] __attribute__((aligned(16)));
-    const int lane = get_local_id(0);
+    const int lane = MMA_LANE_OF((int)get_local_id(0));
 #if !MMA_GPU
     __local float4 mscr[MMA_SCRATCH_FLOATS(1) / 4];
     mma_ctx mctx;
@@ -682,7 +687,7 @@ __kernel __attribute__((reqd_work_group_size(MMA_LANES, 1, 1))) void mma_probe(_
     }
     mma_c o[2] = {mma_c_zero(), mma_c_zero()}; /* O's tile (two half tiles with WMMA) */
     for (int kb = 0; kb < PR_N / MMA_K; kb++) {
-        const mma_p a = MMA_P_PACK(vload4(0, p[MMA_P_TILE(kb, 0)]), vload4(0, p[MMA_P_TILE(kb, MMA_AE - 1)]), kb);
+        const mma_p a = MMA_P_OF(p, kb, 1.0f);
 #if MMA_PAIR
         MMA_O2(o[0], o[1], a, mma_load_v(vt, PR_VP, lane, kb));
 #else

@@ -9,11 +9,16 @@
  *              64 lanes; ds_bpermute for the row exchanges.
  *   MMA_AMD 2: AMD RDNA3 (gfx11), v_wmma_f32_16x16x16_f16 and _bf16 on a wavefront of 32 (f16
  *              and bf16 only); ds_bpermute for the row exchanges and P's half-waves.
+ *   MMA_INTEL 1: Intel's XMX on sub-groups of 16 (Xe-HPC, Xe2), cl_intel_subgroup_matrix_multiply_
+ *              accumulate's intel_sub_group_f16_f16_matrix_mad_k16 and _bf16_bf16_ (M = 8; f16 and
+ *              bf16 only); a row's scores stay in one work-item, nothing is exchanged.
+ *   MMA_INTEL 2: the same on sub-groups of 8 (Xe-HPG: Arc A-series), a warp two sub-groups.
  *   neither:   emulation in plain OpenCL C, for tests and for checking a device, never for speed.
  *              Each work-item plays one lane with the same ownership; a product goes through
  *              local memory between two barriers (PoCL has no sub-groups), so every call that
  *              multiplies or exchanges must be reached by the whole work-group alike. It runs
- *              any family's layout (MMA_LAYOUT 0: NVIDIA's, 1: AMD MFMA's, 2: AMD WMMA's).
+ *              any family's layout (MMA_LAYOUT 0: NVIDIA's, 1: AMD MFMA's, 2: AMD WMMA's, 3:
+ *              Intel XMX's on sub-groups of 16, 4: on sub-groups of 8).
  *
  * The families differ in orientation (mma_layout.cl, NVA_* and MFA_*): NVIDIA multiplies S = Q·Kᵀ
  * and O = P·V, AMD the transposes Sᵀ = K·Qᵀ and Oᵀ = Vᵀ·Pᵀ, so that on both a lane's scores, its
@@ -46,9 +51,15 @@
 #ifndef MMA_AMD
 #define MMA_AMD 0
 #endif
+#ifndef MMA_INTEL
+#define MMA_INTEL 0
+#endif
 #if MMA_AMD
 #undef MMA_LAYOUT
 #define MMA_LAYOUT MMA_AMD
+#elif MMA_INTEL
+#undef MMA_LAYOUT
+#define MMA_LAYOUT (MMA_INTEL + 2)
 #elif MMA_NV
 #undef MMA_LAYOUT
 #define MMA_LAYOUT 0
@@ -56,7 +67,7 @@
 #ifndef MMA_LAYOUT
 #define MMA_LAYOUT 0
 #endif
-#define MMA_GPU (MMA_NV || MMA_AMD)
+#define MMA_GPU (MMA_NV || MMA_AMD || MMA_INTEL)
 
 /* Loops over fragments: unrolled on GPUs (fragment arrays must stay in registers), rolled under
  * emulation, where unrolled products would copy their barriers and PoCL compiles for minutes. */
@@ -163,7 +174,7 @@
 #define MMA_LEADER MFA_LEADER
 #define MMA_RED0 MFA_RED0
 #define MMA_RED1 MFA_RED1
-#else
+#elif MMA_LAYOUT == 2
 /* ---- AMD WMMA's layout (a wavefront of 32), oriented as MFMA's; the kernel's tiles of S and O
  * are halves of a product's (MMA_PAIR: MMA_S2 and MMA_O2 multiply two at once) */
 #if DT_IN == 0
@@ -206,6 +217,57 @@
 #define MMA_LEADER WMA_LEADER
 #define MMA_RED0 WMA_RED0
 #define MMA_RED1 WMA_RED1
+#else
+/* ---- Intel XMX's layouts (3: sub-groups of 16; 4: of 8, a warp two), oriented as AMD's; the
+ * kernel's tiles of S and O are halves of a product's (MMA_PAIR), P's fragment four of them
+ * (MMA_P_QUAD) */
+#if DT_IN == 0
+#error "Intel's XMX backend multiplies f16 and bf16 only"
+#endif
+#undef MMA_LANES
+#undef MMA_N
+#undef MMA_CE
+#undef MMA_C_ROW
+#undef MMA_C_COL
+#define MMA_LANES XMX_LANES
+#define MMA_N XMX_N
+#define MMA_CE 4 /* a half tile's; a product's C has XMX_CE */
+#define MMA_C_ROW XMX_C_ROW
+#define MMA_C_COL XMX_C_COL
+#define MMA_K XMX_K
+#if MMA_LAYOUT == 4 /* sub-groups of 8: A as pairs, replicated in the warp's halves */
+#define MMA_AE XMX8_AE
+#define MMA_A_ROW XMX8_A_ROW
+#define MMA_A_COL XMX8_A_COL
+#else
+#define MMA_AE XMX_AE
+#define MMA_A_ROW XMX_A_ROW
+#define MMA_A_COL XMX_A_COL
+#endif
+#define MMA_BE XMX_BE
+#define MMA_B_ROW XMX_B_ROW
+#define MMA_B_COL XMX_B_COL
+#define MMA_P_TILE XMA_P_TILE
+#define MMA_P_KEY XMA_P_KEY
+#define MMA_PAIR 1
+#define MMA_P_QUAD 1
+#define MMA_QA 0
+#define MMA_RS XMA_RS
+#define MMA_SN XMA_S_N
+#define MMA_S_KEY XMA_S_KEY
+#define MMA_S_RS XMA_S_RS
+#define MMA_ROW XMA_ROW
+#define MMA_S_LANE XMA_S_LANE
+#define MMA_S_ELEM XMA_S_ELEM
+#define MMA_ON XMA_O_N
+#define MMA_O_COL XMA_O_COL
+#define MMA_O_RS XMA_O_RS
+#define MMA_LEADER XMA_LEADER
+#define MMA_RED0 XMA_RED0
+#define MMA_RED1 XMA_RED1
+#endif
+#ifndef MMA_P_QUAD
+#define MMA_P_QUAD 0
 #endif
 #ifndef MMA_PAIR
 #define MMA_PAIR 0
@@ -272,6 +334,25 @@ inline float tf32_big(float x)
     const float y = tf32_clamp(x);
     return isnan(y) ? y : as_float((as_uint(y) + 0x1000u) & 0xffffe000u);
 }
+
+#if MMA_AMD || MMA_INTEL
+/* 16 16-bit values of a row at p, two 16-byte loads (pitches and offsets are multiples of 8
+ * elements): WMMA's A and B, XMX's B. */
+inline uint8 ld16x2(__local const TL *p) { return (uint8)(*(__local const uint4 *)p, *(__local const uint4 *)(p + 8)); }
+
+#if DT_IN == 1
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#endif
+/* Two floats as one register of two 16-bit values, lo in the low half, rounded to nearest even. */
+inline uint pack2(float lo, float hi)
+{
+#if DT_IN == 1
+    return as_uint((half2)((half)lo, (half)hi));
+#else
+    return (uint)f32_to_bf16(lo) | (uint)f32_to_bf16(hi) << 16;
+#endif
+}
+#endif
 
 #if MMA_NV
 /* ---------------------------------------------------------------- NVIDIA: inline PTX */
@@ -518,9 +599,6 @@ inline float4 shfl_idx4(float4 v, int x)
 
 #elif MMA_AMD
 /* ---------------------------------------------------------------- AMD: clang's MFMA and WMMA builtins */
-#if DT_IN == 1
-#pragma OPENCL EXTENSION cl_khr_fp16 : enable
-#endif
 #if DT_IN == 0
 typedef float mma_a;
 typedef float mma_b;
@@ -580,9 +658,7 @@ inline mma_a mma_load_v(__local const TL *p, int pitch, int lane, int kb)
     return p[MMA_A_ROW(lane, 0) * pitch + MMA_P_KEY(kb, MMA_A_COL(lane, 0))];
 }
 #elif MMA_LAYOUT == 2
-/* WMMA: a lane's 16 k indices of one row, two 16-byte loads (pitches and offsets are multiples
- * of 8 elements). */
-inline uint8 ld16x2(__local const TL *p) { return (uint8)(*(__local const uint4 *)p, *(__local const uint4 *)(p + 8)); }
+/* WMMA: a lane's 16 k indices of one row, ld16x2. */
 inline mma_a mma_load_a(__local const TL *p, int pitch, int lane) { return ld16x2(p + MMA_A_ROW(lane, 0) * pitch); }
 inline mma_b mma_load_bn(__local const TL *p, int pitch, int lane) { return ld16x2(p + MMA_B_COL(lane, 0) * pitch); }
 inline mma_a mma_load_v(__local const TL *p, int pitch, int lane, int kb)
@@ -603,16 +679,6 @@ inline mma_a mma_load_v(__local const TL *p, int pitch, int lane, int kb)
     return *(__local const uint2 *)(p + MMA_A_ROW(lane, 0) * pitch + MMA_P_KEY(kb, MMA_A_COL(lane, 0)));
 }
 #endif
-
-/* Two floats as one register of two 16-bit values, lo in the low half, rounded to nearest even. */
-inline uint pack2(float lo, float hi)
-{
-#if DT_IN == 1
-    return as_uint((half2)((half)lo, (half)hi));
-#else
-    return (uint)f32_to_bf16(lo) | (uint)f32_to_bf16(hi) << 16;
-#endif
-}
 
 /* The wavefront's lanes through ds_bpermute (a lane's index from mbcnt: the hardware's). */
 inline uint amd_lane(void) { return __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u)); }
@@ -665,6 +731,86 @@ inline float4 amd_idx4(float4 v, uint src)
 #define MMA_IDX4(v, src) amd_idx4((v), (uint)(src))
 #define MMA_P_PACK(t0, t1, kb) mma_p_pack((t0), (t1), (kb))
 #define MMA_SCRATCH_FLOATS(nw) 0
+
+#elif MMA_INTEL
+/* ---------------------------------------------------------------- Intel: the XMX builtins */
+#pragma OPENCL EXTENSION cl_intel_subgroups : enable
+#if MMA_LAYOUT == 4
+typedef uint8 mma_a; /* A: the 8 rows' values at the work-item's two k, the lower in the low half */
+#define XMX_A(a) as_int8(a)
+#else
+typedef ushort8 mma_a; /* A: the 8 rows' values at the work-item's k */
+#define XMX_A(a) as_short8(a)
+#endif
+typedef uint8 mma_b; /* B: 16 16-bit values, k 2i in word i's low half */
+typedef float4 mma_c;
+
+/* 2^x for the weights: the hardware's exp2 (native_exp2), as the other backends. */
+#define mma_exp2(x) native_exp2(x)
+
+/* One product (8 rows of C: keys or O columns) into two half tiles, C elements 0-3 and 4-7. */
+inline void mma_op2(mma_c *c0, mma_c *c1, mma_a a, mma_b b)
+{
+    float8 c = (float8)(*c0, *c1);
+#if DT_IN == 1
+    c = intel_sub_group_f16_f16_matrix_mad_k16(XMX_A(a), as_int8(b), c);
+#else
+    c = intel_sub_group_bf16_bf16_matrix_mad_k16(XMX_A(a), as_int8(b), c);
+#endif
+    *c0 = c.lo;
+    *c1 = c.hi;
+}
+
+/* A's 8 rows at the work-item's column (or pair of columns, 4-byte aligned: pitches and offsets
+ * are even): p[row·pitch] (K row-major: rows are keys; V transposed: rows are V's columns, the
+ * column the key MMA_P_KEY). B n-major: the work-item's row of 16. */
+#if MMA_LAYOUT == 4
+#define XMX_AT(i) (*(__local const uint *)(p + (i) * pitch))
+inline mma_a xmx_col8(__local const TL *p, int pitch)
+{
+    return (uint8)(XMX_AT(0), XMX_AT(1), XMX_AT(2), XMX_AT(3), XMX_AT(4), XMX_AT(5), XMX_AT(6), XMX_AT(7));
+}
+#undef XMX_AT
+#else
+inline mma_a xmx_col8(__local const TL *p, int pitch)
+{
+    return (ushort8)(p[0], p[pitch], p[2 * pitch], p[3 * pitch], p[4 * pitch], p[5 * pitch], p[6 * pitch],
+                     p[7 * pitch]);
+}
+#endif
+inline mma_a mma_load_a(__local const TL *p, int pitch, int lane) { return xmx_col8(p + MMA_A_COL(lane, 0), pitch); }
+inline mma_b mma_load_bn(__local const TL *p, int pitch, int lane) { return ld16x2(p + MMA_B_COL(lane, 0) * pitch); }
+inline mma_a mma_load_v(__local const TL *p, int pitch, int lane, int kb)
+{
+    return xmx_col8(p + MMA_P_KEY(kb, MMA_A_COL(lane, 0)), pitch);
+}
+
+/* P's B fragment of k-block kb: the work-item's own 16 weights, half tiles 4kb .. 4kb + 3. */
+inline mma_b mma_p_pack4(float4 t0, float4 t1, float4 t2, float4 t3)
+{
+    return (uint8)(pack2(t0.s0, t0.s1), pack2(t0.s2, t0.s3), pack2(t1.s0, t1.s1), pack2(t1.s2, t1.s3),
+                   pack2(t2.s0, t2.s1), pack2(t2.s2, t2.s3), pack2(t3.s0, t3.s1), pack2(t3.s2, t3.s3));
+}
+#define MMA2(c0, c1, a, b) mma_op2(&(c0), &(c1), (a), (b))
+/* The roles exchange nothing (MMA_RED0 0; the probe checks its xor 0) and fetch the exact path's
+ * weights from the lane itself (MMA_S_LANE(r, n) = r): within its sub-group either way. */
+#define MMA_SG (MMA_LAYOUT == 4 ? 8 : 16)
+#define MMA_XORR(v, m) intel_sub_group_shuffle_xor((v), (uint)(m))
+#define MMA_IDX4(v, src) intel_sub_group_shuffle((v), (uint)(src) % MMA_SG)
+#define MMA_P_PACK4(t0, t1, t2, t3) mma_p_pack4((t0), (t1), (t2), (t3))
+#define MMA_SCRATCH_FLOATS(nw) 0
+/* The kernels' sub-groups: the builtins are defined for the device's smallest size only. A
+ * work-item's warp and lane follow its sub-group, which the specification does not tie to the
+ * local index (Intel's compiler takes consecutive ones): on sub-groups of 8 a warp is two of them. */
+#if MMA_LAYOUT == 4
+#define MMA_SG_ATTR __attribute__((intel_reqd_sub_group_size(8)))
+#define MMA_WARP_OF(lid) ((int)get_sub_group_id() >> 1)
+#define MMA_LANE_OF(lid) ((int)(8 * (get_sub_group_id() & 1) + get_sub_group_local_id()))
+#else
+#define MMA_SG_ATTR __attribute__((intel_reqd_sub_group_size(16)))
+#define MMA_WARP_OF(lid) ((int)get_sub_group_id())
+#define MMA_LANE_OF(lid) ((int)get_sub_group_local_id())
+#endif
 
 #else
 /* ---------------------------------------------------------------- emulation */
@@ -798,6 +944,18 @@ inline MMA_PF mma_p_pack(float4 t0, float4 t1, int kb, mma_ctx x)
         emu_put(f.v, MMA_PE, k, (k & 1) == (x.lane >> 4) ? own[k >> 1] : oth[k >> 1]);
     return f;
 }
+#elif MMA_LAYOUT >= 3
+/* XMX: the lane's own 16 weights, half tiles 4kb .. 4kb + 3 in key order. */
+inline MMA_PF mma_p_pack4(float4 t0, float4 t1, float4 t2, float4 t3)
+{
+    const float w[16] = {t0.s0, t0.s1, t0.s2, t0.s3, t1.s0, t1.s1, t1.s2, t1.s3,
+                         t2.s0, t2.s1, t2.s2, t2.s3, t3.s0, t3.s1, t3.s2, t3.s3};
+    MMA_PF f;
+    MMA_UNROLL
+    for (int k = 0; k < MMA_PE; k++)
+        emu_put(f.v, MMA_PE, k, w[k]);
+    return f;
+}
 #else
 inline MMA_PF mma_p_pack(float4 t0, float4 t1, int kb)
 {
@@ -856,35 +1014,55 @@ inline mma_c mma_emu(mma_c c, mma_a a, mma_b b, mma_ctx x)
 #endif
 }
 
+#if MMA_LAYOUT >= 2
+/* One product into two half tiles (8 C elements a lane: 0-3 into c0, 4-7 into c1), WMMA's or
+ * XMX's: the lanes scatter their fragments to the scratch, then each computes its own C elements.
+ * An operand held whole by each group of EMU_AW (EMU_BW) lanes (WMMA: A and B in each half-wave;
+ * XMX on sub-groups of 8: A in each) is written by the first group, and a lane of another whose
+ * values differ in a bit from the first's (which the hardware requires, or computes otherwise)
+ * gets NaN. */
 #if MMA_LAYOUT == 2
-/* One WMMA product into two half tiles: A and B are whole in each half-wave, so the lanes of
- * half-wave 0 write them, and a lane of half-wave 1 whose operands differ in a bit from its
- * twin's (which the hardware requires to be the same) gets NaN; C's 8 elements a lane, 0-3 into
- * c0 and 4-7 into c1. */
+#define EMU_AW 16
+#define EMU_BW 16
+#elif MMA_LAYOUT == 4
+#define EMU_AW 8
+#define EMU_BW MMA_LANES
+#else
+#define EMU_AW MMA_LANES
+#define EMU_BW MMA_LANES
+#endif
 inline void mma_emu2(mma_c *c0, mma_c *c1, mma_a a, mma_b b, mma_ctx x)
 {
     __local float *As = x.scr, *Bs = x.scr + MMA_M * MMA_K;
-    if (x.lane < 16) {
+    if (x.lane < EMU_AW) {
         MMA_UNROLL
         for (int e = 0; e < MMA_AE; e++)
             As[MMA_A_ROW(x.lane, e) * MMA_K + MMA_A_COL(x.lane, e)] = a.v[e];
+    }
+    if (x.lane < EMU_BW) {
         MMA_UNROLL
         for (int e = 0; e < MMA_BE; e++)
             Bs[MMA_B_ROW(x.lane, e) * MMA_N + MMA_B_COL(x.lane, e)] = b.v[e];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    float r[WMMA_CE];
+    float r[8];
     vstore4(*c0, 0, r);
     vstore4(*c1, 1, r);
     int twin = 1;
-    MMA_UNROLL
-    for (int e = 0; e < MMA_AE; e++)
-        twin &= as_uint(a.v[e]) == as_uint(As[MMA_A_ROW(x.lane, e) * MMA_K + MMA_A_COL(x.lane, e)]) &&
-                as_uint(b.v[e]) == as_uint(Bs[MMA_B_ROW(x.lane, e) * MMA_N + MMA_B_COL(x.lane, e)]);
+    if (x.lane >= EMU_AW) {
+        MMA_UNROLL
+        for (int e = 0; e < MMA_AE; e++)
+            twin &= as_uint(a.v[e]) == as_uint(As[MMA_A_ROW(x.lane, e) * MMA_K + MMA_A_COL(x.lane, e)]);
+    }
+    if (x.lane >= EMU_BW) {
+        MMA_UNROLL
+        for (int e = 0; e < MMA_BE; e++)
+            twin &= as_uint(b.v[e]) == as_uint(Bs[MMA_B_ROW(x.lane, e) * MMA_N + MMA_B_COL(x.lane, e)]);
+    }
     if (!twin)
         vstore8((float8)(NAN), 0, r);
     MMA_UNROLL
-    for (int e = 0; e < WMMA_CE; e++) {
+    for (int e = 0; e < 8; e++) { /* WMMA_CE, XMX_CE */
         const int row = MMA_C_ROW(x.lane, e), col = MMA_C_COL(x.lane, e);
         MMA_UNROLL
         for (int k = 0; k < MMA_K; k++)
@@ -895,7 +1073,11 @@ inline void mma_emu2(mma_c *c0, mma_c *c1, mma_a a, mma_b b, mma_ctx x)
     *c1 = vload4(1, r);
 }
 #define MMA2(c0, c1, a, b) mma_emu2(&(c0), &(c1), (a), (b), mctx)
+#endif
+#if MMA_LAYOUT == 2
 #define MMA_P_PACK(t0, t1, kb) mma_p_pack((t0), (t1), (kb), mctx)
+#elif MMA_LAYOUT >= 3
+#define MMA_P_PACK4(t0, t1, t2, t3) mma_p_pack4((t0), (t1), (t2), (t3))
 #else
 #define MMA_P_PACK(t0, t1, kb) mma_p_pack((t0), (t1), (kb))
 #endif
@@ -911,8 +1093,8 @@ inline void mma_emu2(mma_c *c0, mma_c *c1, mma_a a, mma_b b, mma_ctx x)
 
 #define mma_load_b mma_load_bn
 
-/* The roles (mma_layout.cl): NVIDIA's Q and P are A operands, K and V B operands; AMD's the
- * other way round. MMA_S accumulates a tile of S (Sᵀ on AMD), MMA_O one of O (Oᵀ). */
+/* The roles (mma_layout.cl): NVIDIA's Q and P are A operands, K and V B operands; AMD's and
+ * Intel's the other way round. MMA_S accumulates a tile of S (Sᵀ on AMD), MMA_O one of O (Oᵀ). */
 #if MMA_QA
 typedef mma_a mma_q;
 typedef mma_b mma_k;
@@ -929,6 +1111,22 @@ typedef mma_b mma_p;
 #define mma_load_k mma_load_a
 #define MMA_S(s, q, k) MMA((s), (k), (q))
 #define MMA_O(o, p, v) MMA((o), (v), (p))
+#endif
+#ifndef MMA_SG_ATTR
+#define MMA_SG_ATTR
+#define MMA_WARP_OF(lid) ((lid) / MMA_LANES)
+#define MMA_LANE_OF(lid) ((lid) % MMA_LANES)
+#endif
+
+/* P's fragment of k-block kb from the probabilities p[tile][element] of S's tiles, times w
+ * (a float4 by element). */
+#if MMA_P_QUAD
+#define MMA_P_OF(p, kb, w)                                                                        \
+    MMA_P_PACK4(vload4(0, (p)[4 * (kb)]) * (w), vload4(0, (p)[4 * (kb) + 1]) * (w),              \
+                vload4(0, (p)[4 * (kb) + 2]) * (w), vload4(0, (p)[4 * (kb) + 3]) * (w))
+#else
+#define MMA_P_OF(p, kb, w)                                                                        \
+    MMA_P_PACK(vload4(0, (p)[MMA_P_TILE(kb, 0)]) * (w), vload4(0, (p)[MMA_P_TILE(kb, MMA_AE - 1)]) * (w), (kb))
 #endif
 #if MMA_PAIR /* two half tiles a product */
 #define MMA_S2(s0, s1, q, k) MMA2(s0, s1, (k), (q))

@@ -185,3 +185,55 @@
 #define WMA_RED1 0
 #define WMA_P_TILE(kb, e) (2 * (kb) + ((e) >> 3))
 #define WMA_P_KEY(kb, k) (16 * (kb) + (k))
+
+/* Intel's XMX through cl_intel_subgroup_matrix_multiply_accumulate on sub-groups of 16 (Xe-HPC's
+ * Data Center GPU Max, Xe2's Lunar Lake and Battlemage), intel_sub_group_{f16,bf16}_..._matrix_mad_k16
+ * with M = 8 (the extension's text, "Subgroup Matrix Multiply Accumulate Instructions"): a
+ * work-item contributes one 16-bit value of each of A's 8 rows (short8: element e is row e, the
+ * work-item's index its column k), one column of B with all 16 k (int8: element e is k e, two a
+ * word, the lower k in the low half), and receives one column of C (float8: element e is row e).
+ * f16 and bf16 only (tf32 is another extension). */
+#define XMX_LANES 16
+#define XMX_M 8
+#define XMX_N 16
+#define XMX_K 16
+#define XMX_AE 8
+#define XMX_BE 16
+#define XMX_CE 8
+#define XMX_A_ROW(lane, e) (e)
+#define XMX_A_COL(lane, e) (lane)
+#define XMX_B_ROW(lane, e) (e)
+#define XMX_B_COL(lane, e) (lane)
+#define XMX_C_ROW(lane, e) (e)
+#define XMX_C_COL(lane, e) (lane)
+
+/* Its roles (XMA_*), oriented as AMD's (Sᵀ = K·Qᵀ, Oᵀ = Vᵀ·Pᵀ): a work-item's C elements are 8
+ * keys (or O columns) of its own query, so a row's scores never leave their lane (no exchange:
+ * RED0 and RED1 0) and P's B fragment of k-block kb is the lane's own 16 weights. The kernel's
+ * tiles are halves of a product's (4 keys or columns, C elements 4h .. 4h + 3 of half h: MMA_S and
+ * MMA_O take two at once), and P's fragment takes four of them (half tiles 4kb .. 4kb + 3). */
+#define XMA_RS 1
+#define XMA_S_N 4
+#define XMA_S_KEY(lane, e) (e)
+#define XMA_S_RS(e) 0
+#define XMA_ROW(lane, i) (lane)
+#define XMA_S_LANE(r, n) (r)
+#define XMA_S_ELEM(r, n) ((n) & 3)
+#define XMA_O_N 4
+#define XMA_O_COL(lane, e) (e)
+#define XMA_O_RS(e) 0
+#define XMA_LEADER(lane) 1
+#define XMA_RED0 0
+#define XMA_RED1 0
+#define XMA_P_TILE(kb, e) (4 * (kb) + ((e) >> 2))
+#define XMA_P_KEY(kb, k) (16 * (kb) + (k))
+
+/* The same builtins on sub-groups of 8 (Xe-HPG's Arc A-series and Data Center Flex): N = 8, and A
+ * as int8, a work-item giving 32 bits of each of the 8 rows: k indices 2j (low half) and 2j + 1 of
+ * work-item j. The kernel's warp is two such sub-groups, 16 lanes (lane 8s + j: work-item j of the
+ * pair's sub-group s), each multiplying the same A by the B of its own 8 queries: in the warp's
+ * view A is replicated in the two halves (lanes l and l + 8 hold the same values) and B, C and the
+ * roles are XMX's (XMA_*). */
+#define XMX8_AE 16
+#define XMX8_A_ROW(lane, e) ((e) >> 1)
+#define XMX8_A_COL(lane, e) (2 * ((lane) & 7) + ((e) & 1))

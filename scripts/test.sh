@@ -114,9 +114,9 @@ cmake --build "$ci/asan" -j"$jobs"
 asan_common="abort_on_error=0:strict_string_checks=1"
 export ASAN_OPTIONS="detect_leaks=0:$asan_common"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-# The emulated AMD layouts (_mmaamd, _mmawmma) run the same host code as the NVIDIA layout's _mma
-# runs, which this step keeps; their kernels were checked in the Release step.
-(cd "$ci/asan" && ctest --output-on-failure -j"$jobs" -E 'consumer|_mmaamd$|_mmawmma$')
+# The emulated AMD and Intel layouts (_mmaamd, _mmawmma, _mmaxmx, _mmaxmx8) run the same host code as the
+# NVIDIA layout's _mma runs, which this step keeps; their kernels were checked in the Release step.
+(cd "$ci/asan" && ctest --output-on-failure -j"$jobs" -E 'consumer|_mmaamd$|_mmawmma$|_mmaxmx$|_mmaxmx8$')
 step_done
 
 if [ "${CLATTN_VALGRIND:-1}" != 0 ]; then

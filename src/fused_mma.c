@@ -1,6 +1,6 @@
 /* The launcher of the matrix-unit kernel (fused_mma.cl over the tile layer mma.cl): its tile
- * fitted to local memory, the backend (NVIDIA's mma.sync, AMD's MFMA, or the emulation of either
- * layout), key splits and the mask's flags as the tiled kernel has them. Which calls run it: src/fused.c. */
+ * fitted to local memory, the backend (NVIDIA's mma.sync, AMD's MFMA or WMMA, Intel's XMX, or the
+ * emulation of any of their layouts), key splits and the mask's flags as the tiled kernel has them. Which calls run it: src/fused.c. */
 #include "fused.h"
 
 #include <stdio.h>
@@ -8,7 +8,8 @@
 
 typedef struct mma_cfg {
     int nw, bn, dp, dvp, qreg, ldsm;
-    int layout; /* 0 NVIDIA's; AMD's 16 x 16 tiles: 1 MFMA (64 lanes, f32 without 3xTF32), 2 WMMA */
+    int layout; /* 0 NVIDIA's; AMD's 16 x 16 tiles: 1 MFMA (64 lanes, f32 without 3xTF32), 2 WMMA;
+                 * Intel XMX: 3 on sub-groups of 16, 4 of 8 (8 x 16 x 16 products a warp of 16) */
 } mma_cfg;
 
 /* Local memory of fused_mma: the one array of Q, K and V (Q's place taken by K and V when Q's
@@ -18,7 +19,7 @@ static size_t mma_local_bytes(const mma_cfg *c, int elem, int emulate)
 {
     const size_t pad = elem == 4 ? 4 : 8;
     const size_t k = elem == 4 ? (c->layout ? 4 : 8) : 16, parts = elem == 4 && !c->layout ? 2 : 1; /* 3xTF32 */
-    const size_t n = c->layout ? 16 : 8, lanes = c->layout == 1 ? 64 : 32;
+    const size_t n = c->layout ? 16 : 8, lanes = (size_t)clattn__mma_lanes(c->layout);
     const size_t bm = 16 * (size_t)c->nw, qp = (size_t)c->dp + pad, vp = (size_t)c->bn + pad;
     /* V transposed (dvp rows of bn keys), or with ldmatrix as stored (bn rows of dvp rounded up
      * to 16, then padded: VR in fused_mma.cl) */
@@ -57,27 +58,29 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
     *used = 0;
     const int R = (int)(p->heads_q / p->heads_kv) * (int)p->seq_q;
     mma_cfg c;
-    /* The layout: AMD's where the device's backend is AMD's or the emulation was asked for it. */
-    c.layout = emulate || ctx->matrix_backend == CLATTN_MMA_AMD ? ctx->matrix_layout : 0;
-    if (c.layout == 2 && p->dtype == CLATTN_F32) {
+    /* The layout: AMD's or Intel's where the device's backend is theirs or the emulation was
+     * asked for it. */
+    c.layout = emulate || ctx->matrix_backend >= CLATTN_MMA_AMD ? ctx->matrix_layout : 0;
+    if (c.layout >= 2 && p->dtype == CLATTN_F32) {
         if (explicit_)
             return clattn__fail(ctx, CLATTN_UNSUPPORTED,
-                                "kernel=mma (the matrix-unit kernel): RDNA3's WMMA multiplies f16 and bf16 only, "
-                                "not f32 inputs");
+                                "kernel=mma (the matrix-unit kernel): %s multiplies f16 and bf16 only, not f32 inputs",
+                                c.layout == 2 ? "RDNA3's WMMA" : "Intel's XMX");
         return CLATTN_SUCCESS; /* *used 0: the FMA kernel runs */
     }
-    /* AMD's backend runs an input type only once its probe passed on the device. */
+    /* AMD's and Intel's backends run an input type only once its probe passed on the device. */
     if (!emulate && c.layout && !clattn__matrix_checked(ctx, (int)p->dtype)) {
         if (explicit_)
             return clattn__fail(ctx, CLATTN_UNSUPPORTED, "kernel=mma (the matrix-unit kernel): %s",
                                 ctx->matrix_check_why);
         return CLATTN_SUCCESS; /* *used 0: the FMA kernel runs */
     }
-    const int lanes = c.layout == 1 ? 64 : 32;
+    const int lanes = clattn__mma_lanes(c.layout);
     /* head_dim rounded up to the k of a product and to a 16-byte chunk of staging: NVIDIA f32
-     * (tf32 m16n8k8) 8, AMD f32 (16x16x4) 4, 16-bit 16; head_dim_v to the columns of an O tile */
+     * (tf32 m16n8k8) 8, AMD f32 (16x16x4) 4, 16-bit 16; head_dim_v to the columns of an O tile
+     * (Intel: of a product's 8 rows) */
     const int elem = p->dtype == CLATTN_F32 ? 4 : 2, kdim = elem == 4 ? (c.layout ? 4 : 8) : 16;
-    const int on = c.layout ? 16 : 8;
+    const int on = c.layout == 1 || c.layout == 2 ? 16 : 8;
     c.dp = (int)((p->head_dim + kdim - 1) / kdim * kdim);
     c.dvp = (int)((p->head_dim_v + on - 1) / on * on);
     /* NVIDIA f32 (3xTF32: two accumulators) above 64 columns: blocks of 64 columns, a work-group
@@ -88,6 +91,11 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
     /* RDNA3's WMMA (16 registers an operand, all 256 a wave may have at 64-key tiles or Q's
      * fragments kept at 128): blocks of 128 columns, tests/mma_check.sh. */
     if (c.layout == 2 && c.dvp > 128)
+        c.dvp = 128;
+    /* Intel's XMX (sub-groups of 16: O's 128 columns take 128 registers of a work-item, half the
+     * large register file the kernel is built for): blocks of 128 columns. Not yet compiled by
+     * Intel's compiler nor measured on a device. */
+    if (c.layout >= 3 && c.dvp > 128)
         c.dvp = 128;
     const int col_blocks = clattn__ceil_div_int((int)p->head_dim_v, c.dvp);
     /* Warps (16 rows each): up to 4, no more than the packed rows need. */
@@ -102,14 +110,14 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
      * WMMA 32 (halved below to fit local memory). Not yet measured on a GPU. See
      * docs/measurements.md#fused-mma. */
     if (bn <= 0)
-        bn = c.layout == 1 ? 64 : c.layout == 2 ? 32 : elem == 2 ? (c.dp <= 64 ? 64 : 32) : 16;
+        bn = c.layout == 1 ? 64 : c.layout >= 2 ? 32 : elem == 2 ? (c.dp <= 64 ? 64 : 32) : 16;
     c.bn = bn >= 128 ? 128 : bn >= 64 ? 64 : bn >= 32 ? 32 : 16;
-    if (c.layout == 2 && c.bn > 64) /* WMMA: 128 keys spilled (docs/measurements.md#fused-mma) */
+    if (c.layout >= 2 && c.bn > 64) /* WMMA: 128 keys spilled (docs/measurements.md#fused-mma) */
         c.bn = 64;
     /* Q's fragments in registers: 16-bit heads up to 128 (32 registers a lane); NVIDIA f32's
      * split operands would take twice that, so it reloads Q from local memory at each tile; AMD
      * MFMA any type up to 128, WMMA (whole rows a lane: 64 registers at 128) up to 64. */
-    c.qreg = c.layout == 2 ? c.dp <= 64 : (elem == 2 || c.layout) && c.dp <= 128;
+    c.qreg = c.layout >= 2 ? c.dp <= 64 : (elem == 2 || c.layout) && c.dp <= 128;
     /* B fragments through ldmatrix: 16-bit types, up to 128 columns of O (at 256 ptxas spilled
      * for sm_80: tests/mma_check.sh), on NVIDIA once the probe passed */
     c.ldsm = !c.layout && elem == 2 && c.dvp <= 128 && clattn__matrix_ldsm(ctx, emulate);
@@ -143,14 +151,35 @@ clattn_status clattn__fused_run_mma(clattn_context *ctx, const clattn_problem *p
     char opts[400];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -cl-mad-enable -DDT_IN=%d -DDT_OUT=%d -DDT_MASK=%d -DNW=%d -DBN=%d -DDP=%d -DDVP=%d "
-             "-DQREG=%d -DMMA_NV=%d -DMMA_AMD=%d -DMMA_LAYOUT=%d -DMMA_3X=1 -DMMA_ALIGN16=%d -DMMA_LDSM=%d%s "
-             "-DKSEL=1 -DK_fused_mma=1",
+             "-DQREG=%d -DMMA_NV=%d -DMMA_AMD=%d -DMMA_INTEL=%d -DMMA_LAYOUT=%d -DMMA_3X=1 -DMMA_ALIGN16=%d "
+             "-DMMA_LDSM=%d%s -DKSEL=1 -DK_fused_mma=1",
              (int)p->dtype, splits > 1 ? (int)CLATTN_F32 : (int)p->out.dtype, p->has_mask ? (int)p->mask.dtype : 0,
-             c.nw, c.bn, c.dp, c.dvp, c.qreg, !emulate && !c.layout, emulate ? 0 : c.layout, c.layout,
+             c.nw, c.bn, c.dp, c.dvp, c.qreg, !emulate && !c.layout, emulate || c.layout > 2 ? 0 : c.layout,
+             !emulate && c.layout >= 3 ? c.layout - 2 : 0, c.layout,
              views_align16(ctx, p, elem), c.ldsm,
              mf.on ? " -DMFLAGS=1" : "");
     cl_kernel k;
-    clattn_status st = clattn__get_kernel(ctx, "fused_mma.cl", opts, "fused_mma", &k);
+    clattn_status st;
+    if (!emulate && c.layout >= 3 && ctx->matrix_big_grf != 0) {
+        /* Intel: the large register file (256 registers a thread, half the threads), which O's
+         * accumulators and Q's fragments need (docs/architecture.md, matrix units); where the
+         * build with it fails and without it succeeds, the context stops asking for it. */
+        char big[sizeof opts + 40];
+        snprintf(big, sizeof big, "%s -cl-intel-256-GRF-per-thread", opts);
+        st = clattn__get_kernel(ctx, "fused_mma.cl", big, "fused_mma", &k);
+        if (st == CLATTN_BUILD_FAILED) {
+            char first[sizeof ctx->error];
+            snprintf(first, sizeof first, "%s", ctx->error);
+            clattn__clear_error(ctx);
+            st = clattn__get_kernel(ctx, "fused_mma.cl", opts, "fused_mma", &k);
+            if (st == CLATTN_SUCCESS)
+                ctx->matrix_big_grf = 0;
+            else if (st == CLATTN_BUILD_FAILED) /* the first build's log, which names the fault */
+                clattn__fail(ctx, CLATTN_BUILD_FAILED, "%s", first);
+        }
+    } else {
+        st = clattn__get_kernel(ctx, "fused_mma.cl", opts, "fused_mma", &k);
+    }
     if (st == CLATTN_BUILD_FAILED && !explicit_ && (p->var.score_mod || p->var.mask_mod)) {
         /* With the user's score_mod or mask_mod the fault may be theirs: the FMA kernel runs
          * this call (and reports a snippet that does not compile), the matrix units stay. */

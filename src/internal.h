@@ -128,13 +128,14 @@ struct clattn_context {
     int override_v[8][12];
 
     /* The matrix units (src/matrix.c): CLATTN_MATRIX (CLATTN_MATRIX_AUTO, _OFF, _EMULATE), the
-     * device's backend (CLATTN_MMA_NONE, _NV, _AMD), NVIDIA's compute capability as 10·major +
+     * device's backend (CLATTN_MMA_NONE, _NV, _AMD, _INTEL), NVIDIA's compute capability as 10·major +
      * minor (0: not an NVIDIA device or not reported), why the device has no backend or why it
      * was given up, and clattn_matrix_report's text. */
     int matrix_mode;
     int matrix_backend;
-    /* the fragment layout the matrix kernel takes: 0 NVIDIA's, 1 AMD MFMA's, 2 AMD WMMA's (the
-     * AMD backend's for the device, or CLATTN_MATRIX=emulate-amd, emulate-wmma) */
+    /* the fragment layout the matrix kernel takes: 0 NVIDIA's, 1 AMD MFMA's, 2 AMD WMMA's, 3 and 4
+     * Intel XMX's on sub-groups of 16 and 8 (the device's backend's, or CLATTN_MATRIX=emulate-amd,
+     * emulate-wmma, emulate-intel, emulate-intel8) */
     int matrix_layout;
     int nv_cc;
     char matrix_why[600];
@@ -142,15 +143,18 @@ struct clattn_context {
      * in matrix_ldsm_why), 1 on; under emulation 1 unless a test set 0 (CLATTN_TEST_MMA_LDSM). */
     int matrix_ldsm;
     char matrix_ldsm_why[300];
-    /* AMD's backend per input type (f32, f16, bf16: clattn__matrix_checked): -1 not probed yet, 0
+    /* AMD's and Intel's backends per input type (f32, f16, bf16: clattn__matrix_checked): -1 not probed yet, 0
      * its probe failed (why in matrix_check_why: the FMA kernels run), 1 passed */
     int matrix_checked[3];
     char matrix_check_why[300];
+    /* Intel's backend built with -cl-intel-256-GRF-per-thread: -1 not tried yet or on, 0 the
+     * driver refused it (src/fused_mma.c) */
+    int matrix_big_grf;
     char matrix_report[900];
 };
 
 enum { CLATTN_MATRIX_AUTO = 0, CLATTN_MATRIX_OFF = 1, CLATTN_MATRIX_EMULATE = 2 };
-enum { CLATTN_MMA_NONE = 0, CLATTN_MMA_NV = 1, CLATTN_MMA_AMD = 2 };
+enum { CLATTN_MMA_NONE = 0, CLATTN_MMA_NV = 1, CLATTN_MMA_AMD = 2, CLATTN_MMA_INTEL = 3 };
 
 /* ---- errors (util.c) ---- */
 clattn_status clattn__fail(clattn_context *ctx, clattn_status st, const char *fmt, ...)
@@ -636,6 +640,9 @@ clattn_status clattn__matrix_init(clattn_context *ctx);
 /* The matrix layout of an AMD device by its name ("gfx90a:sramecc+:xnack-"): 1 MFMA, 2 WMMA, 0
  * none. */
 int clattn__amd_layout(const char *name);
+int clattn__intel_layout(int has_ext, const size_t *sizes, size_t n, char *why, size_t why_size);
+/* work-items a warp of the matrix kernel's layout (64 MFMA, 16 Intel XMX's two, 32 the others) */
+int clattn__mma_lanes(int layout);
 /* Whether fused attention runs the matrix kernel (fused_mma.cl) although its parameters name
  * another: for the library's own choices (defaults; with CLATTN_MATRIX=emulate also tuned values)
  * where the device has the unit or the emulation is forced: prefill, and decode from 16 packed

@@ -34,6 +34,43 @@ static int has_extension(cl_device_id d, const char *name)
     return found;
 }
 
+#ifndef CL_DEVICE_SUB_GROUP_SIZES_INTEL /* cl_intel_required_subgroup_size */
+#define CL_DEVICE_SUB_GROUP_SIZES_INTEL 0x4108
+#endif
+
+/* Intel's matrix units as the XMX backend takes them (cl/mma.cl, MMA_INTEL), where the driver
+ * offers cl_intel_subgroup_matrix_multiply_accumulate, by the device's smallest sub-group, for
+ * which alone the builtins are defined: 16 (Xe-HPC's Data Center GPU Max, Xe2's Lunar Lake and
+ * Battlemage) layout 3, 8 (Xe-HPG's Arc A-series and Data Center Flex) layout 4; 0 otherwise,
+ * with why. */
+int clattn__intel_layout(int has_ext, const size_t *sizes, size_t n, char *why, size_t why_size)
+{
+    size_t lo = 0;
+    for (size_t i = 0; i < n; i++)
+        if (sizes[i] && (lo == 0 || sizes[i] < lo))
+            lo = sizes[i];
+    if (has_ext && (lo == 16 || lo == 8))
+        return lo == 16 ? 3 : 4;
+    if (!has_ext)
+        snprintf(why, why_size, "the driver does not offer cl_intel_subgroup_matrix_multiply_accumulate");
+    else if (lo == 0)
+        snprintf(why, why_size, "the driver does not report its sub-group sizes (cl_intel_required_subgroup_size)");
+    else
+        snprintf(why, why_size, "Intel XMX with sub-groups of %zu: the backend is written for sub-groups of 8 and 16",
+                 lo);
+    return 0;
+}
+
+static int intel_layout(cl_device_id d, char *why, size_t why_size)
+{
+    size_t sizes[16] = {0}, bytes = 0;
+    if (clGetDeviceInfo(d, CL_DEVICE_SUB_GROUP_SIZES_INTEL, sizeof sizes, sizes, &bytes) != CL_SUCCESS ||
+        bytes > sizeof sizes)
+        bytes = 0;
+    return clattn__intel_layout(has_extension(d, "cl_intel_subgroup_matrix_multiply_accumulate"), sizes,
+                                bytes / sizeof sizes[0], why, why_size);
+}
+
 /* NVIDIA's compute capability (10·major + minor), 0 where the device does not report one. */
 static int nv_compute_capability(cl_device_id d)
 {
@@ -80,9 +117,14 @@ clattn_status clattn__matrix_init(clattn_context *ctx)
             ctx->matrix_mode = CLATTN_MATRIX_EMULATE, ctx->matrix_layout = 1;
         else if (clattn__same_word(env, "emulate-wmma"))
             ctx->matrix_mode = CLATTN_MATRIX_EMULATE, ctx->matrix_layout = 2;
+        else if (clattn__same_word(env, "emulate-intel"))
+            ctx->matrix_mode = CLATTN_MATRIX_EMULATE, ctx->matrix_layout = 3;
+        else if (clattn__same_word(env, "emulate-intel8"))
+            ctx->matrix_mode = CLATTN_MATRIX_EMULATE, ctx->matrix_layout = 4;
         else
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                                "CLATTN_MATRIX=\"%.100s\": expected auto, off, emulate, emulate-amd or emulate-wmma",
+                                "CLATTN_MATRIX=\"%.100s\": expected auto, off, emulate, emulate-amd, emulate-wmma, "
+                                "emulate-intel or emulate-intel8",
                                 env);
     }
     ctx->matrix_backend = CLATTN_MMA_NONE;
@@ -92,6 +134,7 @@ clattn_status clattn__matrix_init(clattn_context *ctx)
     for (int i = 0; i < 3; i++)
         ctx->matrix_checked[i] = -1;
     ctx->matrix_check_why[0] = '\0';
+    ctx->matrix_big_grf = -1;
     const int nvidia_gpu = (ctx->dev.type & CL_DEVICE_TYPE_GPU) && ctx->dev.vendor_id == 0x10de;
     if (nvidia_gpu)
         ctx->nv_cc = nv_compute_capability(ctx->device);
@@ -118,12 +161,18 @@ clattn_status clattn__matrix_init(clattn_context *ctx)
                  "(gfx1100-1103, gfx1150-1153: WMMA); MI100's gfx908 lacks the bf16 product, gfx950 and "
                  "RDNA4 are not checked yet",
                  ctx->dev.name);
+    } else if (ctx->dev.vendor_id == 0x8086 && (ctx->dev.type & CL_DEVICE_TYPE_GPU)) {
+        const int layout = intel_layout(ctx->device, ctx->matrix_why, sizeof ctx->matrix_why);
+        if (layout) {
+            ctx->matrix_backend = CLATTN_MMA_INTEL;
+            if (ctx->matrix_mode != CLATTN_MATRIX_EMULATE)
+                ctx->matrix_layout = layout;
+            ctx->matrix_why[0] = '\0';
+        }
     } else {
-        /* Intel's cl_intel_subgroup_matrix_multiply_accumulate is not written yet:
-         * docs/architecture.md, matrix units. */
         snprintf(ctx->matrix_why, sizeof ctx->matrix_why,
-                 "no backend for this device's matrix units (NVIDIA sm_80 and up and AMD CDNA2 and up "
-                 "only; Intel's are not used)");
+                 "no backend for this device's matrix units (NVIDIA sm_80 and up, AMD CDNA2, CDNA3 and RDNA3, "
+                 "Intel Xe-HPC and Xe2 only)");
     }
     return CLATTN_SUCCESS;
 }
@@ -133,9 +182,10 @@ int clattn__matrix_auto(const clattn_context *ctx, int dtype, int64_t seq_q, int
 {
     if (source >= CLATTN_SOURCE_ENVIRONMENT || ctx->matrix_mode == CLATTN_MATRIX_OFF)
         return 0;
-    /* RDNA3's WMMA has no f32 product; an AMD type whose probe failed runs the FMA kernels */
-    if ((ctx->matrix_layout == 2 && dtype == CLATTN_F32) ||
-        (ctx->matrix_backend == CLATTN_MMA_AMD && ctx->matrix_mode != CLATTN_MATRIX_EMULATE && dtype >= 0 &&
+    /* RDNA3's WMMA and Intel's XMX have no f32 product; an AMD or Intel type whose probe failed
+     * runs the FMA kernels */
+    if ((ctx->matrix_layout >= 2 && dtype == CLATTN_F32) ||
+        (ctx->matrix_backend >= CLATTN_MMA_AMD && ctx->matrix_mode != CLATTN_MATRIX_EMULATE && dtype >= 0 &&
          dtype <= 2 && ctx->matrix_checked[dtype] == 0))
         return 0;
     if (ctx->matrix_mode == CLATTN_MATRIX_EMULATE)
@@ -206,21 +256,24 @@ void clattn__mma_probe_opts(int backend, int layout, int dtype, char *opts, size
 {
     /* as src/fused_mma.c builds the kernel: MMA_AMD names the AMD layout (1 MFMA, 2 WMMA) */
     snprintf(opts, size,
-             "-cl-std=CL1.2 -DDT_IN=%d -DDT_OUT=0 -DDT_MASK=0 -DMMA_NV=%d -DMMA_AMD=%d -DMMA_LAYOUT=%d -DMMA_3X=1 "
-             "-DKSEL=1 -DK_mma_probe=1",
-             dtype, backend == CLATTN_MMA_NV, backend == CLATTN_MMA_AMD ? layout : 0, layout);
+             "-cl-std=CL1.2 -DDT_IN=%d -DDT_OUT=0 -DDT_MASK=0 -DMMA_NV=%d -DMMA_AMD=%d -DMMA_INTEL=%d -DMMA_LAYOUT=%d "
+             "-DMMA_3X=1 -DKSEL=1 -DK_mma_probe=1",
+             dtype, backend == CLATTN_MMA_NV, backend == CLATTN_MMA_AMD ? layout : 0,
+             backend == CLATTN_MMA_INTEL ? layout - 2 : 0, layout);
 }
+
+int clattn__mma_lanes(int layout) { return layout == 1 ? 64 : layout >= 3 ? 16 : 32; }
 
 clattn_status clattn__mma_probe(clattn_context *ctx, int backend, int layout, int dtype, int *bad_lanes)
 {
     char opts[240];
     clattn__mma_probe_opts(backend, layout, dtype, opts, sizeof opts);
-    return run_probe(ctx, opts, "mma_probe", "the matrix-unit probe", layout == 1 ? 64 : 32, 0, bad_lanes);
+    return run_probe(ctx, opts, "mma_probe", "the matrix-unit probe", (size_t)clattn__mma_lanes(layout), 0, bad_lanes);
 }
 
 int clattn__matrix_checked(clattn_context *ctx, int dtype)
 {
-    if (dtype < 0 || dtype > 2 || (ctx->matrix_layout == 2 && dtype == 0))
+    if (dtype < 0 || dtype > 2 || (ctx->matrix_layout >= 2 && dtype == 0))
         return 0;
     if (ctx->matrix_checked[dtype] >= 0)
         return ctx->matrix_checked[dtype];
@@ -235,7 +288,7 @@ int clattn__matrix_checked(clattn_context *ctx, int dtype)
     } else if (bad) {
         snprintf(ctx->matrix_check_why, sizeof ctx->matrix_check_why,
                  "%s: its products or exchanges differed from the plain ones on %d of %d lanes", names[dtype], bad,
-                 ctx->matrix_layout == 1 ? 64 : 32);
+                 clattn__mma_lanes(ctx->matrix_layout));
     }
     return ctx->matrix_checked[dtype];
 }
@@ -285,6 +338,13 @@ const char *clattn_matrix_report(const clattn_context *ctx)
                  "WMMA fragment layouts (32 lanes) through local memory, for tests; f16, bf16 (f32: the FMA "
                  "kernels)%s%s",
                  ctx->matrix_backend ? "" : "; the device itself: none, ", ctx->matrix_backend ? "" : ctx->matrix_why);
+    else if (ctx->matrix_mode == CLATTN_MATRIX_EMULATE && ctx->matrix_layout >= 3)
+        snprintf(c->matrix_report, sizeof c->matrix_report,
+                 "emulated (CLATTN_MATRIX=emulate-intel%s): fused attention runs the matrix kernel with Intel XMX's "
+                 "fragment layouts (sub-groups of %d) through local memory, for tests; f16, bf16 (f32: the FMA "
+                 "kernels)%s%s",
+                 ctx->matrix_layout == 4 ? "8" : "", ctx->matrix_layout == 4 ? 8 : 16,
+                 ctx->matrix_backend ? "" : "; the device itself: none, ", ctx->matrix_backend ? "" : ctx->matrix_why);
     else if (ctx->matrix_mode == CLATTN_MATRIX_EMULATE)
         snprintf(c->matrix_report, sizeof c->matrix_report,
                  "emulated (CLATTN_MATRIX=emulate): fused attention runs the matrix kernel with NVIDIA's "
@@ -304,6 +364,16 @@ const char *clattn_matrix_report(const clattn_context *ctx)
         snprintf(c->matrix_report, sizeof c->matrix_report,
                  "none: CLATTN_MATRIX=off (the device has amd %s, %.60s)", ctx->matrix_layout == 2 ? "wmma" : "mfma",
                  ctx->dev.name);
+    else if (ctx->matrix_backend == CLATTN_MMA_INTEL && ctx->matrix_mode == CLATTN_MATRIX_AUTO)
+        snprintf(c->matrix_report, sizeof c->matrix_report,
+                 "intel xmx (%.60s, sub-groups of %d): fused attention in f16 and bf16 (8x%dx16; f32 on the FMA "
+                 "kernels) on the matrix engines (CLATTN_MATRIX=%s); self-check of each type at its first call: "
+                 "f16 %s, bf16 %s%s%.300s",
+                 ctx->dev.name, ctx->matrix_layout == 4 ? 8 : 16, ctx->matrix_layout == 4 ? 8 : 16, mode, check_word(ctx->matrix_checked[1]), check_word(ctx->matrix_checked[2]),
+                 ctx->matrix_check_why[0] ? "; " : "", ctx->matrix_check_why);
+    else if (ctx->matrix_backend == CLATTN_MMA_INTEL)
+        snprintf(c->matrix_report, sizeof c->matrix_report,
+                 "none: CLATTN_MATRIX=off (the device has intel xmx, %.60s)", ctx->dev.name);
     else if (ctx->matrix_backend == CLATTN_MMA_NV && ctx->matrix_mode == CLATTN_MATRIX_AUTO)
         snprintf(c->matrix_report, sizeof c->matrix_report,
                  "nvidia mma.sync (compute capability %d.%d): fused attention in f16, bf16 (m16n8k16) and f32 "

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Offline checks of the matrix kernel's NVIDIA backend (cl/fused_mma.cl over cl/mma.cl, MMA_NV 1)
-# and of its AMD backend (MMA_AMD 1, at the end), which no test device here runs: compiled as
+# and of its AMD backends (MMA_AMD 1 and 2) and Intel's (MMA_INTEL 1, at the end), which no test
+# device here runs: compiled as
 # src/program.c assembles it, by clang's NVPTX target with libclc's OpenCL built-ins (Debian's
 # libclc-19) to PTX, then by the CUDA toolkit's ptxas for sm_80 and sm_90 (when installed). Each
 # variant must compile, hold exactly the mma.sync instructions its tile calls for (S: DP/K x
@@ -269,4 +270,75 @@ if [ -f "$libclc_amd" ]; then
 else
   echo "no $libclc_amd: the AMD backend not checked"
 fi
+
+# Intel's XMX backend (MMA_INTEL 1, sub-groups of 16) through clang's spir64 target to LLVM IR: no
+# Intel GPU compiler here knows cl_intel_subgroup_matrix_multiply_accumulate (Debian's ocloc
+# predates it), so this checks what can be checked without one: the kernel compiles against the
+# builtins' prototypes as the extension's text declares them (xmx.h below; clang's opencl-c.h
+# has the cl_intel_subgroups shuffles), holds exactly the tile's products (Sᵀ: DP/16 x BN/8, Oᵀ:
+# BN/16 x DVP/8, M = 8 rows a product) and one exp2 a weight in each copy of the weights' loop,
+# requires sub-groups of 16 (!intel_reqd_sub_group_size), and calls no shuffle but the exact
+# path's one (a row never leaves its work-item). Registers and spills need Intel's compiler.
+cat >"$tmp/xmx.h" <<'XMX'
+float8 __attribute__((overloadable)) intel_sub_group_f16_f16_matrix_mad_k16(short8 a, int8 b, float8 acc);
+float8 __attribute__((overloadable)) intel_sub_group_bf16_bf16_matrix_mad_k16(short8 a, int8 b, float8 acc);
+float8 __attribute__((overloadable)) intel_sub_group_f16_f16_matrix_mad_k16(int8 a, int8 b, float8 acc);
+float8 __attribute__((overloadable)) intel_sub_group_bf16_bf16_matrix_mad_k16(int8 a, int8 b, float8 acc);
+XMX
+ocl_h="$("$clang" -print-resource-dir)/include/opencl-c.h"
+intel_cc() {
+  "$clang" -x cl -cl-std=CL1.2 -cl-mad-enable -target spir64 -include "$ocl_h" \
+    -Xclang -cl-ext=+cl_intel_subgroups,+cl_khr_fp16 -include "$tmp/xmx.h" -O2 -DHAS_FMA=1 \
+    -DDT_OUT=0 "$@" -emit-llvm -S -o "$tmp/k.ll" "$tmp/src.cl" >"$tmp/log" 2>&1
+}
+# check_intel INTEL DT_IN NW BN DP DVP QREG [more -D options]: INTEL 1 sub-groups of 16 (A short8),
+# 2 sub-groups of 8 (A int8, a warp two sub-groups: the same products a sub-group)
+check_intel() {
+  local intel=$1 dt=$2 nw=$3 bn=$4 dp=$5 dvp=$6 qreg=$7
+  shift 7
+  local want=$(((dp / 16) * (bn / 8) + (bn / 16) * (dvp / 8))) sgw=16 aty=Dv8_s
+  [ "$intel" -eq 2 ] && sgw=8 aty=Dv8_i
+  local what="intel$intel DT_IN=$dt NW=$nw BN=$bn DP=$dp DVP=$dvp QREG=$qreg $*"
+  if ! intel_cc -DMMA_INTEL="$intel" -DDT_IN="$dt" -DNW="$nw" -DBN="$bn" -DDP="$dp" -DDVP="$dvp" -DQREG="$qreg" "$@"; then
+    echo "FAIL $what: does not compile for spir64"
+    head -n 20 "$tmp/log"
+    fail=1
+    return
+  fi
+  local n ne nsh sg
+  n=$(grep -c "call .*matrix_mad_k16${aty}" "$tmp/k.ll")
+  ne=$(grep -c "call .*native_exp2" "$tmp/k.ll")
+  nsh=$(grep -c "call .*intel_sub_group_shuffle" "$tmp/k.ll")
+  sg=$(sed -n 's/.*!intel_reqd_sub_group_size !\([0-9]*\).*/\1/p' "$tmp/k.ll" | head -n 1)
+  sg=$(sed -n "s/^!$sg = !{i32 \([0-9]*\)}/\1/p" "$tmp/k.ll")
+  if [ "$n" -ne "$want" ] || [ "$ne" -ne $((2 * bn + 1)) ] || [ "$nsh" -ne 1 ] || [ "$sg" != "$sgw" ]; then
+    echo "FAIL $what: $n products with A $aty (expected $want), $ne exp2 ($((2 * bn + 1))), $nsh shuffles (1)," \
+         "sub-group size ${sg:-none} ($sgw)"
+    fail=1
+    return
+  fi
+  echo "ok   $what: $n intel_sub_group_*_matrix_mad_k16, $ne native_exp2, sub-groups of $sgw"
+}
+# the host's tiles: 32 keys, Q's fragments kept up to head size 64, O in blocks of 128 columns
+check_intel 1 1 4 32 64 64 1 -DMMA_ALIGN16=1
+check_intel 1 2 4 32 64 64 1 -DMMA_ALIGN16=1
+check_intel 1 1 4 32 128 128 0 -DMMA_ALIGN16=1
+check_intel 1 1 1 32 112 48 0 -DDT_MASK=1 -DMFLAGS=1
+check_intel 1 2 4 32 256 128 0
+check_intel 1 1 4 32 128 128 0 -DKVC=1 -DPAGE=16 -DDT_K=6 -DDT_V=7 -DVARLEN=1
+check_intel 2 1 4 32 64 64 1 -DMMA_ALIGN16=1
+check_intel 2 2 4 32 128 128 0 -DMMA_ALIGN16=1
+check_intel 2 1 1 32 112 48 0 -DDT_MASK=1 -DMFLAGS=1
+for intel in 1 2; do
+  for dt in 1 2; do
+    if intel_cc -DMMA_INTEL=$intel -DDT_IN=$dt -DDT_MASK=0 -DMMA_NV=0 -DMMA_AMD=0 -DMMA_LAYOUT=$((intel + 2)) -DMMA_3X=1 \
+         -DKSEL=1 -DK_mma_probe=1 && [ "$(grep -c "call .*matrix_mad_k16" "$tmp/k.ll")" -eq 3 ]; then
+      echo "ok   mma_probe DT_IN=$dt: Intel $intel"
+    else
+      echo "FAIL mma_probe DT_IN=$dt: does not compile for Intel $intel (spir64) or not 3 products"
+      head -n 20 "$tmp/log"
+      fail=1
+    fi
+  done
+done
 exit $fail

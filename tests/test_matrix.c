@@ -72,6 +72,41 @@ static void test_reports(void **state)
     assert_true(strncmp(clattn_matrix_report(ctx), "emulated (CLATTN_MATRIX=emulate-wmma)", 37) == 0);
     assert_int_equal(ctx->matrix_layout, 2);
     clattn_release(ctx);
+    ctx = context_with("EMULATE-INTEL");
+    assert_true(strncmp(clattn_matrix_report(ctx), "emulated (CLATTN_MATRIX=emulate-intel)", 38) == 0);
+    assert_int_equal(ctx->matrix_layout, 3);
+    clattn_release(ctx);
+    ctx = context_with("emulate-intel8");
+    assert_true(strncmp(clattn_matrix_report(ctx), "emulated (CLATTN_MATRIX=emulate-intel8)", 39) == 0);
+    assert_int_equal(ctx->matrix_layout, 4);
+    clattn_release(ctx);
+}
+
+/* Intel's devices: the XMX backend where the driver offers the extension, by the smallest
+ * sub-group (16: layout 3, 8: layout 4); otherwise a reason naming what is missing. */
+static void test_intel_layout(void **state)
+{
+    (void)state;
+    char why[200];
+    const size_t pvc[] = {16, 32}, dg2[] = {8, 16, 32}, odd[] = {32, 16}, dg2_odd[] = {32, 8, 16}, gen[] = {32},
+                 none[] = {0};
+    why[0] = '\0';
+    assert_int_equal(clattn__intel_layout(1, pvc, 2, why, sizeof why), 3);
+    assert_int_equal(clattn__intel_layout(1, odd, 2, why, sizeof why), 3); /* any order */
+    assert_int_equal(clattn__intel_layout(1, dg2, 3, why, sizeof why), 4);
+    assert_int_equal(clattn__intel_layout(1, dg2_odd, 3, why, sizeof why), 4);
+    assert_int_equal(clattn__intel_layout(0, dg2, 3, why, sizeof why), 0);
+    assert_int_equal(clattn__intel_layout(1, gen, 1, why, sizeof why), 0);
+    assert_non_null(strstr(why, "sub-groups of 32"));
+    assert_int_equal(clattn__intel_layout(0, pvc, 2, why, sizeof why), 0);
+    assert_non_null(strstr(why, "cl_intel_subgroup_matrix_multiply_accumulate"));
+    assert_int_equal(clattn__intel_layout(1, none, 0, why, sizeof why), 0);
+    assert_non_null(strstr(why, "sub-group sizes"));
+    assert_int_equal(clattn__intel_layout(1, none, 1, why, sizeof why), 0);
+    assert_int_equal(clattn__mma_lanes(3), 16);
+    assert_int_equal(clattn__mma_lanes(4), 16);
+    assert_int_equal(clattn__mma_lanes(1), 64);
+    assert_int_equal(clattn__mma_lanes(0), 32);
 }
 
 /* The AMD targets of the MFMA backend, by the device names AMD's OpenCL gives. */
@@ -140,10 +175,14 @@ static void test_refused(void **state)
     fill(k, sizeof k / sizeof k[0], 2);
     fill(v, sizeof v / sizeof v[0], 3);
     const clattn_attention_desc d = small_desc();
-    /* without the units, under CLATTN_MATRIX=off, and f32 inputs on RDNA3's layout (WMMA has no
-     * f32 product) */
-    for (int mode = 0; mode < 3; mode++) {
-        clattn_context *ctx = context_with(mode == 0 ? NULL : mode == 1 ? "off" : "emulate-wmma");
+    /* without the units, under CLATTN_MATRIX=off, and f32 inputs on RDNA3's and Intel's layouts
+     * (WMMA and XMX have no f32 product) */
+    for (int mode = 0; mode < 5; mode++) {
+        clattn_context *ctx = context_with(mode == 0   ? NULL
+                                           : mode == 1 ? "off"
+                                           : mode == 2 ? "emulate-wmma"
+                                           : mode == 3 ? "emulate-intel"
+                                                       : "emulate-intel8");
         if (mode == 0 && strncmp(clattn_matrix_report(ctx), "none", 4) != 0) {
             clattn_release(ctx); /* the device has the units: nothing to refuse */
             continue;
@@ -158,6 +197,8 @@ static void test_refused(void **state)
             assert_non_null(strstr(clattn_last_error(ctx), "CLATTN_MATRIX=off"));
         if (mode == 2)
             assert_non_null(strstr(clattn_last_error(ctx), "WMMA"));
+        if (mode >= 3)
+            assert_non_null(strstr(clattn_last_error(ctx), "XMX"));
         for (size_t i = 0; i < sizeof out / sizeof out[0]; i++)
             assert_true(out[i] == 777.0f);
         clattn_release(ctx);
@@ -249,8 +290,8 @@ static void test_mma_probe(void **state)
 {
     (void)state;
     clattn_context *ctx = context_with(NULL);
-    for (int layout = 0; layout <= 2; layout++)
-        for (int dt = layout == 2; dt <= 2; dt++) { /* WMMA: f16 and bf16 */
+    for (int layout = 0; layout <= 4; layout++)
+        for (int dt = layout >= 2; dt <= 2; dt++) { /* WMMA, XMX: f16 and bf16 */
             int bad = -1;
             const clattn_status st = clattn__mma_probe(ctx, CLATTN_MMA_NONE, layout, dt, &bad);
             if (st != CLATTN_SUCCESS || bad != 0)
@@ -260,16 +301,20 @@ static void test_mma_probe(void **state)
     /* built as the kernel is for each backend: MMA_AMD names the AMD layout */
     char opts[240];
     clattn__mma_probe_opts(CLATTN_MMA_AMD, 2, 1, opts, sizeof opts);
-    assert_non_null(strstr(opts, "-DMMA_NV=0 -DMMA_AMD=2 -DMMA_LAYOUT=2 "));
+    assert_non_null(strstr(opts, "-DMMA_NV=0 -DMMA_AMD=2 -DMMA_INTEL=0 -DMMA_LAYOUT=2 "));
     clattn__mma_probe_opts(CLATTN_MMA_AMD, 1, 0, opts, sizeof opts);
     assert_non_null(strstr(opts, "-DDT_IN=0 "));
-    assert_non_null(strstr(opts, "-DMMA_NV=0 -DMMA_AMD=1 -DMMA_LAYOUT=1 "));
+    assert_non_null(strstr(opts, "-DMMA_NV=0 -DMMA_AMD=1 -DMMA_INTEL=0 -DMMA_LAYOUT=1 "));
     clattn__mma_probe_opts(CLATTN_MMA_NV, 0, 2, opts, sizeof opts);
-    assert_non_null(strstr(opts, "-DMMA_NV=1 -DMMA_AMD=0 -DMMA_LAYOUT=0 "));
+    assert_non_null(strstr(opts, "-DMMA_NV=1 -DMMA_AMD=0 -DMMA_INTEL=0 -DMMA_LAYOUT=0 "));
     clattn__mma_probe_opts(CLATTN_MMA_NONE, 2, 2, opts, sizeof opts);
-    assert_non_null(strstr(opts, "-DMMA_NV=0 -DMMA_AMD=0 -DMMA_LAYOUT=2 "));
+    assert_non_null(strstr(opts, "-DMMA_NV=0 -DMMA_AMD=0 -DMMA_INTEL=0 -DMMA_LAYOUT=2 "));
+    clattn__mma_probe_opts(CLATTN_MMA_INTEL, 3, 1, opts, sizeof opts);
+    assert_non_null(strstr(opts, "-DMMA_NV=0 -DMMA_AMD=0 -DMMA_INTEL=1 -DMMA_LAYOUT=3 "));
+    clattn__mma_probe_opts(CLATTN_MMA_INTEL, 4, 2, opts, sizeof opts);
+    assert_non_null(strstr(opts, "-DMMA_NV=0 -DMMA_AMD=0 -DMMA_INTEL=2 -DMMA_LAYOUT=4 "));
     if (ctx->matrix_backend != CLATTN_MMA_NONE)
-        for (int dt = ctx->matrix_layout == 2; dt <= 2; dt++) {
+        for (int dt = ctx->matrix_layout >= 2; dt <= 2; dt++) {
             assert_int_equal(clattn__matrix_checked(ctx, dt), 1);
             print_message("matrix-unit probe on the device, type %d: passed\n", dt);
         }
@@ -282,6 +327,7 @@ int main(void)
     tu_add_test("report/modes", NULL, test_reports, NULL);
     tu_add_test("kernel/refused", NULL, test_refused, NULL);
     tu_add_test("report/amd_arch", NULL, test_amd_arch, NULL);
+    tu_add_test("report/intel_layout", NULL, test_intel_layout, NULL);
     tu_add_test("kernel/emulated_override", "nvidia", test_emulated_override, "emulate");
     tu_add_test("kernel/emulated_override", "amd", test_emulated_override, "emulate-amd");
     tu_add_test("kernel/call_params", NULL, test_call_params, NULL);

@@ -9,7 +9,7 @@
  * here, not derived from the maps); a model of a warp that multiplies through the maps (each lane
  * gathers its fragments, the product scatters them, a cell written twice only with one value,
  * and each lane computes its own C elements), generic over lanes, M, N, K and the maps, equals a
- * plain GEMM for all five shapes; and the chain fused_mma.cl runs, S = Q·Kᵀ in C fragments whose
+ * plain GEMM for all seven shapes; and the chain fused_mma.cl runs, S = Q·Kᵀ in C fragments whose
  * probabilities become P's A fragments (P_TILE, P_ELEM) with V's B fragment read through P_KEY,
  * gives P·V of a plain GEMM, for both NVIDIA shapes; and the lane addresses of the ldmatrix loads
  * give, through a model of ldmatrix.x4 written from the PTX ISA, the same B fragments.
@@ -25,8 +25,11 @@
  * P·V at (ROW(lane, O_RS(e)), O_COL(lane, e)) (WMMA: of a logical O tile of 8 columns).
  *
  * Table-driven: one row per shape ("k16": f16/bf16 m16n8k16, "k8": tf32 m16n8k8, "mfma16":
- * f16/bf16 16x16x16, "mfma4": f32 16x16x4, "wmma": f16/bf16 16x16x16 on RDNA3), and per family
- * and shape for the attention roles.
+ * f16/bf16 16x16x16, "mfma4": f32 16x16x4, "wmma": f16/bf16 16x16x16 on RDNA3, "xmx": f16/bf16
+ * 8x16x16 on Intel's sub-groups of 16, whose maps are bijections and whose attention roles keep a
+ * row in one lane: XMA_*, RED0 0, P's fragment from four 4-key half tiles of the lane's own; "xmx8":
+ * the same on two sub-groups of 8, A replicated in the two), and
+ * per family and shape for the attention roles.
  */
 #include "testutil.h"
 
@@ -82,8 +85,16 @@ static int wm_b_row(int l, int e) { return (void)l, WMMA_B_ROW(l, e); }
 static int wm_b_col(int l, int e) { return (void)e, WMMA_B_COL(l, e); }
 static int wm_c_row(int l, int e) { return WMMA_C_ROW(l, e); }
 static int wm_c_col(int l, int e) { return (void)e, WMMA_C_COL(l, e); }
+static int xm_a_row(int l, int e) { return (void)l, XMX_A_ROW(l, e); }
+static int xm_a_col(int l, int e) { return (void)e, XMX_A_COL(l, e); }
+static int xm_b_row(int l, int e) { return (void)l, XMX_B_ROW(l, e); }
+static int xm_b_col(int l, int e) { return (void)e, XMX_B_COL(l, e); }
+static int xm_c_row(int l, int e) { return (void)l, XMX_C_ROW(l, e); }
+static int xm_c_col(int l, int e) { return (void)e, XMX_C_COL(l, e); }
+static int xm8_a_row(int l, int e) { return (void)l, XMX8_A_ROW(l, e); }
+static int xm8_a_col(int l, int e) { return XMX8_A_COL(l, e); }
 
-enum { NV16, NV8, MF16, MF4, WM };
+enum { NV16, NV8, MF16, MF4, WM, XM, XM8 };
 static const mma_shape products[] = {
     [NV16] = {"k16", MMA_LANES, MMA_M, MMA_N, MMA16_K, MMA16_AE, MMA16_BE, MMA_CE, a16_row, a16_col, b16_row,
               b16_col, c_row, c_col},
@@ -95,6 +106,10 @@ static const mma_shape products[] = {
              mf4_b_row, mf4_b_col, mf_c_row, mf_c_col},
     [WM] = {"wmma", WMMA_LANES, WMMA_M, WMMA_N, WMMA_K, WMMA_AE, WMMA_BE, WMMA_CE, wm_a_row, wm_a_col, wm_b_row,
             wm_b_col, wm_c_row, wm_c_col},
+    [XM] = {"xmx", XMX_LANES, XMX_M, XMX_N, XMX_K, XMX_AE, XMX_BE, XMX_CE, xm_a_row, xm_a_col, xm_b_row, xm_b_col,
+            xm_c_row, xm_c_col},
+    [XM8] = {"xmx8", XMX_LANES, XMX_M, XMX_N, XMX_K, XMX8_AE, XMX_BE, XMX_CE, xm8_a_row, xm8_a_col, xm_b_row,
+             xm_b_col, xm_c_row, xm_c_col},
 };
 
 /* Positions a vendor documents: lane's element e is (row, col) of the fragment. */
@@ -148,6 +163,21 @@ static const doc_pos wm_doc_b[] = {{0, 0, 0, 0}, {7, 2, 2, 7}, {23, 2, 2, 7}, {1
                                    {12, 3, 3, 12}, {31, 15, 15, 15}};
 static const doc_pos wm_doc_c[] = {{0, 0, 0, 0}, {16, 0, 1, 0}, {5, 3, 6, 5}, {21, 2, 5, 5},
                                    {15, 7, 14, 15}, {31, 7, 15, 15}};
+
+/* Intel's intel_sub_group_f16_f16_matrix_mad_k16 (float8 acc: M = 8) on sub-groups of 16, as the
+ * extension's text describes its operands, written out here (not from the maps): work-item j gives
+ * one 16-bit value of each row m of a (component m: A[m][j]; its coding sample multiplies row m's
+ * k block j by the value sub_group_broadcast(a.m, j)), one column of b with all K values in order
+ * (B[k][n] in work-item n, element k), and receives one column of the result (component m:
+ * C[m][n] in work-item n). */
+static const doc_pos xm_doc_a[] = {{0, 0, 0, 0}, {5, 3, 3, 5}, {15, 0, 0, 15}, {9, 7, 7, 9}};
+static const doc_pos xm_doc_b[] = {{0, 0, 0, 0}, {3, 9, 9, 3}, {15, 15, 15, 15}, {0, 15, 15, 0}};
+static const doc_pos xm_doc_c[] = {{0, 0, 0, 0}, {7, 2, 2, 7}, {15, 7, 7, 15}, {4, 0, 0, 4}};
+/* On sub-groups of 8 (the same text: 32 bits a work-item and row, so K = 16 over 8 work-items,
+ * the lower k in the low half, as its coding sample's as_char4 reads bytes), in the warp of two
+ * sub-groups: lane 8s + j holds A[m][2j] at element 2m and A[m][2j + 1] at element 2m + 1. */
+static const doc_pos xm8_doc_a[] = {{0, 0, 0, 0}, {0, 1, 0, 1}, {3, 4, 2, 6}, {3, 5, 2, 7},
+                                    {11, 4, 2, 6}, {7, 15, 7, 15}, {15, 14, 7, 14}, {8, 0, 0, 0}};
 
 /* Each cell of a rows x cols fragment is held by exactly one (lane, element) of `lanes` lanes. */
 static void check_bijection(const char *what, int lanes, int rows, int cols, int ne, int (*row)(int, int),
@@ -270,6 +300,28 @@ static void test_mfma_documented(void **state)
     check_documented("A", s->doc_a, s->n_doc_a, s->mm->a_row, s->mm->a_col);
     check_documented("B", s->doc_b, s->n_doc_b, s->mm->b_row, s->mm->b_col);
     check_documented("C", mf_doc_c, N_OF(mf_doc_c), s->mm->c_row, s->mm->c_col);
+}
+
+/* Intel XMX: every map a bijection, and the positions the extension describes (xm_doc_*). */
+static void test_xmx(void **state)
+{
+    const mma_shape *s = *state;
+    check_product_bijection(s);
+    check_documented("A", xm_doc_a, N_OF(xm_doc_a), s->a_row, s->a_col);
+    check_documented("B", xm_doc_b, N_OF(xm_doc_b), s->b_row, s->b_col);
+    check_documented("C", xm_doc_c, N_OF(xm_doc_c), s->c_row, s->c_col);
+}
+
+/* Intel XMX on sub-groups of 8: A replicated in the warp's two sub-groups (lanes l and l + 8),
+ * B and C bijections, and the positions above. */
+static void test_xmx8(void **state)
+{
+    const mma_shape *s = *state;
+    check_replicated("A", s->lanes, 8, s->m, s->k, s->ae, s->a_row, s->a_col);
+    check_bijection("B", s->lanes, s->k, s->n, s->be, s->b_row, s->b_col);
+    check_bijection("C", s->lanes, s->m, s->n, s->ce, s->c_row, s->c_col);
+    check_documented("A", xm8_doc_a, N_OF(xm8_doc_a), s->a_row, s->a_col);
+    check_documented("B", xm_doc_b, N_OF(xm_doc_b), s->b_row, s->b_col);
 }
 
 /* Positions from AMD's WMMA example (wm_doc_*). */
@@ -474,6 +526,16 @@ static int wma_o_rs(int e) { return (void)e, WMA_O_RS(e); }
 static int wma_leader(int l) { return WMA_LEADER(l); }
 static int wma_p_tile(int kb, int e) { return WMA_P_TILE(kb, e); }
 static int wma_p_key(int kb, int k) { return WMA_P_KEY(kb, k); }
+static int xma_s_key(int l, int e) { return (void)l, XMA_S_KEY(l, e); }
+static int xma_s_rs(int e) { return (void)e, XMA_S_RS(e); }
+static int xma_row(int l, int i) { return (void)i, XMA_ROW(l, i); }
+static int xma_s_lane(int r, int n) { return (void)n, XMA_S_LANE(r, n); }
+static int xma_s_elem(int r, int n) { return (void)r, XMA_S_ELEM(r, n); }
+static int xma_o_col(int l, int e) { return (void)l, XMA_O_COL(l, e); }
+static int xma_o_rs(int e) { return (void)e, XMA_O_RS(e); }
+static int xma_leader(int l) { return (void)l, XMA_LEADER(l); }
+static int xma_p_tile(int kb, int e) { return XMA_P_TILE(kb, e); }
+static int xma_p_key(int kb, int k) { return XMA_P_KEY(kb, k); }
 
 #define NVA_ROLES NVA_RS, NVA_S_N, NVA_O_N, NVA_RED0, NVA_RED1, nva_s_key, nva_s_rs, nva_row, nva_s_lane, \
                   nva_s_elem, nva_o_col, nva_o_rs, nva_leader
@@ -481,12 +543,16 @@ static int wma_p_key(int kb, int k) { return WMA_P_KEY(kb, k); }
                   mfa_s_elem, mfa_o_col, mfa_o_rs, mfa_leader
 #define WMA_ROLES WMA_RS, WMA_S_N, WMA_O_N, WMA_RED0, WMA_RED1, wma_s_key, wma_s_rs, wma_row, wma_s_lane, \
                   wma_s_elem, wma_o_col, wma_o_rs, wma_leader
+#define XMA_ROLES XMA_RS, XMA_S_N, XMA_O_N, XMA_RED0, XMA_RED1, xma_s_key, xma_s_rs, xma_row, xma_s_lane, \
+                  xma_s_elem, xma_o_col, xma_o_rs, xma_leader
 static attn_row attn_rows[] = {
     {"nv_k16", &products[NV16], 0, 0, NVA_ROLES, p16_tile, nva16_p_elem, nva16_p_key},
     {"nv_k8", &products[NV8], 0, 0, NVA_ROLES, p8_tile, nva8_p_elem, nva8_p_key},
     {"amd_k16", &products[MF16], 1, 0, MFA_ROLES, mfa16_p_tile, mfa16_p_elem, mfa16_p_key},
     {"amd_k4", &products[MF4], 1, 0, MFA_ROLES, mfa4_p_tile, mfa4_p_elem, mfa4_p_key},
     {"amd_wmma", &products[WM], 1, 1, WMA_ROLES, wma_p_tile, NULL, wma_p_key},
+    {"intel_xmx", &products[XM], 1, 1, XMA_ROLES, xma_p_tile, NULL, xma_p_key},
+    {"intel_xmx8", &products[XM8], 1, 1, XMA_ROLES, xma_p_tile, NULL, xma_p_key},
 };
 
 /* The row (0..15) of a lane's slot i, failing when either is out of range. */
@@ -514,7 +580,7 @@ static void test_attention(void **state)
      * and ow columns of O. */
     const int pt = a->half ? 2 : 1, se = s->ce / pt, pw = pt * a->s_n, ow = pt * a->o_n;
     const int nt = BN / a->s_n, nk = BN / s->k, lanes = s->lanes;
-    assert_true(a->s_n >= 8 && BN % pw == 0 && BN % s->k == 0 && D % s->k == 0 && ow <= 16 && se <= 4);
+    assert_true(a->s_n >= 4 && BN % pw == 0 && BN % s->k == 0 && D % s->k == 0 && ow <= 16 && se <= 4);
     assert_int_equal(se * pt, s->ce);
     /* S: NVIDIA's C is queries x keys, AMD's keys x queries; O: NVIDIA's rows x columns, AMD's
      * columns x rows. */
@@ -540,7 +606,7 @@ static void test_attention(void **state)
     /* S's products: A's rows and B's columns (B stored n-major) index Q and the product's keys,
      * or the other way round; product pp's C element se·h + e is element e of logical tile
      * pt·pp + h. */
-    double sfrag[BN / 8][MFMA_LANES][4];
+    double sfrag[BN / 4][MFMA_LANES][4];
     frags f;
     for (int pp = 0; pp < BN / pw; pp++) {
         const double *x = a->amd ? Km + pp * pw * D : Q, *y = a->amd ? Q : Km + pp * pw * D;
@@ -597,10 +663,12 @@ static void test_attention(void **state)
                     fail_msg("lane %d key %d: slot %d's scores in lane %d, slot 0's in lane %d", l, n, i,
                              a->s_lane(a->row(l, i), n), a->s_lane(a->row(l, 0), n));
     /* The lanes of a row: a lane and its partners xor RED0, RED1 and both (RED1 0: xor RED0
-     * alone), in the same slot, and no other; one of them the LEADER. */
-    const int red0 = a->red0, red1 = a->red1, np = red1 ? 3 : 1;
-    if (red0 <= 0 || red0 >= lanes || (red1 != 0 && (red1 < 0 || red1 == red0 || red1 >= lanes)))
-        fail_msg("RED0 %d, RED1 %d: neither two distinct lane bits nor one and 0", red0, red1);
+     * alone; RED0 0 too: the lane alone, Intel's), in the same slot, and no other; one of them
+     * the LEADER. */
+    const int red0 = a->red0, red1 = a->red1, np = red0 == 0 ? 0 : red1 ? 3 : 1;
+    if ((red0 == 0 && red1 != 0) || red0 < 0 || red0 >= lanes ||
+        (red1 != 0 && (red1 < 0 || red1 == red0 || red1 >= lanes)))
+        fail_msg("RED0 %d, RED1 %d: neither two distinct lane bits, nor one and 0, nor none", red0, red1);
     int holders[ROWS] = {0}, leaders[ROWS] = {0};
     for (int l = 0; l < lanes; l++)
         for (int i = 0; i < a->rs; i++) {
@@ -657,7 +725,7 @@ static void test_attention(void **state)
                 if (n < 0 || n >= a->s_n)
                     fail_msg("P_TILE(%d, %d) = tile %d, which lacks key %d", kb, e, t, key);
                 int found = 0, hl = 0, he = 0;
-                for (int p = 0; p < 2; p++)
+                for (int p = 0; p < (red0 ? 2 : 1); p++)
                     for (int x = 0; x < se; x++)
                         if (a->s_key(p ? l ^ red0 : l, x) == n) {
                             found++;
@@ -763,6 +831,8 @@ int main(void)
     TU_ADD_TABLE("documented", test_documented, shapes);
     TU_ADD_TABLE("documented", test_mfma_documented, mfma_shapes);
     tu_add_test("documented", "wmma", test_wmma_documented, &products[WM]);
+    tu_add_test("documented", "xmx", test_xmx, &products[XM]);
+    tu_add_test("documented", "xmx8", test_xmx8, &products[XM8]);
     TU_ADD_TABLE("gemm", test_gemm, products);
     TU_ADD_TABLE("p_chain", test_p_chain, shapes);
     TU_ADD_TABLE("attention", test_attention, attn_rows);

@@ -950,7 +950,7 @@ static int decode_param(const char *name)
 
 /* The decode parameters a call of this shape runs with (environment, tuning or defaults), with
  * SPLITS replaced, as an override on ctx. An override takes the kernel it names, never the
- * matrix kernel by itself: under CLATTN_MATRIX=emulate, emulate-amd or emulate-wmma (and no
+ * matrix kernel by itself: under CLATTN_MATRIX=emulate or another emulated layout (and no
  * CLATTN_PARAMS_DECODE) it names kernel=mma, one warp and 16-key tiles (test_decode_mmatiles'
  * decode tile). */
 static void force_splits(clattn_context *ctx, const var_case *c, int splits)
@@ -963,9 +963,11 @@ static void force_splits(clattn_context *ctx, const var_case *c, int splits)
         fail_msg("clattn_get_call_params returned %s: %s", clattn_status_string(st), clattn_last_error(ctx));
     kp.values[decode_param("SPLITS")] = splits;
     const char *matrix = getenv("CLATTN_MATRIX"), *dec = getenv("CLATTN_PARAMS_DECODE");
-    /* (RDNA3's layout has no f32 product: kernel=mma with f32 inputs would be refused) */
-    const int wmma_f32 = matrix != NULL && strcmp(matrix, "emulate-wmma") == 0 && c->dt == F32;
-    if (matrix != NULL && strncmp(matrix, "emulate", 7) == 0 && !wmma_f32 && (dec == NULL || *dec == '\0')) {
+    /* (RDNA3's and Intel's layouts have no f32 product: kernel=mma with f32 inputs is refused) */
+    const int no_f32 = matrix != NULL &&
+                       (strcmp(matrix, "emulate-wmma") == 0 || strncmp(matrix, "emulate-intel", 13) == 0) &&
+                       c->dt == F32;
+    if (matrix != NULL && strncmp(matrix, "emulate", 7) == 0 && !no_f32 && (dec == NULL || *dec == '\0')) {
         const int k = decode_param("DIRECT");
         int mma = -1;
         for (int v = 0; v <= clattn_param_max(CLATTN_OPERATION_DECODE, k); ++v) {
