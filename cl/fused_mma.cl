@@ -601,7 +601,8 @@ __kernel __attribute__((reqd_work_group_size(MMA_LANES, 1, 1))) void ldsm_probe(
 
 #if KSEL && K_mma_probe
 /* The device's check of the tile layer itself (src/matrix.c, clattn__mma_probe; run once per
- * context and input type before AMD's backend is used, and under emulation by the tests): one
+ * context and input type before AMD's or Intel's backend is used, and under emulation by the
+ * tests): one
  * warp multiplies S = Q·Kᵀ and O = P·V through the layer's roles (mma_load_q, mma_load_k, MMA_S,
  * mma_p_pack, mma_load_v, MMA_O) on 16 queries, 16 keys and 16 dimensions of small integers
  * (every product and sum exact in each input type), exchanges values through MMA_XORR and

@@ -761,28 +761,29 @@ inline void mma_op2(mma_c *c0, mma_c *c1, mma_a a, mma_b b)
     *c1 = c.hi;
 }
 
-/* A's 8 rows at the work-item's column (or pair of columns, 4-byte aligned: pitches and offsets
- * are even): p[row·pitch] (K row-major: rows are keys; V transposed: rows are V's columns, the
- * column the key MMA_P_KEY). B n-major: the work-item's row of 16. */
+/* A's 8 rows at the work-item's column (sub-groups of 8: its pair of columns, elements 2m and
+ * 2m + 1 adjacent, which tests/test_mma_layout.c checks of the map; 4-byte aligned: pitches and
+ * offsets are even), through the map: p at the work-item's first column, p[A_ROW·pitch] (K
+ * row-major: rows are keys; V transposed: rows are V's columns, the column the key MMA_P_KEY).
+ * B n-major: the work-item's row of 16. */
 #if MMA_LAYOUT == 4
-#define XMX_AT(i) (*(__local const uint *)(p + (i) * pitch))
-inline mma_a xmx_col8(__local const TL *p, int pitch)
+#define XMX_AT(m) (*(__local const uint *)(p + MMA_A_ROW(lane, 2 * (m)) * pitch))
+#else
+#define XMX_AT(m) p[MMA_A_ROW(lane, (m)) * pitch]
+#endif
+inline mma_a xmx_col8(__local const TL *p, int pitch, int lane)
 {
-    return (uint8)(XMX_AT(0), XMX_AT(1), XMX_AT(2), XMX_AT(3), XMX_AT(4), XMX_AT(5), XMX_AT(6), XMX_AT(7));
+    return (mma_a)(XMX_AT(0), XMX_AT(1), XMX_AT(2), XMX_AT(3), XMX_AT(4), XMX_AT(5), XMX_AT(6), XMX_AT(7));
 }
 #undef XMX_AT
-#else
-inline mma_a xmx_col8(__local const TL *p, int pitch)
+inline mma_a mma_load_a(__local const TL *p, int pitch, int lane)
 {
-    return (ushort8)(p[0], p[pitch], p[2 * pitch], p[3 * pitch], p[4 * pitch], p[5 * pitch], p[6 * pitch],
-                     p[7 * pitch]);
+    return xmx_col8(p + MMA_A_COL(lane, 0), pitch, lane);
 }
-#endif
-inline mma_a mma_load_a(__local const TL *p, int pitch, int lane) { return xmx_col8(p + MMA_A_COL(lane, 0), pitch); }
 inline mma_b mma_load_bn(__local const TL *p, int pitch, int lane) { return ld16x2(p + MMA_B_COL(lane, 0) * pitch); }
 inline mma_a mma_load_v(__local const TL *p, int pitch, int lane, int kb)
 {
-    return xmx_col8(p + MMA_P_KEY(kb, MMA_A_COL(lane, 0)), pitch);
+    return xmx_col8(p + MMA_P_KEY(kb, MMA_A_COL(lane, 0)), pitch, lane);
 }
 
 /* P's B fragment of k-block kb: the work-item's own 16 weights, half tiles 4kb .. 4kb + 3. */

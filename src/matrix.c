@@ -172,7 +172,7 @@ clattn_status clattn__matrix_init(clattn_context *ctx)
     } else {
         snprintf(ctx->matrix_why, sizeof ctx->matrix_why,
                  "no backend for this device's matrix units (NVIDIA sm_80 and up, AMD CDNA2, CDNA3 and RDNA3, "
-                 "Intel Xe-HPC and Xe2 only)");
+                 "Intel XMX only)");
     }
     return CLATTN_SUCCESS;
 }

@@ -271,14 +271,15 @@ else
   echo "no $libclc_amd: the AMD backend not checked"
 fi
 
-# Intel's XMX backend (MMA_INTEL 1, sub-groups of 16) through clang's spir64 target to LLVM IR: no
-# Intel GPU compiler here knows cl_intel_subgroup_matrix_multiply_accumulate (Debian's ocloc
-# predates it), so this checks what can be checked without one: the kernel compiles against the
+# Intel's XMX backends (MMA_INTEL 1 and 2, sub-groups of 16 and 8) through clang's spir64 target
+# to LLVM IR: no Intel GPU compiler here knows cl_intel_subgroup_matrix_multiply_accumulate
+# (Debian's ocloc predates it), so this checks what can be checked without one: the kernel compiles against the
 # builtins' prototypes as the extension's text declares them (xmx.h below; clang's opencl-c.h
 # has the cl_intel_subgroups shuffles), holds exactly the tile's products (Sᵀ: DP/16 x BN/8, Oᵀ:
 # BN/16 x DVP/8, M = 8 rows a product) and one exp2 a weight in each copy of the weights' loop,
-# requires sub-groups of 16 (!intel_reqd_sub_group_size), and calls no shuffle but the exact
-# path's one (a row never leaves its work-item). Registers and spills need Intel's compiler.
+# requires its sub-group size (!intel_reqd_sub_group_size), and calls no shuffle but the exact
+# path's one (a row never leaves its work-item), and loads A's 8 rows as one local load each (16
+# bits, or 32 on sub-groups of 8: a pair of k). Registers and spills need Intel's compiler.
 cat >"$tmp/xmx.h" <<'XMX'
 float8 __attribute__((overloadable)) intel_sub_group_f16_f16_matrix_mad_k16(short8 a, int8 b, float8 acc);
 float8 __attribute__((overloadable)) intel_sub_group_bf16_bf16_matrix_mad_k16(short8 a, int8 b, float8 acc);
@@ -296,8 +297,8 @@ intel_cc() {
 check_intel() {
   local intel=$1 dt=$2 nw=$3 bn=$4 dp=$5 dvp=$6 qreg=$7
   shift 7
-  local want=$(((dp / 16) * (bn / 8) + (bn / 16) * (dvp / 8))) sgw=16 aty=Dv8_s
-  [ "$intel" -eq 2 ] && sgw=8 aty=Dv8_i
+  local want=$(((dp / 16) * (bn / 8) + (bn / 16) * (dvp / 8))) sgw=16 aty=Dv8_s lty=i16
+  [ "$intel" -eq 2 ] && sgw=8 aty=Dv8_i lty=i32
   local what="intel$intel DT_IN=$dt NW=$nw BN=$bn DP=$dp DVP=$dvp QREG=$qreg $*"
   if ! intel_cc -DMMA_INTEL="$intel" -DDT_IN="$dt" -DNW="$nw" -DBN="$bn" -DDP="$dp" -DDVP="$dvp" -DQREG="$qreg" "$@"; then
     echo "FAIL $what: does not compile for spir64"
@@ -305,15 +306,17 @@ check_intel() {
     fail=1
     return
   fi
-  local n ne nsh sg
+  local n ne nsh sg nl
   n=$(grep -c "call .*matrix_mad_k16${aty}" "$tmp/k.ll")
+  nl=$(grep -c "load $lty, ptr addrspace(3)" "$tmp/k.ll")
   ne=$(grep -c "call .*native_exp2" "$tmp/k.ll")
   nsh=$(grep -c "call .*intel_sub_group_shuffle" "$tmp/k.ll")
   sg=$(sed -n 's/.*!intel_reqd_sub_group_size !\([0-9]*\).*/\1/p' "$tmp/k.ll" | head -n 1)
   sg=$(sed -n "s/^!$sg = !{i32 \([0-9]*\)}/\1/p" "$tmp/k.ll")
-  if [ "$n" -ne "$want" ] || [ "$ne" -ne $((2 * bn + 1)) ] || [ "$nsh" -ne 1 ] || [ "$sg" != "$sgw" ]; then
+  if [ "$n" -ne "$want" ] || [ "$ne" -ne $((2 * bn + 1)) ] || [ "$nsh" -ne 1 ] || [ "$sg" != "$sgw" ] ||
+     [ "$nl" -lt $((8 * want)) ]; then
     echo "FAIL $what: $n products with A $aty (expected $want), $ne exp2 ($((2 * bn + 1))), $nsh shuffles (1)," \
-         "sub-group size ${sg:-none} ($sgw)"
+         "sub-group size ${sg:-none} ($sgw), $nl $lty local loads (>= $((8 * want)): 8 an A)"
     fail=1
     return
   fi

@@ -324,6 +324,49 @@ static void test_xmx8(void **state)
     check_documented("B", xm_doc_b, N_OF(xm_doc_b), s->b_row, s->b_col);
 }
 
+/* What the XMX backend's loads (cl/mma.cl, xmx_col8 and ld16x2) assume of the maps: a lane's A
+ * elements in one column, at rows A_ROW (sub-groups of 16), or in one pair of adjacent columns
+ * starting at an even one (4-byte loads), elements 2m and 2m + 1 in one row (sub-groups of 8); B's
+ * element e at k e of one column (two 16-byte loads). And that the roles never fetch across a
+ * sub-group (sg lanes): a row's scores for the exact path come from a lane of the same sub-group
+ * (the GPU's shuffle index is taken modulo its size). */
+typedef struct xmx_row {
+    const char *name;
+    const mma_shape *mm;
+    int sg;
+} xmx_row;
+
+static void test_xmx_loads(void **state)
+{
+    const xmx_row *x = *state;
+    const mma_shape *s = x->mm;
+    for (int l = 0; l < s->lanes; l++) {
+        const int c0 = s->a_col(l, 0);
+        for (int e = 0; e < s->ae; e++) {
+            const int pair = x->sg == 8, m = pair ? e >> 1 : e;
+            const int want_col = c0 + (pair ? (e & 1) : 0);
+            if (s->a_row(l, e) != s->a_row(l, pair ? 2 * m : m) || s->a_col(l, e) != want_col)
+                fail_msg("%s A: lane %d element %d at (%d, %d), the loads read column %d of row %d", x->name, l, e,
+                         s->a_row(l, e), s->a_col(l, e), want_col, s->a_row(l, pair ? 2 * m : m));
+        }
+        if (x->sg == 8 && c0 % 2 != 0)
+            fail_msg("%s A: lane %d's pair starts at odd column %d", x->name, l, c0);
+        for (int e = 0; e < s->be; e++)
+            if (s->b_row(l, e) != e || s->b_col(l, e) != s->b_col(l, 0))
+                fail_msg("%s B: lane %d element %d at (%d, %d)", x->name, l, e, s->b_row(l, e), s->b_col(l, e));
+        for (int n = 0; n < XMA_S_N; n++) {
+            const int src = XMA_S_LANE(XMA_ROW(l, 0), n);
+            if (src / x->sg != l / x->sg)
+                fail_msg("%s: lane %d fetches key %d's score from lane %d, another sub-group", x->name, l, n, src);
+        }
+    }
+}
+
+static xmx_row xmx_rows[] = {
+    {"xmx", &products[XM], 16},
+    {"xmx8", &products[XM8], 8},
+};
+
 /* Positions from AMD's WMMA example (wm_doc_*). */
 static void test_wmma_documented(void **state)
 {
@@ -833,6 +876,7 @@ int main(void)
     tu_add_test("documented", "wmma", test_wmma_documented, &products[WM]);
     tu_add_test("documented", "xmx", test_xmx, &products[XM]);
     tu_add_test("documented", "xmx8", test_xmx8, &products[XM8]);
+    TU_ADD_TABLE("xmx_loads", test_xmx_loads, xmx_rows);
     TU_ADD_TABLE("gemm", test_gemm, products);
     TU_ADD_TABLE("p_chain", test_p_chain, shapes);
     TU_ADD_TABLE("attention", test_attention, attn_rows);
