@@ -1120,11 +1120,11 @@ typedef mma_b mma_p;
 #endif
 
 /* P's fragment of k-block kb from the probabilities p[tile][element] of S's tiles, times w
- * (a float4 by element). */
+ * (a float4 by element); XMX's takes the 4 tiles of its elements 0, 4, 8 and 12 (MMA_P_TILE). */
 #if MMA_P_QUAD
 #define MMA_P_OF(p, kb, w)                                                                        \
-    MMA_P_PACK4(vload4(0, (p)[4 * (kb)]) * (w), vload4(0, (p)[4 * (kb) + 1]) * (w),              \
-                vload4(0, (p)[4 * (kb) + 2]) * (w), vload4(0, (p)[4 * (kb) + 3]) * (w))
+    MMA_P_PACK4(vload4(0, (p)[MMA_P_TILE(kb, 0)]) * (w), vload4(0, (p)[MMA_P_TILE(kb, 4)]) * (w), \
+                vload4(0, (p)[MMA_P_TILE(kb, 8)]) * (w), vload4(0, (p)[MMA_P_TILE(kb, 12)]) * (w))
 #else
 #define MMA_P_OF(p, kb, w)                                                                        \
     MMA_P_PACK(vload4(0, (p)[MMA_P_TILE(kb, 0)]) * (w), vload4(0, (p)[MMA_P_TILE(kb, MMA_AE - 1)]) * (w), (kb))
