@@ -1,6 +1,7 @@
 /* The launcher of the matrix-unit kernel (fused_mma.cl over the tile layer mma.cl): its tile
  * fitted to local memory, the backend (NVIDIA's mma.sync, AMD's MFMA or WMMA, Intel's XMX, or the
- * emulation of any of their layouts), key splits and the mask's flags as the tiled kernel has them. Which calls run it: src/fused.c. */
+ * emulation of any of their layouts), key splits and the mask's flags as the tiled kernel has
+ * them. Which calls run it: src/fused.c. */
 #include "fused.h"
 
 #include <stdio.h>
