@@ -615,18 +615,12 @@ typedef float4 mma_c;
 #define mma_exp2(x) native_exp2(x)
 
 #if MMA_LAYOUT == 2
-/* One WMMA product into two half tiles (C elements 0-3 and 4-7). */
-inline void mma_op2(mma_c *c0, mma_c *c1, mma_a a, mma_b b)
-{
-    float8 c = (float8)(*c0, *c1);
+/* One WMMA product, C's 8 elements a lane (mma_op2). */
 #if DT_IN == 1
-    c = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(as_half16(a), as_half16(b), c);
+#define MMA_PAIR_MAD(c, a, b) __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(as_half16(a), as_half16(b), (c))
 #else
-    c = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(as_short16(a), as_short16(b), c);
+#define MMA_PAIR_MAD(c, a, b) __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(as_short16(a), as_short16(b), (c))
 #endif
-    *c0 = c.lo;
-    *c1 = c.hi;
-}
 #else
 inline mma_c mma_op(mma_c c, mma_a a, mma_b b)
 {
@@ -722,9 +716,7 @@ inline float4 amd_idx4(float4 v, uint src)
 {
     return (float4)(amd_from(v.s0, src), amd_from(v.s1, src), amd_from(v.s2, src), amd_from(v.s3, src));
 }
-#if MMA_LAYOUT == 2
-#define MMA2(c0, c1, a, b) mma_op2(&(c0), &(c1), (a), (b))
-#else
+#if MMA_LAYOUT != 2
 #define MMA(c, a, b) mma_op((c), (a), (b))
 #endif
 #define MMA_XORR(v, m) amd_from((v), amd_lane() ^ (uint)(m))
@@ -748,18 +740,12 @@ typedef float4 mma_c;
 /* 2^x for the weights: the hardware's exp2 (native_exp2), as the other backends. */
 #define mma_exp2(x) native_exp2(x)
 
-/* One product (8 rows of C: keys or O columns) into two half tiles, C elements 0-3 and 4-7. */
-inline void mma_op2(mma_c *c0, mma_c *c1, mma_a a, mma_b b)
-{
-    float8 c = (float8)(*c0, *c1);
+/* One product, C's 8 rows (keys or O columns) of the work-item's column (mma_op2). */
 #if DT_IN == 1
-    c = intel_sub_group_f16_f16_matrix_mad_k16(XMX_A(a), as_int8(b), c);
+#define MMA_PAIR_MAD(c, a, b) intel_sub_group_f16_f16_matrix_mad_k16(XMX_A(a), as_int8(b), (c))
 #else
-    c = intel_sub_group_bf16_bf16_matrix_mad_k16(XMX_A(a), as_int8(b), c);
+#define MMA_PAIR_MAD(c, a, b) intel_sub_group_bf16_bf16_matrix_mad_k16(XMX_A(a), as_int8(b), (c))
 #endif
-    *c0 = c.lo;
-    *c1 = c.hi;
-}
 
 /* A's 8 rows at the work-item's column (sub-groups of 8: its pair of columns, elements 2m and
  * 2m + 1 adjacent, which tests/test_mma_layout.c checks of the map; 4-byte aligned: pitches and
@@ -792,7 +778,6 @@ inline mma_b mma_p_pack4(float4 t0, float4 t1, float4 t2, float4 t3)
     return (uint8)(pack2(t0.s0, t0.s1), pack2(t0.s2, t0.s3), pack2(t1.s0, t1.s1), pack2(t1.s2, t1.s3),
                    pack2(t2.s0, t2.s1), pack2(t2.s2, t2.s3), pack2(t3.s0, t3.s1), pack2(t3.s2, t3.s3));
 }
-#define MMA2(c0, c1, a, b) mma_op2(&(c0), &(c1), (a), (b))
 /* The roles exchange nothing (MMA_RED0 0; the probe checks its xor 0) and fetch the exact path's
  * weights from the lane itself (MMA_S_LANE(r, n) = r): within its sub-group either way. */
 #define MMA_SG (MMA_LAYOUT == 4 ? 8 : 16)
@@ -1090,6 +1075,18 @@ inline void mma_emu2(mma_c *c0, mma_c *c1, mma_a a, mma_b b, mma_ctx x)
 #define MMA_XORR(v, m) emu_xch4((float4)((v), 0.0f, 0.0f, 0.0f), mctx.lane ^ (m), mctx).x
 #endif
 #define MMA_IDX4(v, src) emu_xch4((v), (src), mctx)
+#endif
+
+#ifdef MMA_PAIR_MAD
+/* WMMA's and XMX's product on the device into the kernel's two half tiles: C elements 0-3 and
+ * 4-7 of a lane's 8. */
+inline void mma_op2(mma_c *c0, mma_c *c1, mma_a a, mma_b b)
+{
+    const float8 c = MMA_PAIR_MAD((float8)(*c0, *c1), a, b);
+    *c0 = c.lo;
+    *c1 = c.hi;
+}
+#define MMA2(c0, c1, a, b) mma_op2(&(c0), &(c1), (a), (b))
 #endif
 
 #define mma_load_b mma_load_bn
