@@ -48,14 +48,17 @@
  * 16·(DV16 - 1) < head_dim_v. */
 #define LDV16(p, c) ((c) < DV16 - 1 ? LD16_V((p), 16 * (c)) : ld16_row_v((p), 16 * (c), DV))
 /* LDV16 without a block type's scale (whose rows are whole), and that scale, which the untiled
- * P·V folds into the key's p: a scalar multiply instead of a vector one. */
+ * P·V folds into the key's p: a scalar multiply instead of a vector one; VRSC the type's factor
+ * on top (RSC_V), folded into p once per key. */
 #define LDV16R(p, c) (KV_BLOCKED(DT_V) ? LD16R_V((p), 16 * (c)) : LDV16(p, c))
 #define VBSC(p, c) BSC_V((p), 16 * (c))
+#define VRSC (KV_BLOCKED(DT_V) ? RSC_V : 1.0f)
 #else
 /* Columns 16c..16c+15 of the V copy's key row at p: panel c of the head (v_sh = DV16 panels). */
 #define LDV16(p, c) vload16(0, (p) + (ulong)(c) * (v_sh / DV16))
 #define LDV16R(p, c) LDV16(p, c)
 #define VBSC(p, c) 1.0f
+#define VRSC 1.0f
 #endif
 /* The loops over the rows that touch the O accumulators o[RM][DV16] (rescaling, the untiled
  * P·V, the stores): unrolled while those fit the registers or nearly (32 float16 vectors on
@@ -260,18 +263,21 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
         for (int ch = 0; ch < nch; ch++) {
             const int kc = kt + ch * DBN;
 #if IN_PLACE && KV_PREFETCH && defined(__clang__)
-            /* Paged K/V, or rows of all heads interleaved (BSHD, NHD pools): while the chunk's
-             * scores are computed, the K rows of the same keys of the next block and the chunk's V
-             * rows (used after the block's softmax) into L2: pages in table order are scattered,
-             * rows H·D apart leave a head's stream thin, and the CPU's own prefetchers stop at
-             * each page. */
+            /* Paged K/V, rows of all heads interleaved (BSHD, NHD pools), or K/V of a KV-cache
+             * type (src/fused_cpu.c says when): while the chunk's scores are computed, the K rows
+             * of the same keys of the next block and the chunk's V rows (used after the block's
+             * softmax) into L2: pages in table order are scattered, rows H·D apart leave a head's
+             * stream thin, the CPU's own prefetchers stop at each page, and decoding leaves them
+             * behind. */
 #pragma unroll
             for (int e = 0; e < 16; e++) {
                 __global const uchar *kn = (__global const uchar *)(Kb + kv_row(&ksrc, min(kc + NB + e, k_hi - 1), k_sb, k_ss));
                 __global const uchar *vn = (__global const uchar *)(Vb + kv_row(&vsrc, min(kc + e, k_hi - 1), v_sb, v_ss));
-                for (int x = 0; x < K_ROW_BYTES(D); x += 64)
+                /* rows' bytes from the compile-time widths (a prefetch past a row's end, even
+                 * past the buffer, cannot fault): constant trip counts, the loops unrolled */
+                for (int x = 0; x < K_ROW_BYTES(DP16); x += 64)
                     __builtin_prefetch((const void *)(uintptr_t)(kn + x), 0, 2);
-                for (int x = 0; x < V_ROW_BYTES(DV); x += 64)
+                for (int x = 0; x < V_ROW_BYTES(16 * DV16); x += 64)
                     __builtin_prefetch((const void *)(uintptr_t)(vn + x), 0, 2);
             }
 #endif
@@ -532,7 +538,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
             const int nfree = run_end(vhid, n, nkeys), n1 = min(nfree + 16, nkeys);
             for (; n < nfree; n++) {
                 __global const T_VD *vp = VROW(n);
-                const float vs = VSCALE(n);
+                const float vs = VSCALE(n) * VRSC;
                 float pn[RM];
                 ROWS_LOOP
                 for (int i = 0; i < RM; i++)
@@ -557,7 +563,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
                 if (!seen)
                     continue;
                 __global const T_VD *vp = VROW(n);
-                const float vs = VSCALE(n);
+                const float vs = VSCALE(n) * VRSC;
                 /* Each V vector is loaded once for all rows (a load per row made RM copies of the
                  * tail loads: slow to compile). */
 #pragma unroll

@@ -115,7 +115,19 @@ inline float16 kvld16_5(kvp_t p, int i) { return e5m2_dec16(convert_uint16(vload
 #if KV_USES(6) || KV_USES(7)
 /* 6: q8_0, blocks of 34 bytes (f16 d at an even offset: rows start on whole blocks) */
 #define Q8_BLOCK(p, i) ((p) + (ulong)((i) >> 5) * 34u)
+/* The block's f16 scale d. On CPUs through a private vector: PoCL's scalar vload_half is about
+ * 19 integer and scalar operations, its vload_half4 one F16C conversion (q4_0 decode 3.2 against
+ * 4.0 ms with it); elsewhere the plain load (see kvld16_4 on private vload_half in clang's NVPTX
+ * build). */
+#if defined(CPU_DEVICE) && CPU_DEVICE
+inline float q_scale(kvp_t b)
+{
+    const ushort4 h = (ushort4)(*(__global const ushort *)b, 0, 0, 0);
+    return vload_half4(0, (const half *)&h).s0;
+}
+#else
 inline float q_scale(kvp_t b) { return vload_half(0, (__global const half *)b); }
+#endif
 inline float kvld1_6(kvp_t p, int i)
 {
     const kvp_t b = Q8_BLOCK(p, i);
@@ -145,13 +157,18 @@ inline float4 kvld4_7(kvp_t p, int i)
     const uint4 x = convert_uint4(vload4(0, b + 2 + (i & 15)));
     return q_scale(b) * (convert_float4((i & 16) ? x >> 4 : x & 15u) - 8.0f);
 }
+/* kvraw16_7: 16·(nibble - 8), the nibble moved to a byte's upper half with its bias flipped
+ * (x ^ 0x88), read as a signed byte: sign-extended and converted as q8_0's bytes are, with no
+ * mask, shift or subtraction on the 16 wide values (half as many vector operations as
+ * convert(nibble) - 8). The factor 16 goes into the caller's scalars (KV_RAW_SCALE), exactly:
+ * a power of two. */
 inline float16 kvraw16_7(kvp_t p, int i)
 {
-    const uint16 x = convert_uint16(vload16(0, Q4_BLOCK(p, i) + 2));
-    return convert_float16((i & 16) ? x >> 4 : x & 15u) - 8.0f;
+    const uchar16 x = vload16(0, Q4_BLOCK(p, i) + 2) ^ (uchar)0x88;
+    return convert_float16(as_char16((i & 16) ? x & (uchar)0xf0 : x << (uchar)4));
 }
 inline float kvbsc_7(kvp_t p, int i) { return q_scale(Q4_BLOCK(p, i)); }
-inline float16 kvld16_7(kvp_t p, int i) { return kvbsc_7(p, i) * kvraw16_7(p, i); }
+inline float16 kvld16_7(kvp_t p, int i) { return (kvbsc_7(p, i) * 0.0625f) * kvraw16_7(p, i); }
 #endif
 
 /* T_K, LD_K, LD4_K, LD16_K (and _V) for the type of each. */
@@ -178,7 +195,11 @@ inline float16 kvld16_7(kvp_t p, int i) { return kvbsc_7(p, i) * kvraw16_7(p, i)
 #define LD16_V(p, i) CAT(kvld16_, DT_V)(p, i)
 #endif
 /* LD16R_K(p, i): LD16_K without a block type's scale, BSC_K(p, i) that scale (the other types:
- * LD16_K and 1); _V alike. */
+ * LD16_K and 1), RSC_K the factor that LD16R_K's values take on top: element = RSC_K · BSC_K ·
+ * LD16R_K (1/16 for q4_0, else 1); _V alike. */
+#define KV_RAW_SCALE(dt) ((dt) == 7 ? 0.0625f : 1.0f)
+#define RSC_K KV_RAW_SCALE(DT_K)
+#define RSC_V KV_RAW_SCALE(DT_V)
 #if KV_BLOCKED(DT_K)
 #define LD16R_K(p, i) CAT(kvraw16_, DT_K)(p, i)
 #define BSC_K(p, i) CAT(kvbsc_, DT_K)(p, i)
@@ -360,7 +381,7 @@ __attribute__((always_inline)) inline float16 qk16_row(const qrow *q, __global c
         for (int c = 0; c < DP16 / 32; c++)
             acc = MAD((float16)(BSC_K(kr, 32 * c)),
                       MAD(q->v[2 * c + 1], LD16R_K(kr, 32 * c + 16), q->v[2 * c] * LD16R_K(kr, 32 * c)), acc);
-        t[e] = acc;
+        t[e] = acc; /* RSC_K at the end */
 #else
 #pragma unroll
         for (int c = 0; c < DP16 / 16 - 1; c++)
@@ -370,7 +391,11 @@ __attribute__((always_inline)) inline float16 qk16_row(const qrow *q, __global c
         if (!K_UNIT_SCALE)
             t[e] *= k_scale_of(ks, key);
     }
+#if KV_BLOCKED(DT_K)
+    return hsum16x16(t) * RSC_K;
+#else
     return hsum16x16(t);
+#endif
 }
 
 /* qk16_row for the QT_R rows q[0..QT_R-1] into s[0..QT_R-1], in register tiles of QT_R rows by
