@@ -116,9 +116,9 @@ inline float16 kvld16_5(kvp_t p, int i) { return e5m2_dec16(convert_uint16(vload
 /* 6: q8_0, blocks of 34 bytes (f16 d at an even offset: rows start on whole blocks) */
 #define Q8_BLOCK(p, i) ((p) + (ulong)((i) >> 5) * 34u)
 /* The block's f16 scale d. On CPUs through a private vector: PoCL's scalar vload_half is about
- * 19 integer and scalar operations, its vload_half4 one F16C conversion (q4_0 decode 3.2 against
- * 4.0 ms with it); elsewhere the plain load (see kvld16_4 on private vload_half in clang's NVPTX
- * build). */
+ * 19 integer and scalar operations, its vload_half4 one F16C conversion (q4_0 decode 3.2 ms
+ * against 4.0 with the scalar load); elsewhere the plain load (the comment above kvld16_4: private
+ * vload_half in clang's NVPTX build). */
 #if defined(CPU_DEVICE) && CPU_DEVICE
 inline float q_scale(kvp_t b)
 {
