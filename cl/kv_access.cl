@@ -41,6 +41,8 @@
 #define KV_USES(t) (DT_K == (t) || DT_V == (t))
 /* A block type's rows hold whole blocks (head sizes multiples of 32): no tails. */
 #define KV_BLOCKED(dt) ((dt) == 6 || (dt) == 7)
+/* q4_0's element = d · Q4_RAW_SCALE · kvraw16_7 (below) */
+#define Q4_RAW_SCALE 0.0625f
 
 /* ---- Decoders of the KV-cache types, for 1, 4 and 16 elements at i of a row at p (bytes). */
 /* OCP fp8 as f32 through its bits: E4M3 (bias 7, no infinities, S.1111.111 NaN) and E5M2 (bias
@@ -168,7 +170,7 @@ inline float16 kvraw16_7(kvp_t p, int i)
     return convert_float16(as_char16((i & 16) ? x & (uchar)0xf0 : x << (uchar)4));
 }
 inline float kvbsc_7(kvp_t p, int i) { return q_scale(Q4_BLOCK(p, i)); }
-inline float16 kvld16_7(kvp_t p, int i) { return (kvbsc_7(p, i) * 0.0625f) * kvraw16_7(p, i); }
+inline float16 kvld16_7(kvp_t p, int i) { return (kvbsc_7(p, i) * Q4_RAW_SCALE) * kvraw16_7(p, i); }
 #endif
 
 /* T_K, LD_K, LD4_K, LD16_K (and _V) for the type of each. */
@@ -197,7 +199,7 @@ inline float16 kvld16_7(kvp_t p, int i) { return (kvbsc_7(p, i) * 0.0625f) * kvr
 /* LD16R_K(p, i): LD16_K without a block type's scale, BSC_K(p, i) that scale (the other types:
  * LD16_K and 1), RSC_K the factor that LD16R_K's values take on top: element = RSC_K · BSC_K ·
  * LD16R_K (1/16 for q4_0, else 1); _V alike. */
-#define KV_RAW_SCALE(dt) ((dt) == 7 ? 0.0625f : 1.0f)
+#define KV_RAW_SCALE(dt) ((dt) == 7 ? Q4_RAW_SCALE : 1.0f)
 #define RSC_K KV_RAW_SCALE(DT_K)
 #define RSC_V KV_RAW_SCALE(DT_V)
 #if KV_BLOCKED(DT_K)
@@ -391,11 +393,7 @@ __attribute__((always_inline)) inline float16 qk16_row(const qrow *q, __global c
         if (!K_UNIT_SCALE)
             t[e] *= k_scale_of(ks, key);
     }
-#if KV_BLOCKED(DT_K)
-    return hsum16x16(t) * RSC_K;
-#else
-    return hsum16x16(t);
-#endif
+    return hsum16x16(t) * RSC_K; /* 1 but for q4_0 */
 }
 
 /* qk16_row for the QT_R rows q[0..QT_R-1] into s[0..QT_R-1], in register tiles of QT_R rows by

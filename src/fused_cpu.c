@@ -41,12 +41,6 @@ int clattn__direct_in_place(const clattn_context *ctx, int64_t rows, int64_t seq
     return dk_plus_dv <= KV_IN_PLACE_DIMS && seq_kv * dk_plus_dv >= KV_IN_PLACE;
 }
 
-/* A row of dim elements of the view in its stride's units: bytes for the block types. */
-static cl_ulong row_units(const clattn_view *v, int64_t dim)
-{
-    const int blk = clattn_dtype_block(v->dtype);
-    return blk > 1 ? (cl_ulong)(dim / blk) * clattn_dtype_size(v->dtype) : (cl_ulong)dim;
-}
 
 /* fused_direct (CPUs): one work-item per block of rm packed rows and key split. Prefill reads
  * f32 copies of K and V from the workspace, both in panels (fused_direct.cl): Kᵀ by transpose_k16
@@ -129,12 +123,13 @@ clattn_status clattn__fused_run_direct(clattn_context *ctx, const clattn_problem
                  (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0);
     else if (in_place && (ctx->dev.type & CL_DEVICE_TYPE_CPU) &&
              (p->kv.page || clattn__kv_type(p->kv.kt) || clattn__kv_type(p->kv.vt) ||
-              p->k.stride[2] > row_units(&p->k, p->head_dim) || p->v.stride[2] > row_units(&p->v, p->head_dim_v)))
-        /* fused_direct in place: software prefetches where a head's K or V rows are not one
-         * stream (pages, or rows of all heads interleaved: BSHD, NHD), and for the KV-cache
-         * types, whose decoding leaves the CPU's own prefetchers behind (q8_0 decode 3.1-3.5 ms
-         * with them, 6.1-7.7 without). Not for other contiguous K/V: f16 decode of 8 kv heads
-         * took 1.4 ms with them against 1.05 (docs/measurements.md#kv-cache). */
+              p->k.stride[2] > (cl_ulong)p->head_dim || p->v.stride[2] > (cl_ulong)p->head_dim_v))
+        /* fused_direct in place: software prefetches for the KV-cache types, whose decoding
+         * leaves the CPU's own prefetchers behind (q8_0 decode 3.1-3.5 ms with them, 6.1-7.7
+         * without), and where a head's K or V rows are not one stream (pages, or rows of all
+         * heads interleaved: BSHD, NHD; the strides compared are then in elements, those of
+         * the KV-cache types being in bytes). Not for other contiguous K/V: f16 decode of 8 kv
+         * heads took 1.4 ms with them against 1.05 (docs/measurements.md#kv-cache). */
         snprintf(lanes_opt, sizeof lanes_opt, " -DKV_PREFETCH=1");
     /* The program holds the kernels taken from it below and no others (KSEL, common.cl). */
     char opts[400];
