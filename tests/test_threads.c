@@ -814,6 +814,10 @@ int main(int argc, char **argv)
     saved_cache_dir = e != NULL ? strdup(e) : NULL;
     e = getenv("CLATTN_TUNING_DIR");
     saved_tuning_dir = e != NULL ? strdup(e) : NULL;
+    /* These tests are of the disk cache (its directory shared by threads and processes): on, whatever
+     * the run's CLATTN_CACHE (scripts/test.sh turns it off for the rest of the suite). The children
+     * inherit it. */
+    unsetenv("CLATTN_CACHE");
 
     tu_add_test("threads/contexts_in_parallel", NULL, test_contexts_in_parallel, NULL);
     tu_add_test("threads/fresh_cache_dir", NULL, test_fresh_cache_dir, NULL);
