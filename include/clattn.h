@@ -151,7 +151,8 @@ typedef struct clattn_kv_layout {
      * where desc->seq_kv bounds the keys of every batch and desc->kv_lengths gives each batch's
      * (entries past a batch's keys are not read). A page index outside [0, num_pages) is read as
      * page 0 or num_pages - 1, whichever is nearer: never outside the pool, the keys meaningless.
-     * Pages may repeat (shared prefixes). 0: k and v are plain views [batch][heads_kv][seq_kv][dim]. */
+     * k and v are clamped each to its own num_pages, which may differ. Pages may repeat (shared
+     * prefixes). 0: k and v are plain views [batch][heads_kv][seq_kv][dim]. */
     int64_t page_size;
     cl_mem block_table;
     int64_t block_table_offset;
@@ -161,7 +162,7 @@ typedef struct clattn_kv_layout {
     const clattn_tensor *k_scales;
     const clattn_tensor *v_scales;
     /* CLATTN_FP8_E4M3 / E5M2 K or V: the per-tensor scale (x = scale·fp8), vLLM's k_scale and
-     * v_scale; 0 means 1. Must be 0 for other types. */
+     * v_scale; 0 means 1, otherwise positive and finite (refused else). Must be 0 for other types. */
     float k_scale;
     float v_scale;
     /* Packed variable-length batches (FlashAttention's varlen form), int32 [batch + 1] each, NULL
@@ -198,8 +199,10 @@ typedef struct clattn_attention_desc {
     const clattn_tensor *mask;
     /* Optional int32[batch]: keys visible to each batch (clamped to 0..seq_kv). NULL: seq_kv. */
     cl_mem kv_lengths;
-    /* Optional output, f32, shape [batch][heads_q][seq_q][1]: natural-log log-sum-exp of each row of
-     * scale·QKᵀ + mask over its visible keys; -inf for a row with none. NULL: not written. */
+    /* Optional output, f32, shape [batch][heads_q][seq_q][1]: natural-log log-sum-exp of each row's
+     * logits over its visible keys (scale·QKᵀ + mask, with the variants' softcap, ALiBi and
+     * score_mod when set), the sink's e^s included; -inf for a row with none (the sink s where
+     * sinks are given). NULL: not written. */
     const clattn_tensor *lse;
     /* Optional output (unfused path only), shape [batch][heads_q][seq_q][seq_kv]: the softmax
      * probabilities; -0.0 (equal to 0) where a key is hidden (mask -inf, past kv_lengths, above
@@ -221,8 +224,8 @@ typedef struct clattn_attention_desc {
      * negative: refused. */
     int64_t chunk;
     /* Logit softcap c > 0: the logit is c·tanh(scale·q·k / c); then the additive mask and ALiBi
-     * are added, then score_mod applies. LSE is over these logits. Negative, subnormal or
-     * non-finite: refused. */
+     * are added, then score_mod applies. LSE is over these logits. 0 (either sign): off. Negative,
+     * subnormal or non-finite: refused. */
     float softcap;
     /* Optional f32 [1][heads_q][1][1]: attention sinks, one logit s_h per query head, in the final
      * logit domain, that joins only the softmax denominator:
@@ -294,7 +297,8 @@ typedef struct clattn_attention_desc {
  * The standard ALiBi slopes of `heads` heads for `max_bias` (BLOOM's and ggml's formula; 8 for
  * BLOOM): n = 2^floor(log2 heads), m0 = 2^(-max_bias / n), m1 = 2^(-max_bias / (2n)); head h < n
  * gets m0^(h + 1), the others m1^(2(h - n) + 1). Writes heads floats to slopes.
- * @return INVALID_ARGUMENT for heads < 1, a NULL slopes or a max_bias not finite and > 0.
+ * @return INVALID_ARGUMENT for heads < 1, a NULL slopes or a max_bias that is not finite and
+ * positive (0 included: no ALiBi is no slopes, not slopes of 1).
  */
 CLATTN_API clattn_status clattn_alibi_slopes(int heads, float max_bias, float *slopes);
 
