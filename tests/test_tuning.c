@@ -2076,6 +2076,8 @@ static void test_tune_bad_numbers(void **state)
         {"--seed -1", "bad --seed -1"},
         {"--seed 99999999999999999999", "bad --seed 99999999999999999999"},
         {"--candidates -1", "bad --candidates -1"},
+        {"--bogus", "clattn-tune: unknown option '--bogus'"}, /* named first, before the usage */
+        {"extra", "clattn-tune: unknown option 'extra'"},
         {"--shape 99999999999999999999,1,1,64,64,16", "bad --shape"},
         {"--shape 2147483647,2147483647,1,2147483647,2147483647,16", "bad --shape"},
         {sizeof(size_t) > 4 ? "--budget .5 --iters 64 --seed 18446744073709551615 --candidates 100000 "

@@ -1004,8 +1004,18 @@ int main(int argc, char **argv)
                 die("at most 16 --shape");
             shapes[nshapes++] = s;
         } else {
+            /* The problem first, where a terminal shows it, then the usage. */
+            static const char *const valued[] = {"--device", "--ops",   "--dtype", "--budget", "--iters",
+                                                 "--candidates", "--seed", "--dir",  "--shape"};
+            int needs_value = 0;
+            for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
+                needs_value |= !strcmp(a, valued[k]);
+            if (needs_value)
+                fprintf(stderr, "clattn-tune: %s needs a value\n", a);
+            else
+                fprintf(stderr, "clattn-tune: unknown option '%s'\n", a);
             usage(stderr);
-            die("unknown or incomplete option %s", a);
+            exit(1);
         }
     }
     clattn_status st = clattn_create(device, &ctx);
