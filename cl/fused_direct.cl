@@ -481,7 +481,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
                 for (int i = 0; i < PR; i++)
 #pragma unroll
                     for (int c = 0; c < PC; c++)
-                        acc[i][c] = o[i0 + i][c0 + c];
+                        acc[i][c] = (float16)(0.0f);
                 int n = 0;
                 while (n < nkeys) { /* n a multiple of 16: unchecked vectors, then one checked */
                     const int nfree = run_end(vhid, n, nkeys), n1 = min(nfree + 16, nkeys);
@@ -529,10 +529,18 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
                 for (int i = 0; i < PR; i++)
 #pragma unroll
                     for (int c = 0; c < PC; c++)
-                        o[i0 + i][c0 + c] = acc[i][c];
+                        o[i0 + i][c0 + c] += acc[i][c];
             }
         }
 #else
+        /* The block's P·V summed from 0, then added to o (rescaled above): one rounding at o's
+         * scale a block, not one a key (numerics.md, long key ranges). */
+        float16 pa[RM][DV16];
+        ROWS_LOOP
+        for (int i = 0; i < RM; i++)
+#pragma unroll
+            for (int c = 0; c < DV16; c++)
+                pa[i][c] = (float16)(0.0f);
         int n = 0;
         while (n < nkeys) { /* n a multiple of 16: unchecked vectors, then one checked */
             const int nfree = run_end(vhid, n, nkeys), n1 = min(nfree + 16, nkeys);
@@ -549,7 +557,7 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
                     const float bs = VBSC(vp, c);
                     ROWS_LOOP
                     for (int i = 0; i < RM; i++)
-                        o[i][c] = MAD((float16)(pn[i] * bs), vv, o[i][c]);
+                        pa[i][c] = MAD((float16)(pn[i] * bs), vv, pa[i][c]);
                 }
             }
             for (; n < n1; n++) {
@@ -573,10 +581,15 @@ fused_direct(ATTN_KERNEL_ARGS(T_KD, T_VD) MFLAG_ARGS VARIANT_ARGS KVC_ARGS DROP_
                     ROWS_LOOP
                     for (int i = 0; i < RM; i++)
                         if (!IS_HIDDEN(pn[i]))
-                            o[i][c] = MAD((float16)(pn[i] * bs), vv, o[i][c]);
+                            pa[i][c] = MAD((float16)(pn[i] * bs), vv, pa[i][c]);
                 }
             }
         }
+        ROWS_LOOP
+        for (int i = 0; i < RM; i++)
+#pragma unroll
+            for (int c = 0; c < DV16; c++)
+                o[i][c] += pa[i][c];
 #endif
 #undef VROW
 #undef VSCALE

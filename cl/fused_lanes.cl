@@ -200,7 +200,7 @@ __attribute__((always_inline)) inline void lanes_vrow_f32(const float *vp, int c
         float16 acc[LCT][LSUB];                                                                  \
         _Pragma("unroll") for (int c = 0; c < LCT; c++)                                          \
             _Pragma("unroll") for (int lv = 0; lv < LSUB; lv++)                                  \
-                acc[c][lv] = c < ncol ? ot[(c0 + c) * LANES + lv].v : (float16)(0.0f);           \
+                acc[c][lv] = (float16)(0.0f); /* the block's sum, added to ot at the end */       \
         int n = 0;                                                                               \
         for (; n < nfree; n++, vp += v_ss) {                                                     \
             float16 vv[LCT];                                                                     \
@@ -231,7 +231,7 @@ __attribute__((always_inline)) inline void lanes_vrow_f32(const float *vp, int c
         _Pragma("unroll") for (int c = 0; c < LCT; c++)                                          \
             _Pragma("unroll") for (int lv = 0; lv < LSUB; lv++)                                  \
                 if (c < ncol)                                                                    \
-                    ot[(c0 + c) * LANES + lv].v = acc[c][lv];                                    \
+                    ot[(c0 + c) * LANES + lv].v += acc[c][lv];                                   \
     }
 DEFINE_LANES_PV(lanes_pv, __global const T_KV *, lanes_vrow)
 DEFINE_LANES_PV(lanes_pv_f32, const float *, lanes_vrow_f32)

@@ -28,6 +28,13 @@
 #define KT_PANEL 0 /* scores_direct: Kᵀ in panels of 16·NS keys (transpose_k), else rows */
 #endif
 
+/* P·V over a long key range sums each PV_FOLD keys' products apart and adds that to the total
+ * (gemm_tiled's MODE 1, pv_direct): one accumulator over every key rounds once a key at the
+ * total's scale, and with weights alike (uniform attention, 1/N each) those errors take one sign:
+ * 9e-3 over 10^6 keys, where the documented tolerance there is 1.6e-3. Folded, about
+ * (PV_FOLD + N / PV_FOLD) roundings (tests/test_attention.c: unfused_uniform_*). */
+#define PV_FOLD 1024
+
 /* The argument list of gemm, scores_direct, scores_in_place and pv_direct (src/scores.c sets
  * them alike); TB is the element type of B. */
 #define GEMM_KERNEL_ARGS(TB)                                                                     \

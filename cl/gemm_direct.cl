@@ -242,43 +242,52 @@ __attribute__((always_inline)) inline void load_v16s(__global const T_IN *vr, in
     {                                                                                            \
         _Pragma("unroll") for (int i = 0; i < RM; i++)                                           \
             _Pragma("unroll") for (int s = 0; s < NS; s++) acc[i][s] = (float16)(0.0f);          \
-        int k = 0;                                                                               \
-        for (; k < kfull; k++) {                                                                 \
-            float16 bv[NS];                                                                      \
-            load_v16s(Bb + (ulong)k * b_ss, ncols, bv);                                          \
-            MAD_TILE(acc, arow, k, bv, W)                                                        \
-        }                                                                                        \
-        /* The rest 16 keys at a time: 16 keys that no row hides (with a mask of finite values, \
-         * all of them) go unchecked, the others key by key (a finite mask: unfused 16.4 ms     \
-         * against 22.6 when every key was checked). See docs/measurements.md#pv-direct. */     \
-        while (k < kend) {                                                                       \
-            if (k + 16 <= kend) {                                                                \
-                int16 hid = (int16)(0);                                                          \
-                _Pragma("unroll") for (int i = 0; i < RM; i++) hid |= IS_HIDDEN16(LD16_A(arow[i], k)); \
-                if (!any(hid)) {                                                                 \
-                    for (const int stop = k + 16; k < stop; k++) {                               \
-                        float16 bv[NS];                                                          \
-                        load_v16s(Bb + (ulong)k * b_ss, ncols, bv);                              \
-                        MAD_TILE(acc, arow, k, bv, W)                                            \
-                    }                                                                            \
-                    continue;                                                                    \
-                }                                                                                \
-            }                                                                                    \
-            for (const int stop = min(k + 16, kend); k < stop; k++) {                            \
-                float a[RM];                                                                     \
-                int seen = 0;                                                                    \
-                _Pragma("unroll") for (int i = 0; i < RM; i++) {                                 \
-                    a[i] = LD_A(arow[i], k) * (W); /* -0 stays -0 */                             \
-                    seen |= !IS_HIDDEN(a[i]);                                                    \
-                }                                                                                \
-                if (!seen)                                                                       \
-                    continue;                                                                    \
+        for (int c0 = 0; c0 < kend; c0 += PV_FOLD) {                                             \
+            const int cfull = min(kfull, c0 + PV_FOLD), cend = min(kend, c0 + PV_FOLD);          \
+            float16 part[RM][NS];                                                                \
+            _Pragma("unroll") for (int i = 0; i < RM; i++)                                       \
+                _Pragma("unroll") for (int s = 0; s < NS; s++) part[i][s] = (float16)(0.0f);     \
+            int k = c0;                                                                          \
+            for (; k < cfull; k++) {                                                             \
                 float16 bv[NS];                                                                  \
                 load_v16s(Bb + (ulong)k * b_ss, ncols, bv);                                      \
-                _Pragma("unroll") for (int i = 0; i < RM; i++) if (!IS_HIDDEN(a[i]))             \
-                    _Pragma("unroll") for (int s = 0; s < NS; s++)                               \
-                        acc[i][s] = MAD((float16)(a[i]), bv[s], acc[i][s]);                      \
+                MAD_TILE(part, arow, k, bv, W)                                                   \
             }                                                                                    \
+            /* The rest 16 keys at a time: 16 keys that no row hides (with a mask of finite     \
+             * values, all of them) go unchecked, the others key by key (a finite mask: unfused \
+             * 16.4 ms against 22.6 when every key was checked). See                            \
+             * docs/measurements.md#pv-direct. */                                                \
+            while (k < cend) {                                                                   \
+                if (k + 16 <= cend) {                                                            \
+                    int16 hid = (int16)(0);                                                      \
+                    _Pragma("unroll") for (int i = 0; i < RM; i++) hid |= IS_HIDDEN16(LD16_A(arow[i], k)); \
+                    if (!any(hid)) {                                                             \
+                        for (const int stop = k + 16; k < stop; k++) {                           \
+                            float16 bv[NS];                                                      \
+                            load_v16s(Bb + (ulong)k * b_ss, ncols, bv);                          \
+                            MAD_TILE(part, arow, k, bv, W)                                       \
+                        }                                                                        \
+                        continue;                                                                \
+                    }                                                                            \
+                }                                                                                \
+                for (const int stop = min(k + 16, cend); k < stop; k++) {                        \
+                    float a[RM];                                                                 \
+                    int seen = 0;                                                                \
+                    _Pragma("unroll") for (int i = 0; i < RM; i++) {                             \
+                        a[i] = LD_A(arow[i], k) * (W); /* -0 stays -0 */                         \
+                        seen |= !IS_HIDDEN(a[i]);                                                \
+                    }                                                                            \
+                    if (!seen)                                                                   \
+                        continue;                                                                \
+                    float16 bv[NS];                                                              \
+                    load_v16s(Bb + (ulong)k * b_ss, ncols, bv);                                  \
+                    _Pragma("unroll") for (int i = 0; i < RM; i++) if (!IS_HIDDEN(a[i]))         \
+                        _Pragma("unroll") for (int s = 0; s < NS; s++)                           \
+                            part[i][s] = MAD((float16)(a[i]), bv[s], part[i][s]);                \
+                }                                                                                \
+            }                                                                                    \
+            _Pragma("unroll") for (int i = 0; i < RM; i++)                                       \
+                _Pragma("unroll") for (int s = 0; s < NS; s++) acc[i][s] += part[i][s];          \
         }                                                                                        \
     }
 

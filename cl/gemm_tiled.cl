@@ -72,8 +72,23 @@ gemm(GEMM_KERNEL_ARGS(T_IN))
     for (int i = 0; i < RM; i++)
         for (int s = 0; s < NS; s++)
             acc[i][s] = (floatV)(0.0f);
+#if MODE == 1
+    floatV tot[RM][NS]; /* the chunks before the last PV_FOLD keys (gemm_common.cl) */
+    for (int i = 0; i < RM; i++)
+        for (int s = 0; s < NS; s++)
+            tot[i][s] = (floatV)(0.0f);
+#endif
 
     for (int k0 = 0; k0 < kend; k0 += TK) {
+#if MODE == 1
+        if (k0 > 0 && k0 % PV_FOLD < TK) { /* k0 just crossed a multiple of PV_FOLD */
+            for (int i = 0; i < RM; i++)
+                for (int s = 0; s < NS; s++) {
+                    tot[i][s] += acc[i][s];
+                    acc[i][s] = (floatV)(0.0f);
+                }
+        }
+#endif
 #endif
         /* Tiles are loaded 4 consecutive elements at a time (TK and TN are multiples of 4). */
         for (int e = lid; e < TM * (TK / 4); e += NWI) {
@@ -173,6 +188,11 @@ gemm(GEMM_KERNEL_ARGS(T_IN))
         barrier(CLK_LOCAL_MEM_FENCE); /* before the next chunk overwrites As/Bs */
 #endif
     }
+#if MODE == 1 && !KFULL
+    for (int i = 0; i < RM; i++)
+        for (int s = 0; s < NS; s++)
+            acc[i][s] += tot[i][s];
+#endif
 
     __global T_OUT *Cb = C + c_off + (ulong)b * c_sb + (ulong)h * c_sh;
 #if MODE == 0

@@ -426,6 +426,75 @@ static void test_rounding(void **state)
 
 static const clattn_dtype rounding_f16 = F16, rounding_bf16 = BF16;
 
+/* The unfused path's P·V over a long key range with every weight alike: q = 0 makes every logit
+ * 0 and every probability 1/N, V is one row (seq stride 0) of a value that is not a short binary
+ * fraction, so the exact output is that row and every product is the same. Summed in one
+ * accumulator those products round at the total's scale, all one way: 1.5e-2 relative over 2^20
+ * keys. Held to numerics.md's f32 tolerance for that length (rtol 1e-4·sqrt(N / 4096)), with
+ * pv_direct (the CPUs' default) and the tiled GEMM (the GPUs', small tiles here); the fused
+ * results too, on the device's default kernels (on CPUs fused_direct for 3 rows, fused_lanes for
+ * 16 query heads of one kv head). */
+static void test_pv_uniform_long(void **state)
+{
+    (void)state;
+    clattn_context *ctx = tu_ctx_get();
+    tu_failures = 0;
+    enum { ROWS = 16, D = 16 }; /* query rows (heads_q x seq_q) of the largest run */
+    const int64_t N = (INT64_C(1) << 20) + 3;
+    float q[ROWS * D] = {0}, k[D], v[D];
+    tu_rng rng;
+    tu_seed(&rng, tu_seed_of("pv_uniform_long"));
+    for (int d = 0; d < D; d++) {
+        k[d] = (float)tu_uniform(&rng, -1, 1);
+        v[d] = (float)tu_uniform(&rng, 0.5, 1); /* same sign: no cancellation to hide the drift */
+    }
+    cl_mem bq = tu_xbuffer(sizeof q, q), bk = tu_xbuffer(sizeof k, k), bv = tu_xbuffer(sizeof v, v);
+    cl_mem bo = tu_xbuffer(ROWS * D * 4, NULL);
+    clattn_tensor tk = clattn_tensor_bhsd(bk, CLATTN_F32, 1, 1, N, D);
+    clattn_tensor tv = clattn_tensor_bhsd(bv, CLATTN_F32, 1, 1, N, D);
+    tk.stride[0] = tk.stride[1] = tk.stride[2] = 0;
+    tv.stride[0] = tv.stride[1] = tv.stride[2] = 0;
+    double want[ROWS * D];
+    for (int i = 0; i < ROWS * D; i++)
+        want[i] = v[i % D];
+    const double rtol = 1e-4 * sqrt((double)N / 4096.0);
+    static const int pv_tiled[9] = {4, 4, 2, 1, 16, 4, 0, 0, 0};
+    const struct {
+        const char *name;
+        clattn_algorithm algo;
+        const int *pv;
+        int hq, sq;
+    } runs[] = {{"unfused, default P·V", CLATTN_ALGORITHM_UNFUSED, NULL, 1, 3},
+                {"unfused, tiled P·V", CLATTN_ALGORITHM_UNFUSED, pv_tiled, 1, 3},
+                {"fused, 3 rows", CLATTN_ALGORITHM_FUSED, NULL, 1, 3},
+                {"fused, 16 query heads of 1 kv head", CLATTN_ALGORITHM_FUSED, NULL, 16, 1}};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        const int hq = runs[r].hq, sq = runs[r].sq, n = hq * sq * D;
+        clattn_tensor tq = clattn_tensor_bhsd(bq, CLATTN_F32, 1, hq, sq, D);
+        clattn_tensor to = clattn_tensor_bhsd(bo, CLATTN_F32, 1, hq, sq, D);
+        clattn_attention_desc desc = {.batch = 1, .heads_q = hq, .heads_kv = 1, .seq_q = sq, .seq_kv = N,
+                                      .head_dim = D, .algorithm = runs[r].algo};
+        if (runs[r].pv && clattn_set_params(ctx, CLATTN_OPERATION_PV, runs[r].pv, 9) != CLATTN_SUCCESS)
+            fail_msg("clattn_set_params: %s", clattn_last_error(ctx));
+        const clattn_status st = clattn_attention(ctx, &desc, &tq, &tk, &tv, &to, 0, NULL, NULL);
+        clattn_set_params(ctx, CLATTN_OPERATION_PV, NULL, 0);
+        if (st != CLATTN_SUCCESS)
+            fail_msg("%s: %s: %s", runs[r].name, clattn_status_string(st), clattn_last_error(ctx));
+        float out[ROWS * D];
+        tu_read(ctx, bo, (size_t)n * sizeof(float), out);
+        double got[ROWS * D], worst = 0;
+        for (int i = 0; i < n; i++) {
+            got[i] = out[i];
+            worst = fmax(worst, fabs(got[i] - want[i]) / want[i]);
+        }
+        print_message("%s over %lld keys: largest relative error %.3g (allowed %.3g)\n", runs[r].name,
+                      (long long)N, worst, rtol);
+        tu_check_close(runs[r].name, got, want, (size_t)n, 0.0, rtol);
+    }
+    if (tu_failures != 0)
+        fail_msg("%d check(s) failed", tu_failures);
+}
+
 int main(void)
 {
     enum { MAX_TESTS = 128 };
@@ -445,6 +514,7 @@ int main(void)
     }
     tests[n++] = (struct CMUnitTest){"rounding_f16", test_rounding, NULL, tu_teardown, (void *)&rounding_f16};
     tests[n++] = (struct CMUnitTest){"rounding_bf16", test_rounding, NULL, tu_teardown, (void *)&rounding_bf16};
+    tests[n++] = (struct CMUnitTest){"pv_uniform_long", test_pv_uniform_long, NULL, tu_teardown, NULL};
     n = tu_filter_tests("scores", tests, n);
     const int failed = _cmocka_run_group_tests("scores", tests, n, NULL, NULL);
     clattn_release(tu_ctx);
