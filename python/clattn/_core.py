@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import math
 from ctypes import byref, c_float, c_int, c_int32, c_size_t, c_uint, c_void_p, pointer
 from dataclasses import dataclass
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -149,19 +150,118 @@ def _dtype_name(dtype: Any) -> str:
     raise ValueError(f"no clattn dtype for numpy {d}: f32, f16 or bf16")
 
 
+def _float_dtype(name: str, dtype: Any) -> str:
+    """The argument `name`, a dtype of attention data: "f32", "f16" or "bf16" ("i32" is refused: it
+    is only for kv_lengths)."""
+    try:
+        dt = _dtype_name(dtype)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    if dt == "i32":
+        raise ValueError(f"{name} must be f32, f16 or bf16 (got {dtype!r}; i32 is for kv_lengths only)")
+    return dt
+
+
+def _int(name: str, value: Any, bools: bool = False) -> int:
+    """value as an int: a Python or numpy integer (a bool only with bools); ValueError otherwise,
+    where int() would truncate 1.5 to 1 or read "3" as 3."""
+    if type(value) is int:   # the common case first: this runs several times per call
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        if bools:
+            return int(value)
+    elif isinstance(value, (int, np.integer)):
+        return int(value)
+    raise ValueError(f"{name} must be an integer (got {value!r})")
+
+
+def _extents(what: str, shape: Any, dtype: str) -> Tuple[int, ...]:
+    """shape as the extents of a tensor of dtype: 4 non-negative integers [B, H, S, D], or 1 for
+    "i32" key lengths; ValueError starting with `what` otherwise."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ValueError(f"{what} {shape!r} is not a sequence of extents") from None
+    if len(dims) != (1 if dtype == "i32" else 4):
+        rule = "'i32' tensors (kv_lengths) are 1-D" if dtype == "i32" else "clattn tensors are 4-D [B][H][S][D]"
+        raise ValueError(f"{what} {dims}: {rule}")
+    try:
+        dims = tuple(_int("", n) for n in dims)   # the message is formatted only on failure (views are hot)
+    except ValueError:
+        raise ValueError(f"{what} {dims}: extents are integers") from None
+    if min(dims) < 0:
+        raise ValueError(f"{what} {dims} has a negative extent")
+    return dims
+
+
+def _host_data(name: str, a: Any, dtype: Optional[str], lengths: bool = False) -> Tuple[np.ndarray, str]:
+    """The host data of argument `name` and the storage type it goes to the device as: dtype, else
+    its own (float16 -> f16, other floats -> f32, integers -> i32). ValueError, naming the argument,
+    unless it is 4-D floating-point data (uint16 bf16 bit patterns with dtype "bf16" only) or, with
+    lengths, 1-D integer key lengths within int32: nothing is truncated or wrapped on the way."""
+    arr = np.asarray(a)
+    kind = arr.dtype.kind
+    ints = kind in "iu" and arr.dtype != np.uint16   # uint16: bf16 bit patterns, or ambiguous
+    if dtype is not None:
+        dt = _dtype_name(dtype)
+    else:
+        dt = "i32" if ints else "f16" if arr.dtype == np.float16 else "f32"
+    if dt == "i32" and lengths:
+        if kind not in "iu":
+            raise ValueError(f"{name} holds {arr.dtype} data: an 'i32' tensor holds kv_lengths, integers")
+        if arr.size and not (-2**31 <= arr.min() and arr.max() < 2**31):
+            raise ValueError(f"{name} holds values outside int32 (an 'i32' tensor would wrap them)")
+    elif arr.dtype == np.uint16 and dt != "bf16":
+        raise ValueError(f"{name} is a uint16 array, which is ambiguous: pass dtype='bf16' to read it as bf16 "
+                         "bit patterns")
+    elif dt == "i32" or not (kind == "f" or arr.dtype == np.uint16):
+        raise ValueError(f"{name} holds {arr.dtype} data: attention data are floating point, stored as f32, f16 "
+                         "or bf16 (integers are kv_lengths only)")
+    _extents(f"{name} has shape", arr.shape, dt)
+    return arr, dt
+
+
+def _fill_target(name: str, a: np.ndarray, shape: Tuple[int, ...], any_shape: bool = False) -> np.ndarray:
+    """A numpy array the caller gave to be filled with a result of shape (any shape of as many
+    elements with any_shape); ValueError, naming it, unless it is a writeable float array of that
+    shape (an integer one would truncate the result)."""
+    if a.dtype.kind != "f":
+        raise ValueError(f"{name} is a numpy {a.dtype} array: results are floating point (give a float32 or "
+                         "float16 array to fill)")
+    if any_shape and a.size != int(np.prod(shape)):
+        raise ValueError(f"{name} has {a.size} elements, the result {int(np.prod(shape))}")
+    if not any_shape and a.shape != shape:
+        raise ValueError(f"{name} has shape {a.shape}, the result {shape}")
+    if not a.flags.writeable:
+        raise ValueError(f"{name} is a read-only array")
+    return a
+
+
+def _device_spec(name: str, spec: Any) -> Optional[bytes]:
+    """A device spec as the C string clattn_create and clattn_select_device take (None reads
+    CLATTN_DEVICE); ValueError for anything but None or a str."""
+    if spec is not None and not isinstance(spec, str):
+        raise ValueError(f"{name} must be None or a device spec string (\"gpu\", \"cpu\", \"accelerator\", "
+                         f"\"P:D\" or a name substring), got {spec!r}")
+    return spec.encode() if spec else None
+
+
 def _window_pair(window: Any) -> Tuple[int, int]:
     """window=(left, right) as the descriptor's two fields (None: unbounded, -1); ValueError for
     anything but a pair of ints or None."""
     try:
         left, right = window
+        return (-1 if left is None else _int("window", left)), (-1 if right is None else _int("window", right))
     except (TypeError, ValueError):
         raise ValueError(f"window is a pair (left, right) of ints or None (got {window!r})") from None
-    out = []
-    for v in (left, right):
-        if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))):
-            raise ValueError(f"window is a pair (left, right) of ints or None (got {window!r})")
-        out.append(-1 if v is None else int(v))
-    return out[0], out[1]
+
+
+def _algorithm(algorithm: str) -> int:
+    """The descriptor's algorithm field of "auto", "fused" or "unfused" (ValueError otherwise)."""
+    try:
+        return _ALGORITHMS[algorithm]
+    except (KeyError, TypeError):
+        raise ValueError(f"algorithm must be one of {', '.join(_ALGORITHMS)} (got {algorithm!r})") from None
 
 
 def _host_array(a: Any, dtype: str) -> np.ndarray:
@@ -189,7 +289,7 @@ def _stored_dtype(x: Any, dt: str) -> Optional[str]:
 def _uint(name: str, value: Any, bits: int) -> int:
     """value as an unsigned integer of `bits` bits; ValueError outside that range (ctypes would
     wrap a negative or too large value silently)."""
-    v = int(value)
+    v = _int(name, value)
     if not 0 <= v < (1 << bits):
         raise ValueError(f"{name} is {value!r}: an unsigned {bits}-bit integer, 0 .. {(1 << bits) - 1}")
     return v
@@ -301,7 +401,7 @@ def _select(spec: Optional[str]) -> Tuple[int, int, str]:
     L = _lib.lib()
     plat, dev = c_void_p(), c_void_p()
     why = ctypes.create_string_buffer(512)
-    st = L.clattn_select_device(spec.encode() if spec else None, byref(plat), byref(dev), why, 512)
+    st = L.clattn_select_device(_device_spec("spec", spec), byref(plat), byref(dev), why, 512)
     if st != 0:
         _raise(st, None)
     return int(plat.value or 0), int(dev.value or 0), why.value.decode("utf-8", "replace")
@@ -354,8 +454,9 @@ def alibi_slopes(heads: int, max_bias: float = 8.0) -> np.ndarray:
 
     Pass them as ``alibi_slopes=`` (a 1-D array of heads_q values is taken as [1][heads_q][1][1]).
     """
-    out = np.zeros(max(int(heads), 0), dtype=np.float32)
-    st = _lib.lib().clattn_alibi_slopes(int(heads), float(max_bias),
+    heads = _int("heads", heads)
+    out = np.zeros(max(heads, 0), dtype=np.float32)
+    st = _lib.lib().clattn_alibi_slopes(heads, float(max_bias),
                                         out.ctypes.data_as(ctypes.POINTER(c_float)) if out.size else None)
     if st != 0:
         _raise(st, None)
@@ -443,7 +544,7 @@ class DeviceTensor:
     @property
     def size(self) -> int:
         """Number of elements in the view."""
-        return int(np.prod(self.shape)) if self.shape else 1
+        return math.prod(self.shape)   # not np.prod: 3 µs, and view() checks every view's span
 
     def is_contiguous(self) -> bool:
         """Whether the view is dense row-major ([b][h][s][d] with no gaps)."""
@@ -461,25 +562,38 @@ class DeviceTensor:
 
         offset: element index of (0, 0, 0, 0) in the buffer (absolute, not relative to this view);
         default this view's. shape: 4 extents, default this view's. strides: 3 element strides
-        (batch, head, seq), default this view's. The library checks the view fits the buffer when
-        it is used.
+        (batch, head, seq), default this view's. ValueError when the view reaches outside the
+        buffer (a negative offset or stride, an extent past its end).
         """
         if len(self.shape) != 4:
             raise ValueError("view() needs a 4-D tensor")
-        shape = tuple(shape) if shape is not None else self.shape
-        strides = tuple(strides) if strides is not None else self.strides
-        if len(shape) != 4 or len(strides) != 3:
-            raise ValueError("a view has 4 extents and 3 strides (batch, head, seq)")
-        return DeviceTensor(self._ctx, self._live(), self.dtype, shape, strides,
-                            self.offset if offset is None else offset, base=self._base or self,
-                            keep=self._keep)
+        shape = _extents("view shape", self.shape if shape is None else shape, self.dtype)
+        strides = tuple(_int("view strides: each", s) for s in (self.strides if strides is None else strides))
+        if len(strides) != 3 or min(strides) < 0:
+            raise ValueError(f"view strides {strides}: a view has 3 non-negative strides (batch, head, seq)")
+        offset = self.offset if offset is None else _int("view offset", offset)
+        t = DeviceTensor(self._ctx, self._live(), self.dtype, shape, strides, offset, base=self._base or self,
+                         keep=self._keep)
+        lo, hi = t._span()
+        size = c_size_t(0)
+        _check_cl(_lib.cl().clGetMemObjectInfo(self._live(), _CL_MEM_SIZE, ctypes.sizeof(size), byref(size), None),
+                  "clGetMemObjectInfo")
+        n = size.value // self.itemsize
+        if lo < 0 or hi > n:
+            raise ValueError(f"view offset {offset}, shape {shape}, strides {strides} reaches elements {lo}..{hi - 1} "
+                             f"of a buffer of {n} {self.dtype} elements")
+        return t
 
     def seq(self, start: int, stop: int) -> "DeviceTensor":
         """The view of sequence positions start..stop-1 (a KV cache's first n keys: seq(0, n))."""
+        start, stop = _int("seq start", start), _int("seq stop", stop)
         if len(self.shape) != 4 or not 0 <= start <= stop <= self.shape[2]:
             raise ValueError(f"seq({start}, {stop}) is outside 0..{self.shape[2] if len(self.shape) == 4 else '?'}")
-        return self.view(offset=self.offset + start * self.strides[2],
-                         shape=(self.shape[0], self.shape[1], stop - start, self.shape[3]))
+        # a part of this view, so inside the buffer as this view is: view()'s check is not needed (a
+        # decode loop takes two of these per step)
+        return DeviceTensor(self._ctx, self._live(), self.dtype, (self.shape[0], self.shape[1], stop - start,
+                            self.shape[3]), self.strides, self.offset + start * self.strides[2],
+                            base=self._base or self, keep=self._keep)
 
     # -- host transfers
     def _span(self) -> Tuple[int, int]:
@@ -488,7 +602,7 @@ class DeviceTensor:
             return self.offset, self.offset
         if len(self.shape) != 4:
             return self.offset, self.offset + self.size
-        last = self.offset + sum((n - 1) * s for n, s in zip(self.shape[:3], self.strides)) + self.shape[3]
+        last = self.offset + sum((n - 1) * s for n, s in zip(self.shape[:3], self.strides) if s > 0) + self.shape[3]
         lo = self.offset + sum((n - 1) * s for n, s in zip(self.shape[:3], self.strides) if s < 0)
         return lo, last
 
@@ -519,14 +633,11 @@ class DeviceTensor:
         """Writes a whole array of this view's shape into the view (blocking). Returns self.
 
         Floats are converted to the storage type (bf16: rounded to nearest even; a uint16 array
-        is taken as bf16 bit patterns).
+        is taken as bf16 bit patterns); an "i32" tensor takes integers.
         """
-        host = _host_array(a, self.dtype)
+        host = _host_array(*_host_data("write: the array", a, self.dtype, lengths=True))
         if host.shape != self.shape:
-            if host.size == self.size and len(self.shape) != 4:
-                host = host.reshape(self.shape)
-            else:
-                raise ValueError(f"write: array shape {host.shape} differs from the tensor's {self.shape}")
+            raise ValueError(f"write: array shape {host.shape} differs from the tensor's {self.shape}")
         if host.size == 0:
             return self
         cl = _lib.cl()
@@ -655,12 +766,13 @@ class Params:
 
 
 def _op_index(op: Union[str, int]) -> int:
-    if isinstance(op, int):
-        return op
     try:
-        return OPERATIONS.index(op.lower())
+        o = OPERATIONS.index(op.lower()) if isinstance(op, str) else _int("op", op)
     except ValueError:
-        raise ValueError(f"unknown operation {op!r}: one of {', '.join(OPERATIONS)}") from None
+        o = -1
+    if not 0 <= o < len(OPERATIONS):
+        raise ValueError(f"unknown operation {op!r}: one of {', '.join(OPERATIONS)}, or its index")
+    return o
 
 
 class Context:
@@ -682,7 +794,7 @@ class Context:
             self._h = _handle
         else:
             h = c_void_p()
-            st = L.clattn_create(device.encode() if device else None, byref(h))
+            st = L.clattn_create(_device_spec("device", device), byref(h))
             if st != 0:
                 _raise(st, None)
             self._h = int(h.value)
@@ -837,7 +949,7 @@ class Context:
         o = _op_index(op)
         pc = ProblemClass()
         pc.operation = o
-        pc.dtype = DTYPES[_dtype_name(dtype)][0]
+        pc.dtype = DTYPES[_float_dtype("dtype", dtype)][0]
         pc.head_dim = 0 if OPERATIONS[o] in ("softmax", "merge") else head_dim
         pc.seq_q, pc.seq_kv, pc.causal, pc.masked = seq_q, seq_kv, int(causal), int(masked)
         kp = KernelParams()
@@ -890,9 +1002,13 @@ class Context:
                             break
                     else:
                         raise ValueError(f"{name}={v!r} names no kernel of {OPERATIONS[o]}")
-                vals.append(int(v))
+                vals.append(_int(f"{OPERATIONS[o]} parameter {name}", v, bools=True))
+        elif isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            raise ValueError(f"values is a list of {OPERATIONS[o]}'s parameters in order ({', '.join(names)}), "
+                             f"a dict by name or None (got {values!r})")
         else:
-            vals = [int(v) for v in values]
+            vals = [_int(f"{OPERATIONS[o]} parameter {names[i] if i < n else i}", v, bools=True)
+                    for i, v in enumerate(values)]
         arr = (c_int * max(len(vals), 1))(*vals)
         st = L.clattn_set_params(self._handle(), o, arr, len(vals))
         if st != 0:
@@ -914,27 +1030,29 @@ class Context:
         """A new contiguous device tensor of shape ([B, H, S, D], or [B] for "i32"), contents
         undefined."""
         name = _dtype_name(dtype)
-        shape = tuple(int(s) for s in shape)
-        n = int(np.prod(shape)) if shape else 1
-        return DeviceTensor(self, self._alloc(n * DTYPES[name][1]), name, shape)
+        shape = _extents("shape", shape, name)
+        return DeviceTensor(self, self._alloc(int(np.prod(shape)) * DTYPES[name][1]), name, shape)
 
     def zeros(self, shape: Sequence[int], dtype: str = "f32") -> DeviceTensor:
         """A new contiguous device tensor of zeros."""
         name = _dtype_name(dtype)
-        return self.to_device(np.zeros(shape, dtype=DTYPES[name][2]), name)
+        return self.to_device(np.zeros(_extents("shape", shape, name), dtype=DTYPES[name][2]), name)
 
     def to_device(self, a: Any, dtype: Optional[str] = None) -> DeviceTensor:
         """Copies a host array into a new contiguous device tensor (blocking).
 
         dtype: "f32", "f16", "bf16" (or "i32"); default from the array (float64 -> f32, int -> i32;
         a uint16 array needs dtype="bf16"). Floats are converted, bf16 rounded to nearest even.
+        A float tensor takes a 4-D float array, an "i32" one a 1-D integer array (ValueError else).
         """
         if isinstance(a, DeviceTensor):
             return a
-        arr = np.asarray(a)
-        name = _dtype_name(dtype if dtype is not None else arr.dtype)
-        host = _host_array(arr, name)
-        return DeviceTensor(self, self._alloc(host.nbytes, host), name, host.shape)
+        return self._upload(*_host_data("the array", a, dtype, lengths=True))
+
+    def _upload(self, arr: np.ndarray, dtype: str) -> DeviceTensor:
+        """A checked host array (_host_data) in a new device tensor of storage type dtype."""
+        host = _host_array(arr, dtype)
+        return DeviceTensor(self, self._alloc(host.nbytes, host), dtype, host.shape)
 
     def wrap(self, obj: Any, shape: Optional[Sequence[int]] = None, dtype: Optional[str] = None,
              strides: Optional[Sequence[int]] = None, offset: int = 0) -> DeviceTensor:
@@ -959,73 +1077,80 @@ class Context:
             raise ValueError("wrap: a buffer needs shape=")
         handle = int(getattr(obj, "int_ptr", obj))
         name = _dtype_name(dtype or "f32")
-        shape = tuple(shape)
-        return DeviceTensor(self, handle, name, shape,
-                            tuple(strides) if strides is not None else None, offset, owns=False, keep=obj)
+        shape = _extents("shape", shape, name)
+        if strides is not None:
+            strides = tuple(_int("strides: each", s) for s in strides)
+        return DeviceTensor(self, handle, name, shape, strides, _int("offset", offset), owns=False, keep=obj)
 
-    def _tensor(self, x: Any, dtype: Optional[str], temps: list) -> DeviceTensor:
-        """x as a DeviceTensor: itself, a wrapped pyopencl array, or a numpy upload (kept in temps)."""
-        if isinstance(x, DeviceTensor):
-            return x
-        if hasattr(x, "base_data") and hasattr(x, "queue"):
-            return self.wrap(x, dtype=dtype)
-        arr = np.asarray(x)
-        if arr.ndim != 4:
-            raise ValueError(f"clattn tensors are 4-D [B][H][S][D] arrays (got shape {arr.shape})")
-        # integers (but uint16, bf16's bits: to_device asks for dtype="bf16") are no attention data
-        ints = arr.dtype.kind in "ib" or (arr.dtype.kind == "u" and arr.dtype != np.uint16)
-        if (dtype is None and ints) or (dtype is not None and _dtype_name(dtype) == "i32"):
-            raise ValueError(f"no clattn dtype for an attention tensor of numpy {arr.dtype}: f32, f16 or bf16 "
-                             "(integers are kv_lengths only)")
-        t = self.to_device(arr, dtype)
+    def _tensor(self, x: Any, dtype: Optional[str], temps: list, name: str) -> DeviceTensor:
+        """x, the attention data of argument `name`, as a DeviceTensor: itself, a wrapped pyopencl
+        array, or a host upload of storage type dtype (kept in temps). ValueError, naming the
+        argument, for an "i32" tensor or host data that is not 4-D floats (_host_data)."""
+        if isinstance(x, DeviceTensor) or (hasattr(x, "base_data") and hasattr(x, "queue")):
+            t = x if isinstance(x, DeviceTensor) else self.wrap(x, dtype=dtype)
+            if t.dtype == "i32":
+                raise ValueError(f"{name} is an 'i32' tensor, which holds kv_lengths: attention data are f32, f16 "
+                                 "or bf16")
+            return t
+        t = self._upload(*_host_data(name, x, dtype))
         temps.append(t)
         return t
 
-    def _small(self, x: Any, heads: int, temps: list) -> DeviceTensor:
+    def _small(self, x: Any, heads: int, temps: list, name: str) -> DeviceTensor:
         """sinks / alibi_slopes: a 1-D array of per-head values becomes f32 [1][heads][1][1]."""
         if isinstance(x, DeviceTensor) or hasattr(x, "base_data"):
-            return self._tensor(x, "f32", temps)
-        arr = np.asarray(x, dtype=np.float32)
+            return self._tensor(x, "f32", temps, name)
+        arr = np.asarray(x)
+        if arr.dtype.kind in "iu" and not isinstance(x, np.ndarray):
+            arr = np.asarray(x, dtype=np.float64)   # a list of Python ints ([0, 0]): per-head values
         if arr.ndim == 1:
             arr = arr.reshape(1, -1, 1, 1)
         elif arr.ndim == 2:
             arr = arr.reshape(arr.shape[0], arr.shape[1], 1, 1)
-        return self._tensor(arr, "f32", temps)
+        return self._tensor(arr, "f32", temps, name)
 
-    def _kvlen(self, x: Any, temps: list) -> int:
+    def _kvlen(self, x: Any, batch: int, temps: list) -> int:
+        """kv_lengths as the cl_mem the descriptor takes: `batch` values, exactly from the host, at least
+        in a device buffer (ValueError else)."""
         if x is None:
             return 0
         if isinstance(x, DeviceTensor):
             if x.dtype != "i32" or x.offset != 0:
                 raise ValueError("kv_lengths as a DeviceTensor must be an 'i32' tensor at offset 0")
-            return x._live()
-        if hasattr(x, "base_data"):  # pyopencl array
-            if x.offset != 0:
-                raise ValueError("kv_lengths as a pyopencl array must start at offset 0")
-            temps.append(x)
-            return int(x.base_data.int_ptr)
-        # Integers only, clamped into int32 here (the library clamps to 0..seq_kv): a cast would
-        # wrap 2**32 + 3 to 3, truncate 5.7 to 5.
-        vals = []
-        for v in np.asarray(x, dtype=object).reshape(-1):
-            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-                raise ValueError(f"kv_lengths holds integers (got {v!r})")
-            vals.append(min(max(int(v), 0), 2**31 - 1))
-        arr = np.array(vals, dtype=np.int32)
-        t = DeviceTensor(self, self._alloc(arr.nbytes, arr), "i32", arr.shape)
-        temps.append(t)
-        return t.cl_mem
+            n, mem = x.size, x._live()
+        elif hasattr(x, "base_data"):  # pyopencl array
+            if x.offset != 0 or x.dtype != np.int32:
+                raise ValueError("kv_lengths as a pyopencl array must be int32 and start at offset 0")
+            n, mem = x.size, int(x.base_data.int_ptr)
+        else:
+            # Integers only, clamped into int32 here (the library clamps to 0..seq_kv): a cast would
+            # wrap 2**32 + 3 to 3, truncate 5.7 to 5.
+            vals = [min(max(_int("kv_lengths holds integers: each value", v), 0), 2**31 - 1)
+                    for v in np.asarray(x, dtype=object).reshape(-1)]
+            n, mem = len(vals), None
+        if mem is None and n != batch:
+            raise ValueError(f"kv_lengths has {n} values: it needs exactly batch ({batch}), one per batch entry")
+        if n < batch:  # a device buffer may be longer (a server's, sized for its largest batch): the first batch
+            raise ValueError(f"kv_lengths has {n} values: it needs batch ({batch}), one per batch entry")
+        if mem is None:
+            x = self._upload(np.array(vals, dtype=np.int32), "i32")
+            mem = x.cl_mem
+        temps.append(x)
+        return mem
 
-    def _out(self, given: Any, shape: Tuple[int, ...], dtype: str, temps: list) -> Tuple[DeviceTensor, Optional[np.ndarray]]:
-        """The output tensor: a given DeviceTensor / pyopencl array, a numpy array to fill after
-        the call, or a new one."""
+    def _out(self, given: Any, shape: Tuple[int, ...], dtype: str, temps: list,
+             name: str) -> Tuple[DeviceTensor, Optional[np.ndarray]]:
+        """The output tensor of argument `name`: a given DeviceTensor / pyopencl array, a numpy
+        array to fill after the call (_fill_target), or a new one."""
         if given is None or given is True:
             return self.empty(shape, dtype), None
         if isinstance(given, np.ndarray):
-            if given.shape != shape:
-                raise ValueError(f"out has shape {given.shape}, the result {shape}")
-            return self.empty(shape, dtype), given
-        return self._tensor(given, None, temps), None
+            host = _fill_target(name, given, shape)
+            return self.empty(shape, dtype), host
+        if not (isinstance(given, DeviceTensor) or hasattr(given, "base_data")):
+            raise ValueError(f"{name} is a DeviceTensor, a pyopencl array or a numpy array to fill (got "
+                             f"{type(given).__name__})")
+        return self._tensor(given, None, temps, name), None
 
     @staticmethod
     def _deliver(t: DeviceTensor, host: Optional[np.ndarray], as_numpy: bool) -> Any:
@@ -1083,13 +1208,13 @@ class Context:
         d = self._attention_desc(tq, tk, tv, temps, causal, scale, algorithm, head_dim_v, mask, kv_lengths,
                                  window, chunk, softcap, sinks, alibi_slopes, score_mod, mask_mod, q_offset,
                                  k_offset, dropout_p, dropout_seed, dropout_offset)
-        t_out, host_out = self._out(out, (B, Hq, Sq, head_dim_v or tv.shape[3]), tq.dtype, temps)
+        t_out, host_out = self._out(out, (B, Hq, Sq, head_dim_v or tv.shape[3]), tq.dtype, temps, "out")
         t_lse = host_lse = t_p = host_p = None
         if lse is not False and lse is not None:
-            t_lse, host_lse = self._out(lse, (B, Hq, Sq, 1), "f32", temps)
+            t_lse, host_lse = self._out(lse, (B, Hq, Sq, 1), "f32", temps, "lse")
             d.lse = pointer(t_lse._st)
         if probabilities is not False and probabilities is not None:
-            t_p, host_p = self._out(probabilities, (B, Hq, Sq, Skv), "f32", temps)
+            t_p, host_p = self._out(probabilities, (B, Hq, Sq, Skv), "f32", temps, "probabilities")
             d.probabilities = pointer(t_p._st)
         st = self._lib.clattn_attention(h, byref(d), tq._st, tk._st, tv._st, t_out._st, 0, None, None)
         if st != 0:
@@ -1139,31 +1264,30 @@ class Context:
         temps: list = []
         as_numpy, tq, tk, tv = self._qkv(q, k, v, dtype, temps)
         dt = tq.dtype
-        gdt = dt if grad_dtype is None else _dtype_name(grad_dtype)
+        gdt = dt if grad_dtype is None else _float_dtype("grad_dtype", grad_dtype)
         d = self._attention_desc(tq, tk, tv, temps, causal, scale, algorithm, head_dim_v, mask, kv_lengths,
                                  window, chunk, softcap, sinks, alibi_slopes, score_mod, mask_mod, q_offset,
                                  k_offset, dropout_p, dropout_seed, dropout_offset)
         B, Hq, Sq, _ = tq.shape
-        t_o = self._tensor(out, _stored_dtype(out, dt), temps)
-        t_do = self._tensor(dout, _stored_dtype(dout, dt), temps)
+        t_o = self._tensor(out, _stored_dtype(out, dt), temps, "out")
+        t_do = self._tensor(dout, _stored_dtype(dout, dt), temps, "dout")
         if not (isinstance(lse, DeviceTensor) or hasattr(lse, "base_data")):
-            lse = np.asarray(lse, dtype=np.float32)
+            lse = np.asarray(lse)
             if lse.ndim == 3:
                 lse = lse[..., None]
-        t_lse = self._tensor(lse, "f32", temps)
-        t_dq, host_dq = self._out(dq, tq.shape, gdt, temps)
-        t_dk, host_dk = self._out(dk, tk.shape, gdt, temps)
-        t_dv, host_dv = self._out(dv, tv.shape, gdt, temps)
+        t_lse = self._tensor(lse, "f32", temps, "lse")
+        t_dq, host_dq = self._out(dq, tq.shape, gdt, temps, "dq")
+        t_dk, host_dk = self._out(dk, tk.shape, gdt, temps, "dk")
+        t_dv, host_dv = self._out(dv, tv.shape, gdt, temps, "dv")
         t_ds = host_ds = None
         if sinks is None and dsinks is not None and dsinks is not False:
             raise ValueError("dsinks is given without sinks")
         if sinks is not None and dsinks is not False:
             if isinstance(dsinks, np.ndarray):   # any shape holding Hq values: the sinks' own, say
-                if dsinks.size != Hq:
-                    raise ValueError(f"dsinks has {dsinks.size} elements, the sinks {Hq}")
-                t_ds, host_ds = self.empty((1, Hq, 1, 1), "f32"), dsinks
+                host_ds = _fill_target("dsinks", dsinks, (1, Hq, 1, 1), any_shape=True)
+                t_ds = self.empty((1, Hq, 1, 1), "f32")
             else:
-                t_ds, host_ds = self._out(dsinks, (1, Hq, 1, 1), "f32", temps)
+                t_ds, host_ds = self._out(dsinks, (1, Hq, 1, 1), "f32", temps, "dsinks")
         st = fn(h, byref(d), tq._st, tk._st, tv._st, t_o._st, t_do._st, t_lse._st, t_dq._st, t_dk._st,
                 t_dv._st, t_ds._st if t_ds is not None else None, 0, None, None)
         if st != 0:
@@ -1201,14 +1325,16 @@ class Context:
         temps: list = []
         d = AttentionDesc()
         # heads_kv and head_dim play no part in the mask, but the descriptor's checks want them valid
-        d.batch, d.heads_q, d.heads_kv, d.seq_q, d.seq_kv, d.head_dim = batch, heads_q, heads_q, seq_q, seq_kv, 1
+        shape = tuple(_int(n, x) for n, x in (("batch", batch), ("heads_q", heads_q), ("seq_q", seq_q),
+                                              ("seq_kv", seq_kv)))
+        d.batch, d.heads_q, d.seq_q, d.seq_kv = shape
+        d.heads_kv, d.head_dim = shape[1], 1
         if kv_lengths is not None:
-            d.kv_lengths = self._kvlen(kv_lengths, temps)
-        d.q_offset, d.k_offset = int(q_offset), int(k_offset)
+            d.kv_lengths = self._kvlen(kv_lengths, d.batch, temps)
+        d.q_offset, d.k_offset = _int("q_offset", q_offset), _int("k_offset", k_offset)
         _set_dropout(d, p, seed, offset)
         as_numpy = out is None or isinstance(out, np.ndarray)
-        shape = (int(batch), int(heads_q), int(seq_q), int(seq_kv))
-        t_m, host_m = self._out(out, shape, _dtype_name(dtype), temps)
+        t_m, host_m = self._out(out, shape, _float_dtype("dtype", dtype), temps, "out")
         st = fn(h, byref(d), t_m._st, 0, None, None)
         if st != 0:
             self._fail(st)
@@ -1218,12 +1344,9 @@ class Context:
              temps: list) -> Tuple[bool, DeviceTensor, DeviceTensor, DeviceTensor]:
         """Whether results go back as numpy (q is a host array), and q, k, v as device tensors of one
         storage type: dtype, else numpy q's, else the device q's."""
-        as_numpy = isinstance(q, np.ndarray) or not (isinstance(q, DeviceTensor) or hasattr(q, "base_data"))
-        dt = _dtype_name(dtype) if dtype is not None else None
-        if dt is None and as_numpy:
-            dt = _dtype_name(np.asarray(q).dtype)
-        tq = self._tensor(q, dt, temps)
-        return as_numpy, tq, self._tensor(k, tq.dtype, temps), self._tensor(v, tq.dtype, temps)
+        as_numpy = not (isinstance(q, DeviceTensor) or hasattr(q, "base_data"))
+        tq = self._tensor(q, _float_dtype("dtype", dtype) if dtype is not None else None, temps, "q")
+        return as_numpy, tq, self._tensor(k, tq.dtype, temps, "k"), self._tensor(v, tq.dtype, temps, "v")
 
     def _attention_desc(self, tq: DeviceTensor, tk: DeviceTensor, tv: DeviceTensor, temps: list, causal: bool,
                         scale: float, algorithm: str, head_dim_v: Optional[int], mask: Any, kv_lengths: Any,
@@ -1235,13 +1358,10 @@ class Context:
         B, Hq, Sq, D = tq.shape
         d = AttentionDesc()
         d.batch, d.heads_q, d.heads_kv, d.seq_q, d.seq_kv, d.head_dim = B, Hq, tk.shape[1], Sq, tk.shape[2], D
-        d.head_dim_v = tv.shape[3] if head_dim_v is None else head_dim_v
+        d.head_dim_v = tv.shape[3] if head_dim_v is None else _int("head_dim_v", head_dim_v)
         d.scale = scale
         d.causal = 1 if causal else 0
-        try:
-            d.algorithm = _ALGORITHMS[algorithm]
-        except KeyError:
-            raise ValueError(f"algorithm must be one of {', '.join(_ALGORITHMS)} (got {algorithm!r})") from None
+        d.algorithm = _algorithm(algorithm)
         self._fill_desc(d, Hq, temps, mask, kv_lengths, window, chunk, softcap, sinks, alibi_slopes,
                         score_mod, mask_mod, q_offset, k_offset)
         _set_dropout(d, dropout_p, dropout_seed, dropout_offset)
@@ -1254,24 +1374,27 @@ class Context:
         """The descriptor fields attention and scores share: the mask, key lengths, variants and
         slice offsets."""
         if mask is not None:
-            mdt = "f16" if (isinstance(mask, np.ndarray) and mask.dtype == np.float16) else "f32"
-            d.mask = pointer(self._tensor(mask, mdt, temps)._st)
+            d.mask = pointer(self._mask(mask, temps)._st)
         if kv_lengths is not None:
-            d.kv_lengths = self._kvlen(kv_lengths, temps)
+            d.kv_lengths = self._kvlen(kv_lengths, d.batch, temps)
         if window is not None:
             d.window = 1
             d.window_left, d.window_right = _window_pair(window)
-        d.chunk = int(chunk)
+        d.chunk = _int("chunk", chunk)
         d.softcap = softcap
         if sinks is not None:
-            d.sinks = pointer(self._small(sinks, Hq, temps)._st)
+            d.sinks = pointer(self._small(sinks, Hq, temps, "sinks")._st)
         if alibi_slopes is not None:
-            d.alibi_slopes = pointer(self._small(alibi_slopes, Hq, temps)._st)
+            d.alibi_slopes = pointer(self._small(alibi_slopes, Hq, temps, "alibi_slopes")._st)
         if score_mod is not None:
             d.score_mod = score_mod.encode()
         if mask_mod is not None:
             d.mask_mod = mask_mod.encode()
-        d.q_offset, d.k_offset = int(q_offset), int(k_offset)
+        d.q_offset, d.k_offset = _int("q_offset", q_offset), _int("k_offset", k_offset)
+
+    def _mask(self, mask: Any, temps: list) -> DeviceTensor:
+        """The additive mask: f16 for a float16 array, else f32 (a device tensor keeps its own)."""
+        return self._tensor(mask, _stored_dtype(mask, "f32"), temps, "mask")
 
     def scores(self, q: TensorLike, k: TensorLike, *, causal: bool = False, scale: float = 0.0,
                mask: Optional[TensorLike] = None, kv_lengths: Any = None,
@@ -1286,9 +1409,8 @@ class Context:
         h = self._handle()
         temps: list = []
         as_numpy = not (isinstance(q, DeviceTensor) or hasattr(q, "base_data"))
-        dt = _dtype_name(dtype) if dtype is not None else (_dtype_name(np.asarray(q).dtype) if as_numpy else None)
-        tq = self._tensor(q, dt, temps)
-        tk = self._tensor(k, tq.dtype, temps)
+        tq = self._tensor(q, _float_dtype("dtype", dtype) if dtype is not None else None, temps, "q")
+        tk = self._tensor(k, tq.dtype, temps, "k")
         B, Hq, Sq, D = tq.shape
         d = AttentionDesc()
         d.batch, d.heads_q, d.heads_kv, d.seq_q, d.seq_kv, d.head_dim = B, Hq, tk.shape[1], Sq, tk.shape[2], D
@@ -1296,7 +1418,8 @@ class Context:
         d.causal = 1 if causal else 0
         self._fill_desc(d, Hq, temps, mask, kv_lengths, window, chunk, softcap, None, alibi_slopes,
                         score_mod, mask_mod, q_offset, k_offset)
-        t_out, host_out = self._out(out, (B, Hq, Sq, tk.shape[2]), _dtype_name(out_dtype), temps)
+        t_out, host_out = self._out(out, (B, Hq, Sq, tk.shape[2]), _float_dtype("out_dtype", out_dtype), temps,
+                                    "out")
         st = self._lib.clattn_scores(h, byref(d), tq._st, tk._st, t_out._st, 0, None, None)
         if st != 0:
             self._fail(st)
@@ -1311,19 +1434,17 @@ class Context:
         h = self._handle()
         temps: list = []
         as_numpy = not (isinstance(x, DeviceTensor) or hasattr(x, "base_data"))
-        dt = _dtype_name(dtype) if dtype is not None else (_dtype_name(np.asarray(x).dtype) if as_numpy else None)
-        tx = self._tensor(x, dt, temps)
+        tx = self._tensor(x, _float_dtype("dtype", dtype) if dtype is not None else None, temps, "x")
         B, H, R, C = tx.shape
         d = SoftmaxDesc()
         d.batch, d.heads, d.rows, d.cols = B, H, R, C
         d.scale = scale
         d.causal = 1 if causal else 0
         if mask is not None:
-            mdt = "f16" if (isinstance(mask, np.ndarray) and mask.dtype == np.float16) else "f32"
-            d.mask = pointer(self._tensor(mask, mdt, temps)._st)
+            d.mask = pointer(self._mask(mask, temps)._st)
         if kv_lengths is not None:
-            d.kv_lengths = self._kvlen(kv_lengths, temps)
-        t_out, host_out = self._out(out, (B, H, R, C), tx.dtype, temps)
+            d.kv_lengths = self._kvlen(kv_lengths, B, temps)
+        t_out, host_out = self._out(out, (B, H, R, C), tx.dtype, temps, "out")
         st = self._lib.clattn_softmax(h, byref(d), tx._st, t_out._st, 0, None, None)
         if st != 0:
             self._fail(st)
@@ -1342,24 +1463,24 @@ class Context:
         n = len(parts_out)
         temps: list = []
         as_numpy = n > 0 and not (isinstance(parts_out[0], DeviceTensor) or hasattr(parts_out[0], "base_data"))
-        dt = _dtype_name(dtype) if dtype is not None else None
+        dt = _float_dtype("dtype", dtype) if dtype is not None else None
         tos, tls = [], []
-        for po, pl in zip(parts_out, parts_lse):
-            t = self._tensor(po, dt, temps)
+        for i, (po, pl) in enumerate(zip(parts_out, parts_lse)):
+            t = self._tensor(po, dt, temps, f"parts_out[{i}]")
             dt = t.dtype
             tos.append(t)
             if not (isinstance(pl, DeviceTensor) or hasattr(pl, "base_data")):
-                pl = np.asarray(pl, dtype=np.float32)
+                pl = np.asarray(pl)
                 if pl.ndim == 3:
                     pl = pl[..., None]
-            tls.append(self._tensor(pl, "f32", temps))
+            tls.append(self._tensor(pl, "f32", temps, f"parts_lse[{i}]"))
         arr_o = (Tensor * max(n, 1))(*[t._st for t in tos])
         arr_l = (Tensor * max(n, 1))(*[t._st for t in tls])
         shape = tos[0].shape if n else (1, 1, 1, 1)
-        t_out, host_out = self._out(out, shape, dt or "f32", temps)
+        t_out, host_out = self._out(out, shape, dt or "f32", temps, "out")
         t_lse = host_lse = None
         if lse is not False and lse is not None:
-            t_lse, host_lse = self._out(lse, shape[:3] + (1,), "f32", temps)
+            t_lse, host_lse = self._out(lse, shape[:3] + (1,), "f32", temps, "lse")
         st = self._lib.clattn_merge(h, n, arr_o if n else None, arr_l if n else None, t_out._st,
                                     t_lse._st if t_lse is not None else None, 0, None, None)
         if st != 0:
@@ -1377,27 +1498,17 @@ class Context:
         library copies, computes and reads back (blocking). No mask, key lengths, sinks or ALiBi
         (use attention). Returns out, or (out, lse [B][Hq][Sq]) with lse=True."""
         h = self._handle()
-        dt = _dtype_name(dtype) if dtype is not None else _dtype_name(np.asarray(q).dtype)
-        hq, hk, hv = (_host_array(a, dt) for a in (q, k, v))
-        for name, a in (("q", hq), ("k", hk), ("v", hv)):
-            if a.ndim != 4:
-                raise ValueError(f"{name} must be 4-D [B][H][S][D] (got {a.shape})")
+        arr, dt = _host_data("q", q, _float_dtype("dtype", dtype) if dtype is not None else None)
+        hq = _host_array(arr, dt)
+        hk, hv = (_host_array(_host_data(name, a, dt)[0], dt) for name, a in (("k", k), ("v", v)))
         B, Hq, Sq, D = hq.shape
         d = AttentionDesc()
         d.batch, d.heads_q, d.heads_kv, d.seq_q, d.seq_kv, d.head_dim = B, Hq, hk.shape[1], Sq, hk.shape[2], D
         d.head_dim_v = hv.shape[3]
         d.scale = scale
         d.causal = 1 if causal else 0
-        d.algorithm = _ALGORITHMS[algorithm]
-        if window is not None:
-            d.window = 1
-            d.window_left, d.window_right = _window_pair(window)
-        d.chunk = int(chunk)
-        d.softcap = softcap
-        if score_mod is not None:
-            d.score_mod = score_mod.encode()
-        if mask_mod is not None:
-            d.mask_mod = mask_mod.encode()
+        d.algorithm = _algorithm(algorithm)
+        self._fill_desc(d, Hq, [], None, None, window, chunk, softcap, None, None, score_mod, mask_mod)
         out = np.empty((B, Hq, Sq, hv.shape[3]), dtype=DTYPES[dt][2])
         l = np.empty((B, Hq, Sq), dtype=np.float32) if lse else None
         st = self._lib.clattn_attention_host(h, byref(d), DTYPES[dt][0], hq.ctypes.data, hk.ctypes.data,
