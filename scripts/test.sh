@@ -11,9 +11,9 @@
 # CLATTN_INTEL_CPU=0 the one on Intel's runtime.
 #
 # Everything it builds or fetches goes under build/ci/ (release, asan, fuzz, i386, intel-ocl, venv,
-# the shared kernel-cache, PoCL's pocl-cache, icd-pocl): build/ itself stays the plain `cmake -B build` folder of
-# scripts/run.sh. Each step prints its wall time, and the run ends (pass or fail) with a table of
-# them all.
+# the shared kernel-cache, PoCL's pocl-cache, icd-pocl): build/ itself stays the plain
+# `cmake -B build` folder of scripts/run.sh. Each step prints its wall time, and the run ends
+# (pass or fail) with a table of them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -77,7 +77,7 @@ step "build and test (Release, -Werror) on PoCL"
 cmake -S . -B "$ci/release" -DCMAKE_BUILD_TYPE=Release -DCLATTN_TEST_CACHE_DIR="$cache" >/dev/null
 cmake --build "$ci/release" -j"$jobs"
 # A test per core at a time: the cold stage is mostly PoCL compiling kernels, one thread per
-# compile, and the tests share the binary cache safely (unique temporary files, renamed).
+# compile, and the tests share PoCL's kernel cache (written to temporary files, then renamed).
 (cd "$ci/release" && CLATTN_CACHE=0 ctest --output-on-failure -j"$jobs")
 step_done
 
