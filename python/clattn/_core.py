@@ -691,6 +691,10 @@ class DeviceTensor:
         """Sets every element of a contiguous tensor to value (blocking). Returns self."""
         if not self.is_contiguous():
             raise ValueError("fill needs a contiguous tensor")
+        if self.dtype == "i32":
+            value = _int("fill: an 'i32' tensor's value", value)   # 1.5 refused, never truncated
+            if not -2**31 <= value < 2**31:
+                raise ValueError(f"fill: {value} is outside int32")
         self.write(np.full(self.shape, value, dtype=np.float32 if self.dtype != "i32" else np.int32))
         return self
 
@@ -1046,6 +1050,9 @@ class Context:
         A float tensor takes a 4-D float array, an "i32" one a 1-D integer array (ValueError else).
         """
         if isinstance(a, DeviceTensor):
+            if dtype is not None and _dtype_name(dtype) != a.dtype:
+                raise ValueError(f"to_device: the tensor is already on the device as {a.dtype}, not {dtype!r} "
+                                 "(no conversion on the device: a.numpy() and to_device that)")
             return a
         return self._upload(*_host_data("the array", a, dtype, lengths=True))
 

@@ -209,3 +209,19 @@ def test_per_head_lists_of_python_ints(ctx, arrays):
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
     want = ctx.attention(q, k, v, sinks=np.zeros(HQ, np.float32), alibi_slopes=np.ones(HQ, np.float32))
     np.testing.assert_array_equal(ctx.attention(q, k, v, sinks=[0] * HQ, alibi_slopes=[1] * HQ), want)
+
+
+def test_device_tensor_fill_and_to_device(ctx, arrays):
+    """An 'i32' tensor's fill takes integers only; to_device of a device tensor with another dtype
+    is refused (it would be returned unconverted)."""
+    t = ctx.to_device(np.array([3, 4], np.int32))
+    with pytest.raises(ValueError, match="fill"):
+        t.fill(1.5)
+    with pytest.raises(ValueError, match="int32"):
+        t.fill(2**31)
+    np.testing.assert_array_equal(t.numpy(), [3, 4])
+    np.testing.assert_array_equal(t.fill(7).numpy(), [7, 7])
+    f = ctx.to_device(arrays["k"])
+    assert ctx.to_device(f) is f and ctx.to_device(f, "f32") is f
+    with pytest.raises(ValueError, match="already on the device as f32"):
+        ctx.to_device(f, "f16")
