@@ -688,7 +688,8 @@ class DeviceTensor:
         return self
 
     def fill(self, value: float = 0.0) -> "DeviceTensor":
-        """Sets every element of a contiguous tensor to value (blocking). Returns self."""
+        """Sets every element of a contiguous tensor to value (an integer within int32 for "i32";
+        blocking). Returns self."""
         if not self.is_contiguous():
             raise ValueError("fill needs a contiguous tensor")
         if self.dtype == "i32":
@@ -1072,6 +1073,10 @@ class Context:
         if hasattr(obj, "base_data") and hasattr(obj, "strides") and hasattr(obj, "queue"):  # pyopencl Array
             a = obj
             name = _dtype_name(dtype if dtype is not None else a.dtype)
+            if (a.dtype != np.uint16 and _dtype_name(a.dtype) != name) or a.dtype.itemsize != DTYPES[name][1]:
+                # (uint16: bf16 bits, which dtype="bf16" names; float64 has no device type)
+                raise ValueError(f"a pyopencl array of {a.dtype} cannot be read as {name} (no conversion on the "
+                                 "device)")
             es = DTYPES[name][1]
             if a.ndim != 4:
                 raise ValueError(f"a pyopencl array for clattn must be 4-D [B][H][S][D] (got {a.shape})")
@@ -1094,7 +1099,10 @@ class Context:
         array, or a host upload of storage type dtype (kept in temps). ValueError, naming the
         argument, for an "i32" tensor or host data that is not 4-D floats (_host_data)."""
         if isinstance(x, DeviceTensor) or (hasattr(x, "base_data") and hasattr(x, "queue")):
-            t = x if isinstance(x, DeviceTensor) else self.wrap(x, dtype=dtype)
+            try:
+                t = x if isinstance(x, DeviceTensor) else self.wrap(x, dtype=dtype)
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
             if t.dtype == "i32":
                 raise ValueError(f"{name} is an 'i32' tensor, which holds kv_lengths: attention data are f32, f16 "
                                  "or bf16")

@@ -57,3 +57,15 @@ def test_strided_pyopencl_view(queue, rng):
                 for a in (q, k, v)]
         got = ctx.attention(*arrs, causal=True).numpy()
         ref.assert_allclose(got, ref.attention(q, k, v, causal=True)[0], TOL["f32"], what="strided")
+
+
+def test_pyopencl_dtype_not_converted(queue, rng):
+    """A pyopencl array is read as what it holds: another storage type for it (k of f16 with f32
+    data, float64) is refused by name, not met with a stride error."""
+    q, k, v = qkv(rng)
+    with clattn.Context.from_queue(queue) as ctx:
+        ak16 = cla.to_device(queue, k.astype(np.float16))
+        with pytest.raises(ValueError, match=r"^k: a pyopencl array of float16 cannot be read as f32"):
+            ctx.attention(q, ak16, v)
+        with pytest.raises(ValueError, match=r"pyopencl array of float64"):
+            ctx.wrap(cla.to_device(queue, q.astype(np.float64)))
