@@ -32,7 +32,7 @@
  * (gemm_tiled's MODE 1, pv_direct): one accumulator over every key rounds once a key at the
  * total's scale, and with weights alike (uniform attention, 1/N each) those errors take one sign:
  * 9e-3 over 10^6 keys, where the documented tolerance there is 1.6e-3. Folded, about
- * (PV_FOLD + N / PV_FOLD) roundings (tests/test_attention.c: unfused_uniform_*). */
+ * (PV_FOLD + N / PV_FOLD) roundings (test_scores: pv_uniform_long). */
 #define PV_FOLD 1024
 
 /* The argument list of gemm, scores_direct, scores_in_place and pv_direct (src/scores.c sets
