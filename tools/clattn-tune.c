@@ -911,6 +911,20 @@ static void usage(FILE *f)
             MERGE_PARTS);
 }
 
+
+/* Whether a is option name, which takes a value: the next argument (val), or a message and exit 1
+ * when there is none. */
+static int valued_option(const char *a, const char *name, const char *val)
+{
+    if (strcmp(a, name) != 0)
+        return 0;
+    if (!val) {
+        fprintf(stderr, "clattn-tune: %s needs a value\n", a);
+        usage(stderr);
+        exit(1);
+    }
+    return 1;
+}
 int main(int argc, char **argv)
 {
     const char *device = NULL;
@@ -933,9 +947,9 @@ int main(int argc, char **argv)
             verbose = 1;
         } else if (!strcmp(a, "--dry-run")) {
             dry = 1;
-        } else if (val && !strcmp(a, "--device")) {
+        } else if (valued_option(a, "--device", val)) {
             device = argv[++i];
-        } else if (val && !strcmp(a, "--ops")) {
+        } else if (valued_option(a, "--ops", val)) {
             const char *names[CLATTN_OPERATION_COUNT];
             for (int k = 0; k < CLATTN_OPERATION_COUNT; k++)
                 names[k] = clattn_operation_name((clattn_operation)k);
@@ -947,7 +961,7 @@ int main(int argc, char **argv)
             ops = 0;
             for (int k = 0; k < n; k++)
                 ops |= 1u << idx[k];
-        } else if (val && !strcmp(a, "--dtype")) {
+        } else if (valued_option(a, "--dtype", val)) {
             const char *const names[3] = {clattn_dtype_name(CLATTN_F32), clattn_dtype_name(CLATTN_F16),
                                           clattn_dtype_name(CLATTN_BF16)};
             int idx[3];
@@ -956,7 +970,7 @@ int main(int argc, char **argv)
                 die("bad --dtype %s (a comma list of f32, f16, bf16, each once)", argv[i]);
             for (int k = 0; k < ndtypes; k++)
                 dtypes[k] = (clattn_dtype)idx[k];
-        } else if (val && !strcmp(a, "--budget")) {
+        } else if (valued_option(a, "--budget", val)) {
             const char *v = argv[++i];
             char *end = NULL;
             errno = 0;
@@ -965,11 +979,11 @@ int main(int argc, char **argv)
             if ((*v != '.' && (*v < '0' || *v > '9')) || *end || errno == ERANGE ||
                 !(budget > 0 && budget <= MAX_BUDGET_S))
                 die("bad --budget %s (seconds, more than 0 and at most %d)", v, MAX_BUDGET_S);
-        } else if (val && !strcmp(a, "--iters")) {
+        } else if (valued_option(a, "--iters", val)) {
             iters = (int)int_arg(a, argv[++i], 1, 64);
-        } else if (val && !strcmp(a, "--candidates")) {
+        } else if (valued_option(a, "--candidates", val)) {
             max_candidates = (int)int_arg(a, argv[++i], 0, 100000);
-        } else if (val && !strcmp(a, "--seed")) {
+        } else if (valued_option(a, "--seed", val)) {
             const char *v = argv[++i];
             char *end = NULL;
             errno = 0;
@@ -977,10 +991,10 @@ int main(int argc, char **argv)
             if (*v < '0' || *v > '9' || *end || errno == ERANGE)
                 die("bad --seed %s (an integer 0..%llu)", v, (unsigned long long)UINT64_MAX);
             rng_state = (uint64_t)n;
-        } else if (val && !strcmp(a, "--dir")) {
+        } else if (valued_option(a, "--dir", val)) {
             if (setenv("CLATTN_TUNING_DIR", argv[++i], 1) != 0)
                 die("setenv failed");
-        } else if (val && !strcmp(a, "--shape")) {
+        } else if (valued_option(a, "--shape", val)) {
             shape s = {0, 0, 0, 0, 0, 0, 0, 0};
             const char *flags = shape_sizes(argv[++i], &s);
             /* then ",causal" and ",kvlen", each at most once, in any order */
@@ -1005,15 +1019,7 @@ int main(int argc, char **argv)
             shapes[nshapes++] = s;
         } else {
             /* The problem first, where a terminal shows it, then the usage. */
-            static const char *const valued[] = {"--device", "--ops",   "--dtype", "--budget", "--iters",
-                                                 "--candidates", "--seed", "--dir",  "--shape"};
-            int needs_value = 0;
-            for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
-                needs_value |= !strcmp(a, valued[k]);
-            if (needs_value)
-                fprintf(stderr, "clattn-tune: %s needs a value\n", a);
-            else
-                fprintf(stderr, "clattn-tune: unknown option '%s'\n", a);
+            fprintf(stderr, "clattn-tune: unknown option '%s'\n", a);
             usage(stderr);
             exit(1);
         }

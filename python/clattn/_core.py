@@ -478,7 +478,7 @@ class DeviceTensor:
     """
 
     __slots__ = ("_ctx", "_mem", "_base", "_keep", "_owns", "dtype", "shape", "strides", "offset",
-                 "_view", "__weakref__")
+                 "_view", "_nbytes", "__weakref__")
 
     def __init__(self, ctx: "Context", mem: int, dtype: str, shape: Sequence[int],
                  strides: Optional[Sequence[int]] = None, offset: int = 0,
@@ -488,6 +488,7 @@ class DeviceTensor:
         self._base = base
         self._keep = keep
         self._owns = owns and base is None
+        self._nbytes: Optional[int] = None   # the buffer's size, asked once (on the base: _buffer_bytes)
         self.dtype: str = dtype
         self.shape: Tuple[int, ...] = tuple(int(s) for s in shape)
         if strides is None:
@@ -575,14 +576,22 @@ class DeviceTensor:
         t = DeviceTensor(self._ctx, self._live(), self.dtype, shape, strides, offset, base=self._base or self,
                          keep=self._keep)
         lo, hi = t._span()
-        size = c_size_t(0)
-        _check_cl(_lib.cl().clGetMemObjectInfo(self._live(), _CL_MEM_SIZE, ctypes.sizeof(size), byref(size), None),
-                  "clGetMemObjectInfo")
-        n = size.value // self.itemsize
+        n = self._buffer_bytes() // self.itemsize
         if lo < 0 or hi > n:
             raise ValueError(f"view offset {offset}, shape {shape}, strides {strides} reaches elements {lo}..{hi - 1} "
                              f"of a buffer of {n} {self.dtype} elements")
         return t
+
+    def _buffer_bytes(self) -> int:
+        """The size of the buffer this tensor views, asked of OpenCL once and kept on the base tensor
+        (all views of a buffer share it)."""
+        base = self._base or self
+        if base._nbytes is None:
+            size = c_size_t(0)
+            _check_cl(_lib.cl().clGetMemObjectInfo(self._live(), _CL_MEM_SIZE, ctypes.sizeof(size), byref(size),
+                                                   None), "clGetMemObjectInfo")
+            base._nbytes = size.value
+        return base._nbytes
 
     def seq(self, start: int, stop: int) -> "DeviceTensor":
         """The view of sequence positions start..stop-1 (a KV cache's first n keys: seq(0, n))."""
