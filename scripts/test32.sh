@@ -6,18 +6,23 @@
 # stack without rounding each operation, which the kernels must survive.
 #
 #   scripts/test32.sh [CTEST_REGEX]
+#   scripts/test32.sh --root-only
 #
 # Needs root (or sudo) and network access to deb.debian.org for the first run. Without them it
 # says why and exits 0 (scripts/test.sh runs it as an optional step); CLATTN_REQUIRE_32=1 makes
-# that a failure. A failing test always fails. CTEST_REGEX picks the tests (default: the float64
-# references, forward and backward (x87 arithmetic, Philox's 64-bit products on a 32-bit host), the
-# validation, size, failure, limit, tuning, cache, device and softmax suites and the guard-page
-# one, about 12 minutes with a cold kernel cache).
+# that a failure. A failing test always fails. --root-only makes the root where it is missing and
+# stops there (scripts/test.sh runs that in the background while its first steps build).
+# CTEST_REGEX picks the tests (default: the float64 references, forward and backward (x87
+# arithmetic, Philox's 64-bit products on a 32-bit host), the validation, size, failure, limit,
+# tuning, cache, device and softmax suites and the guard-page one, about 12 minutes with a cold
+# kernel cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
 work=$src/build/ci/i386
 root=$work/root
+root_only=0
+[ "${1:-}" = --root-only ] && root_only=1 && shift
 tests=${1:-'^test_(status|reference|ref_backward|bad_input|failures|limits|limits_rows|tuning|cache|device|softmax|guard)$'}
 
 unavailable() {
@@ -58,6 +63,7 @@ if [ ! -x "$root/usr/bin/cmake" ]; then
     unavailable "debootstrap failed (log: $work/debootstrap.log)"
   fi
 fi
+[ "$root_only" = 0 ] || exit 0
 
 # What the chroot sees of the host, made so that nothing in the root leads back to a writable host
 # file (an `rm -rf build` after a killed run must not reach into the host): fresh proc and
