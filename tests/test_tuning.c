@@ -835,7 +835,8 @@ static void info_refused(const char *arg, const char *want)
 #endif
 
 /* clattn-info: the table and --json list this device (its key) and the default choice; a spec
- * that resolves to nothing and an unknown option exit 1 with a message. */
+ * that resolves to nothing, an unknown option and a context the default device refuses exit 1
+ * with a message. */
 static void test_info(void **state)
 {
     (void)state;
@@ -884,6 +885,18 @@ static void test_info(void **state)
     for (int i = 0; i < 17; i++)
         strcat(many, "--class merge,f32,0,1,2 ");
     info_refused(many, "given more than 16 times");
+    /* A device that resolves but refuses a context (here a bad CLATTN_MATRIX): exit 1, named. */
+    const char *matrix = getenv("CLATTN_MATRIX");
+    char saved[64] = "";
+    if (matrix)
+        snprintf(saved, sizeof saved, "%s", matrix);
+    setenv("CLATTN_MATRIX", "bogus", 1);
+    info_refused("", "clattn_create(NULL) fails on");
+    info_refused("--json", "CLATTN_MATRIX=\"bogus\"");
+    if (matrix)
+        setenv("CLATTN_MATRIX", saved, 1);
+    else
+        unsetenv("CLATTN_MATRIX");
 #endif
 }
 

@@ -1143,7 +1143,8 @@ static void usage(FILE *f)
             "                  an additive mask or key lengths\n"
             "  --help          this text\n"
             "\n"
-            "Exit status: 0 ok, 1 bad usage or a spec that does not resolve, 2 no OpenCL device.\n");
+            "Exit status: 0 ok, 1 bad usage, a spec that does not resolve or a context that the\n"
+            "default or the given device refuses, 2 no OpenCL device.\n");
 }
 
 int main(int argc, char **argv)
@@ -1242,6 +1243,25 @@ int main(int argc, char **argv)
         fput_text(req.error, stderr);
         fputc('\n', stderr);
         rc = EXIT_USAGE;
+    }
+    /* A device that resolves can still refuse a context (a bad CLATTN_MATRIX, a corrupt tuning
+     * store named by the environment): the listing shows it per device; the default's and the
+     * requested device's refusals are failures too. */
+    for (int i = 0; i < 2; i++) {
+        const selection *sel = i == 0 ? &def : &req;
+        if (!sel->asked || sel->status != CLATTN_SUCCESS || sel->plat_index < 0 ||
+            (i == 1 && sel->plat_index == def.plat_index && sel->dev_index == def.dev_index &&
+             def.status == CLATTN_SUCCESS))
+            continue;
+        static tuning_view tv;
+        query_tuning((cl_uint)sel->plat_index, (cl_uint)sel->dev_index, &tv);
+        if (tv.error[0]) {
+            fprintf(stderr, "clattn-info: clattn_create(%s) fails on %ld:%ld: ", i == 0 ? "NULL" : "--device",
+                    sel->plat_index, sel->dev_index);
+            fput_text(tv.error, stderr);
+            fputc('\n', stderr);
+            rc = EXIT_USAGE;
+        }
     }
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "clattn-info: writing the output failed\n");
