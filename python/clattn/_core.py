@@ -1075,8 +1075,9 @@ class Context:
              strides: Optional[Sequence[int]] = None, offset: int = 0) -> DeviceTensor:
         """A DeviceTensor viewing someone else's buffer, zero-copy: a pyopencl.array.Array (shape,
         strides, offset and dtype taken from it), or a pyopencl.Buffer / raw cl_mem int with shape
-        (and dtype, strides in elements, offset in elements). The object is kept alive by the
-        tensor and never released by it. It must live in this context's OpenCL context."""
+        (and dtype, strides in elements, offset in elements), checked against the buffer's size as
+        view() is. The object is kept alive by the tensor and never released by it. It must live in
+        this context's OpenCL context."""
         if isinstance(obj, DeviceTensor):
             return obj
         if hasattr(obj, "base_data") and hasattr(obj, "strides") and hasattr(obj, "queue"):  # pyopencl Array
@@ -1101,7 +1102,13 @@ class Context:
         shape = _extents("shape", shape, name)
         if strides is not None:
             strides = tuple(_int("strides: each", s) for s in strides)
-        return DeviceTensor(self, handle, name, shape, strides, _int("offset", offset), owns=False, keep=obj)
+        t = DeviceTensor(self, handle, name, shape, strides, _int("offset", offset), owns=False, keep=obj)
+        lo, hi = t._span()
+        n = t._buffer_bytes() // t.itemsize
+        if lo < 0 or hi > n:
+            raise ValueError(f"wrap: offset {offset}, shape {tuple(shape)}, strides {strides} reaches elements "
+                             f"{lo}..{hi - 1} of a buffer of {n} {name} elements")
+        return t
 
     def _tensor(self, x: Any, dtype: Optional[str], temps: list, name: str) -> DeviceTensor:
         """x, the attention data of argument `name`, as a DeviceTensor: itself, a wrapped pyopencl

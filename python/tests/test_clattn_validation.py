@@ -201,6 +201,14 @@ def test_views_checked_against_the_buffer(ctx, arrays):
     assert np.array_equal(last.numpy()[0, 0, 0], arrays["k"][-1, -1, -1])
     assert np.array_equal(t.view(shape=(1, 1, SKV, D), strides=(0, 0, D)).numpy(), arrays["k"][:1, :1])
     assert t.seq(2, 5).shape == (B, HKV, 3, D)
+    # a raw cl_mem wrapped with a shape: the same check, against that buffer's size
+    for kw in (dict(shape=(B, HKV, SKV + 1, D)), dict(shape=(B, HKV, SKV, D), offset=1),
+               dict(shape=(1, 1, SKV, D), strides=(0, 0, -D))):
+        with pytest.raises(ValueError, match="wrap"):
+            ctx.wrap(t.cl_mem, dtype="f32", **kw)
+    w = ctx.wrap(t.cl_mem, shape=(B, HKV, SKV, D), dtype="f32")
+    assert np.array_equal(w.numpy(), arrays["k"])
+    assert ctx.wrap(t.cl_mem, shape=(1, 1, 2 * B * HKV * SKV, D // 2), dtype="f16").shape[2] == 2 * B * HKV * SKV
 
 
 def test_per_head_lists_of_python_ints(ctx, arrays):
