@@ -121,6 +121,7 @@ struct clattn_context {
     char tuning_dir[4096];
     struct clattn_tuning_table *user_tuning;
     int user_driver_changed;
+    char user_tuning_ignored[1024]; /* why an existing user file was not read ("" if none was) */
     struct clattn_tuning_table *builtin[4];
     int nbuiltin;
     char tuning_report[CLATTN_MSG_MAX + 1];

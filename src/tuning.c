@@ -277,9 +277,18 @@ static void load_builtin(clattn_context *ctx)
     }
 }
 
+/* A user file that exists but is not read: in the report, and kept apart for clattn-tune, which
+ * must not replace such a file without a word (it would drop what the file holds). */
+#define IGNORED(...)                                                                               \
+    do {                                                                                           \
+        snprintf(ctx->user_tuning_ignored, sizeof ctx->user_tuning_ignored, __VA_ARGS__);          \
+        report(ctx, "%s", ctx->user_tuning_ignored);                                               \
+    } while (0)
+
 static void load_user(clattn_context *ctx)
 {
     enum { MAX_FILE = 1 << 20 };
+    ctx->user_tuning_ignored[0] = '\0';
     char path[4200];
     if (!clattn__tuning_file(ctx, path, sizeof path)) {
         report(ctx, "no user tuning directory (set CLATTN_TUNING_DIR)");
@@ -298,10 +307,10 @@ static void load_user(clattn_context *ctx)
         report(ctx, "no user tuning file %.400s", path);
         return;
     case CLATTN_ENTRY_NOT_FILE:
-        report(ctx, "ignored user tuning file %.400s: %s", path, untrusted);
+        IGNORED("ignored user tuning file %.300s: %s", path, untrusted);
         return;
     case CLATTN_ENTRY_UNTRUSTED:
-        report(ctx, "ignored user tuning file %.400s: not trusted: %s (docs/guarantees.md)", path, untrusted);
+        IGNORED("ignored user tuning file %.300s: not trusted: %s (docs/guarantees.md)", path, untrusted);
         return;
     case CLATTN_ENTRY_OK:
         break;
@@ -327,11 +336,11 @@ static void load_user(clattn_context *ctx)
     if (!why && (!buf || !(t = calloc(1, sizeof *t))))
         why = "out of host memory";
     if (why) {
-        report(ctx, "ignored user tuning file %.400s: %s", path, why);
+        IGNORED("ignored user tuning file %.300s: %s", path, why);
     } else if (clattn__tuning_parse(buf, len, t, err, sizeof err) != 0) {
-        report(ctx, "ignored user tuning file %.400s: %.400s", path, err);
+        IGNORED("ignored user tuning file %.300s: %.300s", path, err);
     } else if (t->device_is_pattern || strcmp(t->device, ctx->dev.key) != 0) {
-        report(ctx, "ignored user tuning file %.400s: written for another device (%.400s)", path, t->device);
+        IGNORED("ignored user tuning file %.300s: written for another device (%.300s)", path, t->device);
     } else {
         ctx->user_tuning = t;
         ctx->user_driver_changed = strcmp(t->driver, ctx->dev.driver) != 0;
@@ -348,6 +357,7 @@ static void load_user(clattn_context *ctx)
     }
     free(buf);
 }
+#undef IGNORED
 
 void clattn__tuning_release(clattn_context *ctx)
 {
@@ -362,6 +372,7 @@ void clattn__tuning_release(clattn_context *ctx)
     }
     ctx->nbuiltin = 0;
     ctx->user_driver_changed = 0;
+    ctx->user_tuning_ignored[0] = '\0';
     ctx->tuning_report[0] = '\0';
 }
 

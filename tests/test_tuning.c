@@ -708,6 +708,39 @@ static void test_bench_masks(void **state)
 #endif
 }
 
+/* clattn-bench refuses, before anything runs, an option given twice (the last value used to win
+ * without a word), options that mean nothing without another, and an op listed twice. */
+static void test_bench_refused(void **state)
+{
+    (void)state;
+#ifndef CLATTN_BENCH_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    static const char *const bad[][2] = {
+        {"--op fused --batch 1 --batch 2", "--batch is given twice"},
+        {"--op fused --dim-v 4 --head-dim-v 4", "--dim-v and --head-dim-v are one option"},
+        {"--op fused --iters 1 --iters=2", "--iters is given twice"},
+        {"--op fused --sinks --sinks 0.5", "--sinks is given twice"},
+        {"--op fused --window 2,0 --sliding 5", "--window and --sliding"},
+        {"--op fused --page-layout hnd", "--page-layout needs --page"},
+        {"--op fused --dropout-seed 5", "--dropout-seed needs --dropout"},
+        {"--op unfused --varlen 4,8", "--varlen times the fused op"},
+        {"--op fused,fused", "already listed"},
+        {"--op all,decode", "already listed"},
+        {"--op fused --dropout 0", "probability in (0, 1)"},
+        {"--op fused --device ''", "an empty spec"},
+    };
+    char args[512], buf[8192];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "--seq-q 4 --seq-kv 8 --dim 4 --warmup 0 %s", bad[i][0]);
+        const int rc = run_bench("", args, NULL, buf, sizeof buf);
+        if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 1 || !strstr(buf, bad[i][1]) || strstr(buf, "GFLOP"))
+            fail_msg("clattn-bench %s: exit %d, want 1 and \"%s\":\n%s", bad[i][0], rc, bad[i][1], buf);
+    }
+#endif
+}
+
 /* clattn-bench --page: the paged KV row passes its float64 check, and its two kv_read rows (the
  * device's own cost of pages) follow, whose reads of the pool and of the contiguous buffers must
  * fold to the same value (the bench fails with "kv_read: FAILED" where a layout, the table or the
@@ -721,17 +754,17 @@ static void test_bench_pages(void **state)
 #else
     make_dir();
     clattn_release(tu_context()); /* skips (or fails, CLATTN_REQUIRE_DEVICE=1) without a device */
+    /* (each option once: clattn-bench refuses one given twice) */
     static const char *const runs[] = {
-        "--page 16 --page-layout hnd",
-        "--page 5 --kv-type q4_0,q8_0 --kv-len 70,0,100",
-        "--page 3 --kv-type i8,fp8_e5m2 --page-layout hnd --dim 33 --causal --seq-q 4",
-        "--page 8 --mla --heads-kv 1 --dim 96 --dim-v 64 --scale 0.1",
+        "--heads-kv 2 --seq-q 1 --dim 64 --page 16 --page-layout hnd",
+        "--heads-kv 2 --seq-q 1 --dim 64 --page 5 --kv-type q4_0,q8_0 --kv-len 70,0,100",
+        "--heads-kv 2 --page 3 --kv-type i8,fp8_e5m2 --page-layout hnd --dim 33 --causal --seq-q 4",
+        "--seq-q 1 --page 8 --mla --heads-kv 1 --dim 96 --dim-v 64 --scale 0.1",
     };
     char args[512], buf[16384];
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         snprintf(args, sizeof args,
-                 "--op decode --batch 3 --heads 4 --heads-kv 2 --seq-q 1 --seq-kv 100 --dim 64 --dtype f16 "
-                 "--iters 1 --warmup 0 --csv --check %s",
+                 "--op decode --batch 3 --heads 4 --seq-kv 100 --dtype f16 --iters 1 --warmup 0 --csv --check %s",
                  runs[r]);
         const int rc = run_bench("", args, "pages.csv", buf, sizeof buf);
         if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0 || strstr(buf, "FAILED"))
@@ -2060,6 +2093,42 @@ static void test_tune_bad_dir(void **state)
             fail_msg("clattn-tune --dir %s%s: exit %d, want %s:\n%s", d, dry ? " --dry-run" : "", status,
                      dry ? "0" : "1 and a message naming it before any tuning", log);
     }
+    /* An empty --dir (the library reads an empty CLATTN_TUNING_DIR as unset: the default store
+     * was written instead) */
+    snprintf(cmd, sizeof cmd, "%s --dir '' --shape 1,1,1,32,32,4 --ops softmax --dry-run >/dev/null 2>%s/tune.log",
+             CLATTN_TUNE_PATH, dir);
+    int rc = system(cmd);
+    read_text("tune.log", log, sizeof log);
+    if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 1 || !strstr(log, "bad --dir ''"))
+        fail_msg("clattn-tune --dir '': exit %d, want 1:\n%s", WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, log);
+    /* A store there that the library does not read is not replaced by this run's entries alone
+     * (its valid lines were lost): refused before any tuning, the file left as it was. */
+    clattn_context *ctx = tu_context();
+    char store[4200];
+    assert_int_equal(clattn_tuning_path(ctx, store, sizeof store), CLATTN_SUCCESS);
+    char text[600];
+    const int n = snprintf(text, sizeof text, "clattn-tuning 2\ndevice %s\ndriver %s\nscores f32 16 none <=128 5 = "
+                           "WGX=1,WGY=999999\n", ctx->dev.key, ctx->dev.driver);
+    clattn_release(ctx);
+    write_file(store, text, (size_t)n);
+    snprintf(cmd, sizeof cmd,
+             "%s --dir %s --candidates 0 --iters 1 --shape 1,1,1,32,32,4 --ops softmax >/dev/null 2>%s/tune.log",
+             CLATTN_TUNE_PATH, dir, dir);
+    rc = system(cmd);
+    read_text("tune.log", log, sizeof log);
+    if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 1 || !strstr(log, "ignored user tuning file") ||
+        !strstr(log, "dropping what it holds") || strstr(log, " ms  tuned "))
+        fail_msg("clattn-tune over an unreadable store: exit %d, want 1 before any tuning:\n%s",
+                 WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, log);
+    char after[600];
+    FILE *f = fopen(store, "rb");
+    assert_non_null(f);
+    const size_t got = fread(after, 1, sizeof after, f);
+    fclose(f);
+    if (got != (size_t)n || memcmp(after, text, (size_t)n) != 0)
+        fail_msg("clattn-tune changed the unreadable store %s", store);
+    /* an op named in --ops that no shape takes (decode: SQ <= 16) */
+    tune_refused("--shape 1,2,2,32,32,16 --ops fused,decode", "--ops names decode, which no --shape takes");
 #endif
 }
 
@@ -2090,6 +2159,13 @@ static void test_tune_bad_numbers(void **state)
         {"--seed 99999999999999999999", "bad --seed 99999999999999999999"},
         {"--candidates -1", "bad --candidates -1"},
         {"--bogus", "clattn-tune: unknown option '--bogus'"}, /* named first, before the usage */
+        {"--budget 1 --budget 2", "--budget is given twice"},
+        {"--device 0:0", "--device is given twice"},
+        {"--shape 1,2,3,32,32,16", "HKV 3 does not divide H 2"},
+        {"--shape 1,2,2,32,32,600", "D 600 is more than 512"},
+        {"--shape 1,2,2", "fewer than six sizes"},
+        {"--shape 1,2x,2,32,16,16", "H is not an integer"},
+        {"--shape 1,2,2,32,16,16,causal", "causal with SQ 32 > SKV 16"},
         {"extra", "clattn-tune: unknown option 'extra'"},
         {"--shape 99999999999999999999,1,1,64,64,16", "bad --shape"},
         {"--shape 2147483647,2147483647,1,2147483647,2147483647,16", "bad --shape"},
@@ -2732,6 +2808,7 @@ int main(void)
     tu_add_test("tools/bench_env", NULL, test_bench_env, NULL);
     tu_add_test("tools/bench_peak", NULL, test_bench_peak, NULL);
     tu_add_test("tools/bench_masks", NULL, test_bench_masks, NULL);
+    tu_add_test("tools/bench_refused", NULL, test_bench_refused, NULL);
     tu_add_test("tools/bench_pages", NULL, test_bench_pages, NULL);
     tu_add_test("tools/info", NULL, test_info, NULL);
     tu_add_test("tools/tune_bad_numbers", NULL, test_tune_bad_numbers, NULL);

@@ -3130,7 +3130,8 @@ static void usage(FILE *f)
           "                  max |err| / max |ref| per tensor (whole problem, or a kv head's group)\n"
           "  --dropout P     dropout probability in (0, 1) for fused, backward and dropout (mask\n"
           "                  column drop:P); --check applies the reference's Philox (ref_dropout_z)\n"
-          "  --dropout-seed N  desc.dropout_seed (default 0xd50b0e7c1a77e5ed; offset 0)\n"
+          "  --dropout-seed N  desc.dropout_seed, decimal or 0x hex (default 0xd50b0e7c1a77e5ed;\n"
+          "                  offset 0)\n"
           "  --op dropout    fused without and with dropout (P: --dropout, default 0.1), timed in\n"
           "                  alternation, rows fused and dropout, ratio dropout ms / plain ms\n"
           "                  (target <= 1.15); --check: the dropout row against ref_attention\n"
@@ -3160,6 +3161,9 @@ static void usage(FILE *f)
           "absolute up to magnitude 1 and relative above it; softmax's are relative to the\n"
           "row's largest probability.\n"
           "\n"
+          "Each option once (--dim-v and --head-dim-v are one); --page-layout needs --page,\n"
+          "--dropout-seed --dropout or --op dropout, --varlen fused in --op; --window and\n"
+          "--sliding exclude each other.\n"
           "Exit status: 0 ok, 1 usage or failure, 2 no OpenCL device, 3 check above tolerance.\n",
           f);
 }
@@ -3183,15 +3187,22 @@ static unsigned parse_ops(const char *list)
     while (*p) {
         const size_t len = strcspn(p, ",");
         int found = 0;
+        unsigned bits = 0;
         if (len == 3 && strncmp(p, "all", 3) == 0) {
-            ops |= OPS_ALL;
+            bits = OPS_ALL;
             found = 1;
         }
         for (int i = 0; i < OP_COUNT && !found; i++)
             if (strlen(op_names[i]) == len && strncmp(p, op_names[i], len) == 0) {
-                ops |= 1u << i;
+                bits = 1u << i;
                 found = 1;
             }
+        if (found && (ops & bits)) { /* "fused,fused" or "all,decode": each op once */
+            fprintf(stderr, "clattn-bench: '%.*s' in --op names an op already listed (each once; all is %s)\n",
+                    (int)len, p, "copy,peak,scores,softmax,unfused,fused,decode,clblast");
+            exit(EXIT_USAGE);
+        }
+        ops |= bits;
         if (!found) {
             fprintf(stderr, "clattn-bench: unknown op '%.*s' in --op\n", (int)len, p);
             exit(EXIT_USAGE);
@@ -3402,6 +3413,9 @@ static void parse_args(int argc, char **argv, options *o)
                   {"--score-mod", 20}, {"--mask-mod", 21}, {"--scale", 22}, {"--head-dim-v", 8},
                   {"--kv-type", 23}, {"--page", 24}, {"--page-layout", 25}, {"--varlen", 26},
                   {"--dropout", 27}, {"--dropout-seed", 28}};
+    /* Each valued option once (by its number: --dim-v and --head-dim-v are one): with two, the
+     * last one won without a word. */
+    const char *given[32] = {NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -3420,6 +3434,9 @@ static void parse_args(int argc, char **argv, options *o)
             o->mla = 1;
             continue;
         } else if (strcmp(a, "--sinks") == 0 && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) {
+            if (given[18])
+                die(EXIT_USAGE, "--sinks is given twice");
+            given[18] = a;
             o->var.sinks = SINKS_RANDOM; /* --sinks alone: random per-head logits */
             continue;
         }
@@ -3439,8 +3456,22 @@ static void parse_args(int argc, char **argv, options *o)
                 v = a + len + 1;
             }
         }
+        if (what >= 0 && given[what]) {
+            const int n = (int)strcspn(a, "="), m = (int)strcspn(given[what], "=");
+            if (n == m && strncmp(a, given[what], (size_t)n) == 0)
+                die(EXIT_USAGE, "%.*s is given twice (it takes one value)", n, a);
+            die(EXIT_USAGE, "%.*s and %.*s are one option, given twice", m, given[what], n, a);
+        }
+        if (what >= 0)
+            given[what] = a;
+        if ((what == 14 && given[15]) || (what == 15 && given[14]))
+            die(EXIT_USAGE, "--window and --sliding both set the window: give one");
         switch (what) {
-        case 0: o->device = v; break;
+        case 0:
+            if (!*v)
+                die(EXIT_USAGE, "--device '': an empty spec (leave --device out for the default device)");
+            o->device = v;
+            break;
         case 1: o->ops = parse_ops(v); break;
         case 2: o->b = parse_count("--batch", v, 1); break;
         case 3: o->hq = parse_count("--heads", v, 1); break;
@@ -3502,8 +3533,8 @@ static void parse_args(int argc, char **argv, options *o)
             break;
         case 26: parse_varlen(v, o); break;
         case 27:
-            o->dropout = parse_float("--dropout", v, 0);
-            if (!(o->dropout < 1.0f))
+            o->dropout = parse_float("--dropout", v, 1);
+            if (!(o->dropout > 0.0f && o->dropout < 1.0f))
                 die(EXIT_USAGE, "--dropout needs a probability in (0, 1) (got '%s')", v);
             break;
         case 28: {
@@ -3522,6 +3553,13 @@ static void parse_args(int argc, char **argv, options *o)
     }
     if (o->iters > 100000 || o->warmup > 100000)
         die(EXIT_USAGE, "--iters and --warmup must be at most 100000");
+    /* Options that only mean something with another one are refused without it, not ignored. */
+    if (given[25] && !given[24])
+        die(EXIT_USAGE, "--page-layout needs --page (the layout is the page pool's)");
+    if (given[28] && !given[27] && !(o->ops & (1u << OP_DROPOUT)))
+        die(EXIT_USAGE, "--dropout-seed needs --dropout or --op dropout");
+    if (o->n_varlen && !(o->ops & (1u << OP_FUSED)))
+        die(EXIT_USAGE, "--varlen times the fused op, which --op leaves out");
     /* --varlen times plain attention of packed sequences: what else changes the problem is refused
      * rather than silently left out (its reference checks plain causal or non-causal attention) */
     if (o->n_varlen &&

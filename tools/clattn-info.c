@@ -1161,16 +1161,22 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
-        } else if (strcmp(a, "--device") == 0) {
-            if (i + 1 >= argc) {
+        } else if (strcmp(a, "--device") == 0 || strncmp(a, "--device=", 9) == 0) {
+            if (a[8] != '=' && i + 1 >= argc) {
                 fprintf(stderr, "clattn-info: --device needs a SPEC\n");
                 usage(stderr);
                 return EXIT_USAGE;
             }
-            spec = argv[++i];
-            have_spec = 1;
-        } else if (strncmp(a, "--device=", 9) == 0) {
-            spec = a + 9;
+            /* One spec: with two, the last one won without a word; an empty one is no spec. */
+            const char *why = have_spec ? "given twice" : NULL;
+            spec = a[8] == '=' ? a + 9 : argv[++i];
+            if (!why && !*spec)
+                why = "an empty SPEC (leave --device out for the default device)";
+            if (why) {
+                fprintf(stderr, "clattn-info: --device: %s\n", why);
+                usage(stderr);
+                return EXIT_USAGE;
+            }
             have_spec = 1;
         } else if (strcmp(a, "--class") == 0 || strncmp(a, "--class=", 8) == 0) {
             const char *arg = a[7] == '=' ? a + 8 : i + 1 < argc ? argv[++i] : NULL;

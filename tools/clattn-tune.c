@@ -108,18 +108,22 @@ static long long int_arg(const char *opt, const char *v, long long lo, long long
     return n;
 }
 
+static const char *const shape_fields[6] = {"B", "H", "HKV", "SQ", "SKV", "D"};
+
 /* The sizes B,H,HKV,SQ,SKV,D that open p (a --shape value), each digits alone and at most
  * INT32_MAX, the library's limit, into s; returns the rest of p (the flags), or NULL when they
- * are malformed. */
-static const char *shape_sizes(const char *p, shape *s)
+ * are malformed, with *bad the field at fault (6: fewer than six). */
+static const char *shape_sizes(const char *p, shape *s, int *bad)
 {
     long long *const v[6] = {&s->b, &s->h, &s->hkv, &s->sq, &s->skv, &s->d};
     for (int k = 0; k < 6; k++) {
         char *end = NULL;
         errno = 0;
         *v[k] = strtoll(p, &end, 10);
-        if (*p < '0' || *p > '9' || errno == ERANGE || *v[k] > INT32_MAX || (k < 5 && *end != ','))
+        if (*p < '0' || *p > '9' || errno == ERANGE || *v[k] > INT32_MAX || (k < 5 && *end != ',')) {
+            *bad = k < 5 && *end == '\0' && end != p ? 6 : k;
             return NULL;
+        }
         p = k < 5 ? end + 1 : end;
     }
     return p;
@@ -882,7 +886,9 @@ static void usage(FILE *f)
             "(CLATTN_TUNING_DIR, default <cache dir>/tuning), which the library then reads.\n\n"
             "  --device SPEC    device as clattn_create takes it (default: CLATTN_DEVICE / first GPU)\n"
             "  --shape B,H,HKV,SQ,SKV,D[,causal][,kvlen]\n"
-            "                   a problem to tune for (repeatable); default: a set per device type.\n"
+            "                   a problem to tune for (repeatable, at most 16); default: a set per\n"
+            "                   device type. Sizes 1..2147483647, HKV dividing H, D (head_dim and\n"
+            "                   head_dim_v) at most %d.\n"
             "                   kvlen passes per-batch key lengths (kv_lengths, spread over the\n"
             "                   last quarter of SKV): the bucket of masked problems, which key\n"
             "                   lengths and additive masks share\n"
@@ -897,31 +903,47 @@ static void usage(FILE *f)
             "                   The unfused path's softmax runs on f32 scores without a mask:\n"
             "                   for a softmax task of f16, bf16, causal or kvlen, that f32 task\n"
             "                   of the same sizes is added unless a task has its bucket\n"
-            "  --budget SEC     total search time (default 300), shared between tasks\n"
-            "  --iters N        timed runs per candidate (default 5), median\n"
-            "  --candidates N   at most N candidates a task besides the defaults (default: what the\n"
-            "                   budget allows; 0 times the defaults alone)\n"
-            "  --dir DIR        tuning directory (sets CLATTN_TUNING_DIR)\n"
+            "  --budget SEC     total search time (default 300, more than 0, at most %d),\n"
+            "                   shared between tasks\n"
+            "  --iters N        timed runs per candidate (default 5, 1..64), median\n"
+            "  --candidates N   at most N candidates a task besides the defaults, 0..100000\n"
+            "                   (default: what the budget allows; 0 times the defaults alone)\n"
+            "  --dir DIR        tuning directory (sets CLATTN_TUNING_DIR). An existing store there\n"
+            "                   that the library does not read (corrupt, another device's) is not\n"
+            "                   replaced: the run stops and says why\n"
             "  --dry-run        search and report, write nothing\n"
             "  --json           print a JSON report on stdout\n"
             "  --verbose        one line per candidate on stderr: its values and its time, or why\n"
             "                   it was dropped\n"
             "  --seed N         random search seed\n"
-            "  --help           this text\n",
-            MERGE_PARTS);
+            "  --help           this text\n\n"
+            "Options other than --shape are given at most once.\n"
+            "Exit status: 0 ok; 1 bad usage, a device spec that resolves to nothing, a store that\n"
+            "cannot be written or would be replaced unread, or a failed tuning run.\n",
+            CLATTN_MAX_HEAD_DIM_V, MERGE_PARTS, MAX_BUDGET_S);
 }
 
 
 /* Whether a is option name, which takes a value: the next argument (val), or a message and exit 1
- * when there is none. */
+ * when there is none, or when an option other than --shape comes a second time (the last one
+ * would win without a word: "--device gpu --device cpu" ran on the CPU). */
 static int valued_option(const char *a, const char *name, const char *val)
 {
+    static const char *given[16];
+    static int n_given;
     if (strcmp(a, name) != 0)
         return 0;
     if (!val) {
         fprintf(stderr, "clattn-tune: %s needs a value\n", a);
         usage(stderr);
         exit(1);
+    }
+    if (strcmp(name, "--shape") != 0) {
+        for (int k = 0; k < n_given; k++)
+            if (given[k] == name)
+                die("%s is given twice (it takes one value; --shape is the option to repeat)", name);
+        if (n_given < 16)
+            given[n_given++] = name;
     }
     return 1;
 }
@@ -949,6 +971,8 @@ int main(int argc, char **argv)
             dry = 1;
         } else if (valued_option(a, "--device", val)) {
             device = argv[++i];
+            if (!*device)
+                die("bad --device '' (an empty spec: leave --device out for the default device)");
         } else if (valued_option(a, "--ops", val)) {
             const char *names[CLATTN_OPERATION_COUNT];
             for (int k = 0; k < CLATTN_OPERATION_COUNT; k++)
@@ -992,25 +1016,46 @@ int main(int argc, char **argv)
                 die("bad --seed %s (an integer 0..%llu)", v, (unsigned long long)UINT64_MAX);
             rng_state = (uint64_t)n;
         } else if (valued_option(a, "--dir", val)) {
+            if (!*argv[i + 1]) /* the library takes an empty CLATTN_TUNING_DIR as unset */
+                die("bad --dir '' (an empty path: leave --dir out for the default directory)");
             if (setenv("CLATTN_TUNING_DIR", argv[++i], 1) != 0)
                 die("setenv failed");
         } else if (valued_option(a, "--shape", val)) {
             shape s = {0, 0, 0, 0, 0, 0, 0, 0};
-            const char *flags = shape_sizes(argv[++i], &s);
+            int bad = 0;
+            const char *flags = shape_sizes(argv[++i], &s, &bad);
             /* then ",causal" and ",kvlen", each at most once, in any order */
-            int ok = flags != NULL;
-            if (ok && *flags) {
+            int flags_ok = 1;
+            if (flags && *flags) {
                 static const char *const names[2] = {"causal", "kvlen"};
                 int idx[2];
                 const int nf = *flags == ',' ? name_list(flags + 1, names, 2, idx) : -1;
-                ok = nf > 0;
+                flags_ok = nf > 0;
                 for (int k = 0; k < nf; k++)
                     *(idx[k] ? &s.kvlen : &s.causal) = 1;
             }
-            if (!ok || s.b < 1 || s.h < 1 || s.hkv < 1 || s.h % s.hkv || s.sq < 1 || s.skv < 1 || s.d < 1 ||
-                s.d > CLATTN_MAX_HEAD_DIM_V || (s.causal && s.sq > s.skv))
-                die("bad --shape %s (B,H,HKV,SQ,SKV,D[,causal][,kvlen] with HKV dividing H, D <= %d)", argv[i],
-                    CLATTN_MAX_HEAD_DIM_V);
+            /* The first fault, named: one message for every fault left the user guessing. */
+            char why[160] = "";
+            const long long sizes[6] = {s.b, s.h, s.hkv, s.sq, s.skv, s.d};
+            if (!flags && bad == 6)
+                snprintf(why, sizeof why, "fewer than six sizes");
+            else if (!flags)
+                snprintf(why, sizeof why, "%s is not an integer 1..2147483647", shape_fields[bad]);
+            else if (!flags_ok)
+                snprintf(why, sizeof why, "after D come only the flags causal and kvlen, each at most once");
+            for (int k = 0; k < 6 && flags && flags_ok && !why[0]; k++)
+                if (sizes[k] < 1)
+                    snprintf(why, sizeof why, "%s is not an integer 1..2147483647", shape_fields[k]);
+            if (!why[0] && s.h % s.hkv)
+                snprintf(why, sizeof why, "HKV %lld does not divide H %lld", s.hkv, s.h);
+            else if (!why[0] && s.d > CLATTN_MAX_HEAD_DIM_V)
+                snprintf(why, sizeof why, "D %lld is more than %d: D is head_dim and head_dim_v here, and "
+                         "head_dim_v stops at %d", s.d, CLATTN_MAX_HEAD_DIM_V, CLATTN_MAX_HEAD_DIM_V);
+            else if (!why[0] && s.causal && s.sq > s.skv)
+                snprintf(why, sizeof why, "causal with SQ %lld > SKV %lld", s.sq, s.skv);
+            if (why[0])
+                die("bad --shape %s: %s (B,H,HKV,SQ,SKV,D[,causal][,kvlen], each size 1..2147483647, HKV "
+                    "dividing H, D <= %d)", argv[i], why, CLATTN_MAX_HEAD_DIM_V);
             if (shape_elements(&s) > MAX_SHAPE_ELEMENTS)
                 die("bad --shape %s (a buffer of more than %.4g elements, the most this host's sizes hold)",
                     argv[i], MAX_SHAPE_ELEMENTS);
@@ -1088,6 +1133,15 @@ int main(int argc, char **argv)
         if (!have)
             tasks[nt++] = u;
     }
+    /* An op named in --ops that no shape takes would be left out without a word. */
+    for (int op = 0; op < CLATTN_OPERATION_COUNT; op++) {
+        int have = !(ops & (1u << op));
+        for (int k = 0; k < nt && !have; k++)
+            have = tasks[k].op == (clattn_operation)op;
+        if (!have)
+            die("--ops names %s, which no --shape takes: decode tunes shapes of SQ <= 16; scores, softmax, "
+                "pv and fused tune SQ > 16; merge any", clattn_operation_name((clattn_operation)op));
+    }
     if (nt == 0)
         die("nothing to tune (check --ops)");
     char path[4200];
@@ -1095,6 +1149,14 @@ int main(int argc, char **argv)
         die("%s", clattn_last_error(ctx));
     if (!dry)
         check_tuning_dir(ctx->tuning_dir);
+    /* A store that is there but that the library does not read (corrupt, another device's, not
+     * trusted) would be replaced by this run's entries alone, dropping what it holds. */
+    if (ctx->user_tuning_ignored[0] && !dry)
+        die("%s. clattn-tune would replace it with this run's entries, dropping what it holds: fix it, "
+            "or move it away and run again", ctx->user_tuning_ignored);
+    if (ctx->user_tuning_ignored[0])
+        fprintf(stderr, "clattn-tune: note: %s (a run without --dry-run refuses to replace it)\n",
+                ctx->user_tuning_ignored);
     fprintf(stderr, "clattn-tune: %s, %d task(s), budget %.0f s, store %s\n", ctx->dev.name, nt, budget,
             path);
     const double t_start = now_s();
