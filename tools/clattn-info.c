@@ -637,7 +637,7 @@ static const char *parse_class(const char *arg, problem *c)
     const int no_dim = op == CLATTN_OPERATION_SOFTMAX || op == CLATTN_OPERATION_MERGE;
     long long d, sq, skv;
     if (!parse_size(f[2], no_dim ? 0 : 1, no_dim ? 0 : CLATTN_MAX_HEAD_DIM, &d))
-        return no_dim ? "HEAD_DIM must be 0 for softmax and merge" : "HEAD_DIM must be 1 to 576";
+        return no_dim ? "HEAD_DIM must be 0 for softmax and merge" : "HEAD_DIM must be an integer, 1 to 576";
     if (!parse_size(f[3], 1, INT64_MAX, &sq) || !parse_size(f[4], 1, INT64_MAX, &skv))
         return "SEQ_Q and SEQ_KV must be positive integers";
     c->pc.operation = (clattn_operation)op;
