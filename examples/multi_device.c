@@ -107,7 +107,8 @@ static void usage(FILE *f)
             "  --split keys|queries   how to divide the attention (default keys)\n"
             "  --platform P           platform index, or a substring of its name or vendor (default 0)\n"
             "  --devices N            use the platform's first N devices (default: all, at most %d)\n"
-            "  --batch B --heads-q H --heads-kv H --seq S --dim D   (default 1 8 8 1024 64)\n"
+            "  --batch B --heads-q H --heads-kv H --seq S --dim D   (default 1 8 8 1024 64;\n"
+            "                         --heads-kv: 8 where it divides --heads-q, else --heads-q)\n"
             "  --causal               causal (bottom-right) mask\n"
             "  --dtype f32|f16        storage of q, k, v and the output (default f32)\n"
             "  --reps R               timed runs of each kind after a warm-up (default 3)\n"
@@ -161,6 +162,7 @@ static int parse_args(int argc, char **argv, options *o)
 {
     *o = (options){SPLIT_KEYS, NULL, 0, 1, 8, 8, 1024, 64, 0, CLATTN_F32, 3, -1, -1, 0, 0, 1};
     int64_t v;
+    int kv_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h"))
@@ -200,8 +202,10 @@ static int parse_args(int argc, char **argv, options *o)
             ok = parse_int(a, val, 1, 1 << 16, &o->batch);
         else if (!strcmp(a, "--heads-q"))
             ok = parse_int(a, val, 1, 1 << 12, &o->heads_q);
-        else if (!strcmp(a, "--heads-kv"))
+        else if (!strcmp(a, "--heads-kv")) {
             ok = parse_int(a, val, 1, 1 << 12, &o->heads_kv);
+            kv_given = 1;
+        }
         else if (!strcmp(a, "--seq"))
             ok = parse_int(a, val, 1, 1 << 22, &o->seq);
         else if (!strcmp(a, "--dim"))
@@ -233,6 +237,8 @@ static int parse_args(int argc, char **argv, options *o)
             return 0;
         i++; /* the option's value */
     }
+    if (!kv_given && o->heads_q % o->heads_kv) /* the default 8 where it divides --heads-q */
+        o->heads_kv = o->heads_q;
     if (o->heads_q % o->heads_kv) {
         fprintf(stderr, "multi_device: --heads-kv %lld must divide --heads-q %lld\n",
                 (long long)o->heads_kv, (long long)o->heads_q);
@@ -806,9 +812,11 @@ static int run_split(const options *o, const rig *r, const plan *pl, buffers *bf
         for (int i = 0; i < active; i++)
             if (!enqueue_gather(o, r, pl, bf, i, 1, &done[i], &final))
                 goto fail;
-    } else {
-        CL_TRY(clEnqueueMarkerWithWaitList(r->queue[0], (cl_uint)active, done, &final), "clEnqueueMarkerWithWaitList");
     }
+    /* Queries in place, or keys with causal on one device (all its rows are the first block,
+     * which that device writes in place: no merge ran): a marker after the devices' work. */
+    if (!final)
+        CL_TRY(clEnqueueMarkerWithWaitList(r->queue[0], (cl_uint)active, done, &final), "clEnqueueMarkerWithWaitList");
     CL_TRY(clFlush(r->queue[0]), "clFlush");
     CL_TRY(clWaitForEvents(1, &final), "clWaitForEvents");
     *seconds = now() - t0;

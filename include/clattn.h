@@ -426,7 +426,8 @@ CLATTN_API clattn_status clattn_softmax(clattn_context *ctx, const clattn_softma
 /**
  * Combines partial attention results over disjoint key ranges into the exact whole:
  * out = Σ_i exp(lse_i - lse) · out_i with lse = log Σ_i exp(lse_i). Each part_out[i] has out's
- * shape [B][H][S][Dv]; each part_lse[i] and `lse` are f32 [B][H][S][1]. A part whose lse is -inf
+ * shape [B][H][S][Dv] and any storage type (f32, f16 or bf16, part by part: f32 parts keep f16 and
+ * bf16 attention exact until the merge); each part_lse[i] and `lse` are f32 [B][H][S][1]. A part whose lse is -inf
  * contributes nothing, whatever its out holds; a row where every part is -inf gives 0 and -inf.
  * NaN in any other part's lse, or an lse of +inf (which attention gives only for a row with no
  * visible key and a sink of +inf), makes the merged row and its lse NaN, with any number of parts;
