@@ -940,7 +940,7 @@ static int valued_option(const char *a, const char *name, const char *val)
     }
     if (strcmp(name, "--shape") != 0) {
         for (int k = 0; k < n_given; k++)
-            if (given[k] == name)
+            if (strcmp(given[k], name) == 0)
                 die("%s is given twice (it takes one value; --shape is the option to repeat)", name);
         if (n_given < 16)
             given[n_given++] = name;
