@@ -45,6 +45,17 @@ step_summary() {
 }
 trap 'rc=$?; step_summary; exit $rc' EXIT
 
+# Process pools (valgrind, fuzzing): throttle waits until fewer than $jobs background jobs run, a
+# process per core; a job that fails leaves a mark in its pool's folder, which check_marks reads
+# once all have ended (exit 1 naming them; $2 says which step found them).
+throttle() { while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done; }
+check_marks() {
+  if ls "$1"/* >/dev/null 2>&1; then
+    echo "$2 found problems in: $(cd "$1" && echo *)"
+    exit 1
+  fi
+}
+
 # The OpenCL implementations a step tests are the ones the ICD loader sees, named in each step's
 # title. The PoCL steps see PoCL alone, through a vendors folder holding only its .icd file: every
 # other implementation installed here stays out (Debian's Intel GPU runtime, for one, loads its
@@ -165,7 +176,7 @@ if [ "${CLATTN_VALGRIND:-1}" != 0 ]; then
     read -r t shard <<<"$w"
     CLATTN_TEST_SHARD="$shard" valgrind -q --tool=none "$ci/release/tests/$t" \
       >"$ci/release/valgrind-warmup-$t${shard:+-${shard%/*}}.log" 2>&1 &
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    throttle
   done
   wait
   # Memcheck runs a process on one core whatever its threads: a process per core at a time here
@@ -186,13 +197,10 @@ if [ "${CLATTN_VALGRIND:-1}" != 0 ]; then
   rm -rf "$ci/release/valgrind-failed" && mkdir -p "$ci/release/valgrind-failed"
   for t in $vg_tests; do
     vg_one "$t" &
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    throttle
   done
   wait
-  if ls "$ci/release/valgrind-failed/"* >/dev/null 2>&1; then
-    echo "valgrind found problems in: $(cd "$ci/release/valgrind-failed" && echo *)"
-    exit 1
-  fi
+  check_marks "$ci/release/valgrind-failed" valgrind
   unset CLATTN_CACHE_DIR CLATTN_SOAK_CALLS
   step_done
 else
@@ -249,13 +257,10 @@ if [ "$fuzz_seconds" != 0 ]; then
   for exe in "$ci"/fuzz/tests/fuzz/fuzz_*; do
     [ -f "$exe" ] && [ -x "$exe" ] || continue
     fuzz_one "$exe" &
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    throttle
   done
   wait
-  if ls "$ci/fuzz/failed/"* >/dev/null 2>&1; then
-    echo "fuzzing found problems in: $(cd "$ci/fuzz/failed" && echo *)"
-    exit 1
-  fi
+  check_marks "$ci/fuzz/failed" fuzzing
   step_done
 else
   step_skipped "libFuzzer harnesses (CLATTN_FUZZ_SECONDS=0)"

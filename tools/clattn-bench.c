@@ -3198,8 +3198,14 @@ static unsigned parse_ops(const char *list)
                 found = 1;
             }
         if (found && (ops & bits)) { /* "fused,fused" or "all,decode": each op once */
-            fprintf(stderr, "clattn-bench: '%.*s' in --op names an op already listed (each once; all is %s)\n",
-                    (int)len, p, "copy,peak,scores,softmax,unfused,fused,decode,clblast");
+            fprintf(stderr, "clattn-bench: '%.*s' in --op names an op already listed (each once; all is",
+                    (int)len, p);
+            for (int i = 0, first = 1; i < OP_COUNT; i++)
+                if (OPS_ALL & (1u << i)) {
+                    fprintf(stderr, "%s%s", first ? " " : ",", op_names[i]);
+                    first = 0;
+                }
+            fputs(")\n", stderr);
             exit(EXIT_USAGE);
         }
         ops |= bits;

@@ -674,6 +674,15 @@ typedef struct tuning_view {
     clattn_kernel_params params[MAX_PROBLEMS];
 } tuning_view;
 
+/* The default device [0] and the --device one [1], by listing position (-1: none), and why
+ * clattn_create refused them when the listing's query_tuning tried ("" if it did not): a device
+ * that resolves can still refuse a context (a bad CLATTN_MATRIX), which main reports as a failure
+ * without creating the context again. */
+static struct {
+    long p, d;
+    char error[1100];
+} watched[2] = {{-1, -1, ""}, {-1, -1, ""}};
+
 static void query_tuning(cl_uint p, cl_uint d, tuning_view *tv)
 {
     memset(tv, 0, sizeof *tv);
@@ -682,6 +691,9 @@ static void query_tuning(cl_uint p, cl_uint d, tuning_view *tv)
     clattn_context *ctx = NULL;
     if (clattn_create(spec, &ctx) != CLATTN_SUCCESS) {
         snprintf(tv->error, sizeof tv->error, "%s", clattn_last_error(NULL));
+        for (int i = 0; i < 2; i++)
+            if (watched[i].p == (long)p && watched[i].d == (long)d)
+                snprintf(watched[i].error, sizeof watched[i].error, "%s", tv->error);
         return;
     }
     snprintf(tv->report, sizeof tv->report, "%s", clattn_tuning_report(ctx));
@@ -1228,6 +1240,13 @@ int main(int argc, char **argv)
     if (have_spec)
         select_device(&req, spec, plats, n_plats);
 
+    for (int i = 0; i < 2; i++) {
+        const selection *sel = i == 0 ? &def : &req;
+        if (sel->asked && sel->status == CLATTN_SUCCESS) {
+            watched[i].p = sel->plat_index;
+            watched[i].d = sel->dev_index;
+        }
+    }
     if (json)
         print_json(plats, n_plats, &def, &req);
     else
@@ -1250,25 +1269,14 @@ int main(int argc, char **argv)
         fputc('\n', stderr);
         rc = EXIT_USAGE;
     }
-    /* A device that resolves can still refuse a context (a bad CLATTN_MATRIX, a corrupt tuning
-     * store named by the environment): the listing shows it per device; the default's and the
-     * requested device's refusals are failures too. */
-    for (int i = 0; i < 2; i++) {
-        const selection *sel = i == 0 ? &def : &req;
-        if (!sel->asked || sel->status != CLATTN_SUCCESS || sel->plat_index < 0 ||
-            (i == 1 && sel->plat_index == def.plat_index && sel->dev_index == def.dev_index &&
-             def.status == CLATTN_SUCCESS))
-            continue;
-        static tuning_view tv;
-        query_tuning((cl_uint)sel->plat_index, (cl_uint)sel->dev_index, &tv);
-        if (tv.error[0]) {
+    for (int i = 0; i < 2; i++)
+        if (watched[i].error[0] && (i == 0 || watched[1].p != watched[0].p || watched[1].d != watched[0].d)) {
             fprintf(stderr, "clattn-info: clattn_create(%s) fails on %ld:%ld: ", i == 0 ? "NULL" : "--device",
-                    sel->plat_index, sel->dev_index);
-            fput_text(tv.error, stderr);
+                    watched[i].p, watched[i].d);
+            fput_text(watched[i].error, stderr);
             fputc('\n', stderr);
             rc = EXIT_USAGE;
         }
-    }
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "clattn-info: writing the output failed\n");
         rc = EXIT_USAGE;

@@ -1016,7 +1016,7 @@ int main(int argc, char **argv)
                 die("bad --seed %s (an integer 0..%llu)", v, (unsigned long long)UINT64_MAX);
             rng_state = (uint64_t)n;
         } else if (valued_option(a, "--dir", val)) {
-            if (!*argv[i + 1]) /* the library takes an empty CLATTN_TUNING_DIR as unset */
+            if (!*val) /* the library takes an empty CLATTN_TUNING_DIR as unset */
                 die("bad --dir '' (an empty path: leave --dir out for the default directory)");
             if (setenv("CLATTN_TUNING_DIR", argv[++i], 1) != 0)
                 die("setenv failed");

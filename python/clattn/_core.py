@@ -575,12 +575,16 @@ class DeviceTensor:
         offset = self.offset if offset is None else _int("view offset", offset)
         t = DeviceTensor(self._ctx, self._live(), self.dtype, shape, strides, offset, base=self._base or self,
                          keep=self._keep)
-        lo, hi = t._span()
+        return t._within_buffer("view")
+
+    def _within_buffer(self, what: str) -> "DeviceTensor":
+        """self, or a ValueError naming `what` (view, wrap) where the view reaches outside its buffer."""
+        lo, hi = self._span()
         n = self._buffer_bytes() // self.itemsize
         if lo < 0 or hi > n:
-            raise ValueError(f"view offset {offset}, shape {shape}, strides {strides} reaches elements {lo}..{hi - 1} "
-                             f"of a buffer of {n} {self.dtype} elements")
-        return t
+            raise ValueError(f"{what} offset {self.offset}, shape {tuple(self.shape)}, strides {self.strides} reaches "
+                             f"elements {lo}..{hi - 1} of a buffer of {n} {self.dtype} elements")
+        return self
 
     def _buffer_bytes(self) -> int:
         """The size of the buffer this tensor views, asked of OpenCL once and kept on the base tensor
@@ -1102,13 +1106,8 @@ class Context:
         shape = _extents("shape", shape, name)
         if strides is not None:
             strides = tuple(_int("strides: each", s) for s in strides)
-        t = DeviceTensor(self, handle, name, shape, strides, _int("offset", offset), owns=False, keep=obj)
-        lo, hi = t._span()
-        n = t._buffer_bytes() // t.itemsize
-        if lo < 0 or hi > n:
-            raise ValueError(f"wrap: offset {offset}, shape {tuple(shape)}, strides {strides} reaches elements "
-                             f"{lo}..{hi - 1} of a buffer of {n} {name} elements")
-        return t
+        return DeviceTensor(self, handle, name, shape, strides, _int("offset", offset), owns=False,
+                            keep=obj)._within_buffer("wrap:")
 
     def _tensor(self, x: Any, dtype: Optional[str], temps: list, name: str) -> DeviceTensor:
         """x, the attention data of argument `name`, as a DeviceTensor: itself, a wrapped pyopencl
