@@ -645,7 +645,11 @@ CLATTN_API const char *clattn_params_source_name(clattn_params_source source);
 CLATTN_API clattn_status clattn_set_params(clattn_context *ctx, clattn_operation op,
                                            const int *values, int count);
 
-/** The parameters a call of class `pc` would use now, and where they come from. */
+/**
+ * The parameters a call of class `pc` would use now, and where they come from. merge has one
+ * class whatever its sizes and the parts' types: head_dim must be 0 (softmax's too), causal and
+ * masked 0 (CLATTN_INVALID_ARGUMENT otherwise).
+ */
 CLATTN_API clattn_status clattn_get_params(clattn_context *ctx, const clattn_problem_class *pc,
                                            clattn_kernel_params *out);
 /**

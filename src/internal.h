@@ -501,6 +501,8 @@ typedef struct clattn_bucket {
     int log2_seq_kv;
     int mask_kind; /* 0 none, 1 causal only, 2 additive mask or key lengths (any causal) */
 } clattn_bucket;
+/* merge's one bucket, whatever the sizes and the parts' types (merge.c, clattn_get_params). */
+#define CLATTN_MERGE_BUCKET ((clattn_bucket){CLATTN_OP_MERGE, CLATTN_F32, 0, 0, 0, 0})
 
 int clattn__mask_kind(int causal, int masked);
 

@@ -13,7 +13,7 @@
 static clattn_status merge_kernel(clattn_context *ctx, const char *name, const char *opts, int64_t dv, int *wg,
                                   int *cpw, cl_kernel *k)
 {
-    clattn_bucket b = {CLATTN_OP_MERGE, CLATTN_F32, 0, 0, 0, 0};
+    const clattn_bucket b = CLATTN_MERGE_BUCKET;
     clattn_params pp;
     const clattn_params_source source = clattn__default_params(ctx, &b, &pp);
     *wg = pp.merge.WG > 0 ? pp.merge.WG : 64;

@@ -499,9 +499,20 @@ clattn_status clattn_get_params(clattn_context *ctx, const clattn_problem_class 
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
                             "pc sizes out of range (head_dim %lld, seq_q %lld, seq_kv %lld)",
                             (long long)pc->head_dim, (long long)pc->seq_q, (long long)pc->seq_kv);
-    const clattn_bucket b = {(clattn_op)pc->operation, pc->dtype, (int)pc->head_dim,
-                             clattn__seq_q_class(pc->seq_q), clattn__log2_ceil(pc->seq_kv),
-                             clattn__mask_kind(pc->causal != 0, pc->masked != 0)};
+    const int merge = pc->operation == CLATTN_OPERATION_MERGE;
+    if ((merge || pc->operation == CLATTN_OPERATION_SOFTMAX) && pc->head_dim != 0)
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "pc->head_dim must be 0 for %s (got %lld)",
+                            clattn__op_name((clattn_op)pc->operation), (long long)pc->head_dim);
+    if (merge && (pc->causal || pc->masked))
+        return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                            "merge has no causal or masked class (pc->causal %d, pc->masked %d)", pc->causal,
+                            pc->masked);
+    /* merge looks its parameters up in one bucket whatever the sizes and the parts' types
+     * (merge.c): answer from that one, as the call would run. */
+    const clattn_bucket b = merge ? CLATTN_MERGE_BUCKET
+                                  : (clattn_bucket){(clattn_op)pc->operation, pc->dtype, (int)pc->head_dim,
+                                                    clattn__seq_q_class(pc->seq_q), clattn__log2_ceil(pc->seq_kv),
+                                                    clattn__mask_kind(pc->causal != 0, pc->masked != 0)};
     clattn_params p;
     memset(out, 0, sizeof *out);
     clattn__params_for(ctx, &b, &p, &out->source, out->origin, sizeof out->origin);

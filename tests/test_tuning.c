@@ -910,6 +910,8 @@ static void test_info(void **state)
         {"--class fused,f32,16,48,99999999999999999999", "SEQ_Q and SEQ_KV must be positive"},
         {"--class fused,f32,16,48,80x", "SEQ_Q and SEQ_KV must be positive"},
         {"--class fused,f32,16,48,80,causal,causal", "a flag is given twice"},
+        {"--class merge,f32,0,48,80,causal", "merge takes no causal or masked flag"},
+        {"--class merge,f16,0,48,80,masked", "merge takes no causal or masked flag"},
         {"--class fused,f32,16,48,80,", "a flag is not causal or masked"},
         {"--class=fused,f32,16,48,80,kvlen", "a flag is not causal or masked"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
@@ -1593,6 +1595,17 @@ static void test_tuner(void **state)
     assert_int_equal(clattn_get_params(ctx, &mpc, &kp), CLATTN_SUCCESS);
     assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE);
     assert_int_equal(kp.values[0], merge_wg);
+    /* merge runs that entry whatever its sizes and the parts' types; it has no masked class */
+    const clattn_problem_class mpc_big = {CLATTN_OPERATION_MERGE, CLATTN_F16, 0, 4096, 65536, 0, 0};
+    assert_int_equal(clattn_get_params(ctx, &mpc_big, &kp), CLATTN_SUCCESS);
+    assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE);
+    assert_int_equal(kp.values[0], merge_wg);
+    const clattn_problem_class mpc_causal = {CLATTN_OPERATION_MERGE, CLATTN_F32, 0, 1, 1, 1, 0};
+    assert_int_equal(clattn_get_params(ctx, &mpc_causal, &kp), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "no causal or masked"));
+    const clattn_problem_class spc_dim = {CLATTN_OPERATION_SOFTMAX, CLATTN_F32, 64, 16, 16, 0, 0};
+    assert_int_equal(clattn_get_params(ctx, &spc_dim, &kp), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "head_dim must be 0"));
     assert_int_equal(clattn_get_params(ctx, &pc, &kp), CLATTN_SUCCESS);
     assert_int_equal(kp.source, CLATTN_SOURCE_USER_FILE); /* the scores entry is kept */
 

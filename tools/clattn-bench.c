@@ -1498,7 +1498,9 @@ static void check_env_params(bench *bn)
         if (!env || !*env)
             continue;
         const clattn_problem_class pc = {
-            .operation = (clattn_operation)op, .dtype = CLATTN_F32, .head_dim = 64, .seq_q = 1, .seq_kv = 1024};
+            .operation = (clattn_operation)op, .dtype = CLATTN_F32,
+            .head_dim = op == CLATTN_OPERATION_SOFTMAX || op == CLATTN_OPERATION_MERGE ? 0 : 64, .seq_q = 1,
+            .seq_kv = 1024};
         clattn_kernel_params kp;
         if (clattn_get_params(bn->ctx, &pc, &kp) == CLATTN_SUCCESS && kp.source != CLATTN_SOURCE_ENVIRONMENT) {
             const char *why = strstr(kp.origin, name);

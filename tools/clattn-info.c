@@ -653,6 +653,8 @@ static const char *parse_class(const char *arg, problem *c)
             return "a flag is given twice";
         *flag = 1;
     }
+    if (op == CLATTN_OPERATION_MERGE && (c->pc.causal || c->pc.masked))
+        return "merge takes no causal or masked flag";
     const char *flags = c->pc.causal ? (c->pc.masked ? " causal masked" : " causal") : c->pc.masked ? " masked" : "";
     const char *dn = clattn_dtype_name((clattn_dtype)dt);
     if (op == CLATTN_OPERATION_SOFTMAX)
