@@ -220,8 +220,9 @@ typedef struct clattn_attention_desc {
     int64_t window_left;
     int64_t window_right;
     /* Chunked local attention (Llama 4), chunk > 0: row i sees key j only if
-     * floor(j / chunk) == floor(p / chunk). Combines with causal, the window and masks. 0: off;
-     * negative: refused. */
+     * floor(j / chunk) == floor(p / chunk), in global positions with the offsets below:
+     * floor((j + k_offset) / chunk) == floor((p + k_offset) / chunk). Combines with causal, the
+     * window and masks. 0: off; negative: refused. */
     int64_t chunk;
     /* Logit softcap c > 0: the logit is c·tanh(scale·q·k / c); then the additive mask and ALiBi
      * are added, then score_mod applies. LSE is over these logits. 0 (either sign): off. Negative,
@@ -475,8 +476,8 @@ CLATTN_API clattn_status clattn_attention_backward(
  * (f32, f16 or bf16): 1/(1 - dropout_p) where the probability is kept, 0 where dropped, for
  * every (row, key) whether visible or not, exactly as clattn_attention and
  * clattn_attention_backward draw them (desc's kv_lengths and offsets give r and c). It reads and
- * checks batch, heads_q, seq_q, seq_kv, kv_lengths, q_offset, k_offset and the dropout fields,
- * the rules of clattn_attention for each; the other fields play no part.
+ * checks batch, heads_q, seq_q, seq_kv, kv_lengths, q_offset, k_offset, the dropout fields and
+ * reserved (zero), the rules of clattn_attention for each; the other fields play no part.
  */
 CLATTN_API clattn_status clattn_dropout_mask(clattn_context *ctx, const clattn_attention_desc *desc,
                                              const clattn_tensor *mask, cl_uint num_wait,

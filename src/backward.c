@@ -108,6 +108,13 @@ clattn_status clattn_dropout_mask(clattn_context *ctx, const clattn_attention_de
     if ((uint64_t)desc->batch * (uint64_t)desc->heads_q > 0x7fffffffu)
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->batch x heads_q (%lld x %lld) exceeds 2^31 - 1",
                             (long long)desc->batch, (long long)desc->heads_q);
+    /* A later option there may change the draw: refused as by clattn_attention. */
+    for (size_t i = 0; i < sizeof desc->reserved / sizeof desc->reserved[0]; i++)
+        if (desc->reserved[i] != 0)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                "desc->reserved[%zu] is %lld: the reserved fields must be zero (zero-initialise "
+                                "the descriptor)",
+                                i, (long long)desc->reserved[i]);
     clattn_status st = clattn__check_offsets(ctx, desc);
     if (st)
         return st;
@@ -234,7 +241,12 @@ clattn_status clattn_attention_backward(clattn_context *ctx, const clattn_attent
             continue;
         const char *hit = clattn__first_overlap(outs[i], 9 + i, ins, in_names);
         if (hit)
-            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s overlaps %s", out_names[i], hit);
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                hit == in_names[9] || hit == in_names[10]
+                                    ? "%s overlaps %s: their byte ranges meet (gradients interleaved in one "
+                                      "range, as a packed [B][S][3][H][D] dqkv, are refused; docs/training.md)"
+                                    : "%s overlaps %s",
+                                out_names[i], hit);
         if (desc->kv_lengths && clattn__kvlen_overlaps(desc->kv_lengths, p.batch, outs[i]))
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "%s overlaps desc->kv_lengths", out_names[i]);
     }

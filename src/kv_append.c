@@ -56,6 +56,13 @@ static clattn_status check_layout(clattn_context *ctx, const clattn_kv_append_de
         if (kv->page_size < 0 || kv->page_size > MAX_EXTENT)
             return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->kv->page_size is out of range (%lld)",
                                 (long long)kv->page_size);
+        /* A packed cache's rows move with every sequence's length: the append writes plain or
+         * paged caches only, and says so rather than write a packed one as if it were plain. */
+        if (kv->cu_seqlens_q || kv->cu_seqlens_k)
+            return clattn__fail(ctx, CLATTN_UNSUPPORTED,
+                                "desc->kv->%s is given: the append writes plain or paged caches, not packed "
+                                "(varlen) ones",
+                                kv->cu_seqlens_k ? "cu_seqlens_k" : "cu_seqlens_q");
     }
     p->paged = kv && kv->page_size > 0;
     if (p->paged && !desc->slot_mapping)

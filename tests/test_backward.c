@@ -557,6 +557,7 @@ static void test_refusals(void **state)
     EXPECT(CLATTN_INVALID_ARGUMENT, &r.q, &r.k, &r.v, &r.o, &r.go, &r.lse, &gr.dq, &gr.dk, &gr.dv, &gr.ds);
     EXPECT(CLATTN_INVALID_ARGUMENT, &r.q, &r.k, &r.v, &r.o, &r.go, &r.lse, &r.q, &gr.dk, &gr.dv, NULL);
     EXPECT(CLATTN_INVALID_ARGUMENT, &r.q, &r.k, &r.v, &r.o, &r.go, &r.lse, &gr.dq, &gr.dk, &gr.dk, NULL);
+    assert_non_null(strstr(clattn_last_error(ctx), "dv overlaps dk: their byte ranges meet"));
     clattn_tensor bad = gr.dq;
     bad.dtype = F16;
     EXPECT(CLATTN_INVALID_ARGUMENT, &r.q, &r.k, &r.v, &r.o, &r.go, &r.lse, &bad, &gr.dk, &gr.dv, NULL);
@@ -586,6 +587,18 @@ static void test_refusals(void **state)
     clattn_tensor m = clattn_tensor_bhsd(pb, F32, 1, 2, 8, 8);
     assert_int_equal(clattn_dropout_mask(ctx, &d, &m, 0, NULL, NULL), CLATTN_INVALID_ARGUMENT); /* p 0 */
     assert_int_equal(clattn_dropout_mask(ctx, NULL, &m, 0, NULL, NULL), CLATTN_INVALID_ARGUMENT);
+    /* reserved fields must be zero here too: a later option there may change the draw */
+    d.dropout_p = 0.5f;
+    d.reserved[10] = 1;
+    float mask_before[2 * 8 * 8], mask_after[2 * 8 * 8];
+    tu_read(ctx, pb, sizeof mask_before, mask_before);
+    assert_int_equal(clattn_dropout_mask(ctx, &d, &m, 0, NULL, NULL), CLATTN_INVALID_ARGUMENT);
+    assert_non_null(strstr(clattn_last_error(ctx), "reserved[10]"));
+    tu_read(ctx, pb, sizeof mask_after, mask_after);
+    assert_memory_equal(mask_before, mask_after, sizeof mask_before);
+    d.reserved[10] = 0;
+    assert_int_equal(clattn_dropout_mask(ctx, &d, &m, 0, NULL, NULL), CLATTN_SUCCESS);
+    d = r.d;
     assert_int_equal(clattn_attention_backward(NULL, &d, &r.q, &r.k, &r.v, &r.o, &r.go, &r.lse, &gr.dq, &gr.dk,
                                                &gr.dv, NULL, 0, NULL, NULL),
                      CLATTN_INVALID_ARGUMENT);

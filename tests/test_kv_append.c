@@ -616,6 +616,7 @@ typedef enum bad_kind {
     BAD_FP8_SCALE_NEG,
     BAD_FP8_SCALE_NAN,
     BAD_KV_RESERVED,
+    BAD_KV_PACKED,
     BAD_PAGE_NEG,
     BAD_PAGED_NO_SLOTS,
     BAD_SLOTS_NOT_PAGED,
@@ -683,6 +684,7 @@ static const bad_case bad_cases[] = {
     {"fp8_scale_negative", BAD_FP8_SCALE_NEG, "v_scale", CLATTN_INVALID_ARGUMENT},
     {"fp8_scale_nan", BAD_FP8_SCALE_NAN, "k_scale", CLATTN_INVALID_ARGUMENT},
     {"kv_reserved", BAD_KV_RESERVED, "kv->reserved[7]", CLATTN_INVALID_ARGUMENT},
+    {"kv_packed", BAD_KV_PACKED, "cu_seqlens_k", CLATTN_UNSUPPORTED},
     {"page_size_negative", BAD_PAGE_NEG, "page_size", CLATTN_INVALID_ARGUMENT},
     {"paged_without_slots", BAD_PAGED_NO_SLOTS, "slot_mapping", CLATTN_INVALID_ARGUMENT},
     {"slots_without_paging", BAD_SLOTS_NOT_PAGED, "slot_mapping", CLATTN_INVALID_ARGUMENT},
@@ -796,6 +798,7 @@ static void test_refusal(void **state)
     case BAD_FP8_SCALE_NEG: tvc.dtype = E5M2; kv.v_scale = -1.0f; break;
     case BAD_FP8_SCALE_NAN: kv.k_scale = NAN; break;
     case BAD_KV_RESERVED: kv.reserved[7] = 1; break;
+    case BAD_KV_PACKED: kv.cu_seqlens_k = tu_xbuffer(sizeof slots, slots); break;
     case BAD_PAGE_NEG: kv.page_size = -4; break;
     case BAD_PAGED_NO_SLOTS: kv.page_size = 4; break;
     case BAD_SLOTS_NOT_PAGED: d.slot_mapping = tu_xbuffer(sizeof slots, slots); break;
