@@ -903,7 +903,7 @@ static void usage(FILE *f)
             "                   The unfused path's softmax runs on f32 scores without a mask:\n"
             "                   for a softmax task of f16, bf16, causal or kvlen, that f32 task\n"
             "                   of the same sizes is added unless a task has its bucket\n"
-            "  --budget SEC     total search time (default 300, more than 0, at most %d),\n"
+            "  --budget SEC     total search time in decimal seconds (default 300, more than 0, at most %d),\n"
             "                   shared between tasks\n"
             "  --iters N        timed runs per candidate (default 5, 1..64), median\n"
             "  --candidates N   at most N candidates a task besides the defaults, 0..100000\n"
@@ -999,8 +999,9 @@ int main(int argc, char **argv)
             char *end = NULL;
             errno = 0;
             budget = strtod(v, &end);
-            /* A digit or point first: strtod would take blanks, signs, "inf" and "nan" too. */
-            if ((*v != '.' && (*v < '0' || *v > '9')) || *end || errno == ERANGE ||
+            /* Plain decimal seconds: strtod would take blanks, signs, "inf", "nan", hexadecimal
+             * ("0x10") and exponents ("1e3") too. */
+            if (!*v || strspn(v, "0123456789.") != strlen(v) || *end || errno == ERANGE ||
                 !(budget > 0 && budget <= MAX_BUDGET_S))
                 die("bad --budget %s (seconds, more than 0 and at most %d)", v, MAX_BUDGET_S);
         } else if (valued_option(a, "--iters", val)) {
