@@ -206,6 +206,34 @@ FILE *clattn__create_temp(int dfd, const char *name)
     return f;
 }
 
+/* The next n > 0 characters of *p from set, and the separator sep after them: *p moves past. */
+static int take_run(const char **p, const char *set, size_t lo, size_t hi, char sep)
+{
+    const size_t n = strspn(*p, set);
+    if (n < lo || n > hi || (*p)[n] != sep)
+        return 0;
+    *p += n + 1;
+    return 1;
+}
+
+/* Whether name is a temporary file that this library writes (and so may remove): a cache entry's
+ * or a tuning store's name (32 or 16 hex digits, .clbin or .tuning) and the writer's suffix
+ * .PID.HEX.HEX.COUNT.tmp (clattn__cache_store, clattn__tuning_write), nothing else. */
+static int our_temp(const char *name)
+{
+    static const char *const hex = "0123456789abcdef", *const dec = "0123456789";
+    const char *p = name;
+    const size_t h = strspn(p, hex);
+    if (h == 32 && strncmp(p + h, ".clbin.", 7) == 0)
+        p += h + 7;
+    else if (h == 16 && strncmp(p + h, ".tuning.", 8) == 0)
+        p += h + 8;
+    else
+        return 0;
+    return take_run(&p, dec, 1, 20, '.') && take_run(&p, hex, 1, 16, '.') && take_run(&p, hex, 1, 16, '.') &&
+           take_run(&p, dec, 1, 10, '.') && strcmp(p, "tmp") == 0;
+}
+
 void clattn__sweep_temps(int dfd)
 {
     /* Temporary files of writers that died between create and rename (cache entries, tuning
@@ -223,9 +251,7 @@ void clattn__sweep_temps(int dfd)
     const uid_t me = geteuid();
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        const size_t n = strlen(e->d_name);
-        if (n < 4 || strcmp(e->d_name + n - 4, ".tmp") != 0 ||
-            (!strstr(e->d_name, ".clbin.") && !strstr(e->d_name, ".tuning.")))
+        if (!our_temp(e->d_name))
             continue;
         struct stat st;
         if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) && st.st_uid == me &&

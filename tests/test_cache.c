@@ -1087,14 +1087,21 @@ static void test_restamped_other_program(void **state)
 static void test_stale_temps_swept(void **state)
 {
     (void)state;
-    static const char *const names[4] = {
+    enum { N = 9 };
+    static const char *const names[N] = {
         "0123456789abcdef0123456789abcdef.clbin.4242.7f00.1234.0.tmp", /* ours, 2 hours old */
         "0123456789abcdef.tuning.4242.7f00.1234.0.tmp",                 /* ours, 2 hours old */
         "fedcba9876543210fedcba9876543210.clbin.4243.7f00.99.1.tmp",    /* ours, fresh */
         "notes.tmp",                                                    /* not ours, 2 hours old */
+        /* the user's, with our words in them, 2 hours old: not ours */
+        "my-notes.tuning.draft.tmp",
+        "old.clbin.keep.tmp",
+        "0123456789abcdef.tuning.tmp",
+        "0123456789abcdef0123456789abcdef.clbin.4242.7f00.1234.0.tmp.bak",
+        "0123456789abcdef.tuning.42x.7f00.1234.0.tmp",
     };
     char path[PATH_MAX + 128];
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < N; i++) {
         snprintf(path, sizeof path, "%s/%s", g_dir, names[i]);
         write_whole(path, (const unsigned char *)"partial", 7);
         if (i != 2) {
@@ -1106,7 +1113,7 @@ static void test_stale_temps_swept(void **state)
     get_kernel_ok(ctx, "softmax.cl", OPT_A, "softmax"); /* builds and stores an entry */
     assert_int_equal(ctx->stats.disk_writes, 1);
     clattn_release(ctx);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < N; i++) {
         snprintf(path, sizeof path, "%s/%s", g_dir, names[i]);
         const int gone = access(path, F_OK) != 0;
         if (gone != (i < 2))
