@@ -195,7 +195,7 @@ clattn_status clattn__run_fused(clattn_context *ctx, const clattn_problem *p, cl
     if (!p->drop.on && (chosen || clattn__matrix_auto(ctx, (int)p->dtype, p->seq_q, R, source))) {
         const int explicit_ = source >= CLATTN_SOURCE_ENVIRONMENT;
         const int emulate = ctx->matrix_mode == CLATTN_MATRIX_EMULATE;
-        if (!emulate && (ctx->matrix_mode == CLATTN_MATRIX_OFF || !ctx->matrix_backend)) {
+        if (clattn__matrix_unavailable(ctx)) {
             if (explicit_)
                 return clattn__fail(ctx, CLATTN_UNSUPPORTED, "kernel=mma (the matrix-unit kernel): %s",
                                     ctx->matrix_mode == CLATTN_MATRIX_OFF ? "CLATTN_MATRIX=off" : ctx->matrix_why);

@@ -532,6 +532,10 @@ void clattn__params_format(clattn_op op, const clattn_params *p, int count, char
 /* The last sources (defaults.c): generic defaults, and vendor defaults by device class (0 when the
  * device has none; *what names them). */
 void clattn__generic_defaults(clattn_op op, clattn_params *p);
+/* Whether the matrix kernel cannot run on ctx: CLATTN_MATRIX=off, or no backend and no emulation. */
+#define clattn__matrix_unavailable(ctx)                                                                   \
+    ((ctx)->matrix_mode != CLATTN_MATRIX_EMULATE &&                                                       \
+     ((ctx)->matrix_mode == CLATTN_MATRIX_OFF || !(ctx)->matrix_backend))
 int clattn__vendor_defaults(const clattn_devinfo *d, clattn_op op, clattn_params *p, const char **what);
 /* Parameters for a bucket: override -> CLATTN_PARAMS_<OP> -> user tuning file -> built-in
  * entries -> vendor defaults -> generic defaults. Unset trailing values are 0. */

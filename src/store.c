@@ -315,7 +315,7 @@ int clattn__tuning_parse(const char *text, size_t len, clattn_tuning_table *t, c
                          size_t errsz)
 {
     memset(t, 0, sizeof *t);
-    int lineno = 0, have_header = 0, have_device = 0;
+    int lineno = 0, have_header = 0, have_device = 0, have_driver = 0;
     size_t pos = 0;
     char line[1024];
     const char *why = NULL;
@@ -362,6 +362,11 @@ int clattn__tuning_parse(const char *text, size_t len, clattn_tuning_table *t, c
         }
         if (*s == '\0' || *s == '#')
             continue;
+        /* The line's blanks are stripped: a keyword with an empty value is that word alone. */
+        if (strcmp(s, "device") == 0 || strcmp(s, "match") == 0 || strcmp(s, "driver") == 0) {
+            why = s[1] == 'r' ? "driver line without a tag" : "device/match line without a value";
+            goto bad;
+        }
         if (strncmp(s, "device ", 7) == 0 || strncmp(s, "match ", 6) == 0) {
             if (have_device) {
                 why = "second device/match line";
@@ -379,6 +384,11 @@ int clattn__tuning_parse(const char *text, size_t len, clattn_tuning_table *t, c
             continue;
         }
         if (strncmp(s, "driver ", 7) == 0) {
+            if (have_driver) {
+                why = "second driver line";
+                goto bad;
+            }
+            have_driver = 1;
             if (strlen(s + 7) >= sizeof t->driver) {
                 why = "driver tag too long";
                 goto bad;

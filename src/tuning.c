@@ -516,6 +516,22 @@ clattn_status clattn_get_params(clattn_context *ctx, const clattn_problem_class 
     clattn_params p;
     memset(out, 0, sizeof *out);
     clattn__params_for(ctx, &b, &p, &out->source, out->origin, sizeof out->origin);
+    /* A tuning file's or table's kernel=mma where the matrix kernel cannot run (no matrix units,
+     * CLATTN_MATRIX=off) gives way to the FMA kernels' defaults, as the call does (fused.c). */
+    const int decode = pc->operation == CLATTN_OPERATION_DECODE;
+    if ((decode || pc->operation == CLATTN_OPERATION_FUSED) && out->source < CLATTN_SOURCE_ENVIRONMENT &&
+        (decode ? p.decode.DIRECT == CLATTN_KERNEL_MMA_DECODE : p.fused.DIRECT == CLATTN_KERNEL_MMA_FUSED) &&
+        clattn__matrix_unavailable(ctx)) {
+        const char *what;
+        clattn__generic_defaults(b.op, &p);
+        out->source = clattn__vendor_defaults(&ctx->dev, b.op, &p, &what) ? CLATTN_SOURCE_VENDOR
+                                                                          : CLATTN_SOURCE_GENERIC;
+        const size_t len = strlen(out->origin);
+        snprintf(out->origin + len, sizeof out->origin - len,
+                 " names kernel=mma, which cannot run here (%.150s): %s instead",
+                 ctx->matrix_mode == CLATTN_MATRIX_OFF ? "CLATTN_MATRIX=off" : ctx->matrix_why,
+                 out->source == CLATTN_SOURCE_VENDOR ? what : "generic defaults");
+    }
     out->count = clattn__param_count((clattn_op)pc->operation);
     memcpy(out->values, p.v, sizeof out->values);
     return CLATTN_SUCCESS;

@@ -141,6 +141,9 @@ static const bad_row bad_rows[] = {
     {"truncated", "clattn-tuning 1\ndevice x\nfused f32 64 none >128 10 = 1,4,16", 3, "truncated"},
     {"no_device", "clattn-tuning 1\nfused f32 64 none >128 10 = 1,1,4,2,16,1\n", 2, "before the device"},
     {"two_devices", "clattn-tuning 1\ndevice x\ndevice y\n", 3, "second device"},
+    {"two_drivers", "clattn-tuning 1\ndevice x\ndriver 1\ndriver 2\n", 4, "second driver"},
+    {"empty_driver", "clattn-tuning 1\ndevice x\ndriver \n", 3, "driver line without a tag"},
+    {"empty_device", "clattn-tuning 1\ndevice\t\n", 2, "device/match line without a value"},
     {"unknown_op", "clattn-tuning 1\ndevice x\nflash f32 64 none >128 10 = 1\n", 3, "unknown operation"},
     {"bad_dtype", "clattn-tuning 1\ndevice x\nfused f64 64 none >128 10 = 1,1,4,2,16,1\n", 3, "bad dtype"},
     {"bad_head_dim", "clattn-tuning 1\ndevice x\nfused f32 999 none >128 10 = 1,1,4,2,16,1\n", 3, "bad dtype"},
@@ -380,6 +383,24 @@ static void test_lookup_order(void **state)
     assert_int_equal(clattn_reload_tuning(ctx), CLATTN_SUCCESS);
     assert_int_equal(get(ctx, CLATTN_OPERATION_FUSED).source, CLATTN_SOURCE_USER_FILE);
     assert_non_null(strstr(clattn_tuning_report(ctx), "re-run clattn-tune"));
+
+    /* A file's kernel=mma where the matrix kernel cannot run (a store tuned under emulation, or
+     * CLATTN_MATRIX=off): the call runs the FMA kernels' defaults, and get_params says so. */
+    snprintf(text, sizeof text,
+             "clattn-tuning 2\ndevice %s\ndriver %s\nfused f32 64 none >128 10 = WGX=1,WGY=2,RM=1,NS=2,VW=4,DIRECT=mma\n",
+             ctx->dev.key, ctx->dev.driver);
+    write_file(path, text, strlen(text));
+    assert_int_equal(clattn_reload_tuning(ctx), CLATTN_SUCCESS);
+    clattn_kernel_params m = get(ctx, CLATTN_OPERATION_FUSED);
+    if (clattn__matrix_unavailable(ctx)) {
+        assert_true(m.source == CLATTN_SOURCE_VENDOR || m.source == CLATTN_SOURCE_GENERIC);
+        assert_int_not_equal(m.values[5], CLATTN_KERNEL_MMA_FUSED);
+        if (!strstr(m.origin, "names kernel=mma, which cannot run here"))
+            fail_msg("origin does not say why the file's kernel=mma is not used: %s", m.origin);
+    } else {
+        assert_int_equal(m.source, CLATTN_SOURCE_USER_FILE);
+        assert_int_equal(m.values[5], CLATTN_KERNEL_MMA_FUSED);
+    }
     clattn_release(ctx);
 }
 
@@ -2077,6 +2098,44 @@ static void test_tune_json_escape(void **state)
  * file itself) stops at once, naming the directory, before it tunes anything: it used to find out
  * when it came to write the store, after its whole budget, and then never printed its --json
  * report. A dry run, which writes nothing, still tunes. */
+/* clattn-tune with a CLATTN_PARAMS_<OP> set would time that list as the library's defaults and
+ * could store it; under CLATTN_MATRIX=emulate it would store the emulation's timings: both refused
+ * before any tuning, no store written; a dry run under emulation runs. */
+static void test_tune_refused_env(void **state)
+{
+    (void)state;
+#ifndef CLATTN_TUNE_PATH
+    skip(); /* built without the tools */
+#else
+    make_dir();
+    clattn_release(tu_context()); /* skips (or fails, CLATTN_REQUIRE_DEVICE=1) without a device */
+    static const char *const runs[4][3] = {
+        {"CLATTN_PARAMS_FUSED=kernel=direct", "", "CLATTN_PARAMS_FUSED is set"},
+        {"CLATTN_PARAMS_MERGE=16", "", "CLATTN_PARAMS_MERGE is set"},
+        {"CLATTN_MATRIX=emulate", "", "CLATTN_MATRIX=emulate runs the emulated matrix kernel"},
+        {"CLATTN_MATRIX=emulate", " --dry-run", NULL}};
+    for (int i = 0; i < 4; i++) {
+        char cmd[1400], log[8192], ls[4096];
+        snprintf(cmd, sizeof cmd,
+                 "env %s %s --dir %s/env --candidates 0 --iters 1 --shape 1,1,1,32,32,4 --ops softmax%s "
+                 ">/dev/null 2>%s/tune.log",
+                 runs[i][0], CLATTN_TUNE_PATH, dir, runs[i][1], dir);
+        const int rc = system(cmd);
+        read_text("tune.log", log, sizeof log);
+        const int status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+        if (runs[i][2] ? status != 1 || !strstr(log, runs[i][2]) || strstr(log, " ms  tuned ") : status != 0)
+            fail_msg("%s clattn-tune%s: exit %d, want %s:\n%s", runs[i][0], runs[i][1], status,
+                     runs[i][2] ? "1 and the reason before any tuning" : "0", log);
+        snprintf(cmd, sizeof cmd, "ls %s/env/*.tuning 2>/dev/null >%s/ls.txt", dir, dir);
+        if (system(cmd) == -1)
+            fail_msg("ls failed");
+        read_text("ls.txt", ls, sizeof ls);
+        if (ls[0])
+            fail_msg("%s clattn-tune%s wrote a store: %s", runs[i][0], runs[i][1], ls);
+    }
+#endif
+}
+
 static void test_tune_bad_dir(void **state)
 {
     (void)state;
@@ -2830,6 +2889,7 @@ int main(void)
     tu_add_test("tools/info", NULL, test_info, NULL);
     tu_add_test("tools/tune_bad_numbers", NULL, test_tune_bad_numbers, NULL);
     tu_add_test("tools/tune_bad_dir", NULL, test_tune_bad_dir, NULL);
+    tu_add_test("tools/tune_refused_env", NULL, test_tune_refused_env, NULL);
     tu_add_test("tools/tune_json_escape", NULL, test_tune_json_escape, NULL);
     TU_ADD_TABLE("lookup/bad_user_file", test_bad_user_file, file_rows);
     TU_ADD_TABLE("lookup/odd_user_file", test_odd_user_file, odd_rows);

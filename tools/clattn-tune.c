@@ -30,6 +30,7 @@
 #include "json.h"
 #include "storage.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -919,7 +920,8 @@ static void usage(FILE *f)
             "  --help           this text\n\n"
             "Options other than --shape are given at most once.\n"
             "Exit status: 0 ok; 1 bad usage, a device spec that resolves to nothing, a store that\n"
-            "cannot be written or would be replaced unread, or a failed tuning run.\n",
+            "cannot be written or would be replaced unread, a CLATTN_PARAMS_<OP> set, CLATTN_MATRIX\n"
+            "=emulate without --dry-run, or a failed tuning run.\n",
             CLATTN_MAX_HEAD_DIM_V, MERGE_PARTS, MAX_BUDGET_S);
 }
 
@@ -1070,9 +1072,27 @@ int main(int argc, char **argv)
             exit(1);
         }
     }
+    /* The tuner times the library's own choice as the defaults and writes the winners: a
+     * CLATTN_PARAMS_<OP> list would be timed, labelled and stored as the defaults. */
+    for (int op = 0; op < CLATTN_OPERATION_COUNT; op++) {
+        char name[40];
+        snprintf(name, sizeof name, "CLATTN_PARAMS_%s", clattn_operation_name((clattn_operation)op));
+        for (char *c = name + 14; *c; c++)
+            *c = (char)toupper((unsigned char)*c);
+        const char *env = getenv(name);
+        if (env && *env)
+            die("%s is set: the tuner would time it as the library's defaults and could store it; "
+                "unset it to tune", name);
+    }
     clattn_status st = clattn_create(device, &ctx);
     if (st != CLATTN_SUCCESS)
         die("%s", clattn_last_error(NULL));
+    /* The emulated matrix kernel is for tests, never for speed: its timings must not become the
+     * device's store (a kernel=mma entry that the device then cannot run). */
+    if (ctx->matrix_mode == CLATTN_MATRIX_EMULATE && !dry)
+        die("CLATTN_MATRIX=%s runs the emulated matrix kernel, which is never chosen for speed: a store "
+            "tuned under it would be wrong for the device; unset it, or use --dry-run",
+            getenv("CLATTN_MATRIX") ? getenv("CLATTN_MATRIX") : "emulate");
     queue = clattn_queue(ctx);
     tty = isatty(2);
     const int cpu = (ctx->dev.type & CL_DEVICE_TYPE_CPU) != 0;
