@@ -537,9 +537,11 @@ static clattn_tuning_entry tune_entry(int k, int r)
     e.log2_skv = (k == 0 ? 24 : 40) + r;
     e.n = clattn__param_count(e.op);
     for (int i = 0; i < e.n; ++i) {
-        /* choices (DIRECT) stop at their largest value; the sizes still tell entries apart */
+        /* choices (DIRECT) stop below their largest value, the matrix kernel, which a device
+         * without matrix units reports as the defaults it runs instead; the sizes still tell
+         * entries apart */
         const int v = 100 * (k + 1) + 10 * r + i, hi = clattn__param_max(e.op, i);
-        e.v[i] = v < hi ? v : hi;
+        e.v[i] = v < hi ? v : hi - 1;
     }
     return e;
 }
