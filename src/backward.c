@@ -109,13 +109,10 @@ clattn_status clattn_dropout_mask(clattn_context *ctx, const clattn_attention_de
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->batch x heads_q (%lld x %lld) exceeds 2^31 - 1",
                             (long long)desc->batch, (long long)desc->heads_q);
     /* A later option there may change the draw: refused as by clattn_attention. */
-    for (size_t i = 0; i < sizeof desc->reserved / sizeof desc->reserved[0]; i++)
-        if (desc->reserved[i] != 0)
-            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                                "desc->reserved[%zu] is %lld: the reserved fields must be zero (zero-initialise "
-                                "the descriptor)",
-                                i, (long long)desc->reserved[i]);
-    clattn_status st = clattn__check_offsets(ctx, desc);
+    clattn_status st = clattn__check_reserved(ctx, desc->reserved, sizeof desc->reserved / sizeof desc->reserved[0]);
+    if (st)
+        return st;
+    st = clattn__check_offsets(ctx, desc);
     if (st)
         return st;
     clattn_problem p;

@@ -296,6 +296,8 @@ FILE *clattn__create_temp(int dfd, const char *name);
 /* Removes this library's temporary files in the directory open on dfd that are more than an
  * hour old and owned by the effective user. */
 void clattn__sweep_temps(int dfd);
+/* CLATTN_INVALID_ARGUMENT naming the first nonzero desc->reserved[i], else success. */
+clattn_status clattn__check_reserved(clattn_context *ctx, const int64_t *reserved, size_t n);
 /* Tests only: called with the directory's path once clattn__open_entry has opened and checked it,
  * before the entry is opened (a test renames directories there). NULL outside tests. */
 extern void (*clattn__entry_dir_hook)(const char *dir);

@@ -222,12 +222,8 @@ static clattn_status check_append(clattn_context *ctx, const clattn_kv_append_de
                             "desc->batch x max(heads_q, heads_kv) x seq_new (%lld x %lld x %lld) exceeds %lld",
                             (long long)p->B, (long long)(p->Hq > p->Hkv ? p->Hq : p->Hkv), (long long)p->S,
                             MAX_EXTENT);
-    for (size_t i = 0; i < sizeof desc->reserved / sizeof desc->reserved[0]; i++)
-        if (desc->reserved[i] != 0)
-            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                                "desc->reserved[%zu] is %lld: the reserved fields must be zero (zero-initialise "
-                                "the descriptor)",
-                                i, (long long)desc->reserved[i]);
+    if ((st = clattn__check_reserved(ctx, desc->reserved, sizeof desc->reserved / sizeof desc->reserved[0])))
+        return st;
     if ((st = check_rope(ctx, desc, p)))
         return st;
 

@@ -232,6 +232,17 @@ int clattn__views_overlap(const clattn_tensor *a, const clattn_tensor *b)
     return clattn__bytes_overlap(a->buffer, a_lo, a_hi, b->buffer, b_lo, b_hi);
 }
 
+clattn_status clattn__check_reserved(clattn_context *ctx, const int64_t *reserved, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (reserved[i] != 0)
+            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
+                                "desc->reserved[%zu] is %lld: the reserved fields must be zero (zero-initialise "
+                                "the descriptor)",
+                                i, (long long)reserved[i]);
+    return CLATTN_SUCCESS;
+}
+
 const char *clattn__first_overlap(const clattn_tensor *t, int n, const clattn_tensor *const *ts,
                                   const char *const *names)
 {
@@ -384,12 +395,8 @@ clattn_status clattn__check_desc(clattn_context *ctx, const clattn_attention_des
                             "desc->scale is 0 with head_dim %lld: above 256 give the model's scale (MLA's "
                             "is 1/sqrt(192) for DeepSeek-V3, not 1/sqrt(%lld))",
                             (long long)desc->head_dim, (long long)desc->head_dim);
-    for (size_t i = 0; i < sizeof desc->reserved / sizeof desc->reserved[0]; i++)
-        if (desc->reserved[i] != 0)
-            return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT,
-                                "desc->reserved[%zu] is %lld: the reserved fields must be zero (zero-initialise "
-                                "the descriptor)",
-                                i, (long long)desc->reserved[i]);
+    if ((st = clattn__check_reserved(ctx, desc->reserved, sizeof desc->reserved / sizeof desc->reserved[0])))
+        return st;
     if (check_algorithm && (desc->algorithm < CLATTN_ALGORITHM_AUTO || desc->algorithm > CLATTN_ALGORITHM_UNFUSED))
         return clattn__fail(ctx, CLATTN_INVALID_ARGUMENT, "desc->algorithm %d is not a clattn_algorithm",
                             (int)desc->algorithm);
